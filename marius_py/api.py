@@ -1,0 +1,156 @@
+"""The Python API for research code.
+
+    import marius_py as mp
+    config = mp.make_config("codex-s", ["training.epochs=5"])   # or a YAML path, or None
+    model = mp.train(config, run_dir="runs/demo")                # trains, returns the best model
+    print(model.test_metrics)
+    model = mp.load_checkpoint("runs/demo")                      # later: best checkpoint
+    model.embedding("Q1041"); model.score([("Q1041", "P463", "Q7809")])
+    model.predict(head="Q1041", relation="P463", k=5)
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from marius_py.bundled import BUNDLED_CONFIGS, bundled_config, resolve_dataset
+from marius_py.checkpoint import CONFIG_FILE, RunDirectory, load_version
+from marius_py.config import Config, load_config
+from marius_py.dataset import Dataset
+from marius_py.errors import MariusInputError
+from marius_py.evaluation import evaluate_split
+from marius_py.trainer import Model, Trainer, resolve_device
+
+
+def load_dataset(path_or_name: str = "codex-m", progress: bool = False) -> Dataset:
+    """Open a preprocessed dataset (preprocessing a raw or bundled one into the cache first)."""
+    return Dataset(resolve_dataset(path_or_name, progress=progress))
+
+
+def make_config(path_or_name: str | Path | None = None, overrides: list[str] | None = None) -> Config:
+    """A validated config: defaults, a YAML file or a bundled config name, then ``key=value`` overrides."""
+    if path_or_name is not None and str(path_or_name) in BUNDLED_CONFIGS and not Path(path_or_name).exists():
+        path_or_name = bundled_config(str(path_or_name))
+    return load_config(path_or_name, overrides)
+
+
+def default_run_dir(config: Config) -> Path:
+    name = Path(config.dataset.path).name or "run"
+    return Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+class TrainedModel:
+    """Node embeddings and decoder of a checkpoint, with name-level helpers."""
+
+    def __init__(self, config: Config, dataset: Dataset, model: Model, nodes: torch.Tensor):
+        self.config = config
+        self.dataset = dataset
+        self.model = model
+        self.nodes = nodes
+        self.test_metrics: dict | None = None
+        self.run_dir: Path | None = None
+
+    @property
+    def decoder(self):
+        return self.model.decoder
+
+    def embedding(self, name: str) -> np.ndarray:
+        """Embedding vector of a node given its original name."""
+        return self.nodes[self.dataset.node_id(name)].detach().cpu().numpy()
+
+    def embeddings(self) -> np.ndarray:
+        """All node embeddings [num_nodes, dim], row i = node id i (``dataset.node_names[i]``)."""
+        return self.nodes.detach().cpu().numpy()
+
+    def _ids(self, triples) -> torch.Tensor:
+        rows = [(self.dataset.node_id(h), self._relation_id(r), self.dataset.node_id(t)) for h, r, t in triples]
+        return torch.tensor(rows, dtype=torch.long, device=self.nodes.device).reshape(-1, 3)
+
+    def _relation_id(self, name: str | None) -> int:
+        return 0 if name is None and not self.dataset.metadata.has_relations else self.dataset.relation_id(name)
+
+    @torch.no_grad()
+    def score(self, triples) -> np.ndarray:
+        """Scores of (head, relation, tail) name triples (relation ignored by ``dot``)."""
+        ids = self._ids(triples)
+        scores = self.decoder.score(self.nodes[ids[:, 0]], ids[:, 1], self.nodes[ids[:, 2]])
+        return scores.cpu().numpy()
+
+    @torch.no_grad()
+    def predict(self, relation: str | None = None, head: str | None = None, tail: str | None = None,
+                k: int = 10, filter_known: bool = False) -> list[tuple[str, float]]:
+        """Top-k tails for (head, relation, ?) or heads for (?, relation, tail)."""
+        if (head is None) == (tail is None):
+            raise MariusInputError("give exactly one of head and tail", expected="--head NAME or --tail NAME")
+        inverse = head is None
+        anchor = self.dataset.node_id(tail if inverse else head)
+        rel = torch.tensor([self._relation_id(relation)], device=self.nodes.device)
+        query = self.decoder.query(self.nodes[anchor][None], rel, inverse)
+        scores = self.decoder.compare_all(query[None], self.nodes[None])[0, 0]
+        if filter_known:
+            known = self.dataset.all_known_edges()
+            side, other = (2, 0) if inverse else (0, 2)
+            hits = known[(known[:, side] == anchor) & (known[:, 1] == int(rel))][:, other]
+            scores[torch.from_numpy(hits).to(scores.device)] = float("-inf")
+        top = torch.topk(scores, min(k, len(scores)))
+        names = self.dataset.node_names
+        return [(names[i], float(s)) for s, i in zip(top.values.tolist(), top.indices.tolist())]
+
+    def evaluate(self, split: str = "test") -> dict:
+        """Link-prediction metrics on a split, with the config's evaluation protocol."""
+        return evaluate_split(self.decoder, self.nodes, self.dataset, split, self.config.evaluation,
+                              seed=self.config.training.seed)
+
+
+def _open_dataset(config: Config, progress: bool) -> Dataset:
+    path = resolve_dataset(config.dataset.path, config.storage.num_partitions, progress)
+    return Dataset(path)
+
+
+def train(config: Config, run_dir: str | Path | None = None, progress: bool = True,
+          resume: bool = False) -> TrainedModel:
+    """Train (or resume) a run and return its best (or last) model with test metrics."""
+    run_dir = Path(run_dir) if run_dir is not None else default_run_dir(config)
+    if not resume and RunDirectory(run_dir).has_checkpoint():
+        raise MariusInputError("run directory already holds a run", path=run_dir,
+                               expected="a new directory, or --resume to continue it")
+    dataset = _open_dataset(config, progress)
+    trainer = Trainer(config, dataset, run_dir, progress=progress)
+    trainer.train()
+    if config.evaluation.select_best:
+        trainer.load_best()
+    trained = TrainedModel(config, dataset, trainer.model, trainer.nodes)
+    trained.run_dir = run_dir
+    if dataset.metadata.num_test > 0:
+        metrics = trainer.evaluate("test")
+        trainer.run.log(metrics)
+        trained.test_metrics = metrics
+    return trained
+
+
+def load_run_config(run_dir: str | Path, overrides: list[str] | None = None) -> Config:
+    path = Path(run_dir) / CONFIG_FILE
+    if not path.exists():
+        raise MariusInputError("not a run directory (no config.yaml)", path=run_dir,
+                               expected="a directory written by `marius-py train`")
+    return load_config(path, overrides)
+
+
+def load_checkpoint(run_dir: str | Path, which: str = "best", device: str | None = None,
+                    overrides: list[str] | None = None) -> TrainedModel:
+    """Load the ``best`` (falls back to latest) or ``latest`` checkpoint of a run."""
+    config = load_run_config(run_dir, overrides)
+    if device is not None:
+        config.training.device = device
+    run = RunDirectory(run_dir)
+    version = (run.best_version() if which == "best" else None) or run.latest_version()
+    dataset = _open_dataset(config, progress=False)
+    target = resolve_device(config.training.device)
+    model = Model(config, dataset.num_nodes, dataset.num_relations, target)
+    nodes, _, model_state, _ = load_version(version)
+    model.load_state_dict(model_state)
+    return TrainedModel(config, dataset, model, torch.from_numpy(nodes).to(target))

@@ -1,0 +1,70 @@
+"""Bundled datasets and configs, and resolution of ``dataset.path``.
+
+``dataset.path`` may name the bundled dataset (``codex-m``), a preprocessed
+dataset directory, or a raw directory holding ``train/valid/test.txt[.gz]``
+(tab-separated head, relation, tail); the latter two are preprocessed once into
+the cache directory (``$MARIUS_PY_CACHE``, default ``~/.cache/marius-py``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from importlib import resources
+from pathlib import Path
+
+from marius_py.dataset import METADATA_FILE
+from marius_py.errors import MariusInputError
+
+BUNDLED_DATASETS = ("codex-m",)
+BUNDLED_CONFIGS = ("codex-m", "codex-m-best", "codex-s", "fb15k-237")
+SPLIT_NAMES = ("train", "valid", "test")
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("MARIUS_PY_CACHE", Path.home() / ".cache" / "marius-py"))
+
+
+def bundled_config(name: str) -> Path:
+    """Path of a config shipped with the package (``codex-m``, ``codex-s``, ``fb15k-237``)."""
+    return Path(str(resources.files("marius_py.configs").joinpath(f"{name}.yaml")))
+
+
+def _raw_split_files(directory: Path) -> dict[str, Path] | None:
+    found = {}
+    for split in SPLIT_NAMES:
+        for suffix in (".txt", ".txt.gz", ".tsv", ".tsv.gz"):
+            if (directory / f"{split}{suffix}").exists():
+                found[split] = directory / f"{split}{suffix}"
+                break
+    return found if len(found) == len(SPLIT_NAMES) else None
+
+
+def _preprocess_raw(files: dict[str, Path], output: Path, num_partitions: int, progress: bool) -> Path:
+    from marius_py.preprocess import PreprocessOptions, preprocess
+    if not (output / METADATA_FILE).exists():
+        output.parent.mkdir(parents=True, exist_ok=True)
+        if progress:
+            print(f"preprocessing {files['train'].parent} into {output}")
+        preprocess(output, files["train"], files["valid"], files["test"],
+                   PreprocessOptions(num_partitions=num_partitions), progress=progress)
+    return output
+
+
+def resolve_dataset(path_or_name: str, num_partitions: int = 1, progress: bool = True) -> Path:
+    """The preprocessed directory for ``dataset.path``, preprocessing it first if needed."""
+    if path_or_name in BUNDLED_DATASETS and not Path(path_or_name).exists():
+        source = Path(str(resources.files("marius_py.data").joinpath(path_or_name)))
+        output = cache_dir() / "datasets" / f"{path_or_name}-p{num_partitions}"
+        return _preprocess_raw(_raw_split_files(source), output, num_partitions, progress)
+    directory = Path(path_or_name).expanduser()
+    if (directory / METADATA_FILE).exists():
+        return directory
+    files = _raw_split_files(directory) if directory.is_dir() else None
+    if files is None:
+        raise MariusInputError("dataset.path: not a dataset", path=directory,
+                               expected=f"a preprocessed directory (with {METADATA_FILE}), a directory "
+                                        f"with train/valid/test.txt, or one of {', '.join(BUNDLED_DATASETS)}")
+    key = hashlib.sha256(str(directory.resolve()).encode()).hexdigest()[:12]
+    output = cache_dir() / "datasets" / f"{directory.name}-{key}-p{num_partitions}"
+    return _preprocess_raw(files, output, num_partitions, progress)

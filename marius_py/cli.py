@@ -1,0 +1,195 @@
+"""The ``marius-py`` command: preprocess | train | eval | export | predict | info.
+
+A thin entry point: parse arguments, call the library, print results. User
+mistakes (``MariusInputError``) print one line and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from marius_py.errors import MariusInputError
+
+EXIT_USER_ERROR = 2
+
+
+def _print_metrics(title: str, metrics: dict) -> None:
+    print(f"{title}: MRR {metrics['mrr']:.4f}  MR {metrics['mean_rank']:.1f}  "
+          f"Hits@1 {metrics['hits@1']:.4f}  Hits@3 {metrics['hits@3']:.4f}  "
+          f"Hits@10 {metrics['hits@10']:.4f}  ({metrics['num_queries']} queries; {metrics['protocol']})")
+
+
+def _split_config_args(items: list[str]) -> tuple[str | None, list[str]]:
+    """``[CONFIG] [key=value ...]``: the first item without '=' is the config."""
+    config, overrides = None, []
+    for item in items:
+        if "=" in item:
+            overrides.append(item)
+        elif config is None:
+            config = item
+        else:
+            raise MariusInputError(f"unexpected argument {item!r}", path="command line",
+                                   expected="one CONFIG followed by key=value overrides")
+    return config, overrides
+
+
+def cmd_train(args) -> None:
+    from marius_py import api
+    from marius_py.config import describe_schema
+    if args.help_config:
+        print(describe_schema())
+        return
+    config_path, overrides = _split_config_args(args.config)
+    if args.resume:
+        if config_path is not None:
+            raise MariusInputError("--resume takes its config from the run directory", path="command line",
+                                   expected="only key=value overrides, e.g. training.epochs=40")
+        config = api.load_run_config(args.resume, overrides)
+        run_dir = args.resume
+    else:
+        config = api.make_config(config_path or "codex-m", overrides)
+        run_dir = args.run_dir
+    model = api.train(config, run_dir, progress=not args.quiet, resume=bool(args.resume))
+    print(f"run directory: {model.run_dir}")
+    if model.test_metrics:
+        _print_metrics("test", model.test_metrics)
+
+
+def cmd_preprocess(args) -> None:
+    from marius_py.preprocess import PreprocessOptions, preprocess
+    columns = tuple(int(c) for c in args.columns.split(",")) if args.columns else None
+    fractions = tuple(float(x) for x in args.split.split(",")) if args.split else (0.05, 0.05)
+    options = PreprocessOptions(delimiter=args.delimiter.encode().decode("unicode_escape"), columns=columns,
+                                pairs=args.pairs, skip_header=args.skip_header,
+                                num_partitions=args.partitions, split_fractions=fractions, seed=args.seed,
+                                unseen_policy=args.unseen)
+    metadata = preprocess(Path(args.output), args.train, args.valid, args.test, options,
+                          progress=not args.quiet, overwrite=args.overwrite)
+    print(f"wrote {args.output}: {metadata.num_nodes} nodes, {metadata.num_relations} relations, "
+          f"{metadata.num_train} / {metadata.num_valid} / {metadata.num_test} train / valid / test edges; "
+          f"dropped {metadata.num_dropped_valid} valid and {metadata.num_dropped_test} test edges "
+          f"with nodes or relations unseen in train (policy: {metadata.unseen_policy})")
+
+
+def cmd_eval(args) -> None:
+    from marius_py import api
+    model = api.load_checkpoint(args.run_dir, args.checkpoint, overrides=args.overrides)
+    metrics = model.evaluate(args.split)
+    _print_metrics(args.split, metrics)
+    if args.json:
+        print(json.dumps(metrics))
+
+
+def cmd_export(args) -> None:
+    from marius_py import api
+    from marius_py.export import export_embeddings, relation_rows
+    model = api.load_checkpoint(args.run_dir, args.checkpoint, device="cpu")
+    names, relations = relation_rows(model.decoder.relations.detach().cpu().numpy(),
+                                     model.dataset.relation_names)
+    output = args.output or str(Path(args.run_dir) / f"export-{args.format}")
+    export_embeddings(output, args.format, model.dataset.node_names, model.embeddings(), names, relations,
+                      overwrite=args.overwrite)
+    print(f"wrote {output}")
+
+
+def cmd_predict(args) -> None:
+    from marius_py import api
+    model = api.load_checkpoint(args.run_dir, args.checkpoint)
+    results = model.predict(relation=args.relation, head=args.head, tail=args.tail, k=args.k,
+                            filter_known=args.filter_known)
+    side = "tail" if args.head is not None else "head"
+    for rank, (name, score) in enumerate(results, 1):
+        print(f"{rank}\t{side}\t{name}\t{score:.6g}")
+
+
+def cmd_info(args) -> None:
+    from dataclasses import asdict
+    from marius_py.checkpoint import CONFIG_FILE, RunDirectory
+    from marius_py.dataset import read_metadata
+    path = Path(args.path)
+    if (path / CONFIG_FILE).exists():
+        run = RunDirectory(path)
+        print(json.dumps({"run": str(path), "latest": str(run.latest_version()),
+                          "best": str(run.best_version()), "metrics": run.read_metrics()[-3:]}, indent=2))
+    else:
+        print(json.dumps(asdict(read_metadata(path)), indent=2))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="marius-py", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("train", help="train embeddings (no arguments: the bundled CoDEx-M)")
+    p.add_argument("config", nargs="*", help="[CONFIG] [section.key=value ...]; CONFIG is a YAML file or one "
+                   "of codex-m, codex-m-best, codex-s, fb15k-237")
+    p.add_argument("--run-dir", help="where to write checkpoints and logs (default runs/<dataset>-<time>)")
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint")
+    p.add_argument("--quiet", action="store_true", help="no progress bars or per-epoch lines")
+    p.add_argument("--help-config", action="store_true", help="list every config key with default and help")
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("preprocess", help="turn delimited edge files into a dataset directory")
+    p.add_argument("--train", required=True, help="train edges (or all edges, split randomly when "
+                   "--valid/--test are not given); .gz accepted")
+    p.add_argument("--valid")
+    p.add_argument("--test")
+    p.add_argument("--output", "-o", required=True, help="dataset directory to create")
+    p.add_argument("--delimiter", default="\t", help="field delimiter (default tab; '\\t' accepted)")
+    p.add_argument("--columns", help="0-based columns of head,relation,tail (or head,tail with --pairs)")
+    p.add_argument("--pairs", action="store_true", help="plain graph: lines are head,tail (no relation)")
+    p.add_argument("--skip-header", type=int, default=0, help="lines to skip at the top of every file")
+    p.add_argument("--partitions", type=int, default=1, help="node partitions for bucketed training edges")
+    p.add_argument("--split", help="valid,test fractions for a single input file (default 0.05,0.05)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--unseen", choices=("drop", "error"), default="drop",
+                   help="valid/test edges with nodes or relations absent from train: drop (counted) or error")
+    p.add_argument("--overwrite", action="store_true")
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(func=cmd_preprocess)
+
+    for name, func, text in (("eval", cmd_eval, "evaluate a run's checkpoint"),
+                             ("export", cmd_export, "write embeddings keyed by original names"),
+                             ("predict", cmd_predict, "top-k heads or tails for given names")):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("run_dir")
+        p.add_argument("--checkpoint", choices=("best", "latest"), default="best")
+        p.set_defaults(func=func)
+        if name == "eval":
+            p.add_argument("--split", choices=("valid", "test"), default="test")
+            p.add_argument("--json", action="store_true", help="also print the metrics as JSON")
+            p.add_argument("overrides", nargs="*", help="evaluation.key=value overrides")
+        elif name == "export":
+            p.add_argument("--format", choices=("npy", "tsv", "h5"), default="npy")
+            p.add_argument("--output", "-o", help="output directory (default RUN_DIR/export-FORMAT)")
+            p.add_argument("--overwrite", action="store_true")
+        else:
+            p.add_argument("--relation", help="relation name (omit for plain graphs)")
+            p.add_argument("--head", help="predict tails of (head, relation, ?)")
+            p.add_argument("--tail", help="predict heads of (?, relation, tail)")
+            p.add_argument("-k", type=int, default=10)
+            p.add_argument("--filter-known", action="store_true", help="skip answers already in the data")
+
+    p = sub.add_parser("info", help="describe a dataset directory or a run directory")
+    p.add_argument("path")
+    p.set_defaults(func=cmd_info)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        args.func(args)
+    except MariusInputError as error:
+        print(f"marius-py: error: {error}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except KeyboardInterrupt:
+        print("marius-py: interrupted; the last committed checkpoint is intact", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

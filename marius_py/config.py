@@ -1,0 +1,268 @@
+"""The one typed config schema: dataclasses with a help string on every field.
+
+A config is YAML with the sections below; ``key.sub=value`` overrides from the
+command line are coerced through the schema, and every value is checked in
+``validate`` with an error naming the path (``training.lr: must be > 0, got -1``).
+The resolved config is saved next to every run's checkpoints.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from marius_py.errors import MariusInputError
+
+DECODERS = ("dot", "distmult", "complex", "transe", "rotate")
+LOSSES = ("softmax_ce", "logistic", "margin")
+REGULARIZERS = ("none", "n3", "l2")
+ADAGRAD_VARIANTS = ("full", "rowwise")
+RELATION_OPTIMIZERS = ("adagrad", "adam")
+DEVICES = ("auto", "cpu", "cuda")
+EVAL_PROTOCOLS = ("filtered", "sampled")
+NEGATIVE_KINDS = ("uniform", "degree")
+
+
+def _f(default, help: str, **kw):
+    """A schema field with its help text (shown by ``marius-py train --help-config``)."""
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata={"help": help}, **kw)
+    return field(default=default, metadata={"help": help}, **kw)
+
+
+@dataclass
+class DatasetConfig:
+    path: str = _f("codex-m", "preprocessed dataset directory, or the name of the bundled dataset 'codex-m'")
+
+
+@dataclass
+class ModelConfig:
+    decoder: str = _f("complex", f"scoring function, one of {DECODERS}")
+    dim: int = _f(256, "embedding dimension (real numbers per node; complex decoders use dim/2 complex pairs)")
+    init_scale: float = _f(1e-3, "standard deviation of the normal initialisation")
+    transe_norm: int = _f(1, "TransE distance norm: 1 or 2")
+    loss: str = _f("softmax_ce", f"training loss, one of {LOSSES}")
+    margin: float = _f(1.0, "margin of the margin ranking loss")
+    regularizer: str = _f("n3", f"regulariser on the batch's embeddings, one of {REGULARIZERS}")
+    reg_weight: float = _f(0.0, "weight of the regulariser (0 disables it)")
+    dropout: float = _f(0.0, "dropout on the query embedding op(h, r) during training")
+
+
+@dataclass
+class TrainingConfig:
+    epochs: int = _f(20, "number of passes over the training edges")
+    batch_size: int = _f(1000, "edges per batch")
+    num_chunks: int = _f(1, "a batch is split into this many chunks; each chunk shares its negatives")
+    num_negatives: int = _f(1000, "negatives per chunk and direction; -1 scores against every node")
+    degree_fraction: float = _f(0.0, "fraction of negatives taken from the batch's own endpoints (degree-based)")
+    lr: float = _f(0.1, "Adagrad learning rate of the node embeddings")
+    adagrad_variant: str = _f("full", f"node Adagrad state, one of {ADAGRAD_VARIANTS} (rowwise: one accumulator per row)")
+    relation_optimizer: str = _f("adagrad", f"optimizer of relation parameters, one of {RELATION_OPTIMIZERS}")
+    relation_lr: float = _f(0.1, "learning rate of the relation parameters")
+    seed: int = _f(0, "seed of every random draw (initialisation, shuffling, negatives, dropout)")
+    device: str = _f("auto", f"compute device, one of {DEVICES} (auto: cuda when present)")
+    num_threads: int = _f(0, "torch CPU threads (0: leave torch's default)")
+
+
+@dataclass
+class EvaluationConfig:
+    protocol: str = _f("filtered", f"link-prediction protocol, one of {EVAL_PROTOCOLS}")
+    every: int = _f(5, "validate every this many epochs (0: only at the end)")
+    batch_size: int = _f(1024, "queries scored at once against all nodes (bounds memory)")
+    num_negatives: int = _f(1000, "sampled protocol: negatives per query")
+    negative_sampling: str = _f("uniform", f"sampled protocol: one of {NEGATIVE_KINDS}")
+    early_stopping_patience: int = _f(0, "stop after this many validations without improvement (0: never)")
+    select_best: bool = _f(True, "test with the checkpoint of best validation MRR rather than the last")
+
+
+@dataclass
+class StorageConfig:
+    num_partitions: int = _f(1, "node partitions (1: embeddings wholly in memory)")
+
+
+@dataclass
+class Config:
+    dataset: DatasetConfig = field(default_factory=DatasetConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
+    storage: StorageConfig = field(default_factory=StorageConfig)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _check_value(ok: bool, path: str, problem: str, value, origins: dict) -> None:
+    if not ok:
+        source, line = origins.get(path, ("config", None))
+        raise MariusInputError(f"{path}: {problem}, got {value!r}", path=source, line=line)
+
+
+def key_lines(text: str) -> dict[str, int]:
+    """1-based line of every ``section.key`` in a YAML text (for error messages)."""
+    try:
+        root = yaml.compose(text)
+    except yaml.YAMLError:
+        return {}
+    lines = {}
+    if isinstance(root, yaml.MappingNode):
+        for section, body in root.value:
+            if isinstance(body, yaml.MappingNode):
+                for key, _ in body.value:
+                    lines[f"{section.value}.{key.value}"] = key.start_mark.line + 1
+    return lines
+
+
+def validate(config: Config, origins: dict | None = None) -> Config:
+    """Check every value; raise ``MariusInputError`` naming the first bad key.
+
+    ``origins`` maps ``section.key`` to the (file, line) that set it.
+    """
+    _check = functools.partial(_check_value, origins=origins or {})
+    m, t, e = config.model, config.training, config.evaluation
+    choices = [("model.decoder", m.decoder, DECODERS), ("model.loss", m.loss, LOSSES),
+               ("model.regularizer", m.regularizer, REGULARIZERS),
+               ("training.adagrad_variant", t.adagrad_variant, ADAGRAD_VARIANTS),
+               ("training.relation_optimizer", t.relation_optimizer, RELATION_OPTIMIZERS),
+               ("training.device", t.device, DEVICES), ("evaluation.protocol", e.protocol, EVAL_PROTOCOLS),
+               ("evaluation.negative_sampling", e.negative_sampling, NEGATIVE_KINDS)]
+    for path, value, allowed in choices:
+        _check(value in allowed, path, f"expected one of {', '.join(allowed)}", value)
+    positive = [("model.dim", m.dim), ("model.init_scale", m.init_scale), ("training.epochs", t.epochs),
+                ("training.batch_size", t.batch_size), ("training.num_chunks", t.num_chunks),
+                ("training.lr", t.lr), ("training.relation_lr", t.relation_lr),
+                ("evaluation.batch_size", e.batch_size), ("evaluation.num_negatives", e.num_negatives),
+                ("storage.num_partitions", config.storage.num_partitions), ("model.margin", m.margin)]
+    for path, value in positive:
+        _check(value > 0, path, "expected > 0", value)
+    nonnegative = [("model.reg_weight", m.reg_weight), ("training.num_threads", t.num_threads),
+                   ("evaluation.every", e.every), ("training.seed", t.seed),
+                   ("evaluation.early_stopping_patience", e.early_stopping_patience)]
+    for path, value in nonnegative:
+        _check(value >= 0, path, "expected >= 0", value)
+    _check(0 <= m.dropout < 1, "model.dropout", "expected in [0, 1)", m.dropout)
+    _check(0 <= t.degree_fraction <= 1, "training.degree_fraction", "expected in [0, 1]",
+           t.degree_fraction)
+    _check(t.num_negatives == -1 or t.num_negatives > 0, "training.num_negatives",
+           "expected > 0, or -1 for all nodes", t.num_negatives)
+    _check(t.num_chunks <= t.batch_size, "training.num_chunks", "expected <= training.batch_size",
+           t.num_chunks)
+    _check(m.transe_norm in (1, 2), "model.transe_norm", "expected 1 or 2", m.transe_norm)
+    if m.decoder in ("complex", "rotate"):
+        _check(m.dim % 2 == 0, "model.dim", f"expected even for {m.decoder}", m.dim)
+    return config
+
+
+def _coerce(value, annotation, path: str, source):
+    """Convert a YAML or command-line value to the schema's type."""
+    kind = {"int": int, "float": float, "str": str, "bool": bool}[annotation]
+    if kind is bool:
+        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
+            return value.lower() in ("true", "1", "yes")
+        if isinstance(value, bool):
+            return value
+    elif kind is float and isinstance(value, (int, float, str)) and not isinstance(value, bool):
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    elif kind is int and not isinstance(value, bool):
+        try:
+            if isinstance(value, str) or float(value) == int(value):
+                return int(value)
+        except (TypeError, ValueError):
+            pass
+    elif kind is str and isinstance(value, (str, int, float)):
+        return str(value)
+    raise MariusInputError(f"{path}: expected {annotation}, got {value!r}", path=source)
+
+
+def _section_types(section) -> dict[str, str]:
+    hints = typing.get_type_hints(type(section))
+    return {f.name: hints[f.name].__name__ for f in dataclasses.fields(section)}
+
+
+def _set(config: Config, dotted: str, value, source) -> None:
+    parts = dotted.split(".")
+    sections = {f.name for f in dataclasses.fields(Config)}
+    if len(parts) != 2 or parts[0] not in sections:
+        raise MariusInputError(f"unknown config key {dotted!r}", path=source,
+                               expected=f"section.key with section one of {', '.join(sorted(sections))}")
+    section = getattr(config, parts[0])
+    types = _section_types(section)
+    if parts[1] not in types:
+        raise MariusInputError(f"unknown config key {dotted!r}", path=source,
+                               expected=f"one of {', '.join(parts[0] + '.' + k for k in types)}")
+    setattr(section, parts[1], _coerce(value, types[parts[1]], dotted, source))
+
+
+def from_dict(raw: dict, source: object = None) -> Config:
+    """Build a config from nested dicts (unknown keys are errors)."""
+    config = Config()
+    if raw is None:
+        return config
+    if not isinstance(raw, dict):
+        raise MariusInputError("config must be a mapping of sections", path=source,
+                               expected="YAML like 'training: {lr: 0.1}'")
+    for section, values in raw.items():
+        if not isinstance(values, dict):
+            raise MariusInputError(f"config section {section!r} must be a mapping", path=source)
+        for key, value in values.items():
+            _set(config, f"{section}.{key}", value, source)
+    return config
+
+
+def apply_overrides(config: Config, overrides: list[str]) -> Config:
+    """Apply ``section.key=value`` strings (values parsed as YAML scalars)."""
+    for item in overrides:
+        if "=" not in item:
+            raise MariusInputError(f"bad override {item!r}", path="command line",
+                                   expected="section.key=value, e.g. training.lr=0.05")
+        key, text = item.split("=", 1)
+        try:
+            value = yaml.safe_load(text) if text else ""
+        except yaml.YAMLError:
+            value = text
+        _set(config, key.strip(), value, "command line")
+    return config
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
+    """Read a YAML config (or the defaults), apply overrides, validate."""
+    config = Config()
+    origins: dict = {}
+    if path is not None:
+        path = Path(path)
+        try:
+            raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise MariusInputError("config file not found", path=path) from None
+        except (yaml.YAMLError, UnicodeDecodeError) as error:
+            line = getattr(getattr(error, "problem_mark", None), "line", None)
+            raise MariusInputError(f"not valid YAML: {error}", path=path,
+                                   line=None if line is None else line + 1,
+                                   expected="a YAML mapping of sections") from None
+        config = from_dict(raw, source=path)
+        origins.update({key: (path, line) for key, line in key_lines(path.read_text("utf-8")).items()})
+    apply_overrides(config, overrides or [])
+    origins.update({item.split("=", 1)[0].strip(): ("command line", None) for item in overrides or []})
+    return validate(config, origins)
+
+
+def dump_config(config: Config) -> str:
+    return yaml.safe_dump(config.to_dict(), sort_keys=False)
+
+
+def describe_schema() -> str:
+    """Every key with its default and help, for ``--help-config``."""
+    lines = []
+    for section in dataclasses.fields(Config):
+        instance = section.default_factory()
+        for f in dataclasses.fields(instance):
+            lines.append(f"{section.name}.{f.name} = {getattr(instance, f.name)!r}\n    {f.metadata['help']}")
+    return "\n".join(lines)

@@ -1,0 +1,173 @@
+"""A preprocessed dataset directory and its loader.
+
+Layout (written by ``marius-py preprocess``, see ``marius_py.preprocess``):
+  ``metadata.json``   counts and provenance (``DatasetMetadata``)
+  ``nodes.txt``       line ``i`` is the original name of node id ``i``
+  ``relations.txt``   line ``i`` is the original name of relation id ``i``
+                      (a single ``__edge__`` relation for plain graphs)
+  ``edges.h5``        train/valid/test id triples (``storage.edge_store``)
+The directory is complete only once ``metadata.json`` exists: it is written last,
+atomically, so a crashed or rejected preprocess never looks valid.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from marius_py.errors import MariusInputError
+from storage.edge_store import EDGE_FILE, EdgeStore
+
+METADATA_FILE = "metadata.json"
+NODES_FILE = "nodes.txt"
+RELATIONS_FILE = "relations.txt"
+FORMAT_VERSION = 1
+
+
+@dataclass
+class DatasetMetadata:
+    num_nodes: int
+    num_relations: int
+    num_partitions: int
+    num_train: int
+    num_valid: int
+    num_test: int
+    has_relations: bool = True
+    unseen_policy: str = "drop"
+    num_dropped_valid: int = 0
+    num_dropped_test: int = 0
+    seed: int = 0
+    sources: dict = field(default_factory=dict)
+    format_version: int = FORMAT_VERSION
+
+
+def write_json_atomic(path: Path, payload: dict) -> None:
+    """Write JSON to a temporary file, fsync it, then rename over ``path``."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as handle:
+        json.dump(payload, handle, indent=2, sort_keys=True)
+        handle.write("\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+
+
+def write_metadata(directory: Path, metadata: DatasetMetadata) -> None:
+    write_json_atomic(Path(directory) / METADATA_FILE, dataclasses.asdict(metadata))
+
+
+def read_metadata(directory: str | os.PathLike) -> DatasetMetadata:
+    path = Path(directory) / METADATA_FILE
+    if not path.exists():
+        raise MariusInputError("not a preprocessed dataset (no metadata.json)", path=directory,
+                               expected="a directory written by `marius-py preprocess`")
+    raw = json.loads(path.read_text(encoding="utf-8"))
+    known = {f.name for f in dataclasses.fields(DatasetMetadata)}
+    return DatasetMetadata(**{k: v for k, v in raw.items() if k in known})
+
+
+def read_names(path: Path) -> list[str]:
+    with open(path, encoding="utf-8", newline="\n") as handle:
+        return handle.read().split("\n")[:-1]
+
+
+class Dataset:
+    """A preprocessed dataset: metadata, id<->name maps and edge splits.
+
+    Example::
+
+        ds = Dataset.load("datasets/codex-m")
+        ds.num_nodes, ds.train.shape, ds.node_id("Q1041")
+    """
+
+    def __init__(self, directory: str | os.PathLike):
+        self.directory = Path(directory)
+        self.metadata = read_metadata(self.directory)
+        self._edges = EdgeStore(self.directory / EDGE_FILE)
+        self._split_cache: dict[str, np.ndarray] = {}
+        self._node_names: list[str] | None = None
+        self._relation_names: list[str] | None = None
+        self._node_index: dict[str, int] | None = None
+        self._relation_index: dict[str, int] | None = None
+
+    @classmethod
+    def load(cls, directory: str | os.PathLike) -> "Dataset":
+        return cls(directory)
+
+    @property
+    def num_nodes(self) -> int:
+        return self.metadata.num_nodes
+
+    @property
+    def num_relations(self) -> int:
+        return self.metadata.num_relations
+
+    @property
+    def edges(self) -> EdgeStore:
+        return self._edges
+
+    def split(self, name: str) -> np.ndarray:
+        """Edges of ``train``, ``valid`` or ``test`` as int64 [E, 3] (head, relation, tail)."""
+        if name not in self._split_cache:
+            self._split_cache[name] = self._edges.split(name)
+        return self._split_cache[name]
+
+    @property
+    def train(self) -> np.ndarray:
+        return self.split("train")
+
+    @property
+    def valid(self) -> np.ndarray:
+        return self.split("valid")
+
+    @property
+    def test(self) -> np.ndarray:
+        return self.split("test")
+
+    def all_known_edges(self) -> np.ndarray:
+        """Train + valid + test: the filter for filtered ranking."""
+        return np.concatenate([self.train, self.valid, self.test])
+
+    @property
+    def node_names(self) -> list[str]:
+        if self._node_names is None:
+            self._node_names = read_names(self.directory / NODES_FILE)
+        return self._node_names
+
+    @property
+    def relation_names(self) -> list[str]:
+        if self._relation_names is None:
+            self._relation_names = read_names(self.directory / RELATIONS_FILE)
+        return self._relation_names
+
+    def node_id(self, name: str) -> int:
+        if self._node_index is None:
+            self._node_index = {n: i for i, n in enumerate(self.node_names)}
+        return _lookup(self._node_index, name, "node", self.directory / NODES_FILE)
+
+    def relation_id(self, name: str) -> int:
+        if self._relation_index is None:
+            self._relation_index = {n: i for i, n in enumerate(self.relation_names)}
+        return _lookup(self._relation_index, name, "relation", self.directory / RELATIONS_FILE)
+
+    def degrees(self) -> np.ndarray:
+        """Train degree of every node (head + tail occurrences)."""
+        train = self.train
+        return (np.bincount(train[:, 0], minlength=self.num_nodes)
+                + np.bincount(train[:, 2], minlength=self.num_nodes))
+
+    def close(self) -> None:
+        self._edges.close()
+
+
+def _lookup(index: dict[str, int], name: str, kind: str, path: Path) -> int:
+    try:
+        return index[name]
+    except KeyError:
+        raise MariusInputError(f"unknown {kind} name {name!r}", path=path,
+                               expected=f"a {kind} name present in the training data") from None

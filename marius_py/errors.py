@@ -1,0 +1,30 @@
+"""User-facing errors: one clear message, a non-zero exit, no traceback.
+
+Anything the user can get wrong (an input file, a config value, a run
+directory) raises ``MariusInputError``; the CLI prints ``str(error)`` and exits
+with status 2. Programming errors stay ordinary exceptions with tracebacks.
+"""
+
+from __future__ import annotations
+
+
+class MariusInputError(Exception):
+    """Bad user input, reported as ``file:line: problem (expected ...)``."""
+
+    def __init__(self, problem: str, *, path: object = None, line: int | None = None,
+                 expected: str | None = None):
+        self.problem = problem
+        self.path = None if path is None else str(path)
+        self.line = line
+        self.expected = expected
+        super().__init__(self._format())
+
+    def _format(self) -> str:
+        where = ""
+        if self.path is not None:
+            where = self.path if self.line is None else f"{self.path}:{self.line}"
+            where += ": "
+        text = where + self.problem
+        if self.expected:
+            text += f" (expected {self.expected})"
+        return text

@@ -1,0 +1,81 @@
+"""Export trained embeddings keyed by original names: npy, tsv or h5.
+
+Outputs are written under a temporary name and renamed into place, so an
+interrupted export never leaves a file that looks complete.
+  npy: ``<out>/node_embeddings.npy`` + ``node_names.txt`` (and relation ones), row i <-> line i
+  tsv: ``<out>/node_embeddings.tsv`` and ``relation_embeddings.tsv``, ``name<TAB>v1<TAB>v2...``
+  h5:  ``<out>/embeddings.h5`` with datasets ``node_embeddings``, ``node_names``,
+       ``relation_embeddings``, ``relation_names`` (as PyTorch-BigGraph users expect)
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+from marius_py.errors import MariusInputError
+
+FORMATS = ("npy", "tsv", "h5")
+_TSV_ROWS = 4096
+
+
+def _write_tsv(path: Path, names: list[str], vectors: np.ndarray) -> None:
+    with open(path, "w", encoding="utf-8") as handle:
+        for start in range(0, len(names), _TSV_ROWS):
+            block = vectors[start:start + _TSV_ROWS]
+            for name, row in zip(names[start:start + _TSV_ROWS], block):
+                handle.write(name + "\t" + "\t".join(f"{x:.7g}" for x in row) + "\n")
+
+
+def _write_names(path: Path, names: list[str]) -> None:
+    path.write_text("".join(n + "\n" for n in names), encoding="utf-8")
+
+
+def export_embeddings(output: str | Path, fmt: str, node_names: list[str], nodes: np.ndarray,
+                      relation_names: list[str], relations: np.ndarray, overwrite: bool = False) -> Path:
+    """Write node (and relation) embeddings in ``fmt`` into directory ``output``."""
+    if fmt not in FORMATS:
+        raise MariusInputError(f"unknown export format {fmt!r}", expected=" | ".join(FORMATS))
+    output = Path(output)
+    if output.exists() and not overwrite:
+        raise MariusInputError("output already exists", path=output, expected="a new path, or --overwrite")
+    tmp = output.with_name(f".{output.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        if fmt == "npy":
+            np.save(tmp / "node_embeddings.npy", nodes)
+            np.save(tmp / "relation_embeddings.npy", relations)
+            _write_names(tmp / "node_names.txt", node_names)
+            _write_names(tmp / "relation_names.txt", relation_names)
+        elif fmt == "tsv":
+            _write_tsv(tmp / "node_embeddings.tsv", node_names, nodes)
+            _write_tsv(tmp / "relation_embeddings.tsv", relation_names, relations)
+        else:
+            with h5py.File(tmp / "embeddings.h5", "w") as handle:
+                handle.create_dataset("node_embeddings", data=nodes)
+                handle.create_dataset("node_names", data=np.array(node_names, dtype=object),
+                                      dtype=h5py.string_dtype())
+                handle.create_dataset("relation_embeddings", data=relations)
+                handle.create_dataset("relation_names", data=np.array(relation_names, dtype=object),
+                                      dtype=h5py.string_dtype())
+        if output.exists():
+            shutil.rmtree(output) if output.is_dir() else output.unlink()
+        os.replace(tmp, output)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return output
+
+
+def relation_rows(relation_table: np.ndarray, relation_names: list[str]) -> tuple[list[str], np.ndarray]:
+    """Forward and inverse relation vectors, the inverse ones named ``<name>__inverse``."""
+    count = len(relation_names)
+    if relation_table.shape[1] == 0:
+        return [], relation_table[:0]
+    names = list(relation_names) + [f"{n}__inverse" for n in relation_names]
+    return names, relation_table[:2 * count]

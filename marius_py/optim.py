@@ -1,0 +1,51 @@
+"""Optimizers: additive sparse Adagrad for node embeddings, dense for relations.
+
+The node update is split in two so that a pipeline can run the halves on
+different stages: ``compute`` (on the compute device) turns a gradient and the
+current accumulator rows into ``delta = -lr * g / (sqrt(state + g^2) + eps)``
+and ``g^2``; ``apply`` adds both with ``index_add_``. Additions commute, so
+updates that overlap in an asynchronous pipeline are never lost.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class SparseAdagrad:
+    """Sparse Adagrad over embedding rows, full (per element) or row-wise.
+
+    Row-wise keeps one accumulator per row (the mean of g^2 over the row, as
+    PyTorch-BigGraph does), halving optimizer memory and IO.
+    """
+
+    def __init__(self, lr: float, rowwise: bool = False, eps: float = 1e-10):
+        self.lr = lr
+        self.rowwise = rowwise
+        self.eps = eps
+
+    def state_dim(self, dim: int) -> int:
+        return 1 if self.rowwise else dim
+
+    def compute(self, grad: torch.Tensor, state_rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(delta, g^2) for gradient rows ``grad`` and their accumulators ``state_rows``."""
+        squared = grad * grad
+        if self.rowwise:
+            squared = squared.mean(dim=1, keepdim=True)
+        delta = grad * (-self.lr / (torch.sqrt(state_rows + squared) + self.eps))
+        return delta, squared
+
+    @staticmethod
+    def apply(embeddings: torch.Tensor, state: torch.Tensor, rows: torch.Tensor,
+              delta: torch.Tensor, squared: torch.Tensor) -> None:
+        """Add the update to the stored rows (in place)."""
+        embeddings.index_add_(0, rows, delta)
+        state.index_add_(0, rows, squared)
+
+
+def build_relation_optimizer(kind: str, params, lr: float) -> torch.optim.Optimizer:
+    if kind == "adagrad":
+        return torch.optim.Adagrad(params, lr=lr)
+    if kind == "adam":
+        return torch.optim.Adam(params, lr=lr)
+    raise ValueError(f"unknown relation optimizer {kind!r}; known: adagrad, adam")

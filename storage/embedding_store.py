@@ -1,0 +1,94 @@
+"""Node embeddings and their optimizer state as zarr arrays on local disk.
+
+A store is a directory holding two uncompressed zarr arrays, ``embeddings``
+[n, d] and ``state`` [n, s], chunked so that one node partition is exactly one
+chunk: a partition is read and written whole. Every chunk is written, even
+all-zero ones, so each partition is one file of raw rows. Any zarr tool can
+open the store.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import zarr
+
+from storage.partitioning import partition_bounds, partition_size
+
+EMBEDDINGS = "embeddings"
+STATE = "state"
+_ZARR_V3 = int(zarr.__version__.split(".")[0]) >= 3
+
+
+def _create_array(path: Path, shape: tuple[int, int], chunk_rows: int) -> zarr.Array:
+    chunks = (chunk_rows, shape[1])
+    if _ZARR_V3:
+        return zarr.create_array(store=str(path), shape=shape, chunks=chunks, dtype="float32",
+                                 compressors=None, fill_value=0.0, overwrite=True,
+                                 config={"write_empty_chunks": True})
+    return zarr.open_array(str(path), mode="w", shape=shape, chunks=chunks, dtype="float32",
+                           compressor=None, fill_value=0.0, write_empty_chunks=True)
+
+
+class EmbeddingStore:
+    """Partition-granular access to ``embeddings`` and ``state``."""
+
+    def __init__(self, path: str | os.PathLike, mode: str = "r+"):
+        self.path = Path(path)
+        self.embeddings = zarr.open_array(str(self.path / EMBEDDINGS), mode=mode)
+        self.state = zarr.open_array(str(self.path / STATE), mode=mode)
+        self.num_nodes, self.dim = self.embeddings.shape
+        self.state_dim = self.state.shape[1]
+        chunk_rows = self.embeddings.chunks[0]
+        self.num_partitions = max(1, -(-self.num_nodes // chunk_rows))
+
+    @classmethod
+    def create(cls, path: str | os.PathLike, num_nodes: int, dim: int, state_dim: int,
+               num_partitions: int,
+               init: Callable[[int, int], np.ndarray] | None = None) -> "EmbeddingStore":
+        """Create a store; ``init(start, end)`` gives the initial rows of each partition.
+
+        Rows are written one partition at a time, so memory stays at one partition.
+        """
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        rows = partition_size(num_nodes, num_partitions)
+        _create_array(path / EMBEDDINGS, (num_nodes, dim), rows)
+        _create_array(path / STATE, (num_nodes, state_dim), rows)
+        store = cls(path)
+        if init is not None:
+            for part in range(num_partitions):
+                start, end = partition_bounds(num_nodes, num_partitions, part)
+                if end > start:
+                    store.embeddings[start:end] = init(start, end)
+        return store
+
+    def bounds(self, partition: int) -> tuple[int, int]:
+        return partition_bounds(self.num_nodes, self.num_partitions, partition)
+
+    def read_partition(self, partition: int) -> tuple[np.ndarray, np.ndarray]:
+        start, end = self.bounds(partition)
+        return self.embeddings[start:end], self.state[start:end]
+
+    def write_partition(self, partition: int, embeddings: np.ndarray, state: np.ndarray) -> None:
+        start, end = self.bounds(partition)
+        self.embeddings[start:end] = embeddings
+        self.state[start:end] = state
+
+    def read_all(self) -> tuple[np.ndarray, np.ndarray]:
+        return self.embeddings[:], self.state[:]
+
+    def write_all(self, embeddings: np.ndarray, state: np.ndarray) -> None:
+        for part in range(self.num_partitions):
+            start, end = self.bounds(part)
+            self.write_partition(part, embeddings[start:end], state[start:end])
+
+    def fsync(self) -> None:
+        """Flush every file of the store to disk (part of an atomic checkpoint commit)."""
+        for root, _, files in os.walk(self.path):
+            for name in files:
+                with open(os.path.join(root, name), "rb") as handle:
+                    os.fsync(handle.fileno())

@@ -1,0 +1,308 @@
+"""marius_py.preprocess: round trips, random ids, buckets, splits, formats, streaming."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import random
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from marius_py.dataset import Dataset
+from marius_py.errors import MariusInputError
+from marius_py.preprocess import PAIRS_RELATION, PreprocessOptions, preprocess
+from storage.partitioning import partition_of
+
+UMLS = Path("/work/shared/datasets/umls")
+
+
+# ---------------------------------------------------------------- helpers
+
+def make_graph(num_edges: int, num_nodes: int = 40, num_relations: int = 5,
+               seed: int = 0) -> list[tuple[str, str, str]]:
+    """Distinct random triples over names with spaces and non-ASCII characters."""
+    rng = random.Random(seed)
+    edges: dict[tuple[str, str, str], None] = {}
+    while len(edges) < num_edges:
+        h, t = rng.randrange(num_nodes), rng.randrange(num_nodes)
+        edges[(f"node {h}é", f"rel/{rng.randrange(num_relations)}", f"node {t}é")] = None
+    return list(edges)
+
+
+def write_lines(path: Path, lines: list[str], newline: str = "\n") -> Path:
+    data = "".join(line + newline for line in lines).encode("utf-8")
+    if path.suffix == ".gz":
+        data = gzip.compress(data)
+    path.write_bytes(data)
+    return path
+
+
+def tsv(triples, order=(0, 1, 2), sep="\t") -> list[str]:
+    return [sep.join(triple[i] for i in order) for triple in triples]
+
+
+def named(ds: Dataset, split: str) -> list[tuple[str, str, str]]:
+    nodes, relations = ds.node_names, ds.relation_names
+    return [(nodes[h], relations[r], nodes[t]) for h, r, t in ds.split(split).tolist()]
+
+
+def snapshot(directory: Path) -> dict:
+    """Everything a dataset holds, for equality checks (sources excluded)."""
+    ds = Dataset(directory)
+    try:
+        metadata = json.loads((directory / "metadata.json").read_text())
+        metadata.pop("sources")
+        return {"metadata": metadata, "nodes": ds.node_names, "relations": ds.relation_names,
+                "offsets": ds.edges.bucket_offsets().tolist(),
+                **{split: ds.split(split).tolist() for split in ("train", "valid", "test")}}
+    finally:
+        ds.close()
+
+
+@pytest.fixture
+def kg(tmp_path):
+    """Explicit train/valid/test files; valid/test only use train names."""
+    triples = make_graph(300)
+    train, valid, test = triples[:240], triples[240:270], triples[270:]
+    train_names = {n for h, _, t in train for n in (h, t)} | {r for _, r, _ in train}
+    keep = [e for e in valid + test if {e[0], e[1], e[2]} <= train_names]
+    valid, test = [e for e in valid if e in keep], [e for e in test if e in keep]
+    paths = {name: write_lines(tmp_path / f"{name}.txt", tsv(edges))
+             for name, edges in (("train", train), ("valid", valid), ("test", test))}
+    return {"paths": paths, "train": train, "valid": valid, "test": test}
+
+
+def run(out: Path, paths: dict, progress: bool = False, **options) -> Dataset:
+    preprocess(out, paths["train"], paths.get("valid"), paths.get("test"),
+               PreprocessOptions(**options), progress=progress)
+    return Dataset(out)
+
+
+# ---------------------------------------------------------------- round trip and ids
+
+def test_round_trip_recovers_every_triple(tmp_path, kg):
+    ds = run(tmp_path / "out", kg["paths"])
+    for split in ("train", "valid", "test"):
+        assert named(ds, split) == kg[split]  # p = 1: input order kept
+    meta = ds.metadata
+    assert meta.num_train == 240
+    assert (meta.num_valid, meta.num_test) == (len(kg["valid"]), len(kg["test"]))
+    assert meta.has_relations and meta.num_dropped_valid == meta.num_dropped_test == 0
+    assert meta.sources == {s: str(p.absolute()) for s, p in kg["paths"].items()}
+    assert ds.node_id(kg["train"][0][0]) == ds.train[0, 0]
+
+
+def test_ids_are_a_seeded_permutation(tmp_path, kg):
+    ds = run(tmp_path / "a", kg["paths"], seed=1)
+    names = {n for h, _, t in kg["train"] for n in (h, t)}
+    assert sorted(ds.node_names) == sorted(names) and ds.num_nodes == len(names)
+    assert sorted(set(ds.train[:, [0, 2]].ravel().tolist())) == list(range(ds.num_nodes))
+    assert sorted(set(ds.train[:, 1].tolist())) == list(range(ds.num_relations))
+
+    first_appearance = list(dict.fromkeys(n for h, _, t in kg["train"] for n in (h, t)))
+    assert ds.node_names != first_appearance  # random order, not input order
+    other = run(tmp_path / "b", kg["paths"], seed=2)
+    assert other.node_names != ds.node_names
+    run(tmp_path / "c", kg["paths"], seed=1)
+    assert snapshot(tmp_path / "c") == snapshot(tmp_path / "a")
+
+
+# ---------------------------------------------------------------- buckets
+
+@pytest.mark.parametrize("num_partitions", [3, 4])
+def test_bucket_offsets(tmp_path, kg, num_partitions):
+    ds = run(tmp_path / "out", kg["paths"], num_partitions=num_partitions, chunk_lines=50)
+    p, n = num_partitions, ds.num_nodes
+    offsets = ds.edges.bucket_offsets()
+    assert len(offsets) == p * p + 1 and offsets[0] == 0 and offsets[-1] == ds.metadata.num_train
+    assert np.all(np.diff(offsets) >= 0)
+    for i in range(p):
+        for j in range(p):
+            bucket = ds.edges.bucket(i, j)
+            assert np.all(partition_of(bucket[:, 0], n, p) == i)
+            assert np.all(partition_of(bucket[:, 2], n, p) == j)
+    train = named(ds, "train")
+    assert Counter(train) == Counter(kg["train"])
+    position = {edge: k for k, edge in enumerate(kg["train"])}
+    for k in range(p * p):  # input order inside each bucket
+        rows = [position[e] for e in train[offsets[k]:offsets[k + 1]]]
+        assert rows == sorted(rows)
+    assert named(ds, "valid") == kg["valid"] and named(ds, "test") == kg["test"]
+
+
+# ---------------------------------------------------------------- random split
+
+def test_random_split_from_one_file(tmp_path):
+    triples = make_graph(3000, num_nodes=60)
+    path = write_lines(tmp_path / "all.txt", tsv(triples))
+    ds = run(tmp_path / "a", {"train": path}, split_fractions=(0.1, 0.2), seed=5)
+    meta = ds.metadata
+    dropped = meta.num_dropped_valid + meta.num_dropped_test
+    assert meta.num_train + meta.num_valid + meta.num_test + dropped == 3000
+    assert abs(meta.num_valid + meta.num_dropped_valid - 300) < 60  # ~3.5 sigma
+    assert abs(meta.num_test + meta.num_dropped_test - 600) < 80
+    splits = {s: named(ds, s) for s in ("train", "valid", "test")}
+    union = splits["train"] + splits["valid"] + splits["test"]
+    assert len(set(union)) == len(union) == 3000 - dropped  # disjoint
+    assert set(union) <= set(triples)
+    assert meta.sources == {"train": str(path.absolute())}
+
+    run(tmp_path / "b", {"train": path}, split_fractions=(0.1, 0.2), seed=5)
+    assert snapshot(tmp_path / "b") == snapshot(tmp_path / "a")
+    other = run(tmp_path / "c", {"train": path}, split_fractions=(0.1, 0.2), seed=6)
+    assert set(named(other, "valid")) != set(splits["valid"])
+
+
+def test_random_split_zero_fractions_keeps_everything_in_train(tmp_path):
+    triples = make_graph(50)
+    path = write_lines(tmp_path / "all.txt", tsv(triples))
+    ds = run(tmp_path / "out", {"train": path}, split_fractions=(0.0, 0.0))
+    assert named(ds, "train") == triples and len(ds.valid) == len(ds.test) == 0
+
+
+# ---------------------------------------------------------------- input formats
+
+def _variant_files(tmp_path: Path, kg: dict, variant: str) -> tuple[dict, dict]:
+    """The kg's files rewritten in another format, and the options that read them."""
+    options, paths = {}, {}
+    for split in ("train", "valid", "test"):
+        lines, newline, suffix = tsv(kg[split]), "\n", ".txt"
+        if variant == "gz":
+            suffix = ".txt.gz"
+        elif variant == "crlf":
+            newline = "\r\n"
+        elif variant == "comma_columns":
+            lines, options = tsv(kg[split], order=(1, 2, 0), sep=","), {"delimiter": ",",
+                                                                        "columns": (2, 0, 1)}
+        elif variant == "extra_column":
+            lines = [f"{line}\t0.5" for line in tsv(kg[split], order=(0, 2, 1))]
+            options = {"columns": (0, 2, 1)}
+        elif variant == "skip_header":
+            lines = ["head\trelation\ttail", "# second header line"] + lines
+            options = {"skip_header": 2}
+        elif variant == "bom_and_trailing_blanks":
+            lines = ["\ufeff" + lines[0]] + lines[1:] + ["", "  ", ""]
+        paths[split] = write_lines(tmp_path / f"{variant}-{split}{suffix}", lines, newline)
+    return paths, options
+
+
+@pytest.mark.parametrize("variant", ["gz", "crlf", "comma_columns", "extra_column", "skip_header",
+                                     "bom_and_trailing_blanks"])
+def test_input_formats_give_the_same_dataset(tmp_path, kg, variant):
+    run(tmp_path / "reference", kg["paths"], num_partitions=2)
+    paths, options = _variant_files(tmp_path, kg, variant)
+    run(tmp_path / variant, paths, num_partitions=2, **options)
+    assert snapshot(tmp_path / variant) == snapshot(tmp_path / "reference")
+
+
+def test_pairs_mode(tmp_path):
+    pairs = list(dict.fromkeys((h, t) for h, _, t in make_graph(200)))
+    path = write_lines(tmp_path / "edges.csv", [f"{h},{t}" for h, t in pairs])
+    ds = run(tmp_path / "out", {"train": path}, pairs=True, delimiter=",", split_fractions=(0, 0))
+    assert ds.num_relations == 1 and ds.relation_names == [PAIRS_RELATION]
+    assert not ds.metadata.has_relations
+    assert np.all(ds.train[:, 1] == 0)
+    assert [(h, t) for h, _, t in named(ds, "train")] == pairs
+
+
+def test_pairs_mode_with_columns(tmp_path):
+    path = write_lines(tmp_path / "edges.tsv", ["x\tb\ta", "y\tc\tb"])
+    ds = run(tmp_path / "out", {"train": path}, pairs=True, columns=(2, 1),
+             split_fractions=(0, 0))
+    assert named(ds, "train") == [("a", PAIRS_RELATION, "b"), ("b", PAIRS_RELATION, "c")]
+
+
+# ---------------------------------------------------------------- streaming
+
+@pytest.mark.parametrize("single_file", [False, True])
+def test_chunk_size_does_not_change_the_output(tmp_path, kg, single_file):
+    paths = {"train": kg["paths"]["train"]} if single_file else kg["paths"]
+    run(tmp_path / "small", paths, num_partitions=3, chunk_lines=7, split_fractions=(0.2, 0.1))
+    run(tmp_path / "large", paths, num_partitions=3, chunk_lines=10**6, split_fractions=(0.2, 0.1))
+    assert snapshot(tmp_path / "small") == snapshot(tmp_path / "large")
+
+
+def test_many_blocks(tmp_path, monkeypatch):
+    """More lines than one parse block: line numbers and ids stay right across blocks."""
+    import marius_py.preprocess as module
+    monkeypatch.setattr(module, "_BLOCK_LINES", 16)
+    triples = make_graph(200)
+    lines = tsv(triples)
+    path = write_lines(tmp_path / "train.txt", lines)
+    ds = run(tmp_path / "out", {"train": path}, split_fractions=(0, 0))
+    assert named(ds, "train") == triples
+    write_lines(path, lines[:100] + ["bad line"] + lines[100:])
+    with pytest.raises(MariusInputError, match=r"train\.txt:101: "):
+        run(tmp_path / "bad", {"train": path}, split_fractions=(0, 0))
+
+
+# ---------------------------------------------------------------- unseen names
+
+def test_unseen_policy_drop_counts(tmp_path, capsys):
+    train = [("a", "r", "b"), ("b", "s", "c")]
+    valid = [("a", "r", "c"), ("a", "r", "zz"), ("c", "new", "a"), ("b", "s", "a")]
+    test = [("yy", "r", "a"), ("c", "s", "b")]
+    paths = {name: write_lines(tmp_path / f"{name}.txt", tsv(edges))
+             for name, edges in (("train", train), ("valid", valid), ("test", test))}
+    ds = run(tmp_path / "out", paths, progress=True)
+    meta = ds.metadata
+    assert (meta.num_valid, meta.num_dropped_valid) == (2, 2)
+    assert (meta.num_test, meta.num_dropped_test) == (1, 1)
+    assert named(ds, "valid") == [valid[0], valid[3]] and named(ds, "test") == [test[1]]
+    assert "dropped 2 of 4 valid edges" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not UMLS.exists(), reason="umls dataset not available")
+def test_umls(tmp_path):
+    paths = {s: UMLS / f"{s}.txt" for s in ("train", "valid", "test")}
+    ds = run(tmp_path / "umls", paths, num_partitions=2)
+    meta = ds.metadata
+    assert meta.num_train == 5216 and meta.num_nodes == 135 and meta.num_relations == 46
+    assert meta.num_valid + meta.num_dropped_valid == 652
+    assert meta.num_test + meta.num_dropped_test == 661
+    assert Counter(named(ds, "train")) == Counter(
+        tuple(line.split("\t")) for line in paths["train"].read_text().splitlines())
+
+
+# ---------------------------------------------------------------- output directory
+
+def test_existing_output_directory(tmp_path, kg):
+    out = tmp_path / "out"
+    out.mkdir()  # an empty directory is fine
+    run(out, kg["paths"], seed=1)
+    before = snapshot(out)
+    with pytest.raises(MariusInputError, match="already holds a dataset"):
+        run(out, kg["paths"], seed=2)
+    assert snapshot(out) == before
+    preprocess(out, **kg["paths"], options=PreprocessOptions(seed=2), progress=False,
+               overwrite=True)
+    assert snapshot(out)["nodes"] != before["nodes"]
+
+    other = tmp_path / "not-a-dataset"
+    other.mkdir()
+    (other / "precious.txt").write_text("keep me")
+    with pytest.raises(MariusInputError, match="holds no dataset"):
+        preprocess(other, **kg["paths"], progress=False, overwrite=True)
+    assert (other / "precious.txt").read_text() == "keep me"
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+
+
+def test_interrupt_leaves_nothing(tmp_path, kg, monkeypatch):
+    import marius_py.preprocess as module
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(module._BucketRuns, "copy_to", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        run(tmp_path / "out", kg["paths"], num_partitions=2)
+    assert not (tmp_path / "out").exists()
+    assert [p for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+def test_progress_output(tmp_path, kg, capsys):
+    run(tmp_path / "out", kg["paths"], progress=True, num_partitions=2)
+    assert capsys.readouterr().out == ""  # bars go to stderr; the caller prints the summary
