@@ -91,6 +91,9 @@ class RunDirectory:
     # ---- creation and logs ----
     def create(self, config: Config) -> None:
         self.checkpoints.mkdir(parents=True, exist_ok=True)
+        self.write_config(config)
+
+    def write_config(self, config: Config) -> None:
         write_text_atomic(self.path / CONFIG_FILE, dump_config(config))
 
     def log(self, record: dict) -> None:

@@ -244,7 +244,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
             raise MariusInputError("config file not found", path=path) from None
         except (yaml.YAMLError, UnicodeDecodeError) as error:
             line = getattr(getattr(error, "problem_mark", None), "line", None)
-            raise MariusInputError(f"not valid YAML: {error}", path=path,
+            problem = " ".join(str(getattr(error, "problem", None) or error).split())
+            raise MariusInputError(f"not valid YAML: {problem}", path=path,
                                    line=None if line is None else line + 1,
                                    expected="a YAML mapping of sections") from None
         config = from_dict(raw, source=path)

@@ -401,7 +401,7 @@ def _iter_blocks(path: Path, options: PreprocessOptions, label: str,
     num_edges, lineno = 0, 0  # lineno: lines consumed so far
     with _open_binary(path) as (lines, raw), \
             tqdm(total=os.fstat(raw.fileno()).st_size, desc=label, unit="B", unit_scale=True,
-                 leave=False, disable=not progress) as bar:
+                 leave=False, disable=None if progress else True) as bar:
         try:
             lineno = sum(1 for _ in islice(lines, options.skip_header))
             while block := list(islice(lines, block_lines)):
@@ -531,7 +531,7 @@ class _BucketRuns:
         pending: list[np.ndarray] = []
         num_pending = 0
         for bucket in tqdm(range(counts.shape[1]), desc="buckets", leave=False,
-                           disable=not progress):
+                           disable=None if progress else True):
             for run in np.flatnonzero(counts[:, bucket]):
                 start = starts[run, bucket]
                 pending.append(self._edges[start:start + counts[run, bucket]])

@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 from marius_py.checkpoint import (NODES, RunDirectory, TrainingState, config_fingerprint,
                                   load_version, save_version, write_version_state)
-from marius_py.config import Config, dump_config
+from marius_py.config import Config
 from marius_py.dataset import Dataset
 from marius_py.errors import MariusInputError
 from marius_py.evaluation import build_known_answers, evaluate_split
@@ -249,8 +249,8 @@ class Trainer:
     def train(self) -> TrainingState:
         """Run the epochs left until ``training.epochs``; checkpoint after each."""
         t, e = self.config.training, self.config.evaluation
-        write_resolved = self.run.path / "config.yaml"
-        write_resolved.write_text(dump_config(self.config), encoding="utf-8")
+        # A resumed run may have extended training.epochs: record what actually runs.
+        self.run.write_config(self.config)
         if len(self.dataset.train) == 0:
             raise MariusInputError("dataset has no training edges", path=self.dataset.directory)
         while self.state.epoch < t.epochs:

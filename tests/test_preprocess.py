@@ -16,7 +16,7 @@ from marius_py.errors import MariusInputError
 from marius_py.preprocess import PAIRS_RELATION, PreprocessOptions, preprocess
 from storage.partitioning import partition_of
 
-UMLS = Path("/work/shared/datasets/umls")
+UMLS = Path(__file__).parent / "data" / "umls"  # MIT, from the PyKEEN wheel
 
 
 # ---------------------------------------------------------------- helpers

@@ -1,0 +1,140 @@
+"""Trainer behaviour: learning, determinism, resume equivalence, checkpoints, early stopping."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import marius_py as mp
+from marius_py.checkpoint import RunDirectory, load_version
+
+
+def latest_nodes(run_dir) -> np.ndarray:
+    return load_version(RunDirectory(run_dir).latest_version())[0]
+
+
+def test_training_learns_umls(small_config, tmp_path):
+    config = small_config("training.epochs=8", "model.dim=32", "evaluation.every=4")
+    model = mp.train(config, tmp_path / "run", progress=False)
+    # Random embeddings rank the answer near the middle of 135 nodes (MRR ~0.04).
+    assert model.test_metrics["mrr"] > 0.3
+    assert model.test_metrics["num_queries"] == 2 * model.dataset.metadata.num_test
+
+
+def test_same_seed_same_embeddings_on_cpu(small_config, tmp_path):
+    config = small_config()
+    mp.train(config, tmp_path / "a", progress=False)
+    mp.train(config, tmp_path / "b", progress=False)
+    np.testing.assert_array_equal(latest_nodes(tmp_path / "a"), latest_nodes(tmp_path / "b"))
+    other = small_config("training.seed=1")
+    mp.train(other, tmp_path / "c", progress=False)
+    assert not np.allclose(latest_nodes(tmp_path / "a"), latest_nodes(tmp_path / "c"))
+
+
+@pytest.mark.parametrize("overrides", [
+    (),
+    ("model.dropout=0.2", "model.reg_weight=0.01", "training.degree_fraction=0.5"),
+    ("training.adagrad_variant=rowwise", "training.relation_optimizer=adam", "model.decoder=transe"),
+])
+def test_resume_equals_uninterrupted(small_config, tmp_path, overrides):
+    full = small_config("training.epochs=4", *overrides)
+    mp.train(full, tmp_path / "full", progress=False)
+
+    mp.train(small_config("training.epochs=2", *overrides), tmp_path / "split", progress=False)
+    resumed = mp.api.load_run_config(tmp_path / "split", ["training.epochs=4"])
+    mp.train(resumed, tmp_path / "split", progress=False, resume=True)
+
+    np.testing.assert_allclose(latest_nodes(tmp_path / "split"), latest_nodes(tmp_path / "full"),
+                               rtol=1e-5, atol=1e-7)
+    full_model = load_version(RunDirectory(tmp_path / "full").latest_version())[2]
+    split_model = load_version(RunDirectory(tmp_path / "split").latest_version())[2]
+    torch.testing.assert_close(split_model["decoder"]["relations"], full_model["decoder"]["relations"])
+    epochs = [r["epoch"] for r in RunDirectory(tmp_path / "split").read_metrics() if r["event"] == "epoch"]
+    assert epochs == [1, 2, 3, 4]
+
+
+def test_starting_over_an_existing_run_is_refused(small_config, tmp_path):
+    mp.train(small_config("training.epochs=1"), tmp_path / "run", progress=False)
+    with pytest.raises(mp.MariusInputError, match="already holds a run"):
+        mp.train(small_config("training.epochs=1"), tmp_path / "run", progress=False)
+
+
+def test_resume_refuses_a_different_model(small_config, tmp_path):
+    mp.train(small_config("training.epochs=1"), tmp_path / "run", progress=False)
+    changed = mp.api.load_run_config(tmp_path / "run", ["model.dim=8", "training.epochs=2"])
+    with pytest.raises(mp.MariusInputError, match="different model"):
+        mp.train(changed, tmp_path / "run", progress=False, resume=True)
+
+
+def test_checkpoint_versions_and_best_pointer(small_config, tmp_path):
+    mp.train(small_config("training.epochs=3"), tmp_path / "run", progress=False)
+    run = RunDirectory(tmp_path / "run")
+    assert run.latest_version().name == "v000003"
+    evals = [r for r in run.read_metrics() if r["event"] == "eval" and r["split"] == "valid"]
+    best = max(evals, key=lambda r: r["mrr"])
+    assert run.best_version().name == f"v{best['epoch']:06d}"
+    kept = sorted(p.name for p in run.checkpoints.iterdir() if p.is_dir())
+    assert kept == sorted({run.latest_version().name, run.best_version().name})
+    state = json.loads((run.latest_version() / "state.json").read_text())
+    assert state["epoch"] == 3 and state["best_epoch"] == best["epoch"]
+
+
+def test_interrupted_commit_leaves_previous_checkpoint(small_config, tmp_path, monkeypatch):
+    """A crash after the new version is written but before LATEST moves keeps the old one."""
+    mp.train(small_config("training.epochs=1"), tmp_path / "run", progress=False)
+    run = RunDirectory(tmp_path / "run")
+    before = latest_nodes(tmp_path / "run")
+
+    def crash(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("marius_py.checkpoint.write_text_atomic", crash)
+    resumed = mp.api.load_run_config(tmp_path / "run", ["training.epochs=2"])
+    with pytest.raises(KeyboardInterrupt):
+        mp.train(resumed, tmp_path / "run", progress=False, resume=True)
+    monkeypatch.undo()
+    assert run.latest_version().name == "v000001"
+    np.testing.assert_array_equal(latest_nodes(tmp_path / "run"), before)
+    # ... and resuming from it works.
+    mp.train(resumed, tmp_path / "run", progress=False, resume=True)
+    assert run.latest_version().name == "v000002"
+
+
+def test_early_stopping(small_config, tmp_path):
+    # A learning rate this small cannot improve validation MRR measurably.
+    config = small_config("training.epochs=20", "training.lr=1e-9", "training.relation_lr=1e-9",
+                          "evaluation.early_stopping_patience=2")
+    mp.train(config, tmp_path / "run", progress=False)
+    epochs = [r["epoch"] for r in RunDirectory(tmp_path / "run").read_metrics() if r["event"] == "epoch"]
+    assert len(epochs) < 20
+
+
+def test_metrics_log_has_epochs_and_evaluations(small_config, tmp_path):
+    mp.train(small_config(), tmp_path / "run", progress=False)
+    records = RunDirectory(tmp_path / "run").read_metrics()
+    epochs = [r for r in records if r["event"] == "epoch"]
+    assert [r["epoch"] for r in epochs] == [1, 2]
+    assert all(r["edges_per_s"] > 0 and r["loss"] > 0 for r in epochs)
+    assert {r["split"] for r in records if r["event"] == "eval"} == {"valid", "test"}
+    assert (tmp_path / "run" / "config.yaml").exists()
+
+
+@pytest.mark.parametrize("decoder", ["dot", "distmult", "complex", "transe", "rotate"])
+@pytest.mark.parametrize("loss", ["softmax_ce", "logistic", "margin"])
+def test_every_decoder_and_loss_trains(small_config, tmp_path, decoder, loss):
+    config = small_config(f"model.decoder={decoder}", f"model.loss={loss}", "training.epochs=1",
+                          "evaluation.every=0", "model.regularizer=n3", "model.reg_weight=0.001")
+    model = mp.train(config, tmp_path / "run", progress=False)
+    assert np.isfinite(model.embeddings()).all()
+    assert 0 < model.test_metrics["mrr"] <= 1
+
+
+def test_sampled_evaluation_protocol(small_config, tmp_path):
+    config = small_config("evaluation.protocol=sampled", "evaluation.num_negatives=20",
+                          "evaluation.negative_sampling=degree")
+    model = mp.train(config, tmp_path / "run", progress=False)
+    assert "20 sampled degree-based" in model.test_metrics["protocol"]
+    assert 1 <= model.test_metrics["mean_rank"] <= 21
