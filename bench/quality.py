@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 import marius_py as mp
+from marius_py.checkpoint import RunDirectory
 
 
 def sweep(settings: list[str]) -> list[list[str]]:
@@ -51,17 +52,13 @@ def run_one(dataset: Path, config_name: str, overrides: list[str], workdir: Path
     started = time.perf_counter()
     model = mp.train(config, run_dir, progress=False)
     seconds = time.perf_counter() - started
-    epochs = [r for r in model_metrics(run_dir) if r.get("event") == "epoch"]
+    epochs = [r for r in RunDirectory(run_dir).read_metrics() if r.get("event") == "epoch"]
     train_seconds = sum(r["seconds"] for r in epochs)
     edges = sum(r["edges_per_s"] * r["seconds"] for r in epochs)
     return {"dataset": dataset.name, "config": config_name, "overrides": overrides,
             "test": model.test_metrics, "wall_seconds": seconds, "train_seconds": train_seconds,
             "edges_per_s": edges / max(train_seconds, 1e-9), "device": config.training.device,
             "resolved_config": config.to_dict()}
-
-
-def model_metrics(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
 
 
 def main() -> None:

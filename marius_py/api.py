@@ -18,12 +18,12 @@ import numpy as np
 import torch
 
 from marius_py.bundled import BUNDLED_CONFIGS, bundled_config, resolve_dataset
-from marius_py.checkpoint import CONFIG_FILE, RunDirectory, load_version
+from marius_py.checkpoint import CONFIG_FILE, RunDirectory, config_fingerprint
 from marius_py.config import Config, load_config
 from marius_py.dataset import Dataset
 from marius_py.errors import MariusInputError
-from marius_py.evaluation import evaluate_split
-from marius_py.trainer import Model, Trainer, resolve_device
+from marius_py.evaluation import KnownAnswers, evaluate_split
+from marius_py.trainer import Model, Trainer, resolve_device, restore_version
 
 
 def load_dataset(path_or_name: str = "codex-m", progress: bool = False) -> Dataset:
@@ -53,6 +53,14 @@ class TrainedModel:
         self.nodes = nodes
         self.test_metrics: dict | None = None
         self.run_dir: Path | None = None
+        self._known: dict[bool, KnownAnswers] = {}
+
+    def known_answers(self, inverse: bool) -> KnownAnswers:
+        """Known (train + valid + test) answers of tail queries, or of head queries when ``inverse``."""
+        if inverse not in self._known:
+            self._known[inverse] = KnownAnswers(self.dataset.all_known_edges(), self.dataset.num_relations,
+                                                inverse)
+        return self._known[inverse]
 
     @property
     def decoder(self):
@@ -71,7 +79,12 @@ class TrainedModel:
         return torch.tensor(rows, dtype=torch.long, device=self.nodes.device).reshape(-1, 3)
 
     def _relation_id(self, name: str | None) -> int:
-        return 0 if name is None and not self.dataset.metadata.has_relations else self.dataset.relation_id(name)
+        if not self.dataset.metadata.has_relations:
+            return 0
+        if name is None:
+            raise MariusInputError("a relation is required on a graph with relations",
+                                   expected="--relation NAME (one of relations.txt)")
+        return self.dataset.relation_id(name)
 
     @torch.no_grad()
     def score(self, triples) -> np.ndarray:
@@ -86,16 +99,16 @@ class TrainedModel:
         """Top-k tails for (head, relation, ?) or heads for (?, relation, tail)."""
         if (head is None) == (tail is None):
             raise MariusInputError("give exactly one of head and tail", expected="--head NAME or --tail NAME")
+        if k < 1:
+            raise MariusInputError(f"k must be at least 1, got {k}", expected="-k 10")
         inverse = head is None
         anchor = self.dataset.node_id(tail if inverse else head)
         rel = torch.tensor([self._relation_id(relation)], device=self.nodes.device)
         query = self.decoder.query(self.nodes[anchor][None], rel, inverse)
         scores = self.decoder.compare_all(query[None], self.nodes[None])[0, 0]
         if filter_known:
-            known = self.dataset.all_known_edges()
-            side, other = (2, 0) if inverse else (0, 2)
-            hits = known[(known[:, side] == anchor) & (known[:, 1] == int(rel))][:, other]
-            scores[torch.from_numpy(hits).to(scores.device)] = float("-inf")
+            _, answers = self.known_answers(inverse).lookup(torch.tensor([anchor]), rel.cpu())
+            scores[answers.to(scores.device)] = float("-inf")
         top = torch.topk(scores, min(k, len(scores)))
         names = self.dataset.node_names
         return [(names[i], float(s)) for s, i in zip(top.values.tolist(), top.indices.tolist())]
@@ -151,6 +164,7 @@ def load_checkpoint(run_dir: str | Path, which: str = "best", device: str | None
     dataset = _open_dataset(config, progress=False)
     target = resolve_device(config.training.device)
     model = Model(config, dataset.num_nodes, dataset.num_relations, target)
-    nodes, _, model_state, _ = load_version(version)
-    model.load_state_dict(model_state)
-    return TrainedModel(config, dataset, model, torch.from_numpy(nodes).to(target))
+    nodes, _, _ = restore_version(version, model, config_fingerprint(config, dataset.metadata), target)
+    trained = TrainedModel(config, dataset, model, nodes)
+    trained.run_dir = Path(run_dir)
+    return trained

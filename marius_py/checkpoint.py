@@ -8,14 +8,13 @@
           nodes/               EmbeddingStore (zarr): node embeddings + Adagrad state
           model.pt             relation parameters and their optimizer state
           state.json           epoch, best validation MRR, config fingerprint
-        LATEST                 name of the newest committed version
-        BEST                   name of the version with the best validation MRR
+        POINTERS.json          {"latest": newest committed version, "best": best validation MRR}
 
 Commit: the version is written under a temporary name, every file is fsynced,
-the directory is renamed into place, and only then is LATEST replaced
-atomically (write, fsync, rename). A kill at any instant leaves the previous
-LATEST pointing at a complete version. Old versions are deleted after the bump,
-keeping LATEST and BEST.
+the directory is renamed into place, and only then is the one pointer file
+replaced atomically (write, fsync, rename), so "latest" and "best" always move
+together. A kill at any instant leaves the previous pointers naming complete
+versions. Versions no pointer names are deleted after the bump.
 """
 
 from __future__ import annotations
@@ -31,14 +30,16 @@ import numpy as np
 import torch
 
 from marius_py.config import Config, dump_config
+from marius_py.dataset import DatasetMetadata
 from marius_py.errors import MariusInputError
+from storage import durable
+from storage.durable import fsync_directory, fsync_tree
 from storage.embedding_store import EmbeddingStore
 
 CONFIG_FILE = "config.yaml"
 METRICS_FILE = "metrics.jsonl"
 CHECKPOINTS = "checkpoints"
-LATEST = "LATEST"
-BEST = "BEST"
+POINTERS = "POINTERS.json"
 NODES = "nodes"
 MODEL_FILE = "model.pt"
 STATE_FILE = "state.json"
@@ -52,33 +53,18 @@ class TrainingState:
     best_mrr: float = -1.0
     best_epoch: int = 0
     validations_without_improvement: int = 0
+    stopped_early: bool = False
     config_fingerprint: str = ""
 
 
-def config_fingerprint(config: Config) -> str:
-    """Hash of the settings a checkpoint depends on (shapes and the model)."""
-    shape = {"dataset": config.dataset.path, "decoder": config.model.decoder, "dim": config.model.dim,
+def config_fingerprint(config: Config, metadata: DatasetMetadata) -> str:
+    """Hash of what a checkpoint's tensors depend on: the model's shapes and the dataset's ids."""
+    shape = {"decoder": config.model.decoder, "dim": config.model.dim,
              "adagrad_variant": config.training.adagrad_variant,
-             "relation_optimizer": config.training.relation_optimizer}
+             "relation_optimizer": config.training.relation_optimizer,
+             "num_nodes": metadata.num_nodes, "num_relations": metadata.num_relations,
+             "num_train": metadata.num_train, "preprocess_seed": metadata.seed}
     return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def _fsync_path(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-    _fsync_path(path.parent)
 
 
 class RunDirectory:
@@ -94,7 +80,7 @@ class RunDirectory:
         self.write_config(config)
 
     def write_config(self, config: Config) -> None:
-        write_text_atomic(self.path / CONFIG_FILE, dump_config(config))
+        durable.write_text_atomic(self.path / CONFIG_FILE, dump_config(config))
 
     def log(self, record: dict) -> None:
         with open(self.path / METRICS_FILE, "a", encoding="utf-8") as handle:
@@ -106,24 +92,32 @@ class RunDirectory:
             return []
         return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
 
+    def truncate_metrics(self, epoch: int) -> None:
+        """Drop log records of epochs after ``epoch`` (written before a crash cut their commit)."""
+        kept = [r for r in self.read_metrics() if r.get("epoch", 0) <= epoch]
+        durable.write_text_atomic(self.path / METRICS_FILE,
+                                  "".join(json.dumps(r, sort_keys=True) + "\n" for r in kept))
+
     # ---- versions ----
-    def _pointer(self, name: str) -> str | None:
-        path = self.checkpoints / name
-        return path.read_text(encoding="utf-8").strip() if path.exists() else None
+    def _pointers(self) -> dict:
+        path = self.checkpoints / POINTERS
+        if not path.exists():
+            return {}
+        return json.loads(path.read_text(encoding="utf-8"))
 
     def latest_version(self) -> Path:
-        name = self._pointer(LATEST)
+        name = self._pointers().get("latest")
         if name is None:
             raise MariusInputError("no committed checkpoint", path=self.path,
                                    expected="a run directory written by `marius-py train`")
         return self.checkpoints / name
 
     def best_version(self) -> Path | None:
-        name = self._pointer(BEST)
+        name = self._pointers().get("best")
         return None if name is None else self.checkpoints / name
 
     def has_checkpoint(self) -> bool:
-        return self._pointer(LATEST) is not None
+        return "latest" in self._pointers()
 
     def begin_version(self, epoch: int) -> Path:
         """A fresh temporary directory to write version ``epoch`` into."""
@@ -134,24 +128,23 @@ class RunDirectory:
         return tmp
 
     def commit_version(self, tmp: Path, epoch: int, is_best: bool) -> Path:
-        """fsync ``tmp``, rename it to its final name, then bump LATEST (and BEST)."""
-        for root, _, files in os.walk(tmp):
-            for name in files:
-                with open(os.path.join(root, name), "rb") as handle:
-                    os.fsync(handle.fileno())
+        """fsync ``tmp``, rename it to its final name, then replace the pointer file atomically."""
+        fsync_tree(tmp)
         final = self.checkpoints / f"v{epoch:06d}"
-        if final.exists():  # an uncommitted leftover of a killed run
+        pointers = self._pointers()
+        if final.exists():  # never referenced: a leftover of a killed run
+            assert final.name not in pointers.values(), f"{final} is committed"
             shutil.rmtree(final)
         os.replace(tmp, final)
-        _fsync_path(self.checkpoints)
-        write_text_atomic(self.checkpoints / LATEST, final.name + "\n")
+        fsync_directory(self.checkpoints)
+        pointers["latest"] = final.name
         if is_best:
-            write_text_atomic(self.checkpoints / BEST, final.name + "\n")
-        self._delete_unreferenced()
+            pointers["best"] = final.name
+        durable.write_text_atomic(self.checkpoints / POINTERS, json.dumps(pointers) + "\n")
+        self._delete_unreferenced(set(pointers.values()))
         return final
 
-    def _delete_unreferenced(self) -> None:
-        keep = {self._pointer(LATEST), self._pointer(BEST)}
+    def _delete_unreferenced(self, keep: set[str]) -> None:
         for child in self.checkpoints.iterdir():
             if child.is_dir() and child.name not in keep:
                 shutil.rmtree(child, ignore_errors=True)
@@ -172,10 +165,20 @@ def write_version_state(directory: Path, model_state: dict, training_state: Trai
     (directory / STATE_FILE).write_text(json.dumps(training_state.__dict__, indent=2), encoding="utf-8")
 
 
-def load_version(directory: Path) -> tuple[np.ndarray, np.ndarray, dict, TrainingState]:
-    """Node embeddings, node optimizer state, model state dict and training state of a version."""
-    store = EmbeddingStore(directory / NODES, mode="r")
-    nodes, state = store.read_all()
-    model_state = torch.load(directory / MODEL_FILE, map_location="cpu", weights_only=True)
-    training_state = TrainingState(**json.loads((directory / STATE_FILE).read_text(encoding="utf-8")))
+def load_version(directory: Path, fingerprint: str | None = None
+                 ) -> tuple[np.ndarray, np.ndarray, dict, TrainingState]:
+    """Node embeddings, node optimizer state, model state dict and training state of a version.
+
+    With ``fingerprint``, refuse a version written for another model or dataset.
+    """
+    try:
+        training_state = TrainingState(**json.loads((directory / STATE_FILE).read_text(encoding="utf-8")))
+        if fingerprint is not None and training_state.config_fingerprint != fingerprint:
+            raise MariusInputError("checkpoint was written with a different model or dataset", path=directory,
+                                   expected="the model settings and dataset of the run's config.yaml")
+        nodes, state = EmbeddingStore(directory / NODES, mode="r").read_all()
+        model_state = torch.load(directory / MODEL_FILE, map_location="cpu", weights_only=True)
+    except (OSError, ValueError, KeyError, TypeError, RuntimeError) as error:
+        raise MariusInputError(f"checkpoint version is missing or damaged ({type(error).__name__}: {error})",
+                               path=directory, expected="a version committed by `marius-py train`") from None
     return nodes, state, model_state, training_state

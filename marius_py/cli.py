@@ -44,6 +44,9 @@ def cmd_train(args) -> None:
         return
     config_path, overrides = _split_config_args(args.config)
     if args.resume:
+        if args.run_dir is not None:
+            raise MariusInputError("--resume continues its own run directory", path="command line",
+                                   expected="either --resume RUN_DIR or --run-dir DIR, not both")
         if config_path is not None:
             raise MariusInputError("--resume takes its config from the run directory", path="command line",
                                    expected="only key=value overrides, e.g. training.epochs=40")
@@ -60,11 +63,15 @@ def cmd_train(args) -> None:
 
 def cmd_preprocess(args) -> None:
     from marius_py.preprocess import PreprocessOptions, preprocess
-    columns = tuple(int(c) for c in args.columns.split(",")) if args.columns else None
-    fractions = tuple(float(x) for x in args.split.split(",")) if args.split else (0.05, 0.05)
-    options = PreprocessOptions(delimiter=args.delimiter.encode().decode("unicode_escape"), columns=columns,
+    columns = _number_list(args.columns, int, "--columns", "0-based column indices like 0,1,2")
+    fractions = _number_list(args.split, float, "--split", "valid,test fractions like 0.05,0.05")
+    if fractions is not None and (args.valid or args.test):
+        raise MariusInputError("--split applies only to a single input file", path="command line",
+                               expected="either --split or --valid/--test")
+    options = PreprocessOptions(delimiter=_delimiter(args.delimiter), columns=columns,
                                 pairs=args.pairs, skip_header=args.skip_header,
-                                num_partitions=args.partitions, split_fractions=fractions, seed=args.seed,
+                                num_partitions=args.partitions, split_fractions=fractions or (0.05, 0.05),
+                                seed=args.seed,
                                 unseen_policy=args.unseen)
     metadata = preprocess(Path(args.output), args.train, args.valid, args.test, options,
                           progress=not args.quiet, overwrite=args.overwrite)
@@ -74,8 +81,30 @@ def cmd_preprocess(args) -> None:
           f"with nodes or relations unseen in train (policy: {metadata.unseen_policy})")
 
 
+def _number_list(text: str | None, kind, option: str, expected: str):
+    if text is None:
+        return None
+    try:
+        return tuple(kind(part) for part in text.split(","))
+    except ValueError:
+        raise MariusInputError(f"{option}: cannot read {text!r}", path="command line",
+                               expected=expected) from None
+
+
+_ESCAPES = {"\\t": "\t", "\\s": " "}
+
+
+def _delimiter(text: str) -> str:
+    """The field delimiter, accepting the escapes '\\t' and '\\s' typed on a shell."""
+    return _ESCAPES.get(text, text)
+
+
 def cmd_eval(args) -> None:
     from marius_py import api
+    wrong = [o for o in args.overrides if not o.startswith("evaluation.")]
+    if wrong:
+        raise MariusInputError(f"eval takes only evaluation.* overrides, got {wrong[0]!r}", path="command line",
+                               expected="e.g. evaluation.protocol=sampled; the model comes from the checkpoint")
     model = api.load_checkpoint(args.run_dir, args.checkpoint, overrides=args.overrides)
     metrics = model.evaluate(args.split)
     _print_metrics(args.split, metrics)

@@ -16,10 +16,11 @@ from pathlib import Path
 
 import yaml
 
+from marius_py import models
 from marius_py.errors import MariusInputError
 
-DECODERS = ("dot", "distmult", "complex", "transe", "rotate")
-LOSSES = ("softmax_ce", "logistic", "margin")
+DECODERS = tuple(models.DECODER_CLASSES)
+LOSSES = tuple(models.LOSSES)
 REGULARIZERS = ("none", "n3", "l2")
 ADAGRAD_VARIANTS = ("full", "rowwise")
 RELATION_OPTIMIZERS = ("adagrad", "adam")

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from marius_py.errors import MariusInputError
+from storage.durable import write_text_atomic
 from storage.edge_store import EDGE_FILE, EdgeStore
 
 METADATA_FILE = "metadata.json"
@@ -46,19 +47,9 @@ class DatasetMetadata:
     format_version: int = FORMAT_VERSION
 
 
-def write_json_atomic(path: Path, payload: dict) -> None:
-    """Write JSON to a temporary file, fsync it, then rename over ``path``."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as handle:
-        json.dump(payload, handle, indent=2, sort_keys=True)
-        handle.write("\n")
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-
-
 def write_metadata(directory: Path, metadata: DatasetMetadata) -> None:
-    write_json_atomic(Path(directory) / METADATA_FILE, dataclasses.asdict(metadata))
+    text = json.dumps(dataclasses.asdict(metadata), indent=2, sort_keys=True) + "\n"
+    write_text_atomic(Path(directory) / METADATA_FILE, text)
 
 
 def read_metadata(directory: str | os.PathLike) -> DatasetMetadata:
@@ -69,6 +60,14 @@ def read_metadata(directory: str | os.PathLike) -> DatasetMetadata:
     raw = json.loads(path.read_text(encoding="utf-8"))
     known = {f.name for f in dataclasses.fields(DatasetMetadata)}
     return DatasetMetadata(**{k: v for k, v in raw.items() if k in known})
+
+
+def write_names(path: Path, names: list[str]) -> None:
+    """One name per line, line i for id i; fsynced (it is part of a dataset or export)."""
+    with open(path, "w", encoding="utf-8", newline="\n") as handle:
+        handle.writelines(f"{name}\n" for name in names)
+        handle.flush()
+        os.fsync(handle.fileno())
 
 
 def read_names(path: Path) -> list[str]:

@@ -10,6 +10,7 @@ interrupted export never leaves a file that looks complete.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -17,9 +18,11 @@ from pathlib import Path
 import h5py
 import numpy as np
 
+from marius_py.dataset import write_names
 from marius_py.errors import MariusInputError
 
 FORMATS = ("npy", "tsv", "h5")
+MARKER = "export.json"  # marks a directory this module wrote, the only kind --overwrite replaces
 _TSV_ROWS = 4096
 
 
@@ -31,18 +34,15 @@ def _write_tsv(path: Path, names: list[str], vectors: np.ndarray) -> None:
                 handle.write(name + "\t" + "\t".join(f"{x:.7g}" for x in row) + "\n")
 
 
-def _write_names(path: Path, names: list[str]) -> None:
-    path.write_text("".join(n + "\n" for n in names), encoding="utf-8")
-
-
 def export_embeddings(output: str | Path, fmt: str, node_names: list[str], nodes: np.ndarray,
                       relation_names: list[str], relations: np.ndarray, overwrite: bool = False) -> Path:
     """Write node (and relation) embeddings in ``fmt`` into directory ``output``."""
     if fmt not in FORMATS:
         raise MariusInputError(f"unknown export format {fmt!r}", expected=" | ".join(FORMATS))
     output = Path(output)
-    if output.exists() and not overwrite:
-        raise MariusInputError("output already exists", path=output, expected="a new path, or --overwrite")
+    if output.exists() and not (overwrite and (output / MARKER).exists()):
+        raise MariusInputError("output already exists", path=output,
+                               expected="a new path, or --overwrite to replace an earlier export")
     tmp = output.with_name(f".{output.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -50,8 +50,8 @@ def export_embeddings(output: str | Path, fmt: str, node_names: list[str], nodes
         if fmt == "npy":
             np.save(tmp / "node_embeddings.npy", nodes)
             np.save(tmp / "relation_embeddings.npy", relations)
-            _write_names(tmp / "node_names.txt", node_names)
-            _write_names(tmp / "relation_names.txt", relation_names)
+            write_names(tmp / "node_names.txt", node_names)
+            write_names(tmp / "relation_names.txt", relation_names)
         elif fmt == "tsv":
             _write_tsv(tmp / "node_embeddings.tsv", node_names, nodes)
             _write_tsv(tmp / "relation_embeddings.tsv", relation_names, relations)
@@ -63,8 +63,9 @@ def export_embeddings(output: str | Path, fmt: str, node_names: list[str], nodes
                 handle.create_dataset("relation_embeddings", data=relations)
                 handle.create_dataset("relation_names", data=np.array(relation_names, dtype=object),
                                       dtype=h5py.string_dtype())
+        (tmp / MARKER).write_text(json.dumps({"format": fmt, "num_nodes": len(node_names)}) + "\n")
         if output.exists():
-            shutil.rmtree(output) if output.is_dir() else output.unlink()
+            shutil.rmtree(output)
         os.replace(tmp, output)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

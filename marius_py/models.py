@@ -188,7 +188,7 @@ def build_decoder(name: str, num_relations: int, dim: int, init_scale: float,
                   transe_norm: int = 1) -> Decoder:
     try:
         cls = DECODER_CLASSES[name]
-    except KeyError:
+    except KeyError:  # the CLI checks names in config.validate; this guards library callers
         raise ValueError(f"unknown decoder {name!r}; known: {', '.join(DECODER_CLASSES)}") from None
     if cls is TransE:
         return TransE(num_relations, dim, init_scale, norm=transe_norm)

@@ -68,8 +68,9 @@ import numpy as np
 from tqdm import tqdm
 
 from marius_py.dataset import (METADATA_FILE, NODES_FILE, RELATIONS_FILE, DatasetMetadata,
-                               write_metadata)
+                               write_metadata, write_names)
 from marius_py.errors import MariusInputError
+from storage.durable import fsync_directory
 from storage.edge_store import EDGE_FILE, SPLITS, EdgeStoreWriter
 from storage.partitioning import bucket_of
 
@@ -228,15 +229,7 @@ def _publish(staging: Path, output_dir: Path, overwrite: bool) -> None:
     os.replace(staging, output_dir)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
-    _fsync_directory(output_dir.parent)
-
-
-def _fsync_directory(path: Path) -> None:
-    descriptor = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
+    fsync_directory(output_dir.parent)
 
 
 # ---------------------------------------------------------------- reading
@@ -495,13 +488,6 @@ def _assign_random_ids(index: dict[str, int], seed: np.random.SeedSequence) -> l
     return names
 
 
-def _write_names(path: Path, names: list[str]) -> None:
-    with open(path, "w", encoding="utf-8", newline="\n") as handle:
-        handle.writelines(f"{name}\n" for name in names)
-        handle.flush()
-        os.fsync(handle.fileno())
-
-
 # ---------------------------------------------------------------- pass 2: edges
 
 class _BucketRuns:
@@ -669,8 +655,8 @@ def _build_dataset(staging: Path, inputs: list[_Input], options: PreprocessOptio
                    progress: bool) -> DatasetMetadata:
     node_seed, relation_seed, split_seed = np.random.SeedSequence(options.seed).spawn(3)
     nodes, relations, num_train = _collect_train_names(inputs, options, split_seed, progress)
-    _write_names(staging / NODES_FILE, _assign_random_ids(nodes, node_seed))
-    _write_names(staging / RELATIONS_FILE, _assign_random_ids(relations, relation_seed))
+    write_names(staging / NODES_FILE, _assign_random_ids(nodes, node_seed))
+    write_names(staging / RELATIONS_FILE, _assign_random_ids(relations, relation_seed))
     counts, dropped = _write_edges(staging, inputs, options, nodes, relations, split_seed,
                                    progress)
     if counts[TRAIN] != num_train:

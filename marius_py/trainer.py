@@ -139,6 +139,14 @@ class Model:
         return BatchUpdate(rows, delta, squared, loss.detach())
 
 
+def restore_version(version: Path, model: Model, fingerprint: str, device: torch.device
+                    ) -> tuple[torch.Tensor, torch.Tensor, TrainingState]:
+    """Node tables on ``device``, ``model`` loaded in place, and the version's training state."""
+    nodes, state, model_state, training_state = load_version(version, fingerprint)
+    model.load_state_dict(model_state)
+    return torch.from_numpy(nodes).to(device), torch.from_numpy(state).to(device), training_state
+
+
 def init_rows(seed: int, init_scale: float, dim: int):
     """Initial embeddings of rows [start, end): normal(0, init_scale), seeded per partition start."""
     def init(start: int, end: int) -> np.ndarray:
@@ -160,24 +168,21 @@ class Trainer:
             torch.set_num_threads(config.training.num_threads)
         torch.manual_seed(config.training.seed)  # relation initialisation
         self.model = Model(config, dataset.num_nodes, dataset.num_relations, self.device)
-        self.state = TrainingState(config_fingerprint=config_fingerprint(config))
-        self.nodes, self.node_state = self._build_node_tables()
-        self._known = None
-
-    # ---- setup ----
-    def _build_node_tables(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Open the latest checkpoint, or create version 0 in the on-disk store, and load it."""
+        self.fingerprint = config_fingerprint(config, dataset.metadata)
+        self.state = TrainingState(config_fingerprint=self.fingerprint)
         if not self.run.has_checkpoint():
             self.run.create(self.config)
             self._save_checkpoint_from_store()
-        nodes, state, model_state, training_state = load_version(self.run.latest_version())
-        if training_state.config_fingerprint != self.state.config_fingerprint:
-            raise MariusInputError("checkpoint was written with a different model or dataset",
-                                   path=self.run.latest_version(),
-                                   expected=f"the settings of {self.run.path / 'config.yaml'}")
-        self.model.load_state_dict(model_state)
-        self.state = training_state
-        return torch.from_numpy(nodes).to(self.device), torch.from_numpy(state).to(self.device)
+        self.restore(self.run.latest_version())
+        # Records of epochs whose checkpoint never committed are replayed, not duplicated.
+        self.run.truncate_metrics(self.state.epoch)
+        self._known = None
+
+    # ---- checkpoints ----
+    def restore(self, version: Path) -> None:
+        """Load a checkpoint version's embeddings, optimizer state and position."""
+        self.nodes, self.node_state, self.state = restore_version(version, self.model, self.fingerprint,
+                                                                  self.device)
 
     def _save_checkpoint_from_store(self) -> None:
         """Version 0: initial embeddings written to the zarr store, zero optimizer state."""
@@ -190,7 +195,7 @@ class Trainer:
         write_version_state(tmp, self.model.state_dict(), self.state)
         self.run.commit_version(tmp, 0, is_best=False)
 
-    def save_checkpoint(self, is_best: bool) -> None:
+    def save_checkpoint(self, is_best: bool = False) -> None:
         tmp = self.run.begin_version(self.state.epoch)
         save_version(tmp, self.nodes, self.node_state, self.config.storage.num_partitions,
                      self.model.state_dict(), self.state)
@@ -220,6 +225,10 @@ class Trainer:
                                 edges_per_s=f"{(index + 1) * t.batch_size / max(elapsed, 1e-9):,.0f}")
         bar.close()
         seconds = time.perf_counter() - started
+        if not torch.isfinite(total_loss):
+            raise MariusInputError(f"training diverged: the loss of epoch {epoch} is not finite",
+                                   path=self.run.path / "config.yaml",
+                                   expected="a smaller training.lr or model.init_scale")
         return {"event": "epoch", "epoch": epoch, "loss": float(total_loss) / len(train),
                 "seconds": seconds, "edges_per_s": len(train) / seconds}
 
@@ -230,21 +239,27 @@ class Trainer:
                                  self.config.evaluation, self._known, self.config.training.seed)
         return {"event": "eval", "split": split, "epoch": self.state.epoch, **metrics}
 
-    def _validate(self) -> bool:
-        """Validate; return True when the run should stop early."""
+    def _validate(self, counts: bool) -> None:
+        """Validate and log; when ``counts``, update best and early-stopping state.
+
+        Only validations on the ``evaluation.every`` schedule count, so a run
+        split by a resume selects the same best checkpoint as one that was not.
+        """
         metrics = self.evaluate("valid")
         self.run.log(metrics)
         self._say(f"epoch {self.state.epoch}: valid MRR {metrics['mrr']:.4f} "
                   f"Hits@10 {metrics['hits@10']:.4f}")
-        improved = metrics["mrr"] > self.state.best_mrr
-        if improved:
+        if not counts:
+            return
+        if metrics["mrr"] > self.state.best_mrr:
             self.state.best_mrr, self.state.best_epoch = metrics["mrr"], self.state.epoch
             self.state.validations_without_improvement = 0
         else:
             self.state.validations_without_improvement += 1
-        self.save_checkpoint(is_best=improved)
         patience = self.config.evaluation.early_stopping_patience
-        return patience > 0 and self.state.validations_without_improvement >= patience
+        if patience and self.state.validations_without_improvement >= patience:
+            self.state.stopped_early = True
+            self._say(f"early stopping: no improvement in {patience} validations")
 
     def train(self) -> TrainingState:
         """Run the epochs left until ``training.epochs``; checkpoint after each."""
@@ -253,32 +268,24 @@ class Trainer:
         self.run.write_config(self.config)
         if len(self.dataset.train) == 0:
             raise MariusInputError("dataset has no training edges", path=self.dataset.directory)
-        while self.state.epoch < t.epochs:
+        while self.state.epoch < t.epochs and not self.state.stopped_early:
             record = self.train_epoch(self.state.epoch + 1)
             self.state.epoch += 1
-            self.run.log(record)
             self._say(f"epoch {record['epoch']}: loss {record['loss']:.4f}, "
                       f"{record['edges_per_s']:,.0f} edges/s, {record['seconds']:.1f} s")
-            validate = self.dataset.metadata.num_valid > 0 and (
-                (e.every and self.state.epoch % e.every == 0) or self.state.epoch == t.epochs)
-            if validate:
-                if self._validate():
-                    self._say(f"early stopping: no improvement in {e.early_stopping_patience} validations")
-                    break
-            else:
-                self.save_checkpoint(is_best=False)
+            previous_best = self.state.best_epoch
+            on_schedule = e.every > 0 and self.state.epoch % e.every == 0
+            if self.dataset.metadata.num_valid > 0 and (on_schedule or self.state.epoch == t.epochs):
+                self._validate(counts=on_schedule)
+            self.save_checkpoint(is_best=self.state.best_epoch != previous_best)
+            self.run.log(record)  # after the commit: a crash before it replays this epoch
         return self.state
 
     def load_best(self) -> None:
         """Replace the in-memory state by the best-validation checkpoint, if any."""
         best = self.run.best_version()
-        if best is None:
-            return
-        nodes, state, model_state, training_state = load_version(best)
-        self.nodes = torch.from_numpy(nodes).to(self.device)
-        self.node_state = torch.from_numpy(state).to(self.device)
-        self.model.load_state_dict(model_state)
-        self.state = training_state
+        if best is not None:
+            self.restore(best)
 
     def _say(self, text: str) -> None:
         if self.progress:

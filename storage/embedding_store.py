@@ -86,9 +86,3 @@ class EmbeddingStore:
             start, end = self.bounds(part)
             self.write_partition(part, embeddings[start:end], state[start:end])
 
-    def fsync(self) -> None:
-        """Flush every file of the store to disk (part of an atomic checkpoint commit)."""
-        for root, _, files in os.walk(self.path):
-            for name in files:
-                with open(os.path.join(root, name), "rb") as handle:
-                    os.fsync(handle.fileno())

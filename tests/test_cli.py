@@ -148,3 +148,48 @@ def test_bad_edge_file_through_cli(tmp_path):
 def test_eval_of_a_non_run(tmp_path):
     result = run_cli("eval", str(tmp_path))
     assert result.returncode == 2 and "not a run directory" in result.stderr
+
+
+def test_eval_rejects_model_overrides(trained_run, capsys):
+    _, run = trained_run
+    assert main(["eval", str(run), "model.decoder=transe"]) == 2
+    assert "only evaluation.* overrides" in capsys.readouterr().err
+
+
+def test_export_overwrite_never_replaces_other_directories(trained_run, capsys):
+    data, run = trained_run
+    assert main(["export", str(run), "-o", str(data), "--overwrite"]) == 2
+    assert (data / "metadata.json").exists()
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--columns", "0,x,2"], "--columns: cannot read '0,x,2'"),
+    (["--split", "a,b"], "--split: cannot read 'a,b'"),
+    (["--split", "0.1,0.1", "--valid", "v.txt", "--test", "t.txt"], "--split applies only to a single"),
+])
+def test_bad_preprocess_options(tmp_path, capsys, args, needle):
+    assert main(["preprocess", "--train", str(UMLS / "train.txt"), "-o", str(tmp_path / "out"), *args]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and "expected" in err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("relation, extra, needle", [
+    ("first", ["-k", "0"], "k must be at least 1"),
+    (None, [], "a relation is required"),
+    ("no-such-relation", [], "unknown relation name 'no-such-relation'"),
+])
+def test_bad_predict_arguments(trained_run, capsys, relation, extra, needle):
+    _, run = trained_run
+    names = mp.load_checkpoint(run).dataset
+    args = ["predict", str(run), "--head", names.node_names[0], *extra]
+    if relation is not None:
+        args += ["--relation", names.relation_names[0] if relation == "first" else relation]
+    assert main(args) == 2
+    assert needle in capsys.readouterr().err
+
+
+def test_resume_with_run_dir_is_refused(trained_run, capsys):
+    _, run = trained_run
+    assert main(["train", "--resume", str(run), "--run-dir", str(run)]) == 2
+    assert "not both" in capsys.readouterr().err

@@ -91,13 +91,14 @@ def test_interrupted_commit_leaves_previous_checkpoint(small_config, tmp_path, m
     def crash(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("marius_py.checkpoint.write_text_atomic", crash)
+    monkeypatch.setattr("storage.durable.write_text_atomic", crash)
     resumed = mp.api.load_run_config(tmp_path / "run", ["training.epochs=2"])
     with pytest.raises(KeyboardInterrupt):
         mp.train(resumed, tmp_path / "run", progress=False, resume=True)
     monkeypatch.undo()
     assert run.latest_version().name == "v000001"
     np.testing.assert_array_equal(latest_nodes(tmp_path / "run"), before)
+    assert max(r["epoch"] for r in run.read_metrics()) == 1  # the uncommitted epoch is not logged
     # ... and resuming from it works.
     mp.train(resumed, tmp_path / "run", progress=False, resume=True)
     assert run.latest_version().name == "v000002"
@@ -138,3 +139,41 @@ def test_sampled_evaluation_protocol(small_config, tmp_path):
     model = mp.train(config, tmp_path / "run", progress=False)
     assert "20 sampled degree-based" in model.test_metrics["protocol"]
     assert 1 <= model.test_metrics["mean_rank"] <= 21
+
+
+def test_resume_selects_the_same_best_checkpoint(small_config, tmp_path):
+    """Off-schedule end-of-run validations are logged but never become 'best'."""
+    mp.train(small_config("training.epochs=4", "evaluation.every=3"), tmp_path / "full", progress=False)
+    mp.train(small_config("training.epochs=2", "evaluation.every=3"), tmp_path / "split", progress=False)
+    assert RunDirectory(tmp_path / "split").best_version() is None
+    resumed = mp.api.load_run_config(tmp_path / "split", ["training.epochs=4"])
+    mp.train(resumed, tmp_path / "split", progress=False, resume=True)
+    assert RunDirectory(tmp_path / "split").best_version().name == "v000003"
+    assert RunDirectory(tmp_path / "full").best_version().name == "v000003"
+
+
+def test_early_stopped_run_stays_stopped_on_resume(small_config, tmp_path):
+    config = small_config("training.epochs=20", "training.lr=1e-9", "training.relation_lr=1e-9",
+                          "evaluation.early_stopping_patience=1")
+    mp.train(config, tmp_path / "run", progress=False)
+    run = RunDirectory(tmp_path / "run")
+    stopped_at = run.latest_version().name
+    mp.train(mp.api.load_run_config(tmp_path / "run"), tmp_path / "run", progress=False, resume=True)
+    assert run.latest_version().name == stopped_at
+
+
+def test_divergence_is_reported(small_config, tmp_path):
+    config = small_config("model.init_scale=1e30", "training.epochs=1")
+    with pytest.raises(mp.MariusInputError, match="diverged"):
+        mp.train(config, tmp_path / "run", progress=False)
+
+
+def test_checkpoint_of_another_dataset_is_refused(small_config, tmp_path, umls_dataset):
+    from marius_py.preprocess import PreprocessOptions, preprocess
+    from conftest import UMLS_RAW
+    mp.train(small_config("training.epochs=1"), tmp_path / "run", progress=False)
+    reshuffled = tmp_path / "umls-seed1"
+    preprocess(reshuffled, UMLS_RAW / "train.txt", UMLS_RAW / "valid.txt", UMLS_RAW / "test.txt",
+               PreprocessOptions(seed=1), progress=False)
+    with pytest.raises(mp.MariusInputError, match="different model or dataset"):
+        mp.load_checkpoint(tmp_path / "run", overrides=[f"dataset.path={reshuffled}"])
