@@ -18,12 +18,13 @@ import numpy as np
 import torch
 
 from marius_py.bundled import BUNDLED_CONFIGS, bundled_config, resolve_dataset
-from marius_py.checkpoint import CONFIG_FILE, RunDirectory, config_fingerprint
+from marius_py.checkpoint import CONFIG_FILE, NODES, RunDirectory, config_fingerprint, load_version
 from marius_py.config import Config, load_config
 from marius_py.dataset import Dataset
 from marius_py.errors import MariusInputError
-from marius_py.evaluation import KnownAnswers, evaluate_split
-from marius_py.trainer import Model, Trainer, resolve_device, restore_version
+from marius_py.evaluation import InMemoryNodes, KnownAnswers, NodeTable, StoredNodes, evaluate_split
+from marius_py.trainer import Model, Trainer, resolve_device
+from storage.embedding_store import EmbeddingStore
 
 
 def load_dataset(path_or_name: str = "codex-m", progress: bool = False) -> Dataset:
@@ -44,13 +45,18 @@ def default_run_dir(config: Config) -> Path:
 
 
 class TrainedModel:
-    """Node embeddings and decoder of a checkpoint, with name-level helpers."""
+    """Node embeddings and decoder of a checkpoint, with name-level helpers.
 
-    def __init__(self, config: Config, dataset: Dataset, model: Model, nodes: torch.Tensor):
+    ``table`` holds the embeddings in memory, or reads them partition by
+    partition from the checkpoint's store when the run was out of core.
+    """
+
+    def __init__(self, config: Config, dataset: Dataset, model: Model, table: NodeTable):
         self.config = config
         self.dataset = dataset
         self.model = model
-        self.nodes = nodes
+        self.table = table
+        self.device = table.device
         self.test_metrics: dict | None = None
         self.run_dir: Path | None = None
         self._known: dict[bool, KnownAnswers] = {}
@@ -68,15 +74,23 @@ class TrainedModel:
 
     def embedding(self, name: str) -> np.ndarray:
         """Embedding vector of a node given its original name."""
-        return self.nodes[self.dataset.node_id(name)].detach().cpu().numpy()
+        return self.table.gather(torch.tensor([self.dataset.node_id(name)]))[0].cpu().numpy()
 
     def embeddings(self) -> np.ndarray:
-        """All node embeddings [num_nodes, dim], row i = node id i (``dataset.node_names[i]``)."""
-        return self.nodes.detach().cpu().numpy()
+        """All node embeddings [num_nodes, dim], row i = node id i (``dataset.node_names[i]``).
+
+        Out of core this reads every partition into one array; ``blocks()`` streams.
+        """
+        return np.concatenate([block.cpu().numpy() for _, block in self.table.blocks()])
+
+    def blocks(self):
+        """(first node id, embeddings) of consecutive id ranges, one partition at a time."""
+        for start, block in self.table.blocks():
+            yield start, block.cpu().numpy()
 
     def _ids(self, triples) -> torch.Tensor:
         rows = [(self.dataset.node_id(h), self._relation_id(r), self.dataset.node_id(t)) for h, r, t in triples]
-        return torch.tensor(rows, dtype=torch.long, device=self.nodes.device).reshape(-1, 3)
+        return torch.tensor(rows, dtype=torch.long, device=self.device).reshape(-1, 3)
 
     def _relation_id(self, name: str | None) -> int:
         if not self.dataset.metadata.has_relations:
@@ -90,7 +104,7 @@ class TrainedModel:
     def score(self, triples) -> np.ndarray:
         """Scores of (head, relation, tail) name triples (relation ignored by ``dot``)."""
         ids = self._ids(triples)
-        scores = self.decoder.score(self.nodes[ids[:, 0]], ids[:, 1], self.nodes[ids[:, 2]])
+        scores = self.decoder.score(self.table.gather(ids[:, 0]), ids[:, 1], self.table.gather(ids[:, 2]))
         return scores.cpu().numpy()
 
     @torch.no_grad()
@@ -103,19 +117,27 @@ class TrainedModel:
             raise MariusInputError(f"k must be at least 1, got {k}", expected="-k 10")
         inverse = head is None
         anchor = self.dataset.node_id(tail if inverse else head)
-        rel = torch.tensor([self._relation_id(relation)], device=self.nodes.device)
-        query = self.decoder.query(self.nodes[anchor][None], rel, inverse)
-        scores = self.decoder.compare_all(query[None], self.nodes[None])[0, 0]
-        if filter_known:
-            _, answers = self.known_answers(inverse).lookup(torch.tensor([anchor]), rel.cpu())
-            scores[answers.to(scores.device)] = float("-inf")
-        top = torch.topk(scores, min(k, len(scores)))
+        rel = torch.tensor([self._relation_id(relation)], device=self.device)
+        query = self.decoder.query(self.table.gather(torch.tensor([anchor])), rel, inverse)
+        known = self.known_answers(inverse).lookup(torch.tensor([anchor]), rel.cpu())[1].to(self.device) \
+            if filter_known else None
+        best_scores, best_ids = torch.empty(0, device=self.device), torch.empty(0, dtype=torch.long,
+                                                                                 device=self.device)
+        for start, block in self.table.blocks():  # a running top-k over partitions
+            scores = self.decoder.compare_all(query[None], block[None])[0, 0]
+            if known is not None:
+                inside = known[(known >= start) & (known < start + len(block))]
+                scores[inside - start] = float("-inf")
+            best_scores = torch.cat([best_scores, scores])
+            best_ids = torch.cat([best_ids, torch.arange(start, start + len(block), device=self.device)])
+            top = torch.topk(best_scores, min(k, len(best_scores)))
+            best_scores, best_ids = top.values, best_ids[top.indices]
         names = self.dataset.node_names
-        return [(names[i], float(s)) for s, i in zip(top.values.tolist(), top.indices.tolist())]
+        return [(names[i], float(s)) for s, i in zip(best_scores.tolist(), best_ids.tolist())]
 
     def evaluate(self, split: str = "test") -> dict:
         """Link-prediction metrics on a split, with the config's evaluation protocol."""
-        return evaluate_split(self.decoder, self.nodes, self.dataset, split, self.config.evaluation,
+        return evaluate_split(self.decoder, self.table, self.dataset, split, self.config.evaluation,
                               seed=self.config.training.seed)
 
 
@@ -133,15 +155,18 @@ def train(config: Config, run_dir: str | Path | None = None, progress: bool = Tr
                                expected="a new directory, or --resume to continue it")
     dataset = _open_dataset(config, progress)
     trainer = Trainer(config, dataset, run_dir, progress=progress)
-    trainer.train()
-    if config.evaluation.select_best:
-        trainer.load_best()
-    trained = TrainedModel(config, dataset, trainer.model, trainer.nodes)
-    trained.run_dir = run_dir
-    if dataset.metadata.num_test > 0:
-        metrics = trainer.evaluate("test")
-        trainer.run.log(metrics)
-        trained.test_metrics = metrics
+    try:
+        trainer.train()
+        if config.evaluation.select_best:
+            trainer.load_best()
+        trained = TrainedModel(config, dataset, trainer.model, trainer.node_table())
+        trained.run_dir = run_dir
+        if dataset.metadata.num_test > 0:
+            metrics = trainer.evaluate("test")
+            trainer.run.log(metrics)
+            trained.test_metrics = metrics
+    finally:
+        trainer.close()
     return trained
 
 
@@ -164,7 +189,13 @@ def load_checkpoint(run_dir: str | Path, which: str = "best", device: str | None
     dataset = _open_dataset(config, progress=False)
     target = resolve_device(config.training.device)
     model = Model(config, dataset.num_nodes, dataset.num_relations, target)
-    nodes, _, _ = restore_version(version, model, config_fingerprint(config, dataset.metadata), target)
-    trained = TrainedModel(config, dataset, model, nodes)
+    out_of_core = config.storage.num_partitions > 1
+    _, _, model_state, _ = load_version(version, config_fingerprint(config, dataset.metadata),
+                                        with_nodes=not out_of_core)
+    model.load_state_dict(model_state)
+    store = EmbeddingStore(version / NODES, mode="r")
+    table = StoredNodes(store, target) if out_of_core else InMemoryNodes(
+        torch.from_numpy(store.read_all()[0]).to(target))
+    trained = TrainedModel(config, dataset, model, table)
     trained.run_dir = Path(run_dir)
     return trained

@@ -3,9 +3,11 @@
     RUN_DIR/
       config.yaml              resolved config of the run
       metrics.jsonl            one JSON object per epoch / evaluation
+      store/                   the live EmbeddingStore training reads and writes
       checkpoints/
         v000003/               one version: a complete, consistent state
-          nodes/               EmbeddingStore (zarr): node embeddings + Adagrad state
+          nodes/               EmbeddingStore (zarr): node embeddings + Adagrad state, hard
+                               links to the live store's files at the time of the commit
           model.pt             relation parameters and their optimizer state
           state.json           epoch, best validation MRR, config fingerprint
         POINTERS.json          {"latest": newest committed version, "best": best validation MRR}
@@ -40,6 +42,7 @@ CONFIG_FILE = "config.yaml"
 METRICS_FILE = "metrics.jsonl"
 CHECKPOINTS = "checkpoints"
 POINTERS = "POINTERS.json"
+LIVE_STORE = "store"
 NODES = "nodes"
 MODEL_FILE = "model.pt"
 STATE_FILE = "state.json"
@@ -62,6 +65,7 @@ def config_fingerprint(config: Config, metadata: DatasetMetadata) -> str:
     shape = {"decoder": config.model.decoder, "dim": config.model.dim,
              "adagrad_variant": config.training.adagrad_variant,
              "relation_optimizer": config.training.relation_optimizer,
+             "num_partitions": config.storage.num_partitions,
              "num_nodes": metadata.num_nodes, "num_relations": metadata.num_relations,
              "num_train": metadata.num_train, "preprocess_seed": metadata.seed}
     return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:16]
@@ -150,33 +154,26 @@ class RunDirectory:
                 shutil.rmtree(child, ignore_errors=True)
 
 
-def save_version(directory: Path, nodes: torch.Tensor, state: torch.Tensor, num_partitions: int,
-                 model_state: dict, training_state: TrainingState) -> None:
-    """Write one checkpoint version's files into ``directory`` (not yet committed)."""
-    store = EmbeddingStore.create(directory / NODES, nodes.shape[0], nodes.shape[1], state.shape[1],
-                                  num_partitions)
-    store.write_all(nodes.detach().cpu().numpy(), state.detach().cpu().numpy())
-    write_version_state(directory, model_state, training_state)
-
-
 def write_version_state(directory: Path, model_state: dict, training_state: TrainingState) -> None:
     """The non-embedding files of a version: model parameters and training position."""
     torch.save(model_state, directory / MODEL_FILE)
     (directory / STATE_FILE).write_text(json.dumps(training_state.__dict__, indent=2), encoding="utf-8")
 
 
-def load_version(directory: Path, fingerprint: str | None = None
-                 ) -> tuple[np.ndarray, np.ndarray, dict, TrainingState]:
+def load_version(directory: Path, fingerprint: str | None = None, with_nodes: bool = True
+                 ) -> tuple[np.ndarray | None, np.ndarray | None, dict, TrainingState]:
     """Node embeddings, node optimizer state, model state dict and training state of a version.
 
-    With ``fingerprint``, refuse a version written for another model or dataset.
+    With ``fingerprint``, refuse a version written for another model or dataset;
+    without ``with_nodes`` the (possibly larger than memory) node arrays are not read.
     """
     try:
         training_state = TrainingState(**json.loads((directory / STATE_FILE).read_text(encoding="utf-8")))
         if fingerprint is not None and training_state.config_fingerprint != fingerprint:
             raise MariusInputError("checkpoint was written with a different model or dataset", path=directory,
                                    expected="the model settings and dataset of the run's config.yaml")
-        nodes, state = EmbeddingStore(directory / NODES, mode="r").read_all()
+        store = EmbeddingStore(directory / NODES, mode="r")
+        nodes, state = store.read_all() if with_nodes else (None, None)
         model_state = torch.load(directory / MODEL_FILE, map_location="cpu", weights_only=True)
     except (OSError, ValueError, KeyError, TypeError, RuntimeError) as error:
         raise MariusInputError(f"checkpoint version is missing or damaged ({type(error).__name__}: {error})",

@@ -119,8 +119,8 @@ def cmd_export(args) -> None:
     names, relations = relation_rows(model.decoder.relations.detach().cpu().numpy(),
                                      model.dataset.relation_names)
     output = args.output or str(Path(args.run_dir) / f"export-{args.format}")
-    export_embeddings(output, args.format, model.dataset.node_names, model.embeddings(), names, relations,
-                      overwrite=args.overwrite)
+    export_embeddings(output, args.format, model.dataset.node_names, model.blocks(), model.config.model.dim,
+                      names, relations, overwrite=args.overwrite)
     print(f"wrote {output}")
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import yaml
 
 from marius_py import models
+from orderings import ORDERINGS
 from marius_py.errors import MariusInputError
 
 DECODERS = tuple(models.DECODER_CLASSES)
@@ -26,6 +27,7 @@ ADAGRAD_VARIANTS = ("full", "rowwise")
 RELATION_OPTIMIZERS = ("adagrad", "adam")
 DEVICES = ("auto", "cpu", "cuda")
 EVAL_PROTOCOLS = ("filtered", "sampled")
+ORDERING_NAMES = tuple(ORDERINGS)
 NEGATIVE_KINDS = ("uniform", "degree")
 
 
@@ -83,7 +85,12 @@ class EvaluationConfig:
 
 @dataclass
 class StorageConfig:
-    num_partitions: int = _f(1, "node partitions (1: embeddings wholly in memory)")
+    num_partitions: int = _f(1, "node partitions on disk (1: embeddings wholly in memory)")
+    buffer_capacity: int = _f(0, "partitions held in memory at once when num_partitions > 1 "
+                                 "(0: all of them)")
+    ordering: str = _f("beta", f"order of buffer states and buckets, one of {ORDERING_NAMES}")
+    comet_group_size: int = _f(4, "comet ordering: physical partitions per logical one, regrouped "
+                                  "at random every epoch")
 
 
 @dataclass
@@ -154,9 +161,26 @@ def validate(config: Config, origins: dict | None = None) -> Config:
     _check(t.num_chunks <= t.batch_size, "training.num_chunks", "expected <= training.batch_size",
            t.num_chunks)
     _check(m.transe_norm in (1, 2), "model.transe_norm", "expected 1 or 2", m.transe_norm)
+    _check_storage(config.storage, _check)
     if m.decoder in ("complex", "rotate"):
         _check(m.dim % 2 == 0, "model.dim", f"expected even for {m.decoder}", m.dim)
     return config
+
+
+def _check_storage(s: StorageConfig, _check) -> None:
+    _check(s.ordering in ORDERING_NAMES, "storage.ordering", f"expected one of {', '.join(ORDERING_NAMES)}",
+           s.ordering)
+    _check(s.buffer_capacity >= 0, "storage.buffer_capacity", "expected >= 0", s.buffer_capacity)
+    if s.buffer_capacity == 0:
+        s.buffer_capacity = s.num_partitions
+    if s.num_partitions > 1:
+        _check(2 <= s.buffer_capacity <= s.num_partitions, "storage.buffer_capacity",
+               f"expected between 2 and storage.num_partitions ({s.num_partitions})", s.buffer_capacity)
+    if s.ordering == "comet" and s.num_partitions > 1:
+        k = s.comet_group_size
+        _check(k >= 1 and s.num_partitions % k == 0 and s.buffer_capacity % k == 0
+               and s.buffer_capacity // k >= 2, "storage.comet_group_size",
+               "expected a divisor of num_partitions and buffer_capacity leaving >= 2 groups in the buffer", k)
 
 
 def _coerce(value, annotation, path: str, source):

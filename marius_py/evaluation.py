@@ -11,10 +11,13 @@ optimistic rank (1 + #scores > target) and the pessimistic rank
 
 from __future__ import annotations
 
+from typing import Iterator
+
 import numpy as np
 import torch
 
 from marius_py.models import Decoder
+from storage.embedding_store import EmbeddingStore
 
 PROTOCOL_FILTERED = "filtered ranking vs all nodes, both directions, realistic ties"
 PROTOCOL_SAMPLED = "unfiltered ranking vs {n} sampled {kind} negatives, both directions, realistic ties"
@@ -62,27 +65,94 @@ def summarize(ranks: torch.Tensor, protocol: str) -> dict:
             "protocol": protocol}
 
 
+class NodeTable:
+    """Node embeddings as evaluation reads them: whole, or streamed partition by partition."""
+
+    num_nodes: int
+    device: torch.device
+
+    def blocks(self) -> Iterator[tuple[int, torch.Tensor]]:
+        """(first node id, embeddings of a contiguous id range) covering every node once."""
+        raise NotImplementedError
+
+    def gather(self, ids: torch.Tensor) -> torch.Tensor:
+        """Embeddings of the given node ids, in order."""
+        raise NotImplementedError
+
+
+class InMemoryNodes(NodeTable):
+    def __init__(self, nodes: torch.Tensor):
+        self.nodes, self.num_nodes, self.device = nodes, nodes.shape[0], nodes.device
+
+    def blocks(self):
+        yield 0, self.nodes
+
+    def gather(self, ids):
+        return self.nodes[ids.to(self.device)]
+
+
+class StoredNodes(NodeTable):
+    """An ``EmbeddingStore`` read one partition at a time: memory stays at one partition."""
+
+    def __init__(self, store: EmbeddingStore, device: torch.device | str = "cpu"):
+        self.store, self.num_nodes, self.device = store, store.num_nodes, torch.device(device)
+
+    def blocks(self):
+        for partition in range(self.store.num_partitions):
+            start, end = self.store.bounds(partition)
+            yield start, torch.from_numpy(self.store.embeddings[start:end]).to(self.device)
+
+    def gather(self, ids):
+        ids = ids.to(self.device)
+        out = torch.empty(len(ids), self.store.dim, device=self.device)
+        for start, block in self.blocks():
+            inside = (ids >= start) & (ids < start + len(block))
+            out[inside] = block[ids[inside] - start]
+        return out
+
+
 @torch.no_grad()
-def filtered_ranks(decoder: Decoder, nodes: torch.Tensor, edges: np.ndarray,
+def filtered_ranks(decoder: Decoder, nodes: torch.Tensor | NodeTable, edges: np.ndarray,
                    known: tuple[KnownAnswers, KnownAnswers], batch_size: int) -> torch.Tensor:
-    """Realistic filtered ranks of every edge, tail queries then head queries."""
-    device = nodes.device
+    """Realistic filtered ranks of every edge, tail queries then head queries.
+
+    Candidates are streamed block by block (one block in memory, one partition
+    out of core); every query's counts of higher and tied scores add up over
+    blocks, with known answers other than the target removed. The target's own
+    score comes from the block that holds it where the comparison happens
+    there (exact ties), and from ``compare_pairs`` against other blocks.
+    """
+    table = nodes if isinstance(nodes, NodeTable) else InMemoryNodes(nodes)
+    device = table.device
+    edges_t = torch.from_numpy(edges).to(device)
     all_ranks = []
     for inverse, answers in ((False, known[0]), (True, known[1])):
-        for start in range(0, len(edges), batch_size):
-            batch = torch.from_numpy(edges[start:start + batch_size]).to(device)
-            anchor, target = (batch[:, 2], batch[:, 0]) if inverse else (batch[:, 0], batch[:, 2])
-            queries = decoder.query(nodes[anchor], batch[:, 1], inverse)
-            scores = decoder.compare_all(queries[None], nodes[None])[0]
-            target_scores = scores.gather(1, target[:, None])[:, 0]
-            rows, cols = answers.lookup(anchor, batch[:, 1])
-            scores[rows.to(device), cols.to(device)] = float("-inf")
-            scores.scatter_(1, target[:, None], target_scores[:, None])
-            all_ranks.append(realistic_ranks(scores, target_scores).cpu())
+        anchor, target = (edges_t[:, 2], edges_t[:, 0]) if inverse else (edges_t[:, 0], edges_t[:, 2])
+        queries = decoder.query(table.gather(anchor), edges_t[:, 1], inverse)
+        target_scores = decoder.compare_pairs(queries, table.gather(target))
+        rows, cols = answers.lookup(anchor, edges_t[:, 1])
+        greater = torch.zeros(len(edges), dtype=torch.long, device=device)
+        greater_equal = torch.zeros_like(greater)
+        for block_start, block in table.blocks():
+            block_end = block_start + len(block)
+            for start in range(0, len(edges), batch_size):
+                end = min(start + batch_size, len(edges))
+                scores = decoder.compare_all(queries[None, start:end], block[None])[0]
+                own = (target[start:end] >= block_start) & (target[start:end] < block_end)
+                local_target = (target[start:end] - block_start).clamp(0, len(block) - 1)
+                exact = scores.gather(1, local_target[:, None])[:, 0]
+                threshold = torch.where(own, exact, target_scores[start:end])
+                picked = (rows >= start) & (rows < end) & (cols >= block_start) & (cols < block_end)
+                scores[(rows[picked] - start).to(device), (cols[picked] - block_start).to(device)] = float("-inf")
+                # The target itself never counts against itself.
+                scores[own.nonzero()[:, 0], local_target[own]] = float("-inf")
+                greater[start:end] += (scores > threshold[:, None]).sum(1)
+                greater_equal[start:end] += (scores >= threshold[:, None]).sum(1)
+        all_ranks.append(((1 + greater) + (1 + greater_equal)).double().cpu() / 2)
     return torch.cat(all_ranks)
 
 
-def evaluate_filtered(decoder: Decoder, nodes: torch.Tensor, edges: np.ndarray,
+def evaluate_filtered(decoder: Decoder, nodes: torch.Tensor | NodeTable, edges: np.ndarray,
                       known: tuple[KnownAnswers, KnownAnswers], batch_size: int = 1024) -> dict:
     return summarize(filtered_ranks(decoder, nodes, edges, known, batch_size), PROTOCOL_FILTERED)
 
@@ -92,35 +162,42 @@ def build_known_answers(known_edges: np.ndarray, num_relations: int) -> tuple[Kn
 
 
 @torch.no_grad()
-def evaluate_sampled(decoder: Decoder, nodes: torch.Tensor, edges: np.ndarray, num_negatives: int,
-                     sampling: str, degree_pool: np.ndarray | None, seed: int,
+def evaluate_sampled(decoder: Decoder, nodes: torch.Tensor | NodeTable, edges: np.ndarray,
+                     num_negatives: int, sampling: str, degree_pool: np.ndarray | None, seed: int,
                      batch_size: int = 1024) -> dict:
     """Rank each answer among ``num_negatives`` sampled nodes shared by a batch (unfiltered).
 
     ``sampling='degree'`` draws negatives from ``degree_pool`` (the train edges'
-    endpoints), i.e. proportionally to train degree.
+    endpoints), i.e. proportionally to train degree. Every needed row is
+    gathered in one pass, so out of core the store is read once.
     """
-    device = nodes.device
+    table = nodes if isinstance(nodes, NodeTable) else InMemoryNodes(nodes)
+    device = table.device
     generator = torch.Generator().manual_seed(seed)
     pool = torch.from_numpy(degree_pool) if sampling == "degree" else None
+    edges_t = torch.from_numpy(edges)
+    batches = [(inverse, start) for inverse in (False, True) for start in range(0, len(edges), batch_size)]
+    if pool is None:
+        negatives = torch.randint(table.num_nodes, (len(batches), num_negatives), generator=generator)
+    else:
+        negatives = pool[torch.randint(len(pool), (len(batches), num_negatives), generator=generator)]
+    needed, local = torch.unique(torch.cat([edges_t[:, 0], edges_t[:, 2], negatives.reshape(-1)]),
+                                 return_inverse=True)
+    rows = table.gather(needed)
+    heads, tails = local[:len(edges)].to(device), local[len(edges):2 * len(edges)].to(device)
+    negatives_local = local[2 * len(edges):].reshape(negatives.shape).to(device)
     all_ranks = []
-    for inverse in (False, True):
-        for start in range(0, len(edges), batch_size):
-            batch = torch.from_numpy(edges[start:start + batch_size]).to(device)
-            anchor, target = (batch[:, 2], batch[:, 0]) if inverse else (batch[:, 0], batch[:, 2])
-            if pool is None:
-                negatives = torch.randint(len(nodes), (num_negatives,), generator=generator)
-            else:
-                negatives = pool[torch.randint(len(pool), (num_negatives,), generator=generator)]
-            negatives = negatives.to(device)
-            queries = decoder.query(nodes[anchor], batch[:, 1], inverse)
-            negative_scores = decoder.compare_all(queries[None], nodes[negatives][None])[0]
-            target_scores = decoder.compare_pairs(queries, nodes[target])
-            # A drawn copy of the answer is an exact tie, whatever the two kernels' rounding.
-            negative_scores = torch.where(negatives[None, :] == target[:, None], target_scores[:, None],
-                                          negative_scores)
-            scores = torch.cat([target_scores[:, None], negative_scores], dim=1)
-            all_ranks.append(realistic_ranks(scores, target_scores).cpu())
+    for index, (inverse, start) in enumerate(batches):
+        end = start + batch_size
+        anchor, target = (tails[start:end], heads[start:end]) if inverse else (heads[start:end], tails[start:end])
+        queries = decoder.query(rows[anchor], edges_t[start:end, 1].to(device), inverse)
+        negative_scores = decoder.compare_all(queries[None], rows[negatives_local[index]][None])[0]
+        target_scores = decoder.compare_pairs(queries, rows[target])
+        # A drawn copy of the answer is an exact tie, whatever the two kernels' rounding.
+        negative_scores = torch.where(negatives_local[index][None, :] == target[:, None],
+                                      target_scores[:, None], negative_scores)
+        scores = torch.cat([target_scores[:, None], negative_scores], dim=1)
+        all_ranks.append(realistic_ranks(scores, target_scores).cpu())
     kind = "degree-based" if sampling == "degree" else "uniform"
     return summarize(torch.cat(all_ranks), PROTOCOL_SAMPLED.format(n=num_negatives, kind=kind))
 

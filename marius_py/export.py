@@ -26,17 +26,20 @@ MARKER = "export.json"  # marks a directory this module wrote, the only kind --o
 _TSV_ROWS = 4096
 
 
-def _write_tsv(path: Path, names: list[str], vectors: np.ndarray) -> None:
+def _write_tsv(path: Path, names: list[str], blocks) -> None:
     with open(path, "w", encoding="utf-8") as handle:
-        for start in range(0, len(names), _TSV_ROWS):
-            block = vectors[start:start + _TSV_ROWS]
-            for name, row in zip(names[start:start + _TSV_ROWS], block):
+        for start, block in blocks:
+            for name, row in zip(names[start:start + len(block)], block):
                 handle.write(name + "\t" + "\t".join(f"{x:.7g}" for x in row) + "\n")
 
 
-def export_embeddings(output: str | Path, fmt: str, node_names: list[str], nodes: np.ndarray,
+def export_embeddings(output: str | Path, fmt: str, node_names: list[str], node_blocks, dim: int,
                       relation_names: list[str], relations: np.ndarray, overwrite: bool = False) -> Path:
-    """Write node (and relation) embeddings in ``fmt`` into directory ``output``."""
+    """Write node (and relation) embeddings in ``fmt`` into directory ``output``.
+
+    ``node_blocks`` yields (first node id, rows) in id order, one partition at a
+    time, so exporting needs memory for one partition only.
+    """
     if fmt not in FORMATS:
         raise MariusInputError(f"unknown export format {fmt!r}", expected=" | ".join(FORMATS))
     output = Path(output)
@@ -46,18 +49,26 @@ def export_embeddings(output: str | Path, fmt: str, node_names: list[str], nodes
     tmp = output.with_name(f".{output.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
+    num_nodes = len(node_names)
     try:
         if fmt == "npy":
-            np.save(tmp / "node_embeddings.npy", nodes)
+            array = np.lib.format.open_memmap(tmp / "node_embeddings.npy", mode="w+", dtype=np.float32,
+                                              shape=(num_nodes, dim))
+            for start, block in node_blocks:
+                array[start:start + len(block)] = block
+            array.flush()
+            del array
             np.save(tmp / "relation_embeddings.npy", relations)
             write_names(tmp / "node_names.txt", node_names)
             write_names(tmp / "relation_names.txt", relation_names)
         elif fmt == "tsv":
-            _write_tsv(tmp / "node_embeddings.tsv", node_names, nodes)
-            _write_tsv(tmp / "relation_embeddings.tsv", relation_names, relations)
+            _write_tsv(tmp / "node_embeddings.tsv", node_names, node_blocks)
+            _write_tsv(tmp / "relation_embeddings.tsv", relation_names, [(0, relations)])
         else:
             with h5py.File(tmp / "embeddings.h5", "w") as handle:
-                handle.create_dataset("node_embeddings", data=nodes)
+                data = handle.create_dataset("node_embeddings", shape=(num_nodes, dim), dtype="float32")
+                for start, block in node_blocks:
+                    data[start:start + len(block)] = block
                 handle.create_dataset("node_names", data=np.array(node_names, dtype=object),
                                       dtype=h5py.string_dtype())
                 handle.create_dataset("relation_embeddings", data=relations)

@@ -12,18 +12,54 @@ from __future__ import annotations
 import torch
 
 
-def sample_negatives(endpoints: torch.Tensor, num_nodes: int, num_chunks: int, num_negatives: int,
-                     degree_fraction: float, generator: torch.Generator) -> torch.Tensor:
-    """Candidate node ids [C, N] on the generator's device.
+class CandidateRows:
+    """Rows uniform negatives are drawn from: a union of contiguous ranges of a node table.
 
-    ``num_negatives == -1`` means every node, shared by all chunks.
+    In memory that is ``[0, num_nodes)``; in a partition buffer, the valid rows
+    of each resident partition's slot.
+    """
+
+    def __init__(self, ranges: list[tuple[int, int]], device: torch.device | str = "cpu"):
+        starts = torch.tensor([start for start, _ in ranges], dtype=torch.long, device=device)
+        counts = torch.tensor([count for _, count in ranges], dtype=torch.long, device=device)
+        self.total = int(counts.sum())
+        self._ends = torch.cumsum(counts, 0)
+        self._offsets = starts - (self._ends - counts)  # local row = position + offset of its range
+        self._identity = len(ranges) == 1 and ranges[0][0] == 0
+
+    @classmethod
+    def contiguous(cls, num_nodes: int, device: torch.device | str = "cpu") -> "CandidateRows":
+        return cls([(0, num_nodes)], device)
+
+    def uniform(self, shape: tuple[int, ...], generator: torch.Generator) -> torch.Tensor:
+        positions = torch.randint(self.total, shape, generator=generator, device=generator.device)
+        if self._identity:
+            return positions
+        ranges = torch.searchsorted(self._ends.to(positions.device), positions, right=True)
+        return positions + self._offsets.to(positions.device)[ranges]
+
+    def all(self, device: torch.device) -> torch.Tensor:
+        positions = torch.arange(self.total, device=device)
+        if self._identity:
+            return positions
+        ranges = torch.searchsorted(self._ends.to(device), positions, right=True)
+        return positions + self._offsets.to(device)[ranges]
+
+
+def sample_negatives(endpoints: torch.Tensor, candidates: CandidateRows | int, num_chunks: int,
+                     num_negatives: int, degree_fraction: float, generator: torch.Generator) -> torch.Tensor:
+    """Candidate node rows [C, N] on the generator's device.
+
+    ``candidates`` is a ``CandidateRows`` or a node count; ``num_negatives == -1``
+    means every candidate row, shared by all chunks.
     """
     device = generator.device
+    if isinstance(candidates, int):
+        candidates = CandidateRows.contiguous(candidates, device)
     if num_negatives == -1:
-        return torch.arange(num_nodes, device=device)[None, :]
+        return candidates.all(device)[None, :]
     num_degree = int(round(num_negatives * degree_fraction))
-    uniform = torch.randint(num_nodes, (num_chunks, num_negatives - num_degree), generator=generator,
-                            device=device)
+    uniform = candidates.uniform((num_chunks, num_negatives - num_degree), generator)
     if num_degree == 0:
         return uniform
     picks = torch.randint(len(endpoints), (num_chunks, num_degree), generator=generator, device=device)

@@ -1,4 +1,4 @@
-"""The synchronous trainer (embeddings in memory, one partition).
+"""The synchronous trainer: embeddings in memory, or out of core through a partition buffer.
 
 One batch is two halves, as the pipeline will run them: ``compute_batch``
 (sample negatives, score both directions, back-propagate, step the relation
@@ -11,24 +11,30 @@ Randomness: every draw of epoch ``e`` comes from generators seeded with
 
 from __future__ import annotations
 
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import torch
 from tqdm import tqdm
 
-from marius_py.checkpoint import (NODES, RunDirectory, TrainingState, config_fingerprint,
-                                  load_version, save_version, write_version_state)
+from marius_py.checkpoint import (LIVE_STORE, NODES, RunDirectory, TrainingState, config_fingerprint,
+                                  load_version, write_version_state)
 from marius_py.config import Config
 from marius_py.dataset import Dataset
 from marius_py.errors import MariusInputError
-from marius_py.evaluation import build_known_answers, evaluate_split
+from marius_py.evaluation import InMemoryNodes, NodeTable, StoredNodes, build_known_answers, evaluate_split
 from marius_py.models import LOSSES, Decoder, build_decoder, regularization
-from marius_py.negatives import chunk, sample_negatives
+from marius_py.negatives import CandidateRows, chunk, sample_negatives
 from marius_py.optim import SparseAdagrad, build_relation_optimizer
-from storage.embedding_store import EmbeddingStore
+from marius_py.resources import check_memory, check_partitioning
+from orderings import build_ordering
+from storage.buffer import PartitionBuffer
+from storage.durable import fsync_tree
+from storage.embedding_store import EmbeddingStore, link_tree
 
 
 def resolve_device(name: str) -> torch.device:
@@ -99,15 +105,21 @@ class Model:
         return self.loss_fn(positive, negative, valid, self.config.model.margin)
 
     def compute_batch(self, nodes: torch.Tensor, state: torch.Tensor, edges: torch.Tensor,
-                      generator: torch.Generator) -> BatchUpdate:
-        """Loss, relation step and node deltas for one batch of (h, r, t) on the compute device."""
+                      generator: torch.Generator, candidates: CandidateRows | None = None) -> BatchUpdate:
+        """Loss, relation step and node deltas for one batch of (h, r, t) on the compute device.
+
+        Node ids index ``nodes``/``state`` (global ids in memory, buffer-local
+        rows out of core); uniform negatives come from ``candidates``
+        (default: every row of an in-memory table of ``num_nodes``).
+        """
         t, m = self.config.training, self.config.model
+        candidates = candidates if candidates is not None else self.num_nodes
         heads, relations, tails = edges[:, 0], edges[:, 1], edges[:, 2]
         num_chunks = 1 if t.num_negatives == -1 else min(t.num_chunks, len(edges))
         endpoints = torch.cat([heads, tails])
-        tail_negatives = sample_negatives(endpoints, self.num_nodes, num_chunks, t.num_negatives,
+        tail_negatives = sample_negatives(endpoints, candidates, num_chunks, t.num_negatives,
                                           t.degree_fraction, generator).to(edges.device)
-        head_negatives = sample_negatives(endpoints, self.num_nodes, num_chunks, t.num_negatives,
+        head_negatives = sample_negatives(endpoints, candidates, num_chunks, t.num_negatives,
                                           t.degree_fraction, generator).to(edges.device)
         ids = torch.cat([heads, tails, tail_negatives.reshape(-1), head_negatives.reshape(-1)])
         rows, local = torch.unique(ids, return_inverse=True)
@@ -139,24 +151,43 @@ class Model:
         return BatchUpdate(rows, delta, squared, loss.detach())
 
 
-def restore_version(version: Path, model: Model, fingerprint: str, device: torch.device
-                    ) -> tuple[torch.Tensor, torch.Tensor, TrainingState]:
-    """Node tables on ``device``, ``model`` loaded in place, and the version's training state."""
-    nodes, state, model_state, training_state = load_version(version, fingerprint)
-    model.load_state_dict(model_state)
-    return torch.from_numpy(nodes).to(device), torch.from_numpy(state).to(device), training_state
+_INIT_BLOCK = 1 << 16
 
 
 def init_rows(seed: int, init_scale: float, dim: int):
-    """Initial embeddings of rows [start, end): normal(0, init_scale), seeded per partition start."""
+    """Initial embeddings of rows [start, end): normal(0, init_scale).
+
+    Drawn in fixed blocks of 65,536 rows, each seeded by its index, so a node's
+    initial vector does not depend on how the nodes are partitioned.
+    """
     def init(start: int, end: int) -> np.ndarray:
-        generator = torch.Generator().manual_seed(seed * 7919 + start)
-        return (torch.randn(end - start, dim, generator=generator) * init_scale).numpy()
+        parts = []
+        for block in range(start // _INIT_BLOCK, (end - 1) // _INIT_BLOCK + 1):
+            generator = torch.Generator().manual_seed(seed * 1_000_003 + block)
+            rows = torch.randn(_INIT_BLOCK, dim, generator=generator) * init_scale
+            first = block * _INIT_BLOCK
+            parts.append(rows[max(start, first) - first:min(end, first + _INIT_BLOCK) - first])
+        return torch.cat(parts).numpy()
     return init
 
 
+@dataclass
+class TrainingSpan:
+    """Edges trained together (one buffer state) and the node rows they index."""
+
+    edges: torch.Tensor            # [E, 3] in table-local node rows, CPU
+    candidates: CandidateRows | None
+
+
 class Trainer:
-    """Trains one run directory; ``train()`` runs the remaining epochs."""
+    """Trains one run directory; ``train()`` runs the remaining epochs.
+
+    The run's live ``EmbeddingStore`` (``RUN_DIR/store``) is the training state
+    on disk. With ``storage.num_partitions == 1`` it is loaded whole onto the
+    compute device; otherwise a ``PartitionBuffer`` walks the epoch's ordering.
+    A checkpoint flushes the tables to the live store and snapshots it with hard
+    links (chunk files are only ever replaced by rename, never rewritten).
+    """
 
     def __init__(self, config: Config, dataset: Dataset, run_dir: str | Path, progress: bool = True):
         self.config = config
@@ -164,78 +195,146 @@ class Trainer:
         self.run = RunDirectory(run_dir)
         self.progress = progress
         self.device = resolve_device(config.training.device)
+        self.partitioned = config.storage.num_partitions > 1
+        check_partitioning(config, dataset)
         if config.training.num_threads:
             torch.set_num_threads(config.training.num_threads)
         torch.manual_seed(config.training.seed)  # relation initialisation
         self.model = Model(config, dataset.num_nodes, dataset.num_relations, self.device)
         self.fingerprint = config_fingerprint(config, dataset.metadata)
         self.state = TrainingState(config_fingerprint=self.fingerprint)
+        self.buffer: PartitionBuffer | None = None
         if not self.run.has_checkpoint():
             self.run.create(self.config)
-            self._save_checkpoint_from_store()
+            self._create_store()
+            self._commit(is_best=False)
         self.restore(self.run.latest_version())
         # Records of epochs whose checkpoint never committed are replayed, not duplicated.
         self.run.truncate_metrics(self.state.epoch)
         self._known = None
 
-    # ---- checkpoints ----
-    def restore(self, version: Path) -> None:
-        """Load a checkpoint version's embeddings, optimizer state and position."""
-        self.nodes, self.node_state, self.state = restore_version(version, self.model, self.fingerprint,
-                                                                  self.device)
+    # ---- the live store and checkpoints ----
+    @property
+    def live_store_path(self) -> Path:
+        return self.run.path / LIVE_STORE
 
-    def _save_checkpoint_from_store(self) -> None:
-        """Version 0: initial embeddings written to the zarr store, zero optimizer state."""
+    def _create_store(self) -> None:
+        """Initial embeddings written partition by partition, zero optimizer state."""
         c = self.config
-        tmp = self.run.begin_version(0)
         state_dim = self.model.node_optimizer.state_dim(c.model.dim)
-        EmbeddingStore.create(tmp / NODES, self.dataset.num_nodes, c.model.dim, state_dim,
+        shutil.rmtree(self.live_store_path, ignore_errors=True)
+        EmbeddingStore.create(self.live_store_path, self.dataset.num_nodes, c.model.dim, state_dim,
                               c.storage.num_partitions,
                               init=init_rows(c.training.seed, c.model.init_scale, c.model.dim))
-        write_version_state(tmp, self.model.state_dict(), self.state)
-        self.run.commit_version(tmp, 0, is_best=False)
 
-    def save_checkpoint(self, is_best: bool = False) -> None:
+    def restore(self, version: Path) -> None:
+        """Make ``version`` the live state: store files, model parameters, position."""
+        _, _, model_state, self.state = load_version(version, self.fingerprint, with_nodes=False)
+        self.model.load_state_dict(model_state)
+        shutil.rmtree(self.live_store_path, ignore_errors=True)
+        link_tree(version / NODES, self.live_store_path)
+        self.store = EmbeddingStore(self.live_store_path)
+        if self.partitioned:
+            self._open_buffer()
+        else:
+            nodes, state = self.store.read_all()
+            self.nodes = torch.from_numpy(nodes).to(self.device)
+            self.node_state = torch.from_numpy(state).to(self.device)
+
+    def _open_buffer(self) -> None:
+        if self.buffer is not None:
+            self.buffer.close()
+        s = self.config.storage
+        swap = s.comet_group_size if s.ordering == "comet" else 1
+        needed = PartitionBuffer.bytes_needed(self.store, s.buffer_capacity, swap)
+        check_memory(needed, "storage.buffer_capacity")
+        self.buffer = PartitionBuffer(self.store, s.buffer_capacity, self.device, swap_size=swap)
+
+    def _commit(self, is_best: bool) -> None:
+        """Snapshot the (flushed) live store and the model into a new committed version."""
+        fsync_tree(self.live_store_path)
         tmp = self.run.begin_version(self.state.epoch)
-        save_version(tmp, self.nodes, self.node_state, self.config.storage.num_partitions,
-                     self.model.state_dict(), self.state)
+        link_tree(self.live_store_path, tmp / NODES)
+        write_version_state(tmp, self.model.state_dict(), self.state)
         self.run.commit_version(tmp, self.state.epoch, is_best)
 
+    def save_checkpoint(self, is_best: bool = False) -> None:
+        if not self.partitioned:  # the buffer flushes itself at the end of every epoch
+            self.store.write_all(self.nodes.cpu().numpy(), self.node_state.cpu().numpy())
+        self._commit(is_best)
+
+    def node_table(self) -> NodeTable:
+        """The current embeddings for evaluation: in memory, or streamed from the live store."""
+        return StoredNodes(self.store, self.device) if self.partitioned else InMemoryNodes(self.nodes)
+
     # ---- training ----
+    def _spans(self, epoch: int) -> Iterator[tuple[TrainingSpan, torch.Tensor, torch.Tensor]]:
+        """(edges, embedding table, state table) of each buffer state of an epoch."""
+        if not self.partitioned:
+            yield TrainingSpan(torch.from_numpy(self.dataset.train), None), self.nodes, self.node_state
+            return
+        ordering = self.ordering(epoch)
+        states = [ordering.resident(k) for k in range(ordering.num_states)]
+        for view in self.buffer.walk(states):
+            buckets = sorted(ordering.buckets[view.index])
+            parts = [self.dataset.edges.bucket(i, j) for i, j in buckets]
+            edges = torch.from_numpy(np.concatenate(parts)) if parts else torch.empty(0, 3, dtype=torch.long)
+            local = edges.clone()
+            local[:, 0] = view.local_ids(edges[:, 0].to(self.device)).cpu()
+            local[:, 2] = view.local_ids(edges[:, 2].to(self.device)).cpu()
+            candidates = CandidateRows(view.resident_ranges, self.device)
+            yield TrainingSpan(local, candidates), self.buffer.embeddings, self.buffer.state
+        self.buffer.flush()
+
+    def ordering(self, epoch: int):
+        """The epoch's ordering over storage partitions (seeded by training.seed and the epoch)."""
+        s = self.config.storage
+        group = s.comet_group_size if s.ordering == "comet" else 1
+        options = {"group_size": group} if s.ordering == "comet" else {}
+        return build_ordering(s.ordering, s.num_partitions // group, s.buffer_capacity // group,
+                              seed=self.config.training.seed, epoch=epoch, **options)
+
     def train_epoch(self, epoch: int) -> dict:
         t = self.config.training
-        train = self.dataset.train
         cpu_generator = epoch_generator(t.seed, epoch)
         generator = epoch_generator(t.seed, epoch, self.device) if self.device.type != "cpu" else cpu_generator
-        order = torch.randperm(len(train), generator=cpu_generator)
-        edges = torch.from_numpy(train)[order].to(self.device)
-        num_batches = -(-len(train) // t.batch_size)
+        num_edges = self.dataset.metadata.num_train
         total_loss = torch.zeros((), device=self.device)
+        io_before = self.buffer.counters.snapshot() if self.buffer else {}
         started = time.perf_counter()
-        bar = tqdm(range(num_batches), desc=f"epoch {epoch}/{t.epochs}", unit="batch",
+        bar = tqdm(total=-(-num_edges // t.batch_size), desc=f"epoch {epoch}/{t.epochs}", unit="batch",
                    disable=None if self.progress else True, leave=False, dynamic_ncols=True)
-        for index in bar:
-            batch = edges[index * t.batch_size:(index + 1) * t.batch_size]
-            update = self.model.compute_batch(self.nodes, self.node_state, batch, generator)
-            SparseAdagrad.apply(self.nodes, self.node_state, update.rows, update.delta, update.squared)
-            total_loss += update.loss * len(batch)
-            if index % 20 == 0 and self.progress:
-                elapsed = time.perf_counter() - started
-                bar.set_postfix(loss=f"{update.loss.item():.4f}",
-                                edges_per_s=f"{(index + 1) * t.batch_size / max(elapsed, 1e-9):,.0f}")
+        done = 0
+        for span, nodes, node_state in self._spans(epoch):
+            order = torch.randperm(len(span.edges), generator=cpu_generator)
+            edges = span.edges[order].to(self.device)
+            for start in range(0, len(edges), t.batch_size):
+                batch = edges[start:start + t.batch_size]
+                update = self.model.compute_batch(nodes, node_state, batch, generator, span.candidates)
+                SparseAdagrad.apply(nodes, node_state, update.rows, update.delta, update.squared)
+                total_loss += update.loss * len(batch)
+                done += len(batch)
+                bar.update(1)
+                if bar.n % 20 == 0 and self.progress:
+                    rate = done / max(time.perf_counter() - started, 1e-9)
+                    bar.set_postfix(loss=f"{update.loss.item():.4f}", edges_per_s=f"{rate:,.0f}")
         bar.close()
         seconds = time.perf_counter() - started
         if not torch.isfinite(total_loss):
             raise MariusInputError(f"training diverged: the loss of epoch {epoch} is not finite",
                                    path=self.run.path / "config.yaml",
                                    expected="a smaller training.lr or model.init_scale")
-        return {"event": "epoch", "epoch": epoch, "loss": float(total_loss) / len(train),
-                "seconds": seconds, "edges_per_s": len(train) / seconds}
+        record = {"event": "epoch", "epoch": epoch, "loss": float(total_loss) / num_edges,
+                  "seconds": seconds, "edges_per_s": num_edges / seconds}
+        if self.buffer is not None:
+            after = self.buffer.counters.snapshot()
+            record["io"] = {key: after[key] - io_before[key] for key in after}
+        return record
 
     def evaluate(self, split: str) -> dict:
         if self._known is None and self.config.evaluation.protocol == "filtered":
             self._known = build_known_answers(self.dataset.all_known_edges(), self.dataset.num_relations)
-        metrics = evaluate_split(self.model.decoder, self.nodes, self.dataset, split,
+        metrics = evaluate_split(self.model.decoder, self.node_table(), self.dataset, split,
                                  self.config.evaluation, self._known, self.config.training.seed)
         return {"event": "eval", "split": split, "epoch": self.state.epoch, **metrics}
 
@@ -282,10 +381,15 @@ class Trainer:
         return self.state
 
     def load_best(self) -> None:
-        """Replace the in-memory state by the best-validation checkpoint, if any."""
+        """Make the best-validation checkpoint the live state, if there is one."""
         best = self.run.best_version()
         if best is not None:
             self.restore(best)
+
+    def close(self) -> None:
+        if self.buffer is not None:
+            self.buffer.close()
+            self.buffer = None
 
     def _say(self, text: str) -> None:
         if self.progress:

@@ -10,12 +10,14 @@ open the store.
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 import zarr
 
+from storage.chunk_files import ChunkFiles
 from storage.partitioning import partition_bounds, partition_size
 
 EMBEDDINGS = "embeddings"
@@ -66,6 +68,14 @@ class EmbeddingStore:
                     store.embeddings[start:end] = init(start, end)
         return store
 
+    @property
+    def rows_per_partition(self) -> int:
+        return self.embeddings.chunks[0]
+
+    def chunk_files(self) -> tuple[ChunkFiles, ChunkFiles]:
+        """Direct whole-partition IO on the embedding and state arrays (the training hot path)."""
+        return ChunkFiles(self.path / EMBEDDINGS), ChunkFiles(self.path / STATE)
+
     def bounds(self, partition: int) -> tuple[int, int]:
         return partition_bounds(self.num_nodes, self.num_partitions, partition)
 
@@ -74,9 +84,12 @@ class EmbeddingStore:
         return self.embeddings[start:end], self.state[start:end]
 
     def write_partition(self, partition: int, embeddings: np.ndarray, state: np.ndarray) -> None:
+        """Replace one partition whole (through ``ChunkFiles``, so snapshots keep the old bytes)."""
         start, end = self.bounds(partition)
-        self.embeddings[start:end] = embeddings
-        self.state[start:end] = state
+        for files, rows in zip(self.chunk_files(), (embeddings, state)):
+            chunk = np.zeros((files.rows_per_chunk, files.cols), dtype=np.float32)
+            chunk[:end - start] = rows
+            files.write(partition, chunk)
 
     def read_all(self) -> tuple[np.ndarray, np.ndarray]:
         return self.embeddings[:], self.state[:]
@@ -86,3 +99,22 @@ class EmbeddingStore:
             start, end = self.bounds(part)
             self.write_partition(part, embeddings[start:end], state[start:end])
 
+
+
+def link_tree(source: str | os.PathLike, destination: str | os.PathLike) -> None:
+    """Mirror ``source`` into a new ``destination`` with hard links (copies where links fail).
+
+    Chunk files are only ever replaced by rename, never rewritten in place, so
+    a linked snapshot keeps the bytes it was taken with.
+    """
+    source, destination = Path(source), Path(destination)
+    for root, _, files in os.walk(source):
+        target = destination / Path(root).relative_to(source)
+        target.mkdir(parents=True, exist_ok=True)
+        for name in files:
+            if name.endswith(".tmp"):
+                continue
+            try:
+                os.link(Path(root) / name, target / name)
+            except OSError:
+                shutil.copy2(Path(root) / name, target / name)

@@ -1,0 +1,38 @@
+"""Start-up checks of what a run needs: memory for the buffer, a matching partitioning."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from marius_py.config import Config
+from marius_py.dataset import Dataset
+from marius_py.errors import MariusInputError
+
+
+def available_memory() -> int | None:
+    """MemAvailable in bytes (Linux), or None where it cannot be read."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def check_memory(needed: int, key: str) -> None:
+    """Refuse a buffer that does not fit in the memory available now."""
+    available = available_memory()
+    if available is not None and needed > available:
+        raise MariusInputError(f"{key}: the partition buffer needs {needed / 2**30:.1f} GiB but only "
+                               f"{available / 2**30:.1f} GiB of memory is available",
+                               expected="a smaller storage.buffer_capacity or more storage.num_partitions")
+
+
+def check_partitioning(config: Config, dataset: Dataset) -> None:
+    """Out-of-core training reads edge buckets: the dataset must be bucketed for the same p."""
+    p = config.storage.num_partitions
+    if p > 1 and dataset.edges.num_partitions != p:
+        raise MariusInputError(f"storage.num_partitions is {p} but the dataset's train edges are bucketed "
+                               f"for {dataset.edges.num_partitions} partitions", path=dataset.directory,
+                               expected=f"a dataset preprocessed with --partitions {p}")
