@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 import marius_py as mp
+from marius_py.bundled import resolve_dataset
 from marius_py.checkpoint import RunDirectory
 
 
@@ -48,16 +49,17 @@ def machine() -> str:
 def run_one(dataset: Path, config_name: str, overrides: list[str], workdir: Path) -> dict:
     config = mp.make_config(config_name, [f"dataset.path={dataset}"] + overrides)
     run_dir = Path(tempfile.mkdtemp(dir=workdir))
-    mp.load_dataset(config.dataset.path, progress=False)  # preprocess outside the timer
+    resolve_dataset(config.dataset.path, config.storage.num_partitions, progress=False)  # outside the timer
     started = time.perf_counter()
     model = mp.train(config, run_dir, progress=False)
     seconds = time.perf_counter() - started
     epochs = [r for r in RunDirectory(run_dir).read_metrics() if r.get("event") == "epoch"]
     train_seconds = sum(r["seconds"] for r in epochs)
     edges = sum(r["edges_per_s"] * r["seconds"] for r in epochs)
+    io = {key: sum(r["io"][key] for r in epochs) for key in epochs[0]["io"]} if "io" in epochs[0] else None
     return {"dataset": dataset.name, "config": config_name, "overrides": overrides,
             "test": model.test_metrics, "wall_seconds": seconds, "train_seconds": train_seconds,
-            "edges_per_s": edges / max(train_seconds, 1e-9), "device": config.training.device,
+            "edges_per_s": edges / max(train_seconds, 1e-9), "device": config.training.device, "io": io,
             "resolved_config": config.to_dict()}
 
 

@@ -1,4 +1,4 @@
-"""The ``marius-py`` command: preprocess | train | eval | export | predict | info.
+"""The ``marius-py`` command: preprocess | train | eval | export | predict | ordering | info.
 
 A thin entry point: parse arguments, call the library, print results. User
 mistakes (``MariusInputError``) print one line and exit with status 2.
@@ -43,6 +43,8 @@ def cmd_train(args) -> None:
         print(describe_schema())
         return
     config_path, overrides = _split_config_args(args.config)
+    overrides += [f"storage.{key}={value}" for key, value in
+                  (("num_partitions", args.partitions), ("buffer_capacity", args.buffer)) if value is not None]
     if args.resume:
         if args.run_dir is not None:
             raise MariusInputError("--resume continues its own run directory", path="command line",
@@ -134,6 +136,27 @@ def cmd_predict(args) -> None:
         print(f"{rank}\t{side}\t{name}\t{score:.6g}")
 
 
+def cmd_ordering(args) -> None:
+    from orderings import compare_orderings, format_table
+    from storage.partitioning import partition_size
+    num_nodes = args.nodes
+    if args.dataset:
+        from marius_py.dataset import read_metadata
+        num_nodes = read_metadata(args.dataset).num_nodes
+    if not 2 <= args.buffer <= args.partitions:
+        raise MariusInputError(f"--buffer {args.buffer} with --partitions {args.partitions}", path="command line",
+                               expected="2 <= --buffer <= --partitions")
+    state_dim = 1 if args.rowwise else args.dim
+    rows = partition_size(num_nodes, args.partitions) if num_nodes else 0
+    partition_bytes = rows * (args.dim + state_dim) * 4
+    print(format_table(compare_orderings(args.partitions, args.buffer, partition_bytes, seed=args.seed)))
+    if num_nodes:
+        print(f"partition = {rows:,} rows x (dim {args.dim} + optimizer state {state_dim}) x 4 B; "
+              f"comet regroups the same table into {args.partitions} x 4 physical partitions")
+    else:
+        print("bytes are 0: give --dataset DIR or --nodes N (and --dim) to size the partitions")
+
+
 def cmd_info(args) -> None:
     from dataclasses import asdict
     from marius_py.checkpoint import CONFIG_FILE, RunDirectory
@@ -157,6 +180,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run-dir", help="where to write checkpoints and logs (default runs/<dataset>-<time>)")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint")
     p.add_argument("--quiet", action="store_true", help="no progress bars or per-epoch lines")
+    p.add_argument("--partitions", type=int, help="same as storage.num_partitions=P")
+    p.add_argument("--buffer", type=int, help="same as storage.buffer_capacity=C")
     p.add_argument("--help-config", action="store_true", help="list every config key with default and help")
     p.set_defaults(func=cmd_train)
 
@@ -200,6 +225,16 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--tail", help="predict heads of (?, relation, tail)")
             p.add_argument("-k", type=int, default=10)
             p.add_argument("--filter-known", action="store_true", help="skip answers already in the data")
+
+    p = sub.add_parser("ordering", help="compare orderings: swaps and partition IO per epoch")
+    p.add_argument("--partitions", "-p", type=int, required=True)
+    p.add_argument("--buffer", "-c", type=int, required=True, help="partitions held in memory")
+    p.add_argument("--dataset", help="preprocessed dataset (for its node count)")
+    p.add_argument("--nodes", type=int, help="node count, instead of --dataset")
+    p.add_argument("--dim", type=int, default=100)
+    p.add_argument("--rowwise", action="store_true", help="row-wise Adagrad state (one value per row)")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=cmd_ordering)
 
     p = sub.add_parser("info", help="describe a dataset directory or a run directory")
     p.add_argument("path")

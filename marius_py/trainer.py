@@ -35,6 +35,7 @@ from orderings import build_ordering
 from storage.buffer import PartitionBuffer
 from storage.durable import fsync_tree
 from storage.embedding_store import EmbeddingStore, link_tree
+from storage.partitioning import partition_size
 
 
 def resolve_device(name: str) -> torch.device:
@@ -204,6 +205,8 @@ class Trainer:
         self.fingerprint = config_fingerprint(config, dataset.metadata)
         self.state = TrainingState(config_fingerprint=self.fingerprint)
         self.buffer: PartitionBuffer | None = None
+        if self.partitioned:  # before anything is written
+            check_memory(self._buffer_bytes(), "storage.buffer_capacity")
         if not self.run.has_checkpoint():
             self.run.create(self.config)
             self._create_store()
@@ -241,14 +244,22 @@ class Trainer:
             self.nodes = torch.from_numpy(nodes).to(self.device)
             self.node_state = torch.from_numpy(state).to(self.device)
 
+    def _swap_size(self) -> int:
+        s = self.config.storage
+        return s.comet_group_size if s.ordering == "comet" else 1
+
+    def _buffer_bytes(self) -> int:
+        dim = self.config.model.dim
+        row_bytes = 4 * (dim + self.model.node_optimizer.state_dim(dim))
+        rows = partition_size(self.dataset.num_nodes, self.config.storage.num_partitions)
+        return PartitionBuffer.bytes_needed(rows, row_bytes, self.config.storage.buffer_capacity,
+                                            self._swap_size())
+
     def _open_buffer(self) -> None:
         if self.buffer is not None:
             self.buffer.close()
-        s = self.config.storage
-        swap = s.comet_group_size if s.ordering == "comet" else 1
-        needed = PartitionBuffer.bytes_needed(self.store, s.buffer_capacity, swap)
-        check_memory(needed, "storage.buffer_capacity")
-        self.buffer = PartitionBuffer(self.store, s.buffer_capacity, self.device, swap_size=swap)
+        self.buffer = PartitionBuffer(self.store, self.config.storage.buffer_capacity, self.device,
+                                      swap_size=self._swap_size())
 
     def _commit(self, is_best: bool) -> None:
         """Snapshot the (flushed) live store and the model into a new committed version."""

@@ -97,14 +97,14 @@ class PartitionBuffer:
         self._slot_of: dict[int, int] = {}
         self._free: list[int] = []
         self._writes: dict[int, Future] = {}  # slot -> its pending write-back
+        self._reads: list[Future] = []        # prefetches not yet waited for
         self._reader = ThreadPoolExecutor(1, thread_name_prefix="buffer-prefetch")
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="buffer-writeback")
 
     @staticmethod
-    def bytes_needed(store: EmbeddingStore, capacity: int, swap_size: int = 1) -> int:
-        """Host memory the slots take."""
-        files = store.chunk_files()
-        return (capacity + swap_size) * sum(f.chunk_bytes for f in files)
+    def bytes_needed(rows_per_partition: int, row_bytes: int, capacity: int, swap_size: int = 1) -> int:
+        """Host memory the slots take (``row_bytes``: embedding + optimizer state of one row)."""
+        return (capacity + swap_size) * rows_per_partition * row_bytes
 
     @property
     def embeddings(self) -> torch.Tensor:
@@ -179,21 +179,29 @@ class PartitionBuffer:
             raise ValueError(f"state {index} swaps {len(admitted)} partitions; the buffer swaps at most "
                              f"{self.swap_size} and keeps {self.capacity} resident")
         slots = {partition: self._free.pop(0) for partition in admitted}
-        return {partition: (slot, self._reader.submit(self._read, partition, slot))
-                for partition, slot in slots.items()}
+        prefetch = {partition: (slot, self._reader.submit(self._read, partition, slot))
+                    for partition, slot in slots.items()}
+        self._reads = [future for _, future in prefetch.values()]
+        return prefetch
 
     def _fill(self, partitions: list[int]) -> None:
         """Initial fill: the first state's partitions into the first slots (in partition order)."""
         if len(partitions) > self.capacity:
             raise ValueError(f"a state holds {len(partitions)} partitions, capacity is {self.capacity}")
-        self.flush()
+        self.flush()  # also waits for reads an abandoned walk left in flight
         for slot, partition in enumerate(partitions):
             self._read(partition, slot)
             self._slot_of[partition] = slot
         self._free = list(range(len(partitions), self.num_slots))
 
     def flush(self) -> None:
-        """Write every resident partition back and wait for all IO (end of an epoch)."""
+        """Write every resident partition back and wait for all IO (end of an epoch).
+
+        Prefetched partitions not yet admitted are dropped (they are unmodified).
+        """
+        for future in self._reads:
+            future.result()
+        self._reads = []
         for partition, slot in sorted(self._slot_of.items()):
             self._writes[slot] = self._writer.submit(self._write, partition, slot)
         for future in self._writes.values():

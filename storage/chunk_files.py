@@ -53,15 +53,19 @@ class ChunkFiles:
 
     def write(self, chunk: int, data: np.ndarray) -> int:
         """Replace chunk ``chunk`` atomically with ``data`` (``rows_per_chunk x cols`` float32)."""
+        view = memoryview(_checked(data, self.chunk_bytes)).cast("B")
         target = self.chunk_path(chunk)
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_name(f".{target.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-        with open(tmp, "wb", buffering=0) as handle:
-            view = memoryview(_checked(data, self.chunk_bytes)).cast("B")
-            written = 0
-            while written < self.chunk_bytes:
-                written += handle.write(view[written:])
-        os.replace(tmp, target)
+        try:
+            with open(tmp, "wb", buffering=0) as handle:
+                written = 0
+                while written < self.chunk_bytes:
+                    written += handle.write(view[written:])
+            os.replace(tmp, target)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
         return self.chunk_bytes
 
 

@@ -1,0 +1,60 @@
+"""Accuracy of out-of-core training against the in-memory baseline.
+
+For one dataset and config, trains p = 1 and each (ordering, p, c) variant with
+everything else equal, and prints test MRR and its difference to p = 1.
+
+    python bench/partition_accuracy.py --dataset ../shared/datasets/codex-m --config codex-m \
+        --variants beta:8:2 beta:16:4 beta_random:8:2 comet:8:2 --out bench/results/partitions.json
+
+A variant ``ORDERING:P:C`` trains with P partitions and a buffer of C (for
+``comet``, P and C count logical partitions of ``--group-size`` physical ones).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from quality import machine, run_one  # noqa: E402
+
+
+def variant_overrides(spec: str, group_size: int) -> list[str]:
+    ordering, p, c = spec.split(":")
+    k = group_size if ordering == "comet" else 1
+    return [f"storage.ordering={ordering}", f"storage.num_partitions={int(p) * k}",
+            f"storage.buffer_capacity={int(c) * k}", f"storage.comet_group_size={group_size}"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dataset", required=True, help="raw (train/valid/test.txt) or preprocessed directory")
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--variants", nargs="+", required=True, help="ORDERING:P:C")
+    parser.add_argument("--group-size", type=int, default=4)
+    parser.add_argument("--set", nargs="*", default=[], help="extra key=value overrides for every run")
+    parser.add_argument("--out", default="bench/results/partition_accuracy.json")
+    args = parser.parse_args()
+    results = []
+    with tempfile.TemporaryDirectory() as workdir:
+        for label, extra in [("p=1", [])] + [(v, variant_overrides(v, args.group_size)) for v in args.variants]:
+            result = run_one(Path(args.dataset), args.config, args.set + extra, Path(workdir))
+            result["variant"] = label
+            results.append(result)
+            baseline = results[0]["test"]["mrr"]
+            t = result["test"]
+            print(f"{label:16s} MRR {t['mrr']:.4f} (diff {t['mrr'] - baseline:+.4f}) H@10 {t['hits@10']:.3f} "
+                  f"train {result['train_seconds']:6.1f}s {result['edges_per_s']:10,.0f} edges/s", flush=True)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"machine": machine(), "date": time.strftime("%Y-%m-%d"),
+                               "command": " ".join(sys.argv), "results": results}, indent=2))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,464 @@
+"""Storage unit tests: chunk files and the partition buffer (no training).
+
+Stores used here have rows that encode their global node id (embedding row i
+is ``i + 0.25 * column``, state row i is ``-i - column``), so a buffer slot
+holding the wrong partition, or a stale copy of one, is caught exactly.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from orderings import ORDERINGS, build_ordering, simulate
+from storage.buffer import PartitionBuffer
+from storage.chunk_files import ChunkFiles
+from storage.embedding_store import EmbeddingStore
+
+DIM, STATE_DIM = 3, 2
+
+
+def id_rows(num_nodes: int, cols: int, sign: float = 1.0, step: float = 0.25) -> np.ndarray:
+    ids = np.arange(num_nodes, dtype=np.float32)[:, None]
+    return (sign * ids + step * np.arange(cols, dtype=np.float32)[None, :]).astype(np.float32)
+
+
+def expected_tables(num_nodes: int) -> tuple[np.ndarray, np.ndarray]:
+    return id_rows(num_nodes, DIM), id_rows(num_nodes, STATE_DIM, sign=-1.0, step=-1.0)
+
+
+def make_store(path, num_nodes: int, num_partitions: int) -> EmbeddingStore:
+    """A v3 store whose rows encode their global ids (embeddings and state)."""
+    store = EmbeddingStore.create(path, num_nodes, DIM, STATE_DIM, num_partitions)
+    store.write_all(*expected_tables(num_nodes))
+    return store
+
+
+def partition_bytes(store: EmbeddingStore) -> int:
+    return sum(f.chunk_bytes for f in store.chunk_files())
+
+
+def run_bounded(fn, seconds: float = 20.0):
+    """Run ``fn`` in a thread; fail if it does not finish (a hang), return what it raised."""
+    outcome: dict = {}
+
+    def target():
+        try:
+            outcome["value"] = fn()
+        except BaseException as error:  # noqa: BLE001 - handed back to the test
+            outcome["error"] = error
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), f"{fn} did not finish in {seconds} s (hang)"
+    return outcome.get("error")
+
+
+# --------------------------------------------------------------------------- ChunkFiles
+
+
+def test_store_is_v3_with_one_file_per_partition(tmp_path):
+    store = make_store(tmp_path / "s", 19, 5)
+    assert (store.path / "embeddings" / "zarr.json").exists()
+    emb, state = store.chunk_files()
+    assert (emb.num_chunks, emb.rows_per_chunk, emb.cols) == (5, 4, DIM)
+    assert (state.num_chunks, state.cols) == (5, STATE_DIM)
+    assert emb.chunk_bytes == 4 * DIM * 4
+    for files in (emb, state):
+        for k in range(5):
+            assert files.chunk_path(k).stat().st_size == files.chunk_bytes
+
+
+def test_chunk_files_round_trip(tmp_path):
+    store = make_store(tmp_path / "s", 19, 5)
+    emb_expected, state_expected = expected_tables(19)
+    for files, expected in zip(store.chunk_files(), (emb_expected, state_expected)):
+        for k in range(files.num_chunks):
+            out = np.full((files.rows_per_chunk, files.cols), np.nan, dtype=np.float32)
+            assert files.read_into(k, out) == files.chunk_bytes
+            start = k * files.rows_per_chunk
+            end = min(start + files.rows_per_chunk, 19)
+            np.testing.assert_array_equal(out[:end - start], expected[start:end])
+        # write a new chunk and read it back, directly and through zarr
+        new = np.arange(files.rows_per_chunk * files.cols, dtype=np.float32).reshape(files.rows_per_chunk, -1)
+        assert files.write(2, new) == files.chunk_bytes
+        back = np.empty_like(new)
+        files.read_into(2, back)
+        np.testing.assert_array_equal(back, new)
+    reopened = EmbeddingStore(store.path, mode="r")
+    np.testing.assert_array_equal(reopened.embeddings[8:12], np.arange(4 * DIM, dtype=np.float32).reshape(4, DIM))
+    np.testing.assert_array_equal(reopened.embeddings[:8], emb_expected[:8])
+    np.testing.assert_array_equal(reopened.state[12:], state_expected[12:])
+
+
+def test_missing_chunk_reads_as_zeros(tmp_path):
+    store = make_store(tmp_path / "s", 19, 5)
+    emb, _ = store.chunk_files()
+    os.remove(emb.chunk_path(3))
+    out = np.full((emb.rows_per_chunk, emb.cols), np.nan, dtype=np.float32)
+    assert emb.read_into(3, out) == emb.chunk_bytes
+    np.testing.assert_array_equal(out, 0.0)
+    # zarr agrees: a missing chunk is the fill value
+    np.testing.assert_array_equal(EmbeddingStore(store.path, mode="r").embeddings[12:16], 0.0)
+
+
+def test_truncated_chunk_is_an_error(tmp_path):
+    store = make_store(tmp_path / "s", 19, 5)
+    emb, _ = store.chunk_files()
+    with open(emb.chunk_path(1), "r+b") as handle:
+        handle.truncate(emb.chunk_bytes - 4)
+    with pytest.raises(OSError, match="truncated"):
+        emb.read_into(1, np.empty((emb.rows_per_chunk, emb.cols), dtype=np.float32))
+
+
+def test_write_is_atomic_by_rename(tmp_path):
+    store = make_store(tmp_path / "s", 19, 5)
+    emb, _ = store.chunk_files()
+    target = emb.chunk_path(1)
+    old_bytes = target.read_bytes()
+    snapshot = tmp_path / "snapshot"
+    os.link(target, snapshot)
+    old_inode = target.stat().st_ino
+    emb.write(1, np.full((emb.rows_per_chunk, emb.cols), 7.0, dtype=np.float32))
+    assert snapshot.read_bytes() == old_bytes  # the linked snapshot keeps the old bytes
+    assert target.stat().st_ino != old_inode   # the chunk was replaced, not rewritten in place
+    assert np.frombuffer(target.read_bytes(), dtype="<f4").tolist() == [7.0] * (emb.rows_per_chunk * emb.cols)
+    leftovers = [p for p in target.parent.iterdir() if p.name.endswith(".tmp")]
+    assert leftovers == []
+
+
+@pytest.mark.parametrize("bad", ["float64", "short", "long", "fortran", "strided"])
+def test_bad_buffer_raises_value_error(tmp_path, bad):
+    store = make_store(tmp_path / "s", 19, 5)
+    emb, _ = store.chunk_files()
+    shape = (emb.rows_per_chunk, emb.cols)
+    array = {
+        "float64": lambda: np.zeros(shape, dtype=np.float64),
+        "short": lambda: np.zeros((shape[0] - 1, shape[1]), dtype=np.float32),
+        "long": lambda: np.zeros((shape[0] + 1, shape[1]), dtype=np.float32),
+        "fortran": lambda: np.asfortranarray(np.zeros(shape, dtype=np.float32)),
+        "strided": lambda: np.zeros((shape[0] * 2, shape[1]), dtype=np.float32)[::2],
+    }[bad]()
+    before = emb.chunk_path(0).read_bytes()
+    with pytest.raises(ValueError):
+        emb.read_into(0, array)
+    with pytest.raises(ValueError):
+        emb.write(0, array)
+    assert emb.chunk_path(0).read_bytes() == before
+
+
+def test_refused_write_leaves_no_temporary_file(tmp_path):
+    """A write refused for a bad buffer (or failing midway) must not leave its temp file behind.
+
+    Bug: ChunkFiles.write opens the ``.tmp`` file (chunk_files.py:59) before
+    checking the buffer (line 60) and never removes it on error.
+    """
+    store = make_store(tmp_path / "s", 19, 5)
+    emb, _ = store.chunk_files()
+    with pytest.raises(ValueError):
+        emb.write(0, np.zeros((emb.rows_per_chunk, emb.cols), dtype=np.float64))
+    assert [p.name for p in emb.chunk_path(0).parent.iterdir() if p.name.endswith(".tmp")] == []
+
+
+# --------------------------------------------------------------------------- PartitionBuffer
+
+
+def check_view(buffer: PartitionBuffer, view, resident, expected_emb, expected_state) -> None:
+    """Every row of every resident partition sits where ``view`` says, with the expected values."""
+    store = buffer.store
+    assert sorted(view.partitions) == sorted(resident)
+    slot_of = view.slot_of_partition.tolist()
+    assert [q for q in range(store.num_partitions) if slot_of[q] >= 0] == sorted(resident)
+    slots = [slot_of[q] for q in resident]
+    assert len(set(slots)) == len(slots) and all(0 <= s < buffer.num_slots for s in slots)
+    ranges = []
+    for q in sorted(resident):
+        start, end = store.bounds(q)
+        ids = torch.arange(start, end)
+        local = view.local_ids(ids)
+        np.testing.assert_array_equal(buffer.embeddings[local].numpy(), expected_emb[start:end],
+                                      err_msg=f"state {view.index}: partition {q} embeddings")
+        np.testing.assert_array_equal(buffer.state[local].numpy(), expected_state[start:end],
+                                      err_msg=f"state {view.index}: partition {q} state")
+        ranges.append((slot_of[q] * store.rows_per_partition, end - start))
+    assert view.resident_ranges == ranges
+
+
+def walk_and_update(buffer: PartitionBuffer, states, expected_emb, expected_state, delta_of=None) -> None:
+    """Walk ``states``, checking contents, adding ``delta_of(k)`` to every resident row at state k."""
+    store = buffer.store
+    for k, view in enumerate(buffer.walk(states)):
+        assert view.index == k
+        check_view(buffer, view, states[k], expected_emb, expected_state)
+        if delta_of is None:
+            continue
+        delta = delta_of(k)
+        for q in states[k]:
+            start, end = store.bounds(q)
+            local = view.local_ids(torch.arange(start, end))
+            buffer.embeddings[local] += delta
+            buffer.state[local] += 2 * delta
+            expected_emb[start:end] += delta
+            expected_state[start:end] += 2 * delta
+    buffer.flush()
+
+
+def assert_store_equals(store: EmbeddingStore, expected_emb, expected_state) -> None:
+    emb, state = EmbeddingStore(store.path, mode="r").read_all()
+    np.testing.assert_array_equal(emb, expected_emb)
+    np.testing.assert_array_equal(state, expected_state)
+
+
+# p = 5, c = 2, one swap per state (slot order irrelevant: the buffer takes sets)
+HAND_STATES = [(0, 1), (0, 2), (3, 2), (3, 4), (1, 4), (1, 0), (2, 0)]
+
+
+def test_walk_hand_written_states(tmp_path):
+    store = make_store(tmp_path / "s", 19, 5)  # 4 rows per partition, the last has 3
+    expected_emb, expected_state = expected_tables(19)
+    buffer = PartitionBuffer(store, capacity=2)
+    try:
+        walk_and_update(buffer, HAND_STATES, expected_emb, expected_state,
+                        delta_of=lambda k: float(100 * (k + 1)))
+        swaps = len(HAND_STATES) - 1
+        nbytes = partition_bytes(store)
+        assert buffer.counters.snapshot() == {
+            "partitions_read": 2 + swaps, "partitions_written": swaps + 2,
+            "bytes_read": (2 + swaps) * nbytes, "bytes_written": (swaps + 2) * nbytes}
+        assert_store_equals(store, expected_emb, expected_state)
+        # a second epoch over the same buffer sees the first epoch's updates
+        walk_and_update(buffer, HAND_STATES, expected_emb, expected_state, delta_of=lambda k: -1.0)
+        assert_store_equals(store, expected_emb, expected_state)
+        assert buffer.counters.partitions_read == 2 * (2 + swaps)
+    finally:
+        buffer.close()
+
+
+def test_walk_without_updates_writes_back_unchanged_rows(tmp_path):
+    store = make_store(tmp_path / "s", 19, 5)
+    expected_emb, expected_state = expected_tables(19)
+    buffer = PartitionBuffer(store, capacity=2)
+    try:
+        walk_and_update(buffer, HAND_STATES, expected_emb, expected_state)
+    finally:
+        buffer.close()
+    assert_store_equals(store, *expected_tables(19))
+
+
+def test_walk_refuses_a_state_swapping_more_than_swap_size(tmp_path):
+    store = make_store(tmp_path / "s", 19, 5)
+    buffer = PartitionBuffer(store, capacity=2)
+    try:
+        with pytest.raises(ValueError, match="swaps"):
+            for _ in buffer.walk([(0, 1), (2, 3)]):
+                pass
+    finally:
+        buffer.close()
+
+
+def test_walk_swapping_two_partitions_at_once(tmp_path):
+    # comet with 4 logical partitions of 2 physical ones: 8 storage partitions, 4 resident, 2 swapped at once
+    ordering = build_ordering("comet", 4, 2, seed=3, epoch=1, group_size=2)
+    states = [ordering.resident(k) for k in range(ordering.num_states)]
+    assert all(len(set(a) - set(b)) == 2 for a, b in zip(states, states[1:]))
+    store = make_store(tmp_path / "s", 37, 8)  # 5 rows per partition, the last has 2
+    expected_emb, expected_state = expected_tables(37)
+    buffer = PartitionBuffer(store, capacity=4, swap_size=2)
+    try:
+        walk_and_update(buffer, states, expected_emb, expected_state, delta_of=lambda k: 0.5 * (k + 1))
+    finally:
+        buffer.close()
+    assert_store_equals(store, expected_emb, expected_state)
+    swaps = ordering.num_swaps
+    nbytes = partition_bytes(store)
+    assert buffer.counters.snapshot() == {
+        "partitions_read": 4 + 2 * swaps, "partitions_written": 2 * swaps + 4,
+        "bytes_read": (4 + 2 * swaps) * nbytes, "bytes_written": (2 * swaps + 4) * nbytes}
+
+
+def registered_cases():
+    for name in ORDERINGS:
+        if name == "comet":
+            yield pytest.param(name, lambda: build_ordering("comet", 4, 2, seed=0, epoch=2, group_size=2), 4, 2,
+                               id=name)
+        else:
+            yield pytest.param(name, lambda name=name: build_ordering(name, 8, 3, seed=0, epoch=2), 3, 1, id=name)
+
+
+@pytest.mark.parametrize("name, make_ordering, capacity, swap_size", list(registered_cases()))
+def test_walk_every_registered_ordering_matches_simulator(tmp_path, name, make_ordering, capacity, swap_size):
+    ordering = make_ordering()
+    assert ordering.num_physical_partitions == 8
+    states = [ordering.resident(k) for k in range(ordering.num_states)]
+    num_nodes = 8 * 5 - 3
+    store = make_store(tmp_path / "s", num_nodes, 8)
+    expected_emb, expected_state = expected_tables(num_nodes)
+    buffer = PartitionBuffer(store, capacity=capacity, swap_size=swap_size)
+    try:
+        walk_and_update(buffer, states, expected_emb, expected_state, delta_of=lambda k: float(k + 1))
+    finally:
+        buffer.close()
+    assert_store_equals(store, expected_emb, expected_state)
+    stats = simulate(ordering, partition_bytes(store))
+    counters = buffer.counters.snapshot()
+    assert counters["partitions_read"] == stats.physical_partitions_read
+    assert counters["partitions_written"] == stats.physical_partitions_written
+    if ordering.groups is None:
+        assert (counters["partitions_read"], counters["partitions_written"]) == \
+            (stats.partitions_read, stats.partitions_written)
+    assert counters["bytes_read"] == stats.bytes_read
+    assert counters["bytes_written"] == stats.bytes_written
+
+
+# --------------------------------------------------------------------------- failures and lost updates
+
+
+def test_write_back_error_surfaces_from_walk(tmp_path, monkeypatch):
+    store = make_store(tmp_path / "s", 19, 5)
+    buffer = PartitionBuffer(store, capacity=2)
+
+    def failing_write(self, chunk, data):
+        raise OSError(f"disk full writing chunk {chunk}")
+
+    monkeypatch.setattr(ChunkFiles, "write", failing_write)
+
+    reached = []
+
+    def consume():
+        for view in buffer.walk(HAND_STATES):
+            reached.append(view.index)
+        reached.append("flush")
+        buffer.flush()
+
+    error = run_bounded(consume)
+    assert isinstance(error, OSError) and "disk full" in str(error)
+    # the first eviction's write fails; the read into its slot (two states later) reports it
+    assert "flush" not in reached and reached[-1] < len(HAND_STATES) - 1
+    assert run_bounded(buffer.close) is None
+
+
+def test_write_back_error_surfaces_from_flush(tmp_path, monkeypatch):
+    store = make_store(tmp_path / "s", 19, 5)
+    buffer = PartitionBuffer(store, capacity=2)
+    try:
+        views = list(buffer.walk([(0, 1)]))  # one state: nothing evicted, the flush writes
+        assert len(views) == 1
+        monkeypatch.setattr(ChunkFiles, "write",
+                            lambda self, chunk, data: (_ for _ in ()).throw(OSError("flush failed")))
+        error = run_bounded(buffer.flush)
+        assert isinstance(error, OSError) and "flush failed" in str(error)
+    finally:
+        assert run_bounded(buffer.close) is None
+
+
+def test_read_error_surfaces_from_walk(tmp_path, monkeypatch):
+    store = make_store(tmp_path / "s", 19, 5)
+    buffer = PartitionBuffer(store, capacity=2)
+    original = ChunkFiles.read_into
+
+    def failing_read(self, chunk, out):
+        if chunk == 3:
+            raise OSError("bad sector")
+        return original(self, chunk, out)
+
+    monkeypatch.setattr(ChunkFiles, "read_into", failing_read)
+
+    def consume():
+        for _ in buffer.walk(HAND_STATES):
+            pass
+        buffer.flush()
+
+    error = run_bounded(consume)
+    assert isinstance(error, OSError) and "bad sector" in str(error)
+    assert run_bounded(buffer.close) is None
+
+
+def random_walk_states(num_partitions: int, capacity: int, num_states: int, seed: int):
+    """States that each swap one random resident partition for a random absent one."""
+    rng = np.random.default_rng(seed)
+    state = list(range(capacity))
+    states = [tuple(state)]
+    for _ in range(num_states - 1):
+        absent = [q for q in range(num_partitions) if q not in state]
+        state[int(rng.integers(capacity))] = int(rng.choice(absent))
+        states.append(tuple(state))
+    return states
+
+
+@pytest.mark.parametrize("slow", ["none", "write", "read"])
+def test_no_update_is_lost(tmp_path, monkeypatch, slow):
+    """Deltas added at every state all reach the store, whichever IO thread lags."""
+    if slow != "none":
+        name = "write" if slow == "write" else "read_into"
+        original = getattr(ChunkFiles, name)
+
+        def slowed(self, *args):
+            time.sleep(0.003)
+            return original(self, *args)
+
+        monkeypatch.setattr(ChunkFiles, name, slowed)
+    states = random_walk_states(num_partitions=6, capacity=3, num_states=30, seed=5)
+    num_nodes = 6 * 7 - 4
+    store = make_store(tmp_path / "s", num_nodes, 6)
+    emb0, state0 = EmbeddingStore(store.path, mode="r").read_all()
+    initial = float(emb0.astype(np.float64).sum()), float(state0.astype(np.float64).sum())
+    expected_emb, expected_state = expected_tables(num_nodes)
+    buffer = PartitionBuffer(store, capacity=3)
+    applied = 0.0
+    try:
+        for k, view in enumerate(buffer.walk(states)):
+            delta = float(k + 1)
+            for q in states[k]:
+                start, end = store.bounds(q)
+                local = view.local_ids(torch.arange(start, end))
+                buffer.embeddings.index_add_(0, local, torch.full((end - start, DIM), delta))
+                buffer.state.index_add_(0, local, torch.full((end - start, STATE_DIM), delta))
+                expected_emb[start:end] += delta
+                expected_state[start:end] += delta
+                applied += delta * (end - start)
+        buffer.flush()
+    finally:
+        buffer.close()
+    emb, state = EmbeddingStore(store.path, mode="r").read_all()
+    assert float(emb.astype(np.float64).sum()) == pytest.approx(initial[0] + DIM * applied, abs=1e-3)
+    assert float(state.astype(np.float64).sum()) == pytest.approx(initial[1] + STATE_DIM * applied, abs=1e-3)
+    np.testing.assert_array_equal(emb, expected_emb)
+    np.testing.assert_array_equal(state, expected_state)
+
+
+def test_walk_abandoned_midway_then_walked_again(tmp_path, monkeypatch):
+    """A walk left mid-epoch (an exception in training) must not corrupt the next walk.
+
+    The abandoned walk leaves a prefetch read in flight on the reader thread; a
+    new walk's initial fill must not race with it for the same slot.
+    """
+    original = ChunkFiles.read_into
+
+    def slow_prefetch(self, chunk, out):
+        if threading.current_thread().name.startswith("buffer-prefetch"):
+            time.sleep(0.2)
+        return original(self, chunk, out)
+
+    monkeypatch.setattr(ChunkFiles, "read_into", slow_prefetch)
+    store = make_store(tmp_path / "s", 19, 5)
+    expected_emb, expected_state = expected_tables(19)
+    buffer = PartitionBuffer(store, capacity=2)
+    try:
+        walk = buffer.walk(HAND_STATES)
+        for view in walk:
+            if view.index == 2:  # partition 0's slot is free now and the read of 4 is in flight
+                break
+        walk.close()
+        second = [(1, 0), (1, 3)]
+        for k, view in enumerate(buffer.walk(second)):
+            check_view(buffer, view, second[k], expected_emb, expected_state)
+        buffer.flush()
+    finally:
+        buffer.close()
+    assert_store_equals(store, expected_emb, expected_state)

@@ -1,0 +1,268 @@
+"""Out-of-core training on UMLS: partitioned stores, the buffer, orderings, streamed eval/export."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import marius_py as mp
+from marius_py import resources
+from marius_py.api import TrainedModel, load_checkpoint
+from marius_py.checkpoint import LIVE_STORE, NODES, RunDirectory, load_version
+from marius_py.cli import main
+from marius_py.config import load_config
+from marius_py.errors import MariusInputError
+from marius_py.evaluation import InMemoryNodes, StoredNodes, build_known_answers, filtered_ranks
+from marius_py.preprocess import PreprocessOptions, preprocess
+from orderings import ORDERINGS, build_ordering, simulate
+from storage.embedding_store import EmbeddingStore
+
+UMLS_RAW = Path(__file__).parent / "data" / "umls"
+
+
+@pytest.fixture(scope="module")
+def datasets(tmp_path_factory):
+    """UMLS preprocessed for 1, 4 and 8 partitions: {p: directory}."""
+    root = tmp_path_factory.mktemp("ooc-datasets")
+    out = {}
+    for p in (1, 4, 8):
+        out[p] = root / f"umls-p{p}"
+        preprocess(out[p], UMLS_RAW / "train.txt", UMLS_RAW / "valid.txt", UMLS_RAW / "test.txt",
+                   PreprocessOptions(num_partitions=p), progress=False)
+    return out
+
+
+def config_for(dataset: Path, *overrides: str):
+    return load_config(None, [f"dataset.path={dataset}", "training.device=cpu", "model.dim=16",
+                              "training.batch_size=512", "training.num_negatives=64", "training.num_chunks=2",
+                              "training.epochs=2", "training.seed=3", "evaluation.every=0", *overrides])
+
+
+def latest(run_dir):
+    """(embeddings, optimizer state, model state) of the latest checkpoint."""
+    nodes, state, model_state, _ = load_version(RunDirectory(run_dir).latest_version())
+    return nodes, state, model_state
+
+
+def epoch_records(run_dir) -> list[dict]:
+    return [r for r in RunDirectory(run_dir).read_metrics() if r["event"] == "epoch"]
+
+
+@pytest.fixture(scope="module")
+def full_buffer_runs(datasets, tmp_path_factory):
+    """The same p=4 dataset trained in memory (p=1 config) and through a buffer holding all 4 partitions."""
+    root = tmp_path_factory.mktemp("ooc-full-buffer")
+    in_memory = mp.train(config_for(datasets[4], "storage.num_partitions=1"), root / "p1", progress=False)
+    buffered = mp.train(config_for(datasets[4], "storage.num_partitions=4", "storage.buffer_capacity=4",
+                                   "storage.ordering=beta"), root / "p4", progress=False)
+    return in_memory, buffered
+
+
+@pytest.fixture(scope="module")
+def beta_p8_run(datasets, tmp_path_factory):
+    run = tmp_path_factory.mktemp("ooc-beta8") / "run"
+    config = config_for(datasets[8], "storage.num_partitions=8", "storage.buffer_capacity=3",
+                        "storage.ordering=beta", "training.epochs=3")
+    model = mp.train(config, run, progress=False)
+    return config, run, model
+
+
+# --------------------------------------------------------------------------- equivalence and IO
+
+
+def test_full_buffer_equals_in_memory(full_buffer_runs):
+    in_memory, buffered = full_buffer_runs
+    nodes_a, state_a, model_a = latest(in_memory.run_dir)
+    nodes_b, state_b, model_b = latest(buffered.run_dir)
+    assert nodes_a.shape == nodes_b.shape == (135, 16)
+    np.testing.assert_allclose(nodes_b, nodes_a, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(state_b, state_a, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(model_b["decoder"]["relations"], model_a["decoder"]["relations"])
+    assert buffered.test_metrics["mrr"] == pytest.approx(in_memory.test_metrics["mrr"], abs=1e-9)
+    assert buffered.test_metrics["num_queries"] == in_memory.test_metrics["num_queries"]
+    # the p=4 run really went through the buffer: one state, 4 reads and 4 writes per epoch
+    records = epoch_records(buffered.run_dir)
+    assert [r["io"]["partitions_read"] for r in records] == [4, 4]
+    assert [r["io"]["partitions_written"] for r in records] == [4, 4]
+    assert all("io" not in r for r in epoch_records(in_memory.run_dir))
+
+
+def test_io_counters_equal_simulator_every_epoch(beta_p8_run):
+    config, run, _ = beta_p8_run
+    store = EmbeddingStore(Path(run) / LIVE_STORE, mode="r")
+    assert store.num_partitions == 8
+    partition_bytes = sum(f.chunk_bytes for f in store.chunk_files())
+    records = epoch_records(run)
+    assert [r["epoch"] for r in records] == [1, 2, 3]
+    orderings = []
+    for record in records:
+        ordering = build_ordering("beta", 8, 3, seed=config.training.seed, epoch=record["epoch"])
+        orderings.append(ordering)
+        stats = simulate(ordering, partition_bytes)
+        assert record["io"] == {"partitions_read": stats.partitions_read,
+                                "partitions_written": stats.partitions_written,
+                                "bytes_read": stats.bytes_read, "bytes_written": stats.bytes_written}, \
+            f"epoch {record['epoch']}"
+        assert stats.partitions_read == 3 + ordering.num_swaps
+    # the epochs walk different buffer states (as sets), so each epoch is a separate check
+    assert len({tuple(frozenset(s) for s in o.states) for o in orderings}) == len(orderings)
+
+
+def test_trainer_ordering_is_the_seeded_registry_ordering(beta_p8_run, datasets):
+    config, run, _ = beta_p8_run
+    trainer = mp.trainer.Trainer(config, mp.load_dataset(str(datasets[8])), run, progress=False)
+    try:
+        for epoch in (1, 2, 3):
+            assert trainer.ordering(epoch) == build_ordering("beta", 8, 3, seed=config.training.seed, epoch=epoch)
+    finally:
+        trainer.close()
+
+
+@pytest.mark.parametrize("ordering, overrides", [
+    ("beta", None),
+    ("beta_random", ("storage.num_partitions=8", "storage.buffer_capacity=3")),
+    ("comet", ("storage.num_partitions=8", "storage.buffer_capacity=4", "storage.comet_group_size=2")),
+])
+def test_partitioned_training_learns(ordering, overrides, beta_p8_run, datasets, tmp_path):
+    if overrides is None:
+        _, run, model = beta_p8_run
+    else:
+        config = config_for(datasets[8], f"storage.ordering={ordering}", "training.epochs=3", *overrides)
+        run = tmp_path / "run"
+        model = mp.train(config, run, progress=False)
+    # random embeddings rank the answer near the middle of 135 nodes (MRR ~0.04)
+    assert model.test_metrics["mrr"] > 0.3, model.test_metrics
+    records = epoch_records(run)
+    assert all(r["io"]["partitions_read"] > 0 for r in records)
+    if ordering == "comet":
+        # 8 physical partitions, 4 resident: 4 logical BETA swaps per epoch of 2 physical partitions each
+        stats = simulate(build_ordering("comet", 4, 2, seed=3, epoch=1, group_size=2), 1)
+        assert records[0]["io"]["partitions_read"] == stats.physical_partitions_read
+
+
+def test_resume_with_partitions_equals_uninterrupted(datasets, tmp_path):
+    overrides = ("storage.num_partitions=8", "storage.buffer_capacity=3", "storage.ordering=beta_random")
+    mp.train(config_for(datasets[8], "training.epochs=4", *overrides), tmp_path / "full", progress=False)
+    mp.train(config_for(datasets[8], "training.epochs=2", *overrides), tmp_path / "split", progress=False)
+    resumed = mp.api.load_run_config(tmp_path / "split", ["training.epochs=4"])
+    mp.train(resumed, tmp_path / "split", progress=False, resume=True)
+    full_nodes, full_state, full_model = latest(tmp_path / "full")
+    split_nodes, split_state, split_model = latest(tmp_path / "split")
+    np.testing.assert_allclose(split_nodes, full_nodes, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(split_state, full_state, rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(split_model["decoder"]["relations"], full_model["decoder"]["relations"])
+    assert [r["epoch"] for r in epoch_records(tmp_path / "split")] == [1, 2, 3, 4]
+    assert [r["io"] for r in epoch_records(tmp_path / "split")] == [r["io"] for r in epoch_records(tmp_path / "full")]
+
+
+# --------------------------------------------------------------------------- streamed evaluation and export
+
+
+def test_streamed_evaluation_equals_in_memory(full_buffer_runs):
+    _, buffered = full_buffer_runs
+    streamed = load_checkpoint(buffered.run_dir)
+    assert isinstance(streamed.table, StoredNodes)
+    assert streamed.table.store.num_partitions == 4
+    store = streamed.table.store
+    in_memory = TrainedModel(streamed.config, streamed.dataset, streamed.model,
+                             InMemoryNodes(torch.from_numpy(store.read_all()[0])))
+    dataset = streamed.dataset
+    known = build_known_answers(dataset.all_known_edges(), dataset.num_relations)
+    for batch_size in (7, 1024):
+        ranks_streamed = filtered_ranks(streamed.decoder, streamed.table, dataset.test, known, batch_size)
+        ranks_memory = filtered_ranks(streamed.decoder, in_memory.table, dataset.test, known, batch_size)
+        assert len(ranks_streamed) == 2 * len(dataset.test)
+        torch.testing.assert_close(ranks_streamed, ranks_memory, rtol=0, atol=0)
+    assert streamed.evaluate("test")["mrr"] == in_memory.evaluate("test")["mrr"]
+    # the streamed test metrics of training are those of the same (best) checkpoint
+    assert streamed.evaluate("test")["mrr"] == pytest.approx(buffered.test_metrics["mrr"], abs=1e-12)
+
+    names = dataset.node_names
+    relation = dataset.relation_names[0]
+    for name in names[:3] + names[-3:]:
+        for kwargs in ({"head": name}, {"tail": name}, {"head": name, "filter_known": True}):
+            top_streamed = streamed.predict(relation=relation, k=7, **kwargs)
+            top_memory = in_memory.predict(relation=relation, k=7, **kwargs)
+            assert [n for n, _ in top_streamed] == [n for n, _ in top_memory], kwargs
+            np.testing.assert_allclose([s for _, s in top_streamed], [s for _, s in top_memory], rtol=1e-6)
+    np.testing.assert_array_equal(streamed.embeddings(), store.read_all()[0])
+
+
+def test_export_from_partitioned_run_equals_checkpoint(full_buffer_runs, tmp_path, capsys):
+    _, buffered = full_buffer_runs
+    out = tmp_path / "export"
+    assert main(["export", str(buffered.run_dir), "--format", "npy", "-o", str(out)]) == 0
+    run = RunDirectory(buffered.run_dir)
+    version = run.best_version() or run.latest_version()
+    expected = EmbeddingStore(version / NODES, mode="r").read_all()[0]
+    exported = np.load(out / "node_embeddings.npy")
+    np.testing.assert_array_equal(exported, expected)
+    names = (out / "node_names.txt").read_text(encoding="utf-8").splitlines()
+    assert names == mp.load_dataset(str(buffered.config.dataset.path)).node_names
+
+
+# --------------------------------------------------------------------------- config and start-up refusals
+
+
+@pytest.mark.parametrize("capacity", [1, 5])
+def test_bad_buffer_capacity_is_refused(datasets, capacity):
+    with pytest.raises(MariusInputError, match="storage.buffer_capacity"):
+        config_for(datasets[4], "storage.num_partitions=4", f"storage.buffer_capacity={capacity}")
+
+
+def test_cli_train_bad_buffer_exits_2(datasets, tmp_path, capsys):
+    code = main(["train", f"dataset.path={datasets[4]}", "training.device=cpu", "--partitions", "4",
+                 "--buffer", "1", "--run-dir", str(tmp_path / "run"), "--quiet"])
+    assert code == 2
+    assert "storage.buffer_capacity" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
+def test_unknown_ordering_lists_the_known_ones(datasets):
+    with pytest.raises(MariusInputError, match="storage.ordering") as error:
+        config_for(datasets[4], "storage.num_partitions=4", "storage.buffer_capacity=2", "storage.ordering=nope")
+    for name in ORDERINGS:
+        assert name in str(error.value)
+
+
+def test_dataset_bucketed_for_other_partitions_is_refused(datasets, tmp_path):
+    config = config_for(datasets[1], "storage.num_partitions=4", "storage.buffer_capacity=2")
+    with pytest.raises(MariusInputError, match="--partitions 4"):
+        mp.train(config, tmp_path / "run", progress=False)
+    assert not RunDirectory(tmp_path / "run").has_checkpoint()
+
+
+def test_buffer_larger_than_memory_is_refused(datasets, tmp_path, monkeypatch):
+    monkeypatch.setattr(resources, "available_memory", lambda: 1024)
+    config = config_for(datasets[4], "storage.num_partitions=4", "storage.buffer_capacity=2")
+    with pytest.raises(MariusInputError, match="storage.buffer_capacity"):
+        mp.train(config, tmp_path / "run", progress=False)
+
+
+def test_refused_buffer_leaves_no_valid_looking_run(datasets, tmp_path, monkeypatch):
+    monkeypatch.setattr(resources, "available_memory", lambda: 1024)
+    config = config_for(datasets[4], "storage.num_partitions=4", "storage.buffer_capacity=2")
+    with pytest.raises(MariusInputError):
+        mp.train(config, tmp_path / "run", progress=False)
+    assert not RunDirectory(tmp_path / "run").has_checkpoint()
+
+
+# --------------------------------------------------------------------------- the ordering command
+
+
+def test_cli_ordering_table(capsys):
+    assert main(["ordering", "--partitions", "16", "--buffer", "4", "--nodes", "17050", "--dim", "256"]) == 0
+    out = capsys.readouterr().out
+    rows = {line.split()[0]: line.split() for line in out.splitlines() if line and line.split()[0] in ORDERINGS}
+    assert set(rows) == set(ORDERINGS)
+    beta = rows["beta"]
+    assert beta[1] == "42" and beta[-1] == "1.105"
+    assert "38 swaps" in out  # the lower bound ceil((120 - 6) / 3)
+
+
+def test_cli_ordering_buffer_one_exits_2(capsys):
+    assert main(["ordering", "--partitions", "16", "--buffer", "1", "--nodes", "17050"]) == 2
+    assert "--buffer" in capsys.readouterr().err
