@@ -22,12 +22,35 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 from quality import machine, run_one  # noqa: E402
 
+import marius_py as mp  # noqa: E402
+from marius_py.trainer import epoch_ordering  # noqa: E402
+from orderings import simulate  # noqa: E402
+from storage.partitioning import partition_size  # noqa: E402
+
 
 def variant_overrides(spec: str, group_size: int) -> list[str]:
-    ordering, p, c = spec.split(":")
-    k = group_size if ordering == "comet" else 1
+    """``ORDERING:P:C`` or ``comet:P:C:K`` (K physical partitions per logical one)."""
+    ordering, p, c, *k = spec.split(":")
+    k = int(k[0]) if k else (group_size if ordering == "comet" else 1)
     return [f"storage.ordering={ordering}", f"storage.num_partitions={int(p) * k}",
-            f"storage.buffer_capacity={int(c) * k}", f"storage.comet_group_size={group_size}"]
+            f"storage.buffer_capacity={int(c) * k}", f"storage.comet_group_size={k}"]
+
+
+def predicted_io(config: dict, num_nodes: int) -> dict:
+    """The simulator's partition IO summed over the run's epochs."""
+    resolved = mp.make_config(None, [f"{section}.{key}={value}" for section, values in config.items()
+                                     for key, value in values.items()])
+    s, dim = resolved.storage, resolved.model.dim
+    state_dim = 1 if resolved.training.adagrad_variant == "rowwise" else dim
+    chunk_bytes = partition_size(num_nodes, s.num_partitions) * (dim + state_dim) * 4
+    totals = {"partitions_read": 0, "partitions_written": 0, "bytes_read": 0, "bytes_written": 0}
+    for epoch in range(1, resolved.training.epochs + 1):
+        stats = simulate(epoch_ordering(resolved, epoch), chunk_bytes)
+        totals["partitions_read"] += stats.physical_partitions_read
+        totals["partitions_written"] += stats.physical_partitions_written
+        totals["bytes_read"] += stats.bytes_read
+        totals["bytes_written"] += stats.bytes_written
+    return totals
 
 
 def main() -> None:
@@ -35,7 +58,7 @@ def main() -> None:
     parser.add_argument("--dataset", required=True, help="raw (train/valid/test.txt) or preprocessed directory")
     parser.add_argument("--config", required=True)
     parser.add_argument("--variants", nargs="+", required=True, help="ORDERING:P:C")
-    parser.add_argument("--group-size", type=int, default=4)
+    parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--set", nargs="*", default=[], help="extra key=value overrides for every run")
     parser.add_argument("--out", default="bench/results/partition_accuracy.json")
     args = parser.parse_args()
@@ -44,16 +67,24 @@ def main() -> None:
         for label, extra in [("p=1", [])] + [(v, variant_overrides(v, args.group_size)) for v in args.variants]:
             result = run_one(Path(args.dataset), args.config, args.set + extra, Path(workdir))
             result["variant"] = label
+            io_match = ""
+            if result["io"] is not None:
+                result["io_predicted"] = predicted_io(result["resolved_config"], result["num_nodes"])
+                io_match = "IO = simulator" if result["io"] == result["io_predicted"] else "IO MISMATCH"
             results.append(result)
             baseline = results[0]["test"]["mrr"]
             t = result["test"]
             print(f"{label:16s} MRR {t['mrr']:.4f} (diff {t['mrr'] - baseline:+.4f}) H@10 {t['hits@10']:.3f} "
-                  f"train {result['train_seconds']:6.1f}s {result['edges_per_s']:10,.0f} edges/s", flush=True)
-    out = Path(args.out)
+                  f"train {result['train_seconds']:6.1f}s {result['edges_per_s']:10,.0f} edges/s {io_match}",
+                  flush=True)
+            write(args.out, results)  # after every run: a cut-off command keeps what finished
+
+
+def write(path: str, results: list[dict]) -> None:
+    out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"machine": machine(), "date": time.strftime("%Y-%m-%d"),
                                "command": " ".join(sys.argv), "results": results}, indent=2))
-    print(f"wrote {out}")
 
 
 if __name__ == "__main__":

@@ -58,6 +58,7 @@ def run_one(dataset: Path, config_name: str, overrides: list[str], workdir: Path
     edges = sum(r["edges_per_s"] * r["seconds"] for r in epochs)
     io = {key: sum(r["io"][key] for r in epochs) for key in epochs[0]["io"]} if "io" in epochs[0] else None
     return {"dataset": dataset.name, "config": config_name, "overrides": overrides,
+            "num_nodes": model.dataset.num_nodes,
             "test": model.test_metrics, "wall_seconds": seconds, "train_seconds": train_seconds,
             "edges_per_s": edges / max(train_seconds, 1e-9), "device": config.training.device, "io": io,
             "resolved_config": config.to_dict()}

@@ -89,7 +89,7 @@ class StorageConfig:
     buffer_capacity: int = _f(0, "partitions held in memory at once when num_partitions > 1 "
                                  "(0: all of them)")
     ordering: str = _f("beta", f"order of buffer states and buckets, one of {ORDERING_NAMES}")
-    comet_group_size: int = _f(4, "comet ordering: physical partitions per logical one, regrouped "
+    comet_group_size: int = _f(8, "comet ordering: physical partitions per logical one, regrouped "
                                   "at random every epoch")
 
 

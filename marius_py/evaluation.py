@@ -202,13 +202,14 @@ def evaluate_sampled(decoder: Decoder, nodes: torch.Tensor | NodeTable, edges: n
     return summarize(torch.cat(all_ranks), PROTOCOL_SAMPLED.format(n=num_negatives, kind=kind))
 
 
-def evaluate_split(decoder: Decoder, nodes: torch.Tensor, dataset, split: str, config,
+def evaluate_split(decoder: Decoder, nodes: torch.Tensor | NodeTable, dataset, split: str, config,
                    known: tuple[KnownAnswers, KnownAnswers] | None = None, seed: int = 0) -> dict:
     """Evaluate one split of a ``Dataset`` with an ``EvaluationConfig``'s protocol."""
     edges = dataset.split(split)
     if config.protocol == "filtered":
         known = known or build_known_answers(dataset.all_known_edges(), dataset.num_relations)
         return evaluate_filtered(decoder, nodes, edges, known, config.batch_size)
-    pool = dataset.train[:, [0, 2]].reshape(-1)
+    # Only degree-based sampling needs the train endpoints (all train edges in memory).
+    pool = dataset.train[:, [0, 2]].reshape(-1) if config.negative_sampling == "degree" else None
     return evaluate_sampled(decoder, nodes, edges, config.num_negatives, config.negative_sampling,
                             pool, seed, config.batch_size)

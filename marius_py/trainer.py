@@ -31,7 +31,7 @@ from marius_py.models import LOSSES, Decoder, build_decoder, regularization
 from marius_py.negatives import CandidateRows, chunk, sample_negatives
 from marius_py.optim import SparseAdagrad, build_relation_optimizer
 from marius_py.resources import check_memory, check_partitioning
-from orderings import build_ordering
+from orderings import Ordering, build_ordering
 from storage.buffer import PartitionBuffer
 from storage.durable import fsync_tree
 from storage.embedding_store import EmbeddingStore, link_tree
@@ -150,6 +150,15 @@ class Model:
             self.relation_optimizer.step()
         delta, squared = self.node_optimizer.compute(embeddings.grad, state[rows])
         return BatchUpdate(rows, delta, squared, loss.detach())
+
+
+def epoch_ordering(config: Config, epoch: int) -> Ordering:
+    """An epoch's ordering over storage partitions (seeded by training.seed and the epoch)."""
+    s = config.storage
+    group = s.comet_group_size if s.ordering == "comet" else 1
+    options = {"group_size": group} if s.ordering == "comet" else {}
+    return build_ordering(s.ordering, s.num_partitions // group, s.buffer_capacity // group,
+                          seed=config.training.seed, epoch=epoch, **options)
 
 
 _INIT_BLOCK = 1 << 16
@@ -297,13 +306,8 @@ class Trainer:
             yield TrainingSpan(local, candidates), self.buffer.embeddings, self.buffer.state
         self.buffer.flush()
 
-    def ordering(self, epoch: int):
-        """The epoch's ordering over storage partitions (seeded by training.seed and the epoch)."""
-        s = self.config.storage
-        group = s.comet_group_size if s.ordering == "comet" else 1
-        options = {"group_size": group} if s.ordering == "comet" else {}
-        return build_ordering(s.ordering, s.num_partitions // group, s.buffer_capacity // group,
-                              seed=self.config.training.seed, epoch=epoch, **options)
+    def ordering(self, epoch: int) -> Ordering:
+        return epoch_ordering(self.config, epoch)
 
     def train_epoch(self, epoch: int) -> dict:
         t = self.config.training

@@ -1,0 +1,163 @@
+"""One epoch on a graph whose embeddings + optimizer state exceed the machine's RAM.
+
+    python bench/larger_than_memory.py --workdir /work/ltm --nodes 24200000 --rmat-edges 8000000 \
+        --dim 200 --partitions 16 --buffer 4 --out bench/results/larger_than_memory.json
+
+Steps (each measured in its own process): generate a seeded R-MAT graph
+(bench/rmat.py), preprocess it (``marius-py preprocess --pairs``), then three
+passes over epoch 1's BETA ordering with c = ``--buffer`` of ``--partitions``:
+``io`` (the buffer walks every state, reading and writing partitions, no
+training), ``compute`` (training with partition IO replaced by no-ops) and
+``full`` (the real epoch). Prints a table and writes JSON: times, edges/s,
+peak RSS against the documented bound, and the buffer's IO counters against
+the simulator's prediction.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+GiB = 1 << 30
+
+
+def run_json(command: list[str]) -> dict:
+    result = subprocess.run(command, check=True, capture_output=True, text=True)
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def config_overrides(dataset: Path, args) -> list[str]:
+    return [f"dataset.path={dataset}", "model.decoder=dot", f"model.dim={args.dim}", "training.device=cpu",
+            "training.epochs=1", f"training.batch_size={args.batch_size}", "training.num_chunks=10",
+            f"training.num_negatives={args.negatives}", "evaluation.every=0", "evaluation.protocol=sampled",
+            f"storage.num_partitions={args.partitions}", f"storage.buffer_capacity={args.buffer}",
+            "storage.ordering=beta"]
+
+
+def measure(args) -> None:
+    """One pass (``--mode``) in this process; prints one JSON line."""
+    import marius_py as mp
+    from marius_py.dataset import Dataset
+    from marius_py.trainer import Trainer
+    from orderings import simulate
+    from storage.chunk_files import ChunkFiles
+
+    config = mp.make_config(None, config_overrides(Path(args.dataset), args))
+    started = time.perf_counter()
+    trainer = Trainer(config, Dataset(args.dataset), args.run_dir, progress=False)
+    setup_seconds = time.perf_counter() - started
+    ordering = trainer.ordering(1)
+    states = [ordering.resident(k) for k in range(ordering.num_states)]
+    if args.mode == "compute":
+        for table in trainer.buffer.tables:
+            table.zero_()
+        ChunkFiles.read_into = lambda self, chunk, out: self.chunk_bytes
+        ChunkFiles.write = lambda self, chunk, data: self.chunk_bytes
+    started = time.perf_counter()
+    if args.mode == "io":
+        for _ in trainer.buffer.walk(states):
+            pass
+        trainer.buffer.flush()
+    else:
+        trainer.train_epoch(1)
+    seconds = time.perf_counter() - started
+    chunk_bytes = sum(f.chunk_bytes for f in trainer.store.chunk_files())
+    predicted = simulate(ordering, chunk_bytes)
+    edges = trainer.dataset.edges
+    offsets = edges.bucket_offsets()
+    state_edges = [sum(int(offsets[i * edges.num_partitions + j + 1] - offsets[i * edges.num_partitions + j])
+                       for i, j in buckets) for buckets in ordering.buckets]
+    print(json.dumps({
+        "mode": args.mode, "seconds": seconds, "setup_seconds": setup_seconds,
+        "num_edges": trainer.dataset.metadata.num_train, "num_nodes": trainer.dataset.num_nodes,
+        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "buffer_bytes": trainer._buffer_bytes(), "max_state_edges": max(state_edges),
+        "store_bytes": chunk_bytes * trainer.store.num_partitions,
+        "counters": trainer.buffer.counters.snapshot(),
+        "predicted": {"partitions_read": predicted.partitions_read, "partitions_written": predicted.partitions_written,
+                      "bytes_read": predicted.bytes_read, "bytes_written": predicted.bytes_written}}))
+    trainer.close()
+
+
+def memory_total() -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemTotal:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("no MemTotal")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workdir", required=True)
+    parser.add_argument("--nodes", type=int, default=24_200_000)
+    parser.add_argument("--rmat-edges", type=int, default=8_000_000)
+    parser.add_argument("--dim", type=int, default=200)
+    parser.add_argument("--partitions", type=int, default=16)
+    parser.add_argument("--buffer", type=int, default=4)
+    parser.add_argument("--batch-size", type=int, default=10_000)
+    parser.add_argument("--negatives", type=int, default=100)
+    parser.add_argument("--out", default="bench/results/larger_than_memory.json")
+    parser.add_argument("--mode", choices=("io", "compute", "full"), help=argparse.SUPPRESS)
+    parser.add_argument("--dataset", help=argparse.SUPPRESS)
+    parser.add_argument("--run-dir", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.mode:
+        return measure(args)
+
+    work = Path(args.workdir)
+    work.mkdir(parents=True, exist_ok=True)
+    edges_file, dataset, run_dir = work / "edges.tsv", work / "dataset", work / "run"
+    steps = {}
+    if not edges_file.exists():
+        started = time.perf_counter()
+        subprocess.run([sys.executable, str(Path(__file__).parent / "rmat.py"), "--nodes", str(args.nodes),
+                        "--edges", str(args.rmat_edges), "--out", str(edges_file)], check=True)
+        steps["generate_seconds"] = time.perf_counter() - started
+    if not (dataset / "metadata.json").exists():
+        started = time.perf_counter()
+        subprocess.run(["marius-py", "preprocess", "--train", str(edges_file), "--pairs", "--partitions",
+                        str(args.partitions), "--split", "0.0001,0.0001", "-o", str(dataset), "--quiet"],
+                       check=True)
+        steps["preprocess_seconds"] = time.perf_counter() - started
+    base = [sys.executable, __file__, "--workdir", str(work), "--dataset", str(dataset), "--run-dir",
+            str(run_dir), "--dim", str(args.dim), "--partitions", str(args.partitions), "--buffer",
+            str(args.buffer), "--batch-size", str(args.batch_size), "--negatives", str(args.negatives)]
+    passes = {}
+    for mode in ("io", "compute", "full"):
+        passes[mode] = run_json(base + ["--mode", mode])
+        print(f"{mode:8s} {passes[mode]['seconds']:8.1f} s  peak RSS {passes[mode]['peak_rss_bytes'] / GiB:6.2f} GiB",
+              flush=True)
+    full = passes["full"]
+    ram = memory_total()
+    bound = full["buffer_bytes"] + GiB + 200 * full["max_state_edges"]
+    summary = {
+        "ram_bytes": ram, "store_bytes": full["store_bytes"], "store_over_ram": full["store_bytes"] / ram,
+        "epoch_seconds": full["seconds"], "edges_per_s": full["num_edges"] / full["seconds"],
+        "io_only_seconds": passes["io"]["seconds"], "compute_only_seconds": passes["compute"]["seconds"],
+        "epoch_over_max": full["seconds"] / max(passes["io"]["seconds"], passes["compute"]["seconds"]),
+        "peak_rss_bytes": full["peak_rss_bytes"], "rss_bound_bytes": bound,
+        "counters_match_simulator": full["counters"] == full["predicted"],
+    }
+    print(f"nodes {full['num_nodes']:,}  edges {full['num_edges']:,}  store {full['store_bytes'] / GiB:.1f} GiB "
+          f"= {summary['store_over_ram']:.2f} x RAM ({ram / GiB:.1f} GiB)")
+    print(f"epoch {full['seconds']:.1f} s ({summary['edges_per_s']:,.0f} edges/s); IO only "
+          f"{passes['io']['seconds']:.1f} s; compute only {passes['compute']['seconds']:.1f} s; "
+          f"epoch / max = {summary['epoch_over_max']:.2f}")
+    print(f"peak RSS {full['peak_rss_bytes'] / GiB:.2f} GiB (bound {bound / GiB:.2f} GiB: buffer "
+          f"{full['buffer_bytes'] / GiB:.2f} + 1 GiB + 200 B x {full['max_state_edges']:,} edges of the largest state)")
+    print(f"IO counters {full['counters']} vs simulator {full['predicted']}: "
+          f"{'match' if summary['counters_match_simulator'] else 'MISMATCH'}")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"date": time.strftime("%Y-%m-%d"), "command": " ".join(sys.argv),
+                               "steps": steps, "passes": passes, "summary": summary}, indent=2))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
