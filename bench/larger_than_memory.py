@@ -54,15 +54,15 @@ def measure(args) -> None:
     ordering = trainer.ordering(1)
     states = [ordering.resident(k) for k in range(ordering.num_states)]
     if args.mode == "compute":
-        for table in trainer.buffer.tables:
+        for table in trainer.partition_buffer().tables:
             table.zero_()
         ChunkFiles.read_into = lambda self, chunk, out: self.chunk_bytes
         ChunkFiles.write = lambda self, chunk, data: self.chunk_bytes
     started = time.perf_counter()
     if args.mode == "io":
-        for _ in trainer.buffer.walk(states):
+        for _ in trainer.partition_buffer().walk(states):
             pass
-        trainer.buffer.flush()
+        trainer.partition_buffer().flush()
     else:
         trainer.train_epoch(1)
     seconds = time.perf_counter() - started
@@ -78,7 +78,7 @@ def measure(args) -> None:
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "buffer_bytes": trainer._buffer_bytes(), "max_state_edges": max(state_edges),
         "store_bytes": chunk_bytes * trainer.store.num_partitions,
-        "counters": trainer.buffer.counters.snapshot(),
+        "counters": trainer.partition_buffer().counters.snapshot(),
         "predicted": {"partitions_read": predicted.partitions_read, "partitions_written": predicted.partitions_written,
                       "bytes_read": predicted.bytes_read, "bytes_written": predicted.bytes_written}}))
     trainer.close()

@@ -246,9 +246,8 @@ class Trainer:
         shutil.rmtree(self.live_store_path, ignore_errors=True)
         link_tree(version / NODES, self.live_store_path)
         self.store = EmbeddingStore(self.live_store_path)
-        if self.partitioned:
-            self._open_buffer()
-        else:
+        self.close()  # a buffer over the old files must not write them back
+        if not self.partitioned:
             nodes, state = self.store.read_all()
             self.nodes = torch.from_numpy(nodes).to(self.device)
             self.node_state = torch.from_numpy(state).to(self.device)
@@ -259,16 +258,18 @@ class Trainer:
 
     def _buffer_bytes(self) -> int:
         dim = self.config.model.dim
-        row_bytes = 4 * (dim + self.model.node_optimizer.state_dim(dim))
+        cols = (dim, self.model.node_optimizer.state_dim(dim))
         rows = partition_size(self.dataset.num_nodes, self.config.storage.num_partitions)
-        return PartitionBuffer.bytes_needed(rows, row_bytes, self.config.storage.buffer_capacity,
-                                            self._swap_size())
+        s = self.config.storage
+        return PartitionBuffer.bytes_needed(rows, cols, s.buffer_capacity, self._swap_size(), s.lookahead)
 
-    def _open_buffer(self) -> None:
-        if self.buffer is not None:
-            self.buffer.close()
-        self.buffer = PartitionBuffer(self.store, self.config.storage.buffer_capacity, self.device,
-                                      swap_size=self._swap_size())
+    def partition_buffer(self) -> PartitionBuffer:
+        """The partition buffer, allocated on first use (evaluation and export never need it)."""
+        if self.buffer is None:
+            s = self.config.storage
+            self.buffer = PartitionBuffer(self.store, s.buffer_capacity, self.device,
+                                          swap_size=self._swap_size(), lookahead=s.lookahead)
+        return self.buffer
 
     def _commit(self, is_best: bool) -> None:
         """Snapshot the (flushed) live store and the model into a new committed version."""
@@ -295,7 +296,8 @@ class Trainer:
             return
         ordering = self.ordering(epoch)
         states = [ordering.resident(k) for k in range(ordering.num_states)]
-        for view in self.buffer.walk(states):
+        buffer = self.partition_buffer()
+        for view in buffer.walk(states):
             buckets = sorted(ordering.buckets[view.index])
             parts = [self.dataset.edges.bucket(i, j) for i, j in buckets]
             edges = torch.from_numpy(np.concatenate(parts)) if parts else torch.empty(0, 3, dtype=torch.long)
@@ -303,8 +305,8 @@ class Trainer:
             local[:, 0] = view.local_ids(edges[:, 0].to(self.device)).cpu()
             local[:, 2] = view.local_ids(edges[:, 2].to(self.device)).cpu()
             candidates = CandidateRows(view.resident_ranges, self.device)
-            yield TrainingSpan(local, candidates), self.buffer.embeddings, self.buffer.state
-        self.buffer.flush()
+            yield TrainingSpan(local, candidates), buffer.embeddings, buffer.state
+        buffer.flush()
 
     def ordering(self, epoch: int) -> Ordering:
         return epoch_ordering(self.config, epoch)
@@ -315,7 +317,7 @@ class Trainer:
         generator = epoch_generator(t.seed, epoch, self.device) if self.device.type != "cpu" else cpu_generator
         num_edges = self.dataset.metadata.num_train
         total_loss = torch.zeros((), device=self.device)
-        io_before = self.buffer.counters.snapshot() if self.buffer else {}
+        io_before = self.partition_buffer().counters.snapshot() if self.partitioned else {}
         started = time.perf_counter()
         bar = tqdm(total=-(-num_edges // t.batch_size), desc=f"epoch {epoch}/{t.epochs}", unit="batch",
                    disable=None if self.progress else True, leave=False, dynamic_ncols=True)

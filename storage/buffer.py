@@ -2,17 +2,17 @@
 
 The buffer walks a precomputed sequence of buffer states (an ordering), each
 differing from the last by one partition (or one group of them). It owns
-c + 1 slots: while training runs on the c resident partitions, one prefetch
-thread reads the next state's admitted partition into the spare slot, and one
-write-back thread writes the partition evicted at the last transition from its
-old slot (every resident partition is dirty: training updates rows it samples
-as negatives too). At a transition the spare slot becomes resident and the
-evicted slot becomes the spare; a read into it waits for its write-back. No
-slot is ever touched by two threads at once.
+c + L slots: while training runs on the c resident partitions, one prefetch
+thread reads the partitions the next L states admit into spare slots, and one
+write-back thread writes each evicted partition from its old slot (every
+resident partition is dirty: training updates rows it samples as negatives
+too). A read waits for the write-back of its slot's last occupant and of its
+own partition's last eviction. No slot is ever touched by two threads at once.
 
-With a CUDA device the c + 1 slots live in GPU memory and c + 1 pinned host
-slots stage the swaps (disk -> pinned host -> GPU, and back). Host memory:
-``(c + 1) x partition bytes`` (embeddings + optimizer state) either way.
+With a CUDA device the slots live in GPU memory and as many pinned host slots
+stage the swaps (disk -> pinned host -> GPU, and back). Host memory:
+``(c + L) x partition bytes`` (embeddings + optimizer state; slots are padded
+to whole pages for O_DIRECT), ``(c + L k)`` with groups of k.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from typing import Iterator, Sequence
 import numpy as np
 import torch
 
+from storage.chunk_files import page_aligned_empty, slot_rows
 from storage.embedding_store import EmbeddingStore
 from storage.partitioning import partition_bounds
 
@@ -63,48 +64,55 @@ class BufferView:
     partitions: tuple[int, ...]
     slot_of_partition: torch.Tensor  # [p] slot index, -1 when not resident (on the table's device)
     rows_per_partition: int
+    rows_per_slot: int               # >= rows_per_partition: slots are padded to whole pages
     resident_ranges: list[tuple[int, int]]  # (first local row, valid rows) per resident partition
 
     def local_ids(self, global_ids: torch.Tensor) -> torch.Tensor:
         """Buffer-local row of each global node id (all must be resident)."""
         rows = self.rows_per_partition
-        return self.slot_of_partition[global_ids // rows] * rows + global_ids % rows
+        return self.slot_of_partition[global_ids // rows] * self.rows_per_slot + global_ids % rows
 
 
 class PartitionBuffer:
     """Slots of partitions read from and written back to an ``EmbeddingStore``.
 
-    ``capacity`` partitions are resident at a time; ``swap_size`` more slots
-    receive the next state's admissions ahead of time (1 for one-level
-    orderings, the group size for two-level ones).
+    ``capacity`` partitions are resident at a time. ``swap_size`` partitions
+    change per state (1 for one-level orderings, the group size for two-level
+    ones), and the admissions of the next ``lookahead`` states are read ahead
+    into ``swap_size x lookahead`` spare slots, so a state with little training
+    still finds its next partition read.
     """
 
     def __init__(self, store: EmbeddingStore, capacity: int, device: torch.device | str = "cpu",
-                 swap_size: int = 1):
+                 swap_size: int = 1, lookahead: int = 2):
         self.store = store
         self.capacity = capacity
         self.swap_size = swap_size
+        self.lookahead = lookahead
         self.device = torch.device(device)
         self.files = store.chunk_files()
         self.rows = store.rows_per_partition
+        self.stride = slot_rows(self.rows, *(f.cols for f in self.files))
         self.num_partitions = store.num_partitions
-        self.num_slots = capacity + swap_size
+        self.num_slots = capacity + swap_size * lookahead
         pin = self.device.type == "cuda"
-        self._host = [torch.empty(self.num_slots * self.rows, f.cols, pin_memory=pin) for f in self.files]
+        self._host = [page_aligned_empty(self.num_slots * self.stride, f.cols, pin) for f in self.files]
         self.tables = self._host if self.device.type == "cpu" else \
-            [torch.empty(self.num_slots * self.rows, f.cols, device=self.device) for f in self.files]
+            [torch.empty(self.num_slots * self.stride, f.cols, device=self.device) for f in self.files]
         self.counters = IOCounters()
-        self._slot_of: dict[int, int] = {}
+        self._slot_of: dict[int, int] = {}                   # resident partition -> slot
         self._free: list[int] = []
-        self._writes: dict[int, Future] = {}  # slot -> its pending write-back
-        self._reads: list[Future] = []        # prefetches not yet waited for
+        self._scheduled: dict[int, tuple[int, Future]] = {}  # prefetched partition -> (slot, read)
+        self._slot_writes: dict[int, Future] = {}            # slot -> write-back of its last occupant
+        self._partition_writes: dict[int, Future] = {}       # partition -> its last write-back
         self._reader = ThreadPoolExecutor(1, thread_name_prefix="buffer-prefetch")
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="buffer-writeback")
 
     @staticmethod
-    def bytes_needed(rows_per_partition: int, row_bytes: int, capacity: int, swap_size: int = 1) -> int:
-        """Host memory the slots take (``row_bytes``: embedding + optimizer state of one row)."""
-        return (capacity + swap_size) * rows_per_partition * row_bytes
+    def bytes_needed(rows_per_partition: int, cols: tuple[int, ...], capacity: int, swap_size: int = 1,
+                     lookahead: int = 2) -> int:
+        """Host memory the slots take (``cols``: widths of the embedding and optimizer-state tables)."""
+        return (capacity + swap_size * lookahead) * slot_rows(rows_per_partition, *cols) * 4 * sum(cols)
 
     @property
     def embeddings(self) -> torch.Tensor:
@@ -116,12 +124,13 @@ class PartitionBuffer:
 
     # ---- slot IO (runs on the helper threads) ----
     def _slot_rows(self, slot: int) -> slice:
-        return slice(slot * self.rows, (slot + 1) * self.rows)
+        return slice(slot * self.stride, (slot + 1) * self.stride)
 
     def _read(self, partition: int, slot: int) -> None:
-        pending = self._writes.get(slot)
-        if pending is not None:
-            pending.result()  # a spare slot is free once its write-back finished
+        # The slot's last occupant and the partition's own last eviction must be on disk first.
+        for pending in (self._slot_writes.get(slot), self._partition_writes.get(partition)):
+            if pending is not None:
+                pending.result()
         rows, nbytes = self._slot_rows(slot), 0
         for files, host, table in zip(self.files, self._host, self.tables):
             nbytes += files.read_into(partition, host[rows].numpy())
@@ -137,6 +146,12 @@ class PartitionBuffer:
             nbytes += files.write(partition, host[rows].numpy())
         self.counters.add_write(nbytes)
 
+    def _evict(self, partition: int) -> None:
+        slot = self._slot_of.pop(partition)
+        future = self._writer.submit(self._write, partition, slot)
+        self._slot_writes[slot] = self._partition_writes[partition] = future
+        self._free.append(slot)
+
     # ---- walking the states ----
     def _view(self, index: int, partitions: Sequence[int]) -> BufferView:
         slot_of = torch.full((self.num_partitions,), -1, dtype=torch.long)
@@ -145,69 +160,76 @@ class PartitionBuffer:
             slot = self._slot_of[partition]
             slot_of[partition] = slot
             start, end = partition_bounds(self.store.num_nodes, self.num_partitions, partition)
-            ranges.append((slot * self.rows, end - start))
-        return BufferView(index, tuple(partitions), slot_of.to(self.device), self.rows, ranges)
+            ranges.append((slot * self.stride, end - start))
+        return BufferView(index, tuple(partitions), slot_of.to(self.device), self.rows, self.stride, ranges)
 
     def walk(self, states: Sequence[Sequence[int]]) -> Iterator[BufferView]:
         """Yield a view per state (the storage partitions resident in it).
 
-        Admissions of state k + 1 are read while state k trains; evictions are
-        written back behind. Call ``flush()`` after the last state.
+        Admissions of the next states are read while this one trains;
+        evictions are written back behind. Call ``flush()`` after the last state.
         """
         self._fill(sorted(states[0]))
-        prefetch = self._prefetch(states, 1)
+        self._schedule(states, 0)
         yield self._view(0, states[0])
         for index in range(1, len(states)):
-            evicted = sorted(set(states[index - 1]) - set(states[index]))
-            for partition, (slot, future) in prefetch.items():
-                future.result()
-                self._slot_of[partition] = slot
-            for partition in evicted:
-                slot = self._slot_of.pop(partition)
-                self._writes[slot] = self._writer.submit(self._write, partition, slot)
-                self._free.append(slot)
-            prefetch = self._prefetch(states, index + 1)
+            previous, current = set(states[index - 1]), set(states[index])
+            if len(current - previous) > self.swap_size or len(current) != len(previous):
+                raise ValueError(f"state {index} swaps {len(current - previous)} partitions; the buffer swaps "
+                                 f"at most {self.swap_size} and keeps {self.capacity} resident")
+            for partition in sorted(previous - current):
+                self._evict(partition)
+            for partition in sorted(current - previous):
+                self._admit(partition)
+            self._schedule(states, index)
             yield self._view(index, states[index])
 
-    def _prefetch(self, states: Sequence[Sequence[int]], index: int) -> dict[int, tuple[int, Future]]:
-        """Start reading state ``index``'s admitted partitions into free slots: {partition: (slot, read)}."""
-        if index >= len(states):
-            return {}
-        admitted = sorted(set(states[index]) - set(states[index - 1]))
-        if len(admitted) > len(self._free) or \
-                len(admitted) != len(set(states[index - 1]) - set(states[index])):
-            raise ValueError(f"state {index} swaps {len(admitted)} partitions; the buffer swaps at most "
-                             f"{self.swap_size} and keeps {self.capacity} resident")
-        slots = {partition: self._free.pop(0) for partition in admitted}
-        prefetch = {partition: (slot, self._reader.submit(self._read, partition, slot))
-                    for partition, slot in slots.items()}
-        self._reads = [future for _, future in prefetch.values()]
-        return prefetch
+    def _admit(self, partition: int) -> None:
+        slot, future = self._scheduled.pop(partition, (None, None))
+        if future is None:  # not read ahead: read it now
+            slot = self._free.pop(0)
+            self._read(partition, slot)
+        else:
+            future.result()
+        self._slot_of[partition] = slot
+
+    def _schedule(self, states: Sequence[Sequence[int]], index: int) -> None:
+        """Read ahead the admissions of states ``index + 1 .. index + lookahead`` into free slots.
+
+        A partition resident now is not read ahead: its file is stale until it
+        is evicted; it is read when its turn comes.
+        """
+        resident = set(states[index])
+        for later in range(index + 1, min(len(states), index + 1 + self.lookahead)):
+            for partition in sorted(set(states[later]) - set(states[later - 1])):
+                if partition in self._scheduled or partition in resident or not self._free:
+                    continue
+                slot = self._free.pop(0)
+                self._scheduled[partition] = (slot, self._reader.submit(self._read, partition, slot))
 
     def _fill(self, partitions: list[int]) -> None:
         """Initial fill: the first state's partitions into the first slots (in partition order)."""
         if len(partitions) > self.capacity:
             raise ValueError(f"a state holds {len(partitions)} partitions, capacity is {self.capacity}")
         self.flush()  # also waits for reads an abandoned walk left in flight
-        for slot, partition in enumerate(partitions):
-            self._read(partition, slot)
-            self._slot_of[partition] = slot
-        self._free = list(range(len(partitions), self.num_slots))
+        self._free = list(range(self.num_slots))
+        for partition in partitions:
+            self._admit(partition)
 
     def flush(self) -> None:
         """Write every resident partition back and wait for all IO (end of an epoch).
 
-        Prefetched partitions not yet admitted are dropped (they are unmodified).
+        Partitions read ahead but not admitted are dropped (they are unmodified).
         """
-        for future in self._reads:
+        for slot, future in self._scheduled.values():
             future.result()
-        self._reads = []
-        for partition, slot in sorted(self._slot_of.items()):
-            self._writes[slot] = self._writer.submit(self._write, partition, slot)
-        for future in self._writes.values():
+            self._free.append(slot)
+        self._scheduled = {}
+        for partition in sorted(self._slot_of):
+            self._evict(partition)
+        for future in self._slot_writes.values():
             future.result()
-        self._writes = {}
-        self._slot_of = {}
+        self._slot_writes, self._partition_writes = {}, {}
 
     def close(self) -> None:
         self._reader.shutdown(wait=True)
