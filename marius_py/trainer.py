@@ -378,7 +378,24 @@ class Trainer:
             self._say(f"early stopping: no improvement in {patience} validations")
 
     def train(self) -> TrainingState:
-        """Run the epochs left until ``training.epochs``; checkpoint after each."""
+        """Run the epochs left until ``training.epochs``; checkpoint after each.
+
+        On CPU, torch's deterministic algorithms are on while it runs: the
+        parallel CPU kernel that accumulates gradients of repeated rows sums in
+        a varying order otherwise, and Adagrad's first steps amplify that
+        rounding into visibly different embeddings. (It costs no measurable
+        speed here; the previous setting is restored afterwards.)
+        """
+        previous = (torch.are_deterministic_algorithms_enabled(),
+                    torch.is_deterministic_algorithms_warn_only_enabled())
+        if self.device.type == "cpu":
+            torch.use_deterministic_algorithms(True, warn_only=True)
+        try:
+            return self._train()
+        finally:
+            torch.use_deterministic_algorithms(previous[0], warn_only=previous[1])
+
+    def _train(self) -> TrainingState:
         t, e = self.config.training, self.config.evaluation
         # A resumed run may have extended training.epochs: record what actually runs.
         self.run.write_config(self.config)

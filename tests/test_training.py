@@ -34,6 +34,15 @@ def test_same_seed_same_embeddings_on_cpu(small_config, tmp_path):
     assert not np.allclose(latest_nodes(tmp_path / "a"), latest_nodes(tmp_path / "c"))
 
 
+def test_same_seed_same_embeddings_with_parallel_kernels(small_config, tmp_path):
+    """Batches large enough for torch's multi-threaded CPU kernels are still reproducible."""
+    config = small_config("model.dim=256", "training.batch_size=1000", "training.num_negatives=200",
+                          "training.num_chunks=1", "training.epochs=1", "evaluation.every=0")
+    mp.train(config, tmp_path / "a", progress=False)
+    mp.train(config, tmp_path / "b", progress=False)
+    np.testing.assert_array_equal(latest_nodes(tmp_path / "a"), latest_nodes(tmp_path / "b"))
+
+
 @pytest.mark.parametrize("overrides", [
     (),
     ("model.dropout=0.2", "model.reg_weight=0.01", "training.degree_fraction=0.5"),
