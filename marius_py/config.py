@@ -89,6 +89,8 @@ class StorageConfig:
     buffer_capacity: int = _f(0, "partitions held in memory at once when num_partitions > 1 "
                                  "(0: all of them)")
     ordering: str = _f("beta", f"order of buffer states and buckets, one of {ORDERING_NAMES}")
+    edge_assignment: str = _f("bucket", "which state trains an edge: 'bucket' (the ordering's bucket "
+                                        "assignment) or 'edge' (each edge to a random state holding its bucket)")
     lookahead: int = _f(2, "buffer states whose admitted partitions are read ahead; each costs one more "
                            "partition of memory (a group with comet)")
     comet_group_size: int = _f(8, "comet ordering: physical partitions per logical one, regrouped "
@@ -174,6 +176,8 @@ def _check_storage(s: StorageConfig, _check) -> None:
            s.ordering)
     _check(s.buffer_capacity >= 0, "storage.buffer_capacity", "expected >= 0", s.buffer_capacity)
     _check(s.lookahead >= 1, "storage.lookahead", "expected >= 1", s.lookahead)
+    _check(s.edge_assignment in ("bucket", "edge"), "storage.edge_assignment", "expected bucket or edge",
+           s.edge_assignment)
     if s.buffer_capacity == 0:
         s.buffer_capacity = s.num_partitions
     if s.num_partitions > 1:

@@ -296,10 +296,11 @@ class Trainer:
             return
         ordering = self.ordering(epoch)
         states = [ordering.resident(k) for k in range(ordering.num_states)]
+        state_edges = self._edges_by_edge(states, epoch) if self.config.storage.edge_assignment == "edge" \
+            else lambda k: [self.dataset.edges.bucket(i, j) for i, j in sorted(ordering.buckets[k])]
         buffer = self.partition_buffer()
         for view in buffer.walk(states):
-            buckets = sorted(ordering.buckets[view.index])
-            parts = [self.dataset.edges.bucket(i, j) for i, j in buckets]
+            parts = state_edges(view.index)
             edges = torch.from_numpy(np.concatenate(parts)) if parts else torch.empty(0, 3, dtype=torch.long)
             local = edges.clone()
             local[:, 0] = view.local_ids(edges[:, 0].to(self.device)).cpu()
@@ -310,6 +311,29 @@ class Trainer:
 
     def ordering(self, epoch: int) -> Ordering:
         return epoch_ordering(self.config, epoch)
+
+    def _edges_by_edge(self, states: list[tuple[int, ...]], epoch: int):
+        """Edge-level assignment: each edge of bucket (i, j) goes to a random state holding i and j.
+
+        Every state then trains a uniform mix of all the buckets it could train,
+        instead of the whole buckets the ordering assigned to it. The draw is
+        seeded by (seed, epoch, i, j), so each edge lands in exactly one state.
+        """
+        member = np.zeros((len(states), self.config.storage.num_partitions), dtype=bool)
+        for k, state in enumerate(states):
+            member[k, list(state)] = True
+        seed = self.config.training.seed
+
+        def state_edges(k: int) -> list[np.ndarray]:
+            parts = []
+            for i in states[k]:
+                for j in states[k]:
+                    eligible = np.flatnonzero(member[:, i] & member[:, j])
+                    edges = self.dataset.edges.bucket(i, j)
+                    draws = np.random.default_rng([seed, epoch, i, j]).integers(len(eligible), size=len(edges))
+                    parts.append(edges[eligible[draws] == k])
+            return parts
+        return state_edges
 
     def train_epoch(self, epoch: int) -> dict:
         t = self.config.training
