@@ -125,11 +125,14 @@ def filtered_ranks(decoder: Decoder, nodes: torch.Tensor | NodeTable, edges: np.
     table = nodes if isinstance(nodes, NodeTable) else InMemoryNodes(nodes)
     device = table.device
     edges_t = torch.from_numpy(edges).to(device)
+    # Heads and tails in one gather: out of core, each gather reads every partition.
+    head_rows, tail_rows = table.gather(torch.cat([edges_t[:, 0], edges_t[:, 2]])).split(len(edges))
     all_ranks = []
     for inverse, answers in ((False, known[0]), (True, known[1])):
         anchor, target = (edges_t[:, 2], edges_t[:, 0]) if inverse else (edges_t[:, 0], edges_t[:, 2])
-        queries = decoder.query(table.gather(anchor), edges_t[:, 1], inverse)
-        target_scores = decoder.compare_pairs(queries, table.gather(target))
+        anchor_rows, target_rows = (tail_rows, head_rows) if inverse else (head_rows, tail_rows)
+        queries = decoder.query(anchor_rows, edges_t[:, 1], inverse)
+        target_scores = decoder.compare_pairs(queries, target_rows)
         rows, cols = answers.lookup(anchor, edges_t[:, 1])
         greater = torch.zeros(len(edges), dtype=torch.long, device=device)
         greater_equal = torch.zeros_like(greater)

@@ -22,7 +22,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 
-import numpy as np
 import torch
 
 from storage.chunk_files import page_aligned_empty, slot_rows

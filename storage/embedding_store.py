@@ -79,10 +79,6 @@ class EmbeddingStore:
     def bounds(self, partition: int) -> tuple[int, int]:
         return partition_bounds(self.num_nodes, self.num_partitions, partition)
 
-    def read_partition(self, partition: int) -> tuple[np.ndarray, np.ndarray]:
-        start, end = self.bounds(partition)
-        return self.embeddings[start:end], self.state[start:end]
-
     def write_partition(self, partition: int, embeddings: np.ndarray, state: np.ndarray) -> None:
         """Replace one partition whole (through ``ChunkFiles``, so snapshots keep the old bytes)."""
         start, end = self.bounds(partition)
