@@ -29,6 +29,7 @@ DEVICES = ("auto", "cpu", "cuda")
 EVAL_PROTOCOLS = ("filtered", "sampled")
 ORDERING_NAMES = tuple(ORDERINGS)
 NEGATIVE_KINDS = ("uniform", "degree")
+PLACEMENTS = ("auto", "device", "host")
 
 
 def _f(default, help: str, **kw):
@@ -98,12 +99,26 @@ class StorageConfig:
 
 
 @dataclass
+class PipelineConfig:
+    placement: str = _f("auto", f"where node embeddings (or the partition buffer) live when training on "
+                                f"CUDA, one of {PLACEMENTS}: 'device' (GPU memory, no per-batch transfers), "
+                                "'host' (pinned host memory, the five-stage pipeline), 'auto' (device when "
+                                "they fit in GPU memory)")
+    staleness_bound: int = _f(0, "batches in flight at once; a batch's compute misses the updates of at most "
+                                 "bound - 1 earlier ones (1: synchronous; 0: 16 with a host placement, 1 on CPU "
+                                 "and in GPU memory)")
+    load_threads: int = _f(1, "threads of the load stage (negatives, unique rows, gathers)")
+    queue_size: int = _f(0, "capacity of each queue between stages (0: the staleness bound)")
+
+
+@dataclass
 class Config:
     dataset: DatasetConfig = field(default_factory=DatasetConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     training: TrainingConfig = field(default_factory=TrainingConfig)
     evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
     storage: StorageConfig = field(default_factory=StorageConfig)
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -142,19 +157,23 @@ def validate(config: Config, origins: dict | None = None) -> Config:
                ("training.adagrad_variant", t.adagrad_variant, ADAGRAD_VARIANTS),
                ("training.relation_optimizer", t.relation_optimizer, RELATION_OPTIMIZERS),
                ("training.device", t.device, DEVICES), ("evaluation.protocol", e.protocol, EVAL_PROTOCOLS),
-               ("evaluation.negative_sampling", e.negative_sampling, NEGATIVE_KINDS)]
+               ("evaluation.negative_sampling", e.negative_sampling, NEGATIVE_KINDS),
+               ("pipeline.placement", config.pipeline.placement, PLACEMENTS)]
     for path, value, allowed in choices:
         _check(value in allowed, path, f"expected one of {', '.join(allowed)}", value)
     positive = [("model.dim", m.dim), ("model.init_scale", m.init_scale), ("training.epochs", t.epochs),
                 ("training.batch_size", t.batch_size), ("training.num_chunks", t.num_chunks),
                 ("training.lr", t.lr), ("training.relation_lr", t.relation_lr),
                 ("evaluation.batch_size", e.batch_size), ("evaluation.num_negatives", e.num_negatives),
-                ("storage.num_partitions", config.storage.num_partitions), ("model.margin", m.margin)]
+                ("storage.num_partitions", config.storage.num_partitions), ("model.margin", m.margin),
+                ("pipeline.load_threads", config.pipeline.load_threads)]
     for path, value in positive:
         _check(value > 0, path, "expected > 0", value)
     nonnegative = [("model.reg_weight", m.reg_weight), ("training.num_threads", t.num_threads),
                    ("evaluation.every", e.every), ("training.seed", t.seed),
-                   ("evaluation.early_stopping_patience", e.early_stopping_patience)]
+                   ("evaluation.early_stopping_patience", e.early_stopping_patience),
+                   ("pipeline.staleness_bound", config.pipeline.staleness_bound),
+                   ("pipeline.queue_size", config.pipeline.queue_size)]
     for path, value in nonnegative:
         _check(value >= 0, path, "expected >= 0", value)
     _check(0 <= m.dropout < 1, "model.dropout", "expected in [0, 1)", m.dropout)

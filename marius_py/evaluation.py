@@ -81,14 +81,23 @@ class NodeTable:
 
 
 class InMemoryNodes(NodeTable):
-    def __init__(self, nodes: torch.Tensor):
-        self.nodes, self.num_nodes, self.device = nodes, nodes.shape[0], nodes.device
+    """A table in memory; with another ``device`` (a host table, a GPU decoder) it moves in blocks."""
+
+    _BLOCK_ROWS = 1 << 20
+
+    def __init__(self, nodes: torch.Tensor, device: torch.device | None = None):
+        self.nodes, self.num_nodes = nodes, nodes.shape[0]
+        self.device = nodes.device if device is None else torch.device(device)
 
     def blocks(self):
-        yield 0, self.nodes
+        if self.nodes.device == self.device:
+            yield 0, self.nodes
+            return
+        for start in range(0, self.num_nodes, self._BLOCK_ROWS):
+            yield start, self.nodes[start:start + self._BLOCK_ROWS].to(self.device)
 
     def gather(self, ids):
-        return self.nodes[ids.to(self.device)]
+        return self.nodes[ids.to(self.nodes.device)].to(self.device)
 
 
 class StoredNodes(NodeTable):

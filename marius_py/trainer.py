@@ -11,6 +11,7 @@ Randomness: every draw of epoch ``e`` comes from generators seeded with
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import time
 from dataclasses import dataclass
@@ -31,7 +32,10 @@ from marius_py.models import LOSSES, Decoder, build_decoder, regularization
 from marius_py.negatives import CandidateRows, chunk, sample_negatives
 from marius_py.optim import SparseAdagrad, build_relation_optimizer
 from marius_py.resources import check_memory, check_partitioning
+from marius_py.batches import SpanRunner
 from orderings import Ordering, build_ordering
+from pipeline.devices import PLACEMENT_DEVICE, PLACEMENT_HOST, choose_placement
+from pipeline.rows import unique_rows
 from storage.buffer import PartitionBuffer
 from storage.durable import fsync_tree
 from storage.embedding_store import EmbeddingStore, link_tree
@@ -47,9 +51,16 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def epoch_generator(seed: int, epoch: int, device: torch.device | str = "cpu") -> torch.Generator:
-    """The generator of one epoch's random draws, independent of earlier epochs."""
-    return torch.Generator(device=device).manual_seed(seed * 1_000_003 + epoch)
+def epoch_generator(seed: int, epoch: int, device: torch.device | str = "cpu", stream: int = 0) -> torch.Generator:
+    """The generator of one epoch's random draws, independent of earlier epochs.
+
+    ``stream`` numbers independent generators of one epoch (shuffling and
+    negatives run on the load stage, dropout on the compute stage).
+    """
+    base = seed * 1_000_003 + epoch
+    if stream:
+        base = int(np.random.SeedSequence([seed, epoch, stream]).generate_state(1, np.uint64)[0] >> 1)
+    return torch.Generator(device=device).manual_seed(base)
 
 
 @dataclass
@@ -105,38 +116,51 @@ class Model:
         valid = valid.reshape(-1, valid.shape[-1])[:batch]
         return self.loss_fn(positive, negative, valid, self.config.model.margin)
 
-    def compute_batch(self, nodes: torch.Tensor, state: torch.Tensor, edges: torch.Tensor,
-                      generator: torch.Generator, candidates: CandidateRows | None = None) -> BatchUpdate:
-        """Loss, relation step and node deltas for one batch of (h, r, t) on the compute device.
+    def plan_batch(self, edges: torch.Tensor, generator: torch.Generator,
+                   candidates: CandidateRows | None = None) -> "BatchPlan":
+        """Negatives and the table rows of one batch of (h, r, t), on the generator's device.
 
-        Node ids index ``nodes``/``state`` (global ids in memory, buffer-local
-        rows out of core); uniform negatives come from ``candidates``
-        (default: every row of an in-memory table of ``num_nodes``).
+        Node ids index the node table (global ids in memory, buffer-local rows
+        out of core); uniform negatives come from ``candidates`` (default: every
+        row of an in-memory table of ``num_nodes``).
         """
-        t, m = self.config.training, self.config.model
+        t = self.config.training
         candidates = candidates if candidates is not None else self.num_nodes
-        heads, relations, tails = edges[:, 0], edges[:, 1], edges[:, 2]
+        edges = edges.to(generator.device)
+        heads, tails = edges[:, 0], edges[:, 2]
         num_chunks = 1 if t.num_negatives == -1 else min(t.num_chunks, len(edges))
         endpoints = torch.cat([heads, tails])
         tail_negatives = sample_negatives(endpoints, candidates, num_chunks, t.num_negatives,
-                                          t.degree_fraction, generator).to(edges.device)
+                                          t.degree_fraction, generator)
         head_negatives = sample_negatives(endpoints, candidates, num_chunks, t.num_negatives,
-                                          t.degree_fraction, generator).to(edges.device)
-        ids = torch.cat([heads, tails, tail_negatives.reshape(-1), head_negatives.reshape(-1)])
-        rows, local = torch.unique(ids, return_inverse=True)
-        embeddings = nodes[rows].requires_grad_(True)
-        batch = len(edges)
-        h_local, t_local = local[:batch], local[batch:2 * batch]
-        tn_local, hn_local = local[2 * batch:].split(tail_negatives.numel())
+                                          t.degree_fraction, generator)
+        rows, local = unique_rows(torch.cat([heads, tails, tail_negatives.reshape(-1),
+                                             head_negatives.reshape(-1)]))
+        return BatchPlan(edges, rows, local, tail_negatives, head_negatives)
+
+    def compute(self, plan: "BatchPlan", embeddings: torch.Tensor, state: torch.Tensor,
+                generator: torch.Generator) -> BatchUpdate:
+        """Loss, relation step and node deltas of a planned batch on the compute device.
+
+        ``embeddings`` and ``state`` are the table rows ``plan.rows`` (gathered
+        by the caller, so a pipeline can gather on the host); ``generator``
+        draws dropout.
+        """
+        m = self.config.model
+        embeddings = embeddings.detach().requires_grad_(True)
+        edges, batch = plan.edges, len(plan.edges)
+        heads, relations, tails = edges[:, 0], edges[:, 1], edges[:, 2]
+        h_local, t_local = plan.local[:batch], plan.local[batch:2 * batch]
+        tn_local, hn_local = plan.local[2 * batch:].split(plan.tail_negatives.numel())
         h, tl = embeddings[h_local], embeddings[t_local]
         rel_fwd = self.decoder.relation_vectors(relations, inverse=False)
         rel_inv = self.decoder.relation_vectors(relations, inverse=True)
         loss = self._direction_loss(self.decoder.operator(h, rel_fwd), tl, tails,
-                                    embeddings[tn_local.reshape(tail_negatives.shape)],
-                                    tail_negatives, generator)
+                                    embeddings[tn_local.reshape(plan.tail_negatives.shape)],
+                                    plan.tail_negatives, generator)
         loss = loss + self._direction_loss(self.decoder.operator(tl, rel_inv), h, heads,
-                                           embeddings[hn_local.reshape(head_negatives.shape)],
-                                           head_negatives, generator)
+                                           embeddings[hn_local.reshape(plan.head_negatives.shape)],
+                                           plan.head_negatives, generator)
         loss = loss.mean()
         if m.reg_weight > 0 and m.regularizer != "none":
             with_relations = rel_fwd.shape[-1] and self.decoder.regularize_relations
@@ -148,8 +172,34 @@ class Model:
         loss.backward()
         if self.relation_optimizer is not None:
             self.relation_optimizer.step()
-        delta, squared = self.node_optimizer.compute(embeddings.grad, state[rows])
-        return BatchUpdate(rows, delta, squared, loss.detach())
+        delta, squared = self.node_optimizer.compute(embeddings.grad, state)
+        return BatchUpdate(plan.rows, delta, squared, loss.detach())
+
+    def compute_batch(self, nodes: torch.Tensor, state: torch.Tensor, edges: torch.Tensor,
+                      generator: torch.Generator, candidates: CandidateRows | None = None) -> BatchUpdate:
+        """``plan_batch`` then ``compute`` on rows gathered from ``nodes``/``state`` (one generator)."""
+        plan = self.plan_batch(edges, generator, candidates)
+        return self.compute(plan, nodes[plan.rows], state[plan.rows], generator)
+
+
+@dataclass
+class BatchPlan:
+    """What a batch needs besides embeddings: its edges, negatives and the rows they touch."""
+
+    edges: torch.Tensor            # [B, 3] (h, r, t); node ids are table rows
+    rows: torch.Tensor             # table rows the batch touches, each once
+    local: torch.Tensor            # position in ``rows`` of the heads, tails, tail then head negatives
+    tail_negatives: torch.Tensor   # [C, N] table rows
+    head_negatives: torch.Tensor   # [C, N]
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [getattr(self, f.name) for f in dataclasses.fields(self)]
+
+    def pinned(self) -> "BatchPlan":
+        return BatchPlan(*(t.pin_memory() for t in self.tensors()))
+
+    def to(self, device: torch.device, non_blocking: bool = False) -> "BatchPlan":
+        return BatchPlan(*(t.to(device, non_blocking=non_blocking) for t in self.tensors()))
 
 
 def epoch_ordering(config: Config, epoch: int) -> Ordering:
@@ -216,6 +266,11 @@ class Trainer:
         self.buffer: PartitionBuffer | None = None
         if self.partitioned:  # before anything is written
             check_memory(self._buffer_bytes(), "storage.buffer_capacity")
+        self.placement = choose_placement(config.pipeline.placement, self.device, self._table_bytes())
+        # Where the node tables (or the buffer's slots) live; compute runs on self.device.
+        self.table_device = self.device if self.placement == PLACEMENT_DEVICE else torch.device("cpu")
+        self.runner = SpanRunner(self.model, self.placement, config.pipeline, self.device,
+                                 config.training.batch_size)
         if not self.run.has_checkpoint():
             self.run.create(self.config)
             self._create_store()
@@ -248,13 +303,21 @@ class Trainer:
         self.store = EmbeddingStore(self.live_store_path)
         self.close()  # a buffer over the old files must not write them back
         if not self.partitioned:
-            nodes, state = self.store.read_all()
-            self.nodes = torch.from_numpy(nodes).to(self.device)
-            self.node_state = torch.from_numpy(state).to(self.device)
+            tables = [torch.from_numpy(table) for table in self.store.read_all()]
+            if self.placement == PLACEMENT_HOST:
+                tables = [table.pin_memory() for table in tables]
+            self.nodes, self.node_state = (table.to(self.table_device) for table in tables)
 
     def _swap_size(self) -> int:
         s = self.config.storage
         return s.comet_group_size if s.ordering == "comet" else 1
+
+    def _table_bytes(self) -> int:
+        """Memory of the node tables training holds: the buffer's slots, or the whole tables."""
+        if self.partitioned:
+            return self._buffer_bytes()
+        dim = self.config.model.dim
+        return self.dataset.num_nodes * (dim + self.model.node_optimizer.state_dim(dim)) * 4
 
     def _buffer_bytes(self) -> int:
         dim = self.config.model.dim
@@ -267,8 +330,9 @@ class Trainer:
         """The partition buffer, allocated on first use (evaluation and export never need it)."""
         if self.buffer is None:
             s = self.config.storage
-            self.buffer = PartitionBuffer(self.store, s.buffer_capacity, self.device,
-                                          swap_size=self._swap_size(), lookahead=s.lookahead)
+            self.buffer = PartitionBuffer(self.store, s.buffer_capacity, self.table_device,
+                                          swap_size=self._swap_size(), lookahead=s.lookahead,
+                                          pin=self.placement == PLACEMENT_HOST)
         return self.buffer
 
     def _commit(self, is_best: bool) -> None:
@@ -286,7 +350,7 @@ class Trainer:
 
     def node_table(self) -> NodeTable:
         """The current embeddings for evaluation: in memory, or streamed from the live store."""
-        return StoredNodes(self.store, self.device) if self.partitioned else InMemoryNodes(self.nodes)
+        return StoredNodes(self.store, self.device) if self.partitioned else InMemoryNodes(self.nodes, self.device)
 
     # ---- training ----
     def _spans(self, epoch: int) -> Iterator[tuple[TrainingSpan, torch.Tensor, torch.Tensor]]:
@@ -303,9 +367,9 @@ class Trainer:
             parts = state_edges(view.index)
             edges = torch.from_numpy(np.concatenate(parts)) if parts else torch.empty(0, 3, dtype=torch.long)
             local = edges.clone()
-            local[:, 0] = view.local_ids(edges[:, 0].to(self.device)).cpu()
-            local[:, 2] = view.local_ids(edges[:, 2].to(self.device)).cpu()
-            candidates = CandidateRows(view.resident_ranges, self.device)
+            local[:, 0] = view.local_ids(edges[:, 0].to(self.table_device)).cpu()
+            local[:, 2] = view.local_ids(edges[:, 2].to(self.table_device)).cpu()
+            candidates = CandidateRows(view.resident_ranges, self.table_device)
             yield TrainingSpan(local, candidates), buffer.embeddings, buffer.state
         buffer.flush()
 
@@ -337,28 +401,21 @@ class Trainer:
 
     def train_epoch(self, epoch: int) -> dict:
         t = self.config.training
-        cpu_generator = epoch_generator(t.seed, epoch)
-        generator = epoch_generator(t.seed, epoch, self.device) if self.device.type != "cpu" else cpu_generator
+        shuffling = epoch_generator(t.seed, epoch)
+        # Negatives are drawn where the tables live (the load stage); dropout on the compute device.
+        sampling = shuffling if self.table_device.type == "cpu" else epoch_generator(t.seed, epoch,
+                                                                                     self.table_device)
+        dropout = epoch_generator(t.seed, epoch, self.device, stream=1)
         num_edges = self.dataset.metadata.num_train
         total_loss = torch.zeros((), device=self.device)
         io_before = self.partition_buffer().counters.snapshot() if self.partitioned else {}
         started = time.perf_counter()
         bar = tqdm(total=-(-num_edges // t.batch_size), desc=f"epoch {epoch}/{t.epochs}", unit="batch",
                    disable=None if self.progress else True, leave=False, dynamic_ncols=True)
-        done = 0
         for span, nodes, node_state in self._spans(epoch):
-            order = torch.randperm(len(span.edges), generator=cpu_generator)
-            edges = span.edges[order].to(self.device)
-            for start in range(0, len(edges), t.batch_size):
-                batch = edges[start:start + t.batch_size]
-                update = self.model.compute_batch(nodes, node_state, batch, generator, span.candidates)
-                SparseAdagrad.apply(nodes, node_state, update.rows, update.delta, update.squared)
-                total_loss += update.loss * len(batch)
-                done += len(batch)
-                bar.update(1)
-                if bar.n % 20 == 0 and self.progress:
-                    rate = done / max(time.perf_counter() - started, 1e-9)
-                    bar.set_postfix(loss=f"{update.loss.item():.4f}", edges_per_s=f"{rate:,.0f}")
+            order = torch.randperm(len(span.edges), generator=shuffling)
+            self.runner.run(span.edges[order], nodes, node_state, span.candidates, sampling, dropout,
+                            total_loss, bar.update)
         bar.close()
         seconds = time.perf_counter() - started
         if not torch.isfinite(total_loss):
@@ -366,7 +423,9 @@ class Trainer:
                                    path=self.run.path / "config.yaml",
                                    expected="a smaller training.lr or model.init_scale")
         record = {"event": "epoch", "epoch": epoch, "loss": float(total_loss) / num_edges,
-                  "seconds": seconds, "edges_per_s": num_edges / seconds}
+                  "seconds": seconds, "edges_per_s": num_edges / seconds,
+                  "pipeline": {"placement": self.placement, "staleness_bound": self.runner.staleness_bound,
+                               "max_in_flight": self.runner.max_in_flight}}
         if self.buffer is not None:
             after = self.buffer.counters.snapshot()
             record["io"] = {key: after[key] - io_before[key] for key in after}

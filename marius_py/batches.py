@@ -1,0 +1,107 @@
+"""A span's batches (one buffer state, or a whole in-memory epoch) through the training pipeline.
+
+The three steps the pipeline joins (``pipeline.devices`` adds the transfers):
+load (negatives and the touched rows, then their embeddings and optimizer
+state gathered where the tables live), compute (``Model.compute`` on the
+compute device) and update (the additive deltas index-added into the tables).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from marius_py.config import PipelineConfig
+from marius_py.negatives import CandidateRows
+from marius_py.optim import SparseAdagrad
+from pipeline.devices import (
+    PLACEMENT_DEVICE,
+    PLACEMENT_HOST,
+    build_pipeline,
+    default_staleness,
+)
+
+
+@dataclass
+class BatchInFlight:
+    plan: object                   # trainer.BatchPlan (rows index the tables)
+    table_rows: torch.Tensor       # plan.rows where the tables live (the update's index)
+    embeddings: torch.Tensor       # the rows' embeddings and optimizer state
+    state: torch.Tensor
+    delta: torch.Tensor | None = None
+    squared: torch.Tensor | None = None
+
+    def inputs_to(self, device: torch.device) -> list[torch.Tensor]:
+        self.plan = self.plan.to(device, non_blocking=True)
+        self.embeddings = self.embeddings.to(device, non_blocking=True)
+        self.state = self.state.to(device, non_blocking=True)
+        return [self.embeddings, self.state, *self.plan.tensors()]
+
+    def outputs(self) -> list[torch.Tensor]:
+        return [self.delta, self.squared]
+
+    def outputs_to_host(self) -> None:
+        self.delta, self.squared = (_pinned_copy(t) for t in (self.delta, self.squared))
+
+
+def _pinned_copy(tensor: torch.Tensor) -> torch.Tensor:
+    host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+    return host.copy_(tensor, non_blocking=True)
+
+
+def _gather(table: torch.Tensor, rows: torch.Tensor, pin: bool) -> torch.Tensor:
+    if not pin:
+        return table[rows]
+    out = torch.empty((len(rows), table.shape[1]), dtype=table.dtype, pin_memory=True)
+    return torch.index_select(table, 0, rows, out=out)
+
+
+class SpanRunner:
+    """Runs batches of a span through the placement's pipeline; the loss sum stays on the device."""
+
+    def __init__(self, model, placement: str, settings: PipelineConfig, device: torch.device,
+                 batch_size: int):
+        self.model = model
+        self.placement = placement
+        self.settings = settings
+        self.device = device
+        self.batch_size = batch_size
+        self.staleness_bound = default_staleness(placement, settings.staleness_bound)
+        self.max_in_flight = 0
+
+    def run(self, edges: torch.Tensor, nodes: torch.Tensor, state: torch.Tensor,
+            candidates: CandidateRows | None, sampling: torch.Generator, dropout: torch.Generator,
+            loss_sum: torch.Tensor, on_batch: Callable[[int], None]) -> None:
+        """Train ``edges`` (already shuffled) in batches; add each batch's loss x size to ``loss_sum``."""
+        pin = self.placement == PLACEMENT_HOST
+        model = self.model
+        edges = edges.to(sampling.device)
+
+        def load(batch: torch.Tensor) -> BatchInFlight:
+            plan = model.plan_batch(batch, sampling, candidates)
+            if pin:  # host-to-device copies from pinned memory are asynchronous
+                plan = plan.pinned()
+            return BatchInFlight(plan, plan.rows, _gather(nodes, plan.rows, pin), _gather(state, plan.rows, pin))
+
+        def compute(item: BatchInFlight) -> BatchInFlight:
+            update = model.compute(item.plan, item.embeddings, item.state, dropout)
+            loss_sum.add_(update.loss * len(item.plan.edges))
+            item.delta, item.squared = update.delta, update.squared
+            item.plan = item.embeddings = item.state = None  # free device memory early
+            return item
+
+        def update(item: BatchInFlight) -> None:
+            SparseAdagrad.apply(nodes, state, item.table_rows, item.delta, item.squared)
+
+        pipeline = build_pipeline(self.placement, load, compute, update, self.staleness_bound, self.device,
+                                  self.settings.load_threads, self.settings.queue_size)
+        with pipeline:
+            for start in range(0, len(edges), self.batch_size):
+                pipeline.submit(edges[start:start + self.batch_size])
+                on_batch(1)
+            pipeline.drain()
+        self.max_in_flight = max(self.max_in_flight, pipeline.max_in_flight)
+        if self.device.type == "cuda" and self.placement != PLACEMENT_DEVICE:
+            torch.cuda.synchronize(self.device)  # relation parameters were updated on another stream

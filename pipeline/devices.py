@@ -1,0 +1,124 @@
+"""Placements: where the node tables live, and the stages a batch goes through for each.
+
+A training step is three functions: ``load`` (negatives, rows, gathers, on the
+tables' side), ``compute`` (forward, backward, optimizer maths, on the compute
+device) and ``update`` (add the deltas into the tables). The placement decides
+what joins them:
+
+- ``cpu``: load -> compute -> update as threads; no transfers.
+- ``device`` (tables in GPU memory): the three run inline on the launching
+  thread. The GPU's own queue overlaps them, so threads would only add
+  staleness; nothing waits on the host inside a step.
+- ``host`` (tables in pinned host memory, CUDA compute): the full five stages,
+  load -> host-to-device -> compute -> device-to-host -> update, with one CUDA
+  stream per transfer direction and one for compute, ordered by events.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Protocol
+
+import torch
+
+from pipeline.stages import Pipeline, Stage
+
+PLACEMENT_CPU, PLACEMENT_DEVICE, PLACEMENT_HOST = "cpu", "device", "host"
+HOST_STALENESS_DEFAULT = 16
+DEVICE_MEMORY_FRACTION = 0.6  # of free GPU memory the tables may take; the rest is batch workspace
+
+
+class Transferable(Protocol):
+    """A batch in flight: moves its compute inputs to the device and its results back."""
+
+    def inputs_to(self, device: torch.device) -> list[torch.Tensor]:
+        """Replace the compute inputs by asynchronous copies on ``device``; return the copies."""
+
+    def outputs(self) -> list[torch.Tensor]:
+        """The results of compute (on the device)."""
+
+    def outputs_to_host(self) -> None:
+        """Replace the results by asynchronous copies in pinned host memory."""
+
+
+def choose_placement(requested: str, device: torch.device, table_bytes: int) -> str:
+    """``cpu`` on a CPU; otherwise the requested placement, ``auto`` by whether the tables fit."""
+    if device.type != "cuda":
+        return PLACEMENT_CPU
+    if requested != "auto":
+        return requested
+    free, _ = torch.cuda.mem_get_info(device)
+    return PLACEMENT_DEVICE if table_bytes <= DEVICE_MEMORY_FRACTION * free else PLACEMENT_HOST
+
+
+def default_staleness(placement: str, requested: int) -> int:
+    if requested:
+        return requested
+    return HOST_STALENESS_DEFAULT if placement == PLACEMENT_HOST else 1
+
+
+def build_pipeline(placement: str, load: Callable, compute: Callable, update: Callable,
+                   staleness_bound: int, device: torch.device, load_threads: int = 1,
+                   queue_size: int = 0) -> Pipeline:
+    """The pipeline of one placement (see the module docstring).
+
+    Compute and update run on one thread each: compute steps the relation
+    parameters, and two threads adding into one table row could interleave.
+    """
+    if placement == PLACEMENT_DEVICE:
+        return Pipeline([Stage("load", load), Stage("compute", compute), Stage("update", update)],
+                        staleness_bound, queue_size, inline=True)
+    if placement == PLACEMENT_CPU:
+        return Pipeline([Stage("load", load, load_threads), Stage("compute", compute),
+                         Stage("update", update)], staleness_bound, queue_size)
+    streams = _CudaStreams(device)
+    return Pipeline([Stage("load", load, load_threads), Stage("host-to-device", streams.to_device),
+                     Stage("compute", streams.compute_with(compute)),
+                     Stage("device-to-host", streams.to_host), Stage("update", update)],
+                    staleness_bound, queue_size)
+
+
+class _CudaStreams:
+    """The host placement's transfer stages and the compute stream, ordered by events.
+
+    Tensors made on one stream and used on another are marked with
+    ``record_stream`` so the caching allocator does not hand their memory out
+    again before the consuming stream is done with it.
+    """
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.upload = torch.cuda.Stream(device)
+        self.compute_stream = torch.cuda.Stream(device)
+        self.download = torch.cuda.Stream(device)
+
+    def to_device(self, item: Any) -> tuple[Any, torch.cuda.Event, list[torch.Tensor]]:
+        with torch.cuda.stream(self.upload):
+            moved = item.inputs_to(self.device)
+            ready = torch.cuda.Event()
+            ready.record(self.upload)
+        return item, ready, moved
+
+    def compute_with(self, compute: Callable) -> Callable:
+        def run(entry):
+            item, ready, moved = entry
+            with torch.cuda.stream(self.compute_stream):
+                self.compute_stream.wait_event(ready)
+                for tensor in moved:
+                    tensor.record_stream(self.compute_stream)
+                item = compute(item)
+                done = torch.cuda.Event()
+                done.record(self.compute_stream)
+            return item, done
+        return run
+
+    def to_host(self, entry) -> Any:
+        item, done = entry
+        with torch.cuda.stream(self.download):
+            self.download.wait_event(done)
+            for tensor in item.outputs():
+                tensor.record_stream(self.download)
+            item.outputs_to_host()
+            copied = torch.cuda.Event()
+            copied.record(self.download)
+        copied.synchronize()  # the update stage reads the host copies
+        return item

@@ -1,0 +1,215 @@
+"""The staged pipeline: the staleness bound, equivalence with a synchronous loop, no lost updates, shutdown."""
+
+from __future__ import annotations
+
+import copy
+import random
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import marius_py as mp
+from marius_py.batches import SpanRunner
+from marius_py.checkpoint import RunDirectory
+from marius_py.dataset import Dataset
+from marius_py.optim import SparseAdagrad
+from marius_py.trainer import Model, Trainer, epoch_generator
+from pipeline.devices import PLACEMENT_CPU
+from pipeline.rows import unique_rows
+from pipeline.stages import Pipeline, Stage
+
+
+def pipeline_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("pipeline-")]
+
+
+class InFlightProbe:
+    """Counts items between the first stage's start and the last stage's end, from inside the stages."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.current = self.peak = 0
+
+    def enter(self, item):
+        with self.lock:
+            self.current += 1
+            self.peak = max(self.peak, self.current)
+        return item
+
+    def leave(self, item):
+        with self.lock:
+            self.current -= 1
+
+
+def jitter(item):
+    time.sleep(random.random() * 0.002)
+    return item
+
+
+@pytest.mark.parametrize("bound", [1, 2, 4, 16])
+def test_in_flight_never_exceeds_the_bound(bound):
+    probe = InFlightProbe()
+    stages = [Stage("load", lambda x: jitter(probe.enter(x)), threads=3), Stage("a", jitter),
+              Stage("b", jitter, threads=2), Stage("c", jitter), Stage("update", probe.leave)]
+    with Pipeline(stages, staleness_bound=bound) as pipeline:
+        for item in range(200):
+            pipeline.submit(item)
+        pipeline.drain()
+    assert probe.peak <= bound and pipeline.max_in_flight <= bound
+    assert pipeline.completed == 200 and probe.current == 0
+    if bound > 1:  # the bound is used, not just respected
+        assert pipeline.max_in_flight > 1
+    assert not pipeline_threads()
+
+
+@pytest.mark.parametrize("failing_stage", range(5))
+@pytest.mark.parametrize("inline", [False, True])
+def test_an_exception_in_any_stage_reaches_the_caller(failing_stage, inline):
+    def stage(index):
+        def run(item):
+            if index == failing_stage and item == 7:
+                raise KeyError(f"stage {index} failed")
+            return jitter(item)
+        return Stage(f"s{index}", run, threads=2 if index == 0 else 1)
+
+    started = time.monotonic()
+    with pytest.raises(KeyError, match=f"stage {failing_stage} failed") as raised:
+        with Pipeline([stage(i) for i in range(5)], staleness_bound=4, inline=inline) as pipeline:
+            for item in range(100):
+                pipeline.submit(item)
+            pipeline.drain()
+    assert time.monotonic() - started < 10
+    assert any(f"s{failing_stage}" in note for note in getattr(raised.value, "__notes__", [f"s{failing_stage}"]))
+    assert not pipeline_threads()
+
+
+def test_unique_rows_maps_every_id():
+    ids = torch.tensor([5, 3, 5, 9, 3, 0, 9])
+    rows, local = unique_rows(ids)
+    assert torch.equal(rows[local], ids)
+    assert torch.equal(rows, torch.tensor([0, 3, 5, 9]))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_unique_rows_on_cuda_pads_with_unreferenced_rows():
+    ids = torch.randint(0, 50, (1000,), device="cuda")
+    rows, local = unique_rows(ids)
+    assert torch.equal(rows[local], ids)
+    expected = torch.unique(ids)
+    assert torch.equal(rows[:len(expected)], expected)
+    referenced = torch.zeros(len(rows), dtype=torch.bool, device="cuda")
+    referenced[local] = True
+    assert referenced[:len(expected)].all() and not referenced[len(expected):].any()
+
+
+# ---- the training pipeline ----
+
+def tiny_setup(small_config, overrides=()):
+    config = small_config("model.dim=8", "training.batch_size=64", "training.num_negatives=32",
+                          "model.dropout=0.1", *overrides)
+    dataset = Dataset(config.dataset.path)
+    model = Model(config, dataset.num_nodes, dataset.num_relations, torch.device("cpu"))
+    torch.manual_seed(0)
+    nodes = torch.randn(dataset.num_nodes, 8) * 0.1
+    state = torch.zeros(dataset.num_nodes, 8)
+    edges = torch.from_numpy(dataset.train)
+    return config, model, nodes, state, edges
+
+
+def run_pipeline(config, model, nodes, state, edges, bound):
+    runner = SpanRunner(model, PLACEMENT_CPU, config.pipeline, torch.device("cpu"), config.training.batch_size)
+    runner.staleness_bound = bound
+    loss = torch.zeros(())
+    runner.run(edges, nodes, state, None, epoch_generator(0, 1), epoch_generator(0, 1, stream=1), loss,
+               lambda n: None)
+    return runner, loss
+
+
+def test_bound_one_reproduces_the_synchronous_loop_exactly(small_config):
+    config, model, nodes, state, edges = tiny_setup(small_config)
+    reference = Model(config, model.num_nodes, model.decoder.num_relations, torch.device("cpu"))
+    reference.load_state_dict(copy.deepcopy(model.state_dict()))  # optimizer state is not copied otherwise
+    ref_nodes, ref_state = nodes.clone(), state.clone()
+    sampling, dropout = epoch_generator(0, 1), epoch_generator(0, 1, stream=1)
+    for start in range(0, len(edges), config.training.batch_size):
+        plan = reference.plan_batch(edges[start:start + config.training.batch_size], sampling)
+        update = reference.compute(plan, ref_nodes[plan.rows], ref_state[plan.rows], dropout)
+        SparseAdagrad.apply(ref_nodes, ref_state, update.rows, update.delta, update.squared)
+
+    runner, _ = run_pipeline(config, model, nodes, state, edges, bound=1)
+    assert runner.max_in_flight == 1
+    assert torch.equal(nodes, ref_nodes) and torch.equal(state, ref_state)
+    assert torch.equal(model.decoder.relations, reference.decoder.relations)
+
+
+def test_no_update_is_lost_or_applied_twice(small_config):
+    """With 8 batches in flight, the tables move by exactly the sum of the deltas computed."""
+    config, model, nodes, state, edges = tiny_setup(small_config)
+    nodes = nodes.double()  # sums in float64, so the comparison is about updates, not rounding
+    state = state.double()
+    model.decoder.double()
+    applied_delta, applied_squared, batches = torch.zeros_like(nodes), torch.zeros_like(state), []
+    compute = model.compute
+
+    def recording_compute(plan, embeddings, rows_state, generator):
+        update = compute(plan, embeddings, rows_state, generator)
+        applied_delta.index_add_(0, update.rows, update.delta)
+        applied_squared.index_add_(0, update.rows, update.squared)
+        batches.append(len(plan.edges))
+        return update
+
+    model.compute = recording_compute
+    start_nodes, start_state = nodes.clone(), state.clone()
+    runner, _ = run_pipeline(config, model, nodes, state, edges, bound=8)
+    assert runner.max_in_flight > 1, "the run was not asynchronous"
+    assert sum(batches) == len(edges)
+    torch.testing.assert_close(nodes - start_nodes, applied_delta, rtol=0, atol=1e-12)
+    torch.testing.assert_close(state - start_state, applied_squared, rtol=0, atol=1e-12)
+
+
+def test_stale_training_still_learns(small_config, tmp_path):
+    config = small_config("training.epochs=8", "model.dim=32", "evaluation.every=4", "pipeline.staleness_bound=8")
+    model = mp.train(config, tmp_path / "run", progress=False)
+    assert model.test_metrics["mrr"] > 0.3
+    records = [r for r in RunDirectory(tmp_path / "run").read_metrics() if r.get("event") == "epoch"]
+    assert len(records) == 8
+    for record in records:
+        assert record["pipeline"]["staleness_bound"] == 8
+        assert 1 < record["pipeline"]["max_in_flight"] <= 8
+
+
+def test_an_error_in_compute_stops_training(small_config, tmp_path, monkeypatch):
+    config = small_config("pipeline.staleness_bound=4")
+    calls = []
+
+    def failing(self, *args):
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("compute exploded")
+        return original(self, *args)
+
+    original = Model.compute
+    monkeypatch.setattr(Model, "compute", failing)
+    trainer = Trainer(config, Dataset(config.dataset.path), tmp_path / "run", progress=False)
+    with pytest.raises(RuntimeError, match="compute exploded"):
+        trainer.train()
+    assert not pipeline_threads()
+    trainer.close()
+
+
+def test_bad_bound_is_a_config_error(small_config):
+    with pytest.raises(mp.MariusInputError, match="pipeline.staleness_bound"):
+        small_config("pipeline.staleness_bound=-1")
+    with pytest.raises(mp.MariusInputError, match="pipeline.placement"):
+        small_config("pipeline.placement=disk")
+
+
+def test_equal_seeds_equal_results_at_bound_one(small_config, tmp_path):
+    config = small_config("pipeline.staleness_bound=1")
+    a = mp.train(config, tmp_path / "a", progress=False)
+    b = mp.train(config, tmp_path / "b", progress=False)
+    np.testing.assert_array_equal(a.embeddings(), b.embeddings())
