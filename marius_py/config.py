@@ -71,6 +71,9 @@ class TrainingConfig:
     seed: int = _f(0, "seed of every random draw (initialisation, shuffling, negatives, dropout)")
     device: str = _f("auto", f"compute device, one of {DEVICES} (auto: cuda when present)")
     num_threads: int = _f(0, "torch CPU threads (0: leave torch's default)")
+    tf32: bool = _f(True, "CUDA: TF32 matmuls while training (scores; evaluation stays float32)")
+    compile: bool = _f(False, "CUDA: torch.compile the batch loss (fuses the score masking, softmax and "
+                              "their gradients; full batches only, and only without dropout)")
 
 
 @dataclass

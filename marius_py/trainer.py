@@ -11,6 +11,7 @@ Randomness: every draw of epoch ``e`` comes from generators seeded with
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import shutil
 import time
@@ -86,6 +87,17 @@ class Model:
         self.relation_optimizer = build_relation_optimizer(t.relation_optimizer, params, t.relation_lr) \
             if params else None
         self.device = device
+        self._compiled_loss = None
+
+    def _loss_function(self, batch: int):
+        """The compiled loss for full batches when asked for (one shape: no recompilation)."""
+        t = self.config.training
+        if not (t.compile and self.device.type == "cuda" and batch == t.batch_size
+                and self.config.model.dropout == 0):
+            return self.batch_loss
+        if self._compiled_loss is None:
+            self._compiled_loss = torch.compile(self.batch_loss, dynamic=False)
+        return self._compiled_loss
 
     def state_dict(self) -> dict:
         return {"decoder": self.decoder.state_dict(),
@@ -103,18 +115,6 @@ class Model:
             return queries
         keep = torch.rand(queries.shape, generator=generator, device=queries.device) >= rate
         return queries * keep / (1 - rate)
-
-    def _direction_loss(self, queries, targets, target_ids, candidates, candidate_ids, generator):
-        """Per-edge loss of one corruption direction against the chunks' shared candidates."""
-        queries = self._dropout(queries, generator)
-        positive = self.decoder.compare_pairs(queries, targets)
-        num_chunks = candidates.shape[0]
-        negative = self.decoder.compare_all(chunk(queries, num_chunks), candidates)
-        valid = chunk(target_ids, num_chunks)[:, :, None] != candidate_ids[:, None, :]
-        batch = len(queries)
-        negative = negative.reshape(-1, negative.shape[-1])[:batch]
-        valid = valid.reshape(-1, valid.shape[-1])[:batch]
-        return self.loss_fn(positive, negative, valid, self.config.model.margin)
 
     def plan_batch(self, edges: torch.Tensor, generator: torch.Generator,
                    candidates: CandidateRows | None = None) -> "BatchPlan":
@@ -146,27 +146,8 @@ class Model:
         by the caller, so a pipeline can gather on the host); ``generator``
         draws dropout.
         """
-        m = self.config.model
         embeddings = embeddings.detach().requires_grad_(True)
-        edges, batch = plan.edges, len(plan.edges)
-        heads, relations, tails = edges[:, 0], edges[:, 1], edges[:, 2]
-        h_local, t_local = plan.local[:batch], plan.local[batch:2 * batch]
-        tn_local, hn_local = plan.local[2 * batch:].split(plan.tail_negatives.numel())
-        h, tl = embeddings[h_local], embeddings[t_local]
-        rel_fwd = self.decoder.relation_vectors(relations, inverse=False)
-        rel_inv = self.decoder.relation_vectors(relations, inverse=True)
-        loss = self._direction_loss(self.decoder.operator(h, rel_fwd), tl, tails,
-                                    embeddings[tn_local.reshape(plan.tail_negatives.shape)],
-                                    plan.tail_negatives, generator)
-        loss = loss + self._direction_loss(self.decoder.operator(tl, rel_inv), h, heads,
-                                           embeddings[hn_local.reshape(plan.head_negatives.shape)],
-                                           plan.head_negatives, generator)
-        loss = loss.mean()
-        if m.reg_weight > 0 and m.regularizer != "none":
-            with_relations = rel_fwd.shape[-1] and self.decoder.regularize_relations
-            tensors = [h, tl] + ([rel_fwd, rel_inv] if with_relations else [])
-            loss = loss + m.reg_weight * regularization(m.regularizer, tensors,
-                                                        self.decoder.complex_valued, batch)
+        loss = self._loss_function(len(plan.edges))(plan, embeddings, generator)
         if self.relation_optimizer is not None:
             self.relation_optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -175,11 +156,51 @@ class Model:
         delta, squared = self.node_optimizer.compute(embeddings.grad, state)
         return BatchUpdate(plan.rows, delta, squared, loss.detach())
 
+    def batch_loss(self, plan: "BatchPlan", embeddings: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        """Mean loss of a batch: both corruption directions scored by one batched matmul.
+
+        Tail corruption scores op(h, r) against the tail negatives, head
+        corruption op(t, r_inv) against the head negatives; their chunks are
+        stacked into one [2C, M, N] block.
+        """
+        m = self.config.model
+        edges, batch = plan.edges, len(plan.edges)
+        heads, relations, tails = edges[:, 0], edges[:, 1], edges[:, 2]
+        h, tl = embeddings[plan.local[:batch]], embeddings[plan.local[batch:2 * batch]]
+        rel_fwd = self.decoder.relation_vectors(relations, inverse=False)
+        rel_inv = self.decoder.relation_vectors(relations, inverse=True)
+        queries = self._dropout(torch.cat([self.decoder.operator(h, rel_fwd), self.decoder.operator(tl, rel_inv)]),
+                                generator)
+        positive = self.decoder.compare_pairs(queries, torch.cat([tl, h]))
+        negative_ids = torch.cat([plan.tail_negatives, plan.head_negatives])
+        negatives = embeddings[plan.local[2 * batch:].reshape(negative_ids.shape)]
+        num_chunks = plan.tail_negatives.shape[0]
+        stacked = torch.cat([chunk(queries[:batch], num_chunks), chunk(queries[batch:], num_chunks)])
+        target_ids = torch.cat([chunk(tails, num_chunks), chunk(heads, num_chunks)])
+        negative = self.decoder.compare_all(stacked, negatives)
+        valid = target_ids[:, :, None] != negative_ids[:, None, :]
+        negative, valid = (_per_query(x, batch) for x in (negative, valid))
+        loss = self.loss_fn(positive, negative, valid, m.margin).reshape(2, batch).sum(0).mean()
+        if m.reg_weight > 0 and m.regularizer != "none":
+            with_relations = rel_fwd.shape[-1] and self.decoder.regularize_relations
+            tensors = [h, tl] + ([rel_fwd, rel_inv] if with_relations else [])
+            loss = loss + m.reg_weight * regularization(m.regularizer, tensors,
+                                                        self.decoder.complex_valued, batch)
+        return loss
+
     def compute_batch(self, nodes: torch.Tensor, state: torch.Tensor, edges: torch.Tensor,
                       generator: torch.Generator, candidates: CandidateRows | None = None) -> BatchUpdate:
         """``plan_batch`` then ``compute`` on rows gathered from ``nodes``/``state`` (one generator)."""
         plan = self.plan_batch(edges, generator, candidates)
         return self.compute(plan, nodes[plan.rows], state[plan.rows], generator)
+
+
+def _per_query(block: torch.Tensor, batch: int) -> torch.Tensor:
+    """[2C, M, N] chunk rows -> [2 * batch, N] query rows, dropping the chunks' padding."""
+    rows = block.reshape(2, -1, block.shape[-1])
+    if rows.shape[1] != batch:
+        rows = rows[:, :batch]
+    return rows.reshape(2 * batch, -1)
 
 
 @dataclass
@@ -200,6 +221,18 @@ class BatchPlan:
 
     def to(self, device: torch.device, non_blocking: bool = False) -> "BatchPlan":
         return BatchPlan(*(t.to(device, non_blocking=non_blocking) for t in self.tensors()))
+
+
+@contextlib.contextmanager
+def tf32_matmuls(enabled: bool):
+    """TF32 float32 matmuls inside the block (training), full float32 outside (evaluation)."""
+    previous = torch.get_float32_matmul_precision()
+    if enabled:
+        torch.set_float32_matmul_precision("high")
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(previous)
 
 
 def epoch_ordering(config: Config, epoch: int) -> Ordering:
@@ -485,7 +518,8 @@ class Trainer:
         if len(self.dataset.train) == 0:
             raise MariusInputError("dataset has no training edges", path=self.dataset.directory)
         while self.state.epoch < t.epochs and not self.state.stopped_early:
-            record = self.train_epoch(self.state.epoch + 1)
+            with tf32_matmuls(self.device.type == "cuda" and t.tf32):
+                record = self.train_epoch(self.state.epoch + 1)
             self.state.epoch += 1
             self._say(f"epoch {record['epoch']}: loss {record['loss']:.4f}, "
                       f"{record['edges_per_s']:,.0f} edges/s, {record['seconds']:.1f} s")

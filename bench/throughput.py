@@ -1,0 +1,192 @@
+"""Training throughput on a GPU: each placement at d=100 and d=400, then disk partitions.
+
+    python bench/throughput.py --parts step disk --json bench/results/throughput.json
+
+Part ``step``: the training step alone through the pipeline of a placement
+(``device``: tables in GPU memory; ``host``: tables in pinned host memory, the
+five stages), on random power-law edges over ``--nodes`` nodes, DistMult,
+batches of 50,000 edges, 10 chunks x 1,000 shared negatives per direction (the
+setting of the issue's unfused baseline). Edges/s are timed over
+``--seconds`` after a warm-up; GPU utilisation is sampled through NVML.
+
+Part ``disk``: whole epochs of the trainer over a preprocessed R-MAT graph with
+its embeddings on disk in ``--partitions`` partitions and a buffer of p/4
+(BETA ordering).
+
+Every row is printed as a table and written to ``--json`` as it completes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from marius_py.batches import SpanRunner  # noqa: E402
+from marius_py.config import load_config  # noqa: E402
+from marius_py.trainer import Model, epoch_generator, tf32_matmuls  # noqa: E402
+
+STEP_SETTINGS = ["model.decoder=distmult", "model.loss=softmax_ce", "training.batch_size=50000",
+                 "training.num_chunks=10", "training.num_negatives=1000", "model.reg_weight=0"]
+
+
+class UtilisationSampler:
+    """Mean GPU utilisation (NVML, percent) while the block runs; None without NVML."""
+
+    def __init__(self, device: torch.device, interval: float = 0.05):
+        self.device, self.interval, self.samples = device, interval, []
+        self._stop = threading.Event()
+
+    def __enter__(self):
+        try:
+            torch.cuda.utilization(self.device)
+        except Exception:  # no NVML bindings: report no figure rather than fail the run
+            return self
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def _sample(self):
+        while not self._stop.wait(self.interval):
+            self.samples.append(torch.cuda.utilization(self.device))
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        if hasattr(self, "_thread"):
+            self._thread.join()
+
+    @property
+    def mean(self) -> float | None:
+        return float(np.mean(self.samples)) if self.samples else None
+
+
+def power_law_edges(num_nodes: int, num_edges: int, num_relations: int, seed: int = 0) -> torch.Tensor:
+    """Edges whose endpoints follow a Zipf-like degree distribution (ids shuffled)."""
+    rng = np.random.default_rng(seed)
+    ranks = np.minimum((rng.pareto(1.2, size=2 * num_edges) * 10).astype(np.int64), num_nodes - 1)
+    ids = rng.permutation(num_nodes)[ranks]
+    relations = rng.integers(num_relations, size=num_edges)
+    return torch.from_numpy(np.stack([ids[:num_edges], relations, ids[num_edges:]], axis=1))
+
+
+def measure_step(dim: int, placement: str, compile_loss: bool, args) -> dict:
+    device = torch.device("cuda")
+    config = load_config(None, [*STEP_SETTINGS, f"model.dim={dim}", f"training.compile={compile_loss}",
+                                f"pipeline.placement={placement}", "training.device=cuda"])
+    model = Model(config, args.nodes, args.relations, device)
+    table_device = device if placement == "device" else torch.device("cpu")
+    nodes = (torch.randn(args.nodes, dim) * 1e-3).to(table_device)
+    state = torch.zeros(args.nodes, dim, device=table_device)
+    if placement == "host":
+        nodes, state = nodes.pin_memory(), state.pin_memory()
+    runner = SpanRunner(model, placement, config.pipeline, device, config.training.batch_size)
+    batch = config.training.batch_size
+    edges = power_law_edges(args.nodes, batch * 40, args.relations)
+    sampling = epoch_generator(0, 1, table_device)
+    dropout = epoch_generator(0, 1, device, stream=1)
+    loss = torch.zeros((), device=device)
+
+    def run(num_batches: int) -> float:
+        torch.cuda.synchronize()
+        started = time.perf_counter()
+        done = 0
+        while done < num_batches:
+            count = min(num_batches - done, len(edges) // batch)
+            runner.run(edges[:count * batch], nodes, state, None, sampling, dropout, loss, lambda n: None)
+            done += count
+        torch.cuda.synchronize()
+        return time.perf_counter() - started
+
+    with tf32_matmuls(True):
+        warmup_started = time.perf_counter()
+        run(args.warmup_batches)
+        warmup = time.perf_counter() - warmup_started
+        probe = run(5)
+        num_batches = max(5, int(args.seconds / probe * 5))
+        with UtilisationSampler(device) as utilisation:
+            seconds = run(num_batches)
+    return {"part": "step", "placement": placement, "dim": dim, "compile": compile_loss,
+            "edges_per_s": num_batches * batch / seconds, "gpu_util": utilisation.mean,
+            "batches": num_batches, "seconds": seconds, "warmup_seconds": warmup,
+            "staleness_bound": runner.staleness_bound, "loss": float(loss) / max(1, loss.numel())}
+
+
+def measure_disk(dim: int, args) -> dict:
+    """Epochs of the trainer with embeddings on disk: p partitions, a buffer of p/4."""
+    workdir = Path(args.workdir)
+    dataset = workdir / f"rmat-p{args.partitions}"
+    if not (dataset / "metadata.json").exists():
+        edges_file = workdir / "rmat.tsv"
+        subprocess.run([sys.executable, str(Path(__file__).parent / "rmat.py"), "--nodes", str(args.nodes),
+                        "--edges", str(args.disk_edges), "--out", str(edges_file)], check=True)
+        subprocess.run([sys.executable, "-m", "marius_py.cli", "preprocess", "--train", str(edges_file),
+                        "--pairs", "--partitions", str(args.partitions), "--output", str(dataset)], check=True)
+    run_dir = workdir / f"run-disk-d{dim}"
+    subprocess.run(["rm", "-rf", str(run_dir)], check=True)
+    command = [sys.executable, "-m", "marius_py.cli", "train", "--run-dir", str(run_dir), "--quiet",
+               "--partitions", str(args.partitions), "--buffer", str(args.partitions // 4),
+               f"dataset.path={dataset}", f"model.dim={dim}", "training.epochs=2",
+               "evaluation.every=0", "evaluation.protocol=sampled", "training.device=cuda",
+               *STEP_SETTINGS, f"training.compile={args.compile}"]
+    with UtilisationSampler(torch.device("cuda")) as utilisation:
+        subprocess.run(command, check=True)
+    epochs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    last = [r for r in epochs if r.get("event") == "epoch"][-1]
+    return {"part": "disk", "placement": last["pipeline"]["placement"], "dim": dim, "compile": args.compile,
+            "edges_per_s": last["edges_per_s"], "gpu_util": utilisation.mean, "seconds": last["seconds"],
+            "partitions": args.partitions, "buffer": args.partitions // 4, "io": last.get("io")}
+
+
+def print_row(row: dict) -> None:
+    util = "-" if row.get("gpu_util") is None else f"{row['gpu_util']:.0f}%"
+    print(f"{row['part']:<5} {row['placement']:<7} d={row['dim']:<4} compile={str(row['compile']):<5} "
+          f"{row['edges_per_s'] / 1e6:8.2f} M edges/s  GPU {util}", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--parts", nargs="+", default=["step", "disk"], choices=["step", "disk"])
+    parser.add_argument("--dims", nargs="+", type=int, default=[100, 400])
+    parser.add_argument("--placements", nargs="+", default=["device", "host"])
+    parser.add_argument("--compile", nargs="+", default=["false"], choices=["false", "true"])
+    parser.add_argument("--nodes", type=int, default=1_000_000)
+    parser.add_argument("--relations", type=int, default=100)
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--warmup-batches", type=int, default=10)
+    parser.add_argument("--partitions", type=int, default=16)
+    parser.add_argument("--disk-edges", type=int, default=20_000_000)
+    parser.add_argument("--workdir", default="/tmp/throughput")
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    args.compile = [value == "true" for value in args.compile]
+    Path(args.workdir).mkdir(parents=True, exist_ok=True)
+    rows = []
+
+    def record(row: dict) -> None:
+        rows.append(row)
+        print_row(row)
+        if args.json:
+            Path(args.json).write_text(json.dumps({"device": torch.cuda.get_device_name(), "rows": rows},
+                                                  indent=1))
+
+    for dim in args.dims:
+        if "step" in args.parts:
+            for placement in args.placements:
+                for compile_loss in args.compile:
+                    record(measure_step(dim, placement, compile_loss, args))
+        if "disk" in args.parts:
+            disk_args = argparse.Namespace(**{**vars(args), "compile": args.compile[-1]})
+            record(measure_disk(dim, disk_args))
+
+
+if __name__ == "__main__":
+    main()
