@@ -114,10 +114,21 @@ def measure_step(dim: int, placement: str, compile_loss: bool, args) -> dict:
         num_batches = max(5, int(args.seconds / probe * 5))
         with UtilisationSampler(device) as utilisation:
             seconds = run(num_batches)
+        if args.profile:
+            print_profile(lambda: run(3), f"{placement} d={dim} compile={compile_loss}")
     return {"part": "step", "placement": placement, "dim": dim, "compile": compile_loss,
             "edges_per_s": num_batches * batch / seconds, "gpu_util": utilisation.mean,
             "batches": num_batches, "seconds": seconds, "warmup_seconds": warmup,
             "staleness_bound": runner.staleness_bound, "loss": float(loss) / max(1, loss.numel())}
+
+
+def print_profile(work, title: str) -> None:
+    """The kernels that take the GPU's time in ``work`` (torch.profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        work()
+    print(f"--- profile: {title}")
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=18, max_name_column_width=60))
 
 
 def measure_disk(dim: int, args) -> dict:
@@ -166,6 +177,7 @@ def main() -> None:
     parser.add_argument("--disk-edges", type=int, default=20_000_000)
     parser.add_argument("--workdir", default="/tmp/throughput")
     parser.add_argument("--json", default=None)
+    parser.add_argument("--profile", action="store_true", help="print the top GPU kernels of each step row")
     args = parser.parse_args()
     args.compile = [value == "true" for value in args.compile]
     Path(args.workdir).mkdir(parents=True, exist_ok=True)

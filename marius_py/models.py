@@ -41,8 +41,13 @@ class Decoder(nn.Module):
         return torch.randn(rows, rel_dim) * init_scale
 
     def relation_vectors(self, relation_ids: torch.Tensor, inverse: bool) -> torch.Tensor:
-        """Rows of the relation table: forward ids, or inverse ids offset by R."""
-        return self.relations[relation_ids + (self.num_relations if inverse else 0)]
+        """Rows of the relation table: forward ids, or inverse ids offset by R.
+
+        ``index_select`` rather than indexing: its gradient is an atomic
+        ``index_add_``, where indexing's sorts and adds each id's run serially
+        (slow on a GPU when thousands of edges share a relation).
+        """
+        return torch.index_select(self.relations, 0, relation_ids + (self.num_relations if inverse else 0))
 
     def operator(self, nodes: torch.Tensor, relations: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError

@@ -90,13 +90,19 @@ class Model:
         self._compiled_loss = None
 
     def _loss_function(self, batch: int):
-        """The compiled loss for full batches when asked for (one shape: no recompilation)."""
+        """The compiled loss for full batches when asked for (one batch shape: no recompilation)."""
         t = self.config.training
         if not (t.compile and self.device.type == "cuda" and batch == t.batch_size
                 and self.config.model.dropout == 0):
             return self.batch_loss
         if self._compiled_loss is None:
-            self._compiled_loss = torch.compile(self.batch_loss, dynamic=False)
+            compiled = torch.compile(self.batch_loss)
+
+            def run(plan, embeddings, generator):
+                # Exact unique rows (host placement) vary in number: one graph for every count.
+                torch._dynamo.mark_dynamic(embeddings, 0)
+                return compiled(plan, embeddings, generator)
+            self._compiled_loss = run
         return self._compiled_loss
 
     def state_dict(self) -> dict:
@@ -166,14 +172,16 @@ class Model:
         m = self.config.model
         edges, batch = plan.edges, len(plan.edges)
         heads, relations, tails = edges[:, 0], edges[:, 1], edges[:, 2]
-        h, tl = embeddings[plan.local[:batch]], embeddings[plan.local[batch:2 * batch]]
+        # index_select: its gradient adds with atomics, not serially per repeated row (hub nodes).
+        h = torch.index_select(embeddings, 0, plan.local[:batch])
+        tl = torch.index_select(embeddings, 0, plan.local[batch:2 * batch])
         rel_fwd = self.decoder.relation_vectors(relations, inverse=False)
         rel_inv = self.decoder.relation_vectors(relations, inverse=True)
         queries = self._dropout(torch.cat([self.decoder.operator(h, rel_fwd), self.decoder.operator(tl, rel_inv)]),
                                 generator)
         positive = self.decoder.compare_pairs(queries, torch.cat([tl, h]))
         negative_ids = torch.cat([plan.tail_negatives, plan.head_negatives])
-        negatives = embeddings[plan.local[2 * batch:].reshape(negative_ids.shape)]
+        negatives = torch.index_select(embeddings, 0, plan.local[2 * batch:]).reshape(*negative_ids.shape, -1)
         num_chunks = plan.tail_negatives.shape[0]
         stacked = torch.cat([chunk(queries[:batch], num_chunks), chunk(queries[batch:], num_chunks)])
         target_ids = torch.cat([chunk(tails, num_chunks), chunk(heads, num_chunks)])
