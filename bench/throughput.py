@@ -78,10 +78,11 @@ def power_law_edges(num_nodes: int, num_edges: int, num_relations: int, seed: in
     return torch.from_numpy(np.stack([ids[:num_edges], relations, ids[num_edges:]], axis=1))
 
 
-def measure_step(dim: int, placement: str, compile_loss: bool, args) -> dict:
+def measure_step(dim: int, placement: str, compile_loss: bool, score_dtype: str, args) -> dict:
     device = torch.device("cuda")
     config = load_config(None, [*STEP_SETTINGS, f"model.dim={dim}", f"training.compile={compile_loss}",
-                                f"pipeline.placement={placement}", "training.device=cuda"])
+                                f"pipeline.placement={placement}", "training.device=cuda",
+                                f"training.score_dtype={score_dtype}"])
     model = Model(config, args.nodes, args.relations, device)
     table_device = device if placement == "device" else torch.device("cpu")
     nodes = (torch.randn(args.nodes, dim) * 1e-3).to(table_device)
@@ -115,8 +116,8 @@ def measure_step(dim: int, placement: str, compile_loss: bool, args) -> dict:
         with UtilisationSampler(device) as utilisation:
             seconds = run(num_batches)
         if args.profile:
-            print_profile(lambda: run(3), f"{placement} d={dim} compile={compile_loss}")
-    return {"part": "step", "placement": placement, "dim": dim, "compile": compile_loss,
+            print_profile(lambda: run(3), f"{placement} d={dim} compile={compile_loss} scores={score_dtype}")
+    return {"part": "step", "placement": placement, "dim": dim, "compile": compile_loss, "score_dtype": score_dtype,
             "edges_per_s": num_batches * batch / seconds, "gpu_util": utilisation.mean,
             "batches": num_batches, "seconds": seconds, "warmup_seconds": warmup,
             "staleness_bound": runner.staleness_bound, "loss": float(loss) / max(1, loss.numel())}
@@ -147,12 +148,13 @@ def measure_disk(dim: int, args) -> dict:
                "--partitions", str(args.partitions), "--buffer", str(args.partitions // 4),
                f"dataset.path={dataset}", f"model.dim={dim}", "training.epochs=2",
                "evaluation.every=0", "evaluation.protocol=sampled", "training.device=cuda",
-               *STEP_SETTINGS, f"training.compile={args.compile}"]
+               *STEP_SETTINGS, f"training.compile={args.compile}", f"training.score_dtype={args.score_dtype}"]
     with UtilisationSampler(torch.device("cuda")) as utilisation:
         subprocess.run(command, check=True)
     epochs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     last = [r for r in epochs if r.get("event") == "epoch"][-1]
     return {"part": "disk", "placement": last["pipeline"]["placement"], "dim": dim, "compile": args.compile,
+            "score_dtype": args.score_dtype,
             "edges_per_s": last["edges_per_s"], "gpu_util": utilisation.mean, "seconds": last["seconds"],
             "partitions": args.partitions, "buffer": args.partitions // 4, "io": last.get("io")}
 
@@ -160,6 +162,7 @@ def measure_disk(dim: int, args) -> dict:
 def print_row(row: dict) -> None:
     util = "-" if row.get("gpu_util") is None else f"{row['gpu_util']:.0f}%"
     print(f"{row['part']:<5} {row['placement']:<7} d={row['dim']:<4} compile={str(row['compile']):<5} "
+          f"scores={row['score_dtype']:<8} "
           f"{row['edges_per_s'] / 1e6:8.2f} M edges/s  GPU {util}", flush=True)
 
 
@@ -169,6 +172,7 @@ def main() -> None:
     parser.add_argument("--dims", nargs="+", type=int, default=[100, 400])
     parser.add_argument("--placements", nargs="+", default=["device", "host"])
     parser.add_argument("--compile", nargs="+", default=["false"], choices=["false", "true"])
+    parser.add_argument("--score-dtypes", nargs="+", default=["float32"], choices=["float32", "bfloat16"])
     parser.add_argument("--nodes", type=int, default=1_000_000)
     parser.add_argument("--relations", type=int, default=100)
     parser.add_argument("--seconds", type=float, default=5.0)
@@ -194,9 +198,11 @@ def main() -> None:
         if "step" in args.parts:
             for placement in args.placements:
                 for compile_loss in args.compile:
-                    record(measure_step(dim, placement, compile_loss, args))
+                    for score_dtype in args.score_dtypes:
+                        record(measure_step(dim, placement, compile_loss, score_dtype, args))
         if "disk" in args.parts:
-            disk_args = argparse.Namespace(**{**vars(args), "compile": args.compile[-1]})
+            disk_args = argparse.Namespace(**{**vars(args), "compile": args.compile[-1],
+                                              "score_dtype": args.score_dtypes[-1]})
             record(measure_disk(dim, disk_args))
 
 

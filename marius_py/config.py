@@ -71,6 +71,9 @@ class TrainingConfig:
     seed: int = _f(0, "seed of every random draw (initialisation, shuffling, negatives, dropout)")
     device: str = _f("auto", f"compute device, one of {DEVICES} (auto: cuda when present)")
     num_threads: int = _f(0, "torch CPU threads (0: leave torch's default)")
+    score_dtype: str = _f("float32", "precision of the [batch x negatives] score block of dot-product decoders "
+                                     "with softmax_ce: float32 or bfloat16 (half the memory traffic; reductions "
+                                     "stay float32)")
     tf32: bool = _f(True, "CUDA: TF32 matmuls while training (scores; evaluation stays float32)")
     compile: bool = _f(False, "CUDA: torch.compile the batch loss (fuses the score masking, softmax and "
                               "their gradients; full batches only, and only without dropout)")
@@ -161,7 +164,8 @@ def validate(config: Config, origins: dict | None = None) -> Config:
                ("training.relation_optimizer", t.relation_optimizer, RELATION_OPTIMIZERS),
                ("training.device", t.device, DEVICES), ("evaluation.protocol", e.protocol, EVAL_PROTOCOLS),
                ("evaluation.negative_sampling", e.negative_sampling, NEGATIVE_KINDS),
-               ("pipeline.placement", config.pipeline.placement, PLACEMENTS)]
+               ("pipeline.placement", config.pipeline.placement, PLACEMENTS),
+               ("training.score_dtype", t.score_dtype, ("float32", "bfloat16"))]
     for path, value, allowed in choices:
         _check(value in allowed, path, f"expected one of {', '.join(allowed)}", value)
     positive = [("model.dim", m.dim), ("model.init_scale", m.init_scale), ("training.epochs", t.epochs),

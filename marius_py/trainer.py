@@ -29,7 +29,8 @@ from marius_py.config import Config
 from marius_py.dataset import Dataset
 from marius_py.errors import MariusInputError
 from marius_py.evaluation import InMemoryNodes, NodeTable, StoredNodes, build_known_answers, evaluate_split
-from marius_py.models import LOSSES, Decoder, build_decoder, regularization
+from marius_py.fused_loss import shared_negative_softmax_ce
+from marius_py.models import LOSSES, Decoder, DotProductComparator, build_decoder, regularization
 from marius_py.negatives import CandidateRows, chunk, sample_negatives
 from marius_py.optim import SparseAdagrad, build_relation_optimizer
 from marius_py.resources import check_memory, check_partitioning
@@ -41,6 +42,9 @@ from storage.buffer import PartitionBuffer
 from storage.durable import fsync_tree
 from storage.embedding_store import EmbeddingStore, link_tree
 from storage.partitioning import partition_size
+
+
+SCORE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 def resolve_device(name: str) -> torch.device:
@@ -88,6 +92,8 @@ class Model:
             if params else None
         self.device = device
         self._compiled_loss = None
+        # Dot-product scores with softmax cross-entropy: the fused loss (marius_py/fused_loss.py).
+        self._fused_softmax = isinstance(self.decoder, DotProductComparator) and m.loss == "softmax_ce"
 
     def _loss_function(self, batch: int):
         """The compiled loss for full batches when asked for (one batch shape: no recompilation)."""
@@ -185,10 +191,16 @@ class Model:
         num_chunks = plan.tail_negatives.shape[0]
         stacked = torch.cat([chunk(queries[:batch], num_chunks), chunk(queries[batch:], num_chunks)])
         target_ids = torch.cat([chunk(tails, num_chunks), chunk(heads, num_chunks)])
-        negative = self.decoder.compare_all(stacked, negatives)
-        valid = target_ids[:, :, None] != negative_ids[:, None, :]
-        negative, valid = (_per_query(x, batch) for x in (negative, valid))
-        loss = self.loss_fn(positive, negative, valid, m.margin).reshape(2, batch).sum(0).mean()
+        if self._fused_softmax:
+            positive = torch.cat([chunk(positive[:batch], num_chunks), chunk(positive[batch:], num_chunks)])
+            loss = shared_negative_softmax_ce(stacked, negatives, positive, target_ids, negative_ids,
+                                              _row_weights(batch, stacked, num_chunks),
+                                              SCORE_DTYPES[self.config.training.score_dtype])
+        else:
+            negative = self.decoder.compare_all(stacked, negatives)
+            valid = target_ids[:, :, None] != negative_ids[:, None, :]
+            negative, valid = (_per_query(x, batch) for x in (negative, valid))
+            loss = self.loss_fn(positive, negative, valid, m.margin).reshape(2, batch).sum(0).mean()
         if m.reg_weight > 0 and m.regularizer != "none":
             with_relations = rel_fwd.shape[-1] and self.decoder.regularize_relations
             tensors = [h, tl] + ([rel_fwd, rel_inv] if with_relations else [])
@@ -201,6 +213,13 @@ class Model:
         """``plan_batch`` then ``compute`` on rows gathered from ``nodes``/``state`` (one generator)."""
         plan = self.plan_batch(edges, generator, candidates)
         return self.compute(plan, nodes[plan.rows], state[plan.rows], generator)
+
+
+def _row_weights(batch: int, like: torch.Tensor, num_chunks: int) -> torch.Tensor:
+    """[2C, M] weights of the chunk rows of ``like`` in the batch mean: 1 / batch, 0 for padding."""
+    per_chunk = like.shape[1]
+    weights = (torch.arange(num_chunks * per_chunk, device=like.device) < batch).to(like.dtype) / batch
+    return weights.reshape(num_chunks, per_chunk).repeat(2, 1)
 
 
 def _per_query(block: torch.Tensor, batch: int) -> torch.Tensor:
