@@ -20,30 +20,30 @@ class CandidateRows:
     """
 
     def __init__(self, ranges: list[tuple[int, int]], device: torch.device | str = "cpu"):
-        starts = torch.tensor([start for start, _ in ranges], dtype=torch.long, device=device)
-        counts = torch.tensor([count for _, count in ranges], dtype=torch.long, device=device)
-        self.total = int(counts.sum())
-        self._ends = torch.cumsum(counts, 0)
-        self._offsets = starts - (self._ends - counts)  # local row = position + offset of its range
+        self.total = sum(count for _, count in ranges)  # on the host: no device synchronisation
         self._identity = len(ranges) == 1 and ranges[0][0] == 0
+        if not self._identity:
+            starts = torch.tensor([start for start, _ in ranges], dtype=torch.long, device=device)
+            counts = torch.tensor([count for _, count in ranges], dtype=torch.long, device=device)
+            self._ends = torch.cumsum(counts, 0)
+            self._offsets = starts - (self._ends - counts)  # local row = position + offset of its range
 
     @classmethod
     def contiguous(cls, num_nodes: int, device: torch.device | str = "cpu") -> "CandidateRows":
         return cls([(0, num_nodes)], device)
 
-    def uniform(self, shape: tuple[int, ...], generator: torch.Generator) -> torch.Tensor:
-        positions = torch.randint(self.total, shape, generator=generator, device=generator.device)
+    def rows(self, positions: torch.Tensor) -> torch.Tensor:
+        """The table row of each position in [0, total)."""
         if self._identity:
             return positions
         ranges = torch.searchsorted(self._ends.to(positions.device), positions, right=True)
         return positions + self._offsets.to(positions.device)[ranges]
 
+    def uniform(self, shape: tuple[int, ...], generator: torch.Generator) -> torch.Tensor:
+        return self.rows(torch.randint(self.total, shape, generator=generator, device=generator.device))
+
     def all(self, device: torch.device) -> torch.Tensor:
-        positions = torch.arange(self.total, device=device)
-        if self._identity:
-            return positions
-        ranges = torch.searchsorted(self._ends.to(device), positions, right=True)
-        return positions + self._offsets.to(device)[ranges]
+        return self.rows(torch.arange(self.total, device=device))
 
 
 def sample_negatives(endpoints: torch.Tensor, candidates: CandidateRows | int, num_chunks: int,

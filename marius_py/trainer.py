@@ -137,7 +137,8 @@ class Model:
         row of an in-memory table of ``num_nodes``).
         """
         t = self.config.training
-        candidates = candidates if candidates is not None else self.num_nodes
+        if candidates is None:
+            candidates = CandidateRows.contiguous(self.num_nodes)
         edges = edges.to(generator.device)
         heads, tails = edges[:, 0], edges[:, 2]
         num_chunks = 1 if t.num_negatives == -1 else min(t.num_chunks, len(edges))
@@ -146,8 +147,10 @@ class Model:
                                           t.degree_fraction, generator)
         head_negatives = sample_negatives(endpoints, candidates, num_chunks, t.num_negatives,
                                           t.degree_fraction, generator)
-        rows, local = unique_rows(torch.cat([heads, tails, tail_negatives.reshape(-1),
-                                             head_negatives.reshape(-1)]))
+        ids = torch.cat([heads, tails, tail_negatives.reshape(-1), head_negatives.reshape(-1)])
+        padding = candidates.rows(torch.arange(len(ids), device=ids.device) % candidates.total) \
+            if ids.is_cuda else None
+        rows, local = unique_rows(ids, padding)
         return BatchPlan(edges, rows, local, tail_negatives, head_negatives)
 
     def compute(self, plan: "BatchPlan", embeddings: torch.Tensor, state: torch.Tensor,
