@@ -13,6 +13,14 @@ Part ``disk``: whole epochs of the trainer over a preprocessed R-MAT graph with
 its embeddings on disk in ``--partitions`` partitions and a buffer of p/4
 (BETA ordering).
 
+Part ``fb15k``: FB15k-237 (``--fb15k``) for ``--budget`` seconds of training
+each: our shipped 1-vs-all config and a sampled-negative one, then PyKEEN and
+PyTorch-BigGraph with their recommended settings (bench/peers.py; install them
+from wheels, never as project dependencies), each with its filtered test MRR.
+
+Part ``stale``: the sampled FB15k-237 config with the host placement for
+``--stale-epochs`` epochs at staleness bounds ``--bounds``: test MRR and edges/s.
+
 Every row is printed as a table and written to ``--json`` as it completes.
 """
 
@@ -82,7 +90,7 @@ def measure_step(dim: int, placement: str, compile_loss: bool, score_dtype: str,
     device = torch.device("cuda")
     config = load_config(None, [*STEP_SETTINGS, f"model.dim={dim}", f"training.compile={compile_loss}",
                                 f"pipeline.placement={placement}", "training.device=cuda",
-                                f"training.score_dtype={score_dtype}"])
+                                f"training.score_dtype={score_dtype}", f"pipeline.load_threads={args.load_threads}"])
     model = Model(config, args.nodes, args.relations, device)
     table_device = device if placement == "device" else torch.device("cpu")
     nodes = (torch.randn(args.nodes, dim) * 1e-3).to(table_device)
@@ -120,7 +128,7 @@ def measure_step(dim: int, placement: str, compile_loss: bool, score_dtype: str,
     return {"part": "step", "placement": placement, "dim": dim, "compile": compile_loss, "score_dtype": score_dtype,
             "edges_per_s": num_batches * batch / seconds, "gpu_util": utilisation.mean,
             "batches": num_batches, "seconds": seconds, "warmup_seconds": warmup,
-            "staleness_bound": runner.staleness_bound, "loss": float(loss) / max(1, loss.numel())}
+            "staleness_bound": runner.staleness_bound, "load_threads": args.load_threads}
 
 
 def print_profile(work, title: str) -> None:
@@ -159,16 +167,98 @@ def measure_disk(dim: int, args) -> dict:
             "partitions": args.partitions, "buffer": args.partitions // 4, "io": last.get("io")}
 
 
+# Our FB15k-237 settings: the shipped 1-vs-all config, and a sampled-negative one made for speed.
+FB15K_CONFIGS = {
+    "1vsall": ("fb15k-237", []),
+    "sampled": ("fb15k-237", ["training.batch_size=10000", "training.num_chunks=10",
+                              "training.num_negatives=1000", "training.degree_fraction=0.5"]),
+}
+TARGET_MRR = 0.33
+
+
+def train_for_budget(name: str, args, extra: list[str], budget: float, eval_every: int = 1) -> dict:
+    """Train an FB15k-237 config for ``budget`` seconds of training; test MRR along the way.
+
+    Test evaluations are not counted in the training time; ``seconds_to_target``
+    is the training time of the first evaluated epoch at or above TARGET_MRR.
+    """
+    from marius_py.api import load_dataset, make_config
+    from marius_py.trainer import Trainer
+    config_name, overrides = FB15K_CONFIGS[name]
+    config = make_config(config_name, [f"dataset.path={args.fb15k}", "evaluation.every=0", f"training.device={args.device}",
+                                       f"training.epochs={args.max_epochs}", *overrides, *extra])
+    dataset = load_dataset(config.dataset.path)
+    run_dir = Path(args.workdir) / f"fb15k-{name}-{'-'.join(extra) or 'default'}"
+    subprocess.run(["rm", "-rf", str(run_dir)], check=True)
+    trainer = Trainer(config, dataset, run_dir, progress=False)
+    curve, elapsed, epoch, reached = [], 0.0, 0, None
+    with UtilisationSampler(torch.device("cuda")) as utilisation:
+        while elapsed < budget and epoch < args.max_epochs:
+            epoch += 1
+            with tf32_matmuls(config.training.tf32):
+                record = trainer.train_epoch(epoch)
+            trainer.state.epoch = epoch
+            elapsed += record["seconds"]
+            if epoch % eval_every == 0 or elapsed >= budget:
+                metrics = trainer.evaluate("test")
+                curve.append({"epoch": epoch, "train_seconds": elapsed, "test_mrr": metrics["mrr"]})
+                if reached is None and metrics["mrr"] >= TARGET_MRR:
+                    reached = elapsed
+    final = trainer.evaluate("test")
+    trainer.close()
+    return {"part": "fb15k", "placement": trainer.placement, "dim": config.model.dim, "compile": False,
+            "score_dtype": config.training.score_dtype, "system": f"marius-py {name}",
+            "edges_per_s": epoch * dataset.metadata.num_train / elapsed, "gpu_util": utilisation.mean,
+            "epochs": epoch, "train_seconds": elapsed, "test_mrr": final["mrr"], "hits@10": final["hits@10"],
+            "seconds_to_target": reached, "staleness_bound": trainer.runner.staleness_bound,
+            "overrides": overrides + extra, "curve": curve}
+
+
+def measure_peers(args) -> list[dict]:
+    from peers import run_pbg, run_pykeen
+    rows = []
+    for peer, run in (("pykeen", run_pykeen), ("pbg", run_pbg)):
+        if peer not in args.peers:
+            continue
+        try:
+            result = run(args.fb15k, args.budget, "auto", Path(args.workdir) / peer)
+        except Exception as error:  # a peer that fails is reported, not fatal to the table
+            result = {"error": f"{type(error).__name__}: {error}"}
+        rows.append({"part": "fb15k", "system": peer, "placement": result.get("mode", "failed"),
+                     "dim": result.get("dim", 0), "compile": False, "score_dtype": "-",
+                     "edges_per_s": result.get("edges_per_second", 0.0), "gpu_util": None,
+                     "test_mrr": result.get("mrr"), "hits@10": result.get("hits_at_10"),
+                     "train_seconds": result.get("train_seconds"), "peer": result})
+    return rows
+
+
 def print_row(row: dict) -> None:
     util = "-" if row.get("gpu_util") is None else f"{row['gpu_util']:.0f}%"
-    print(f"{row['part']:<5} {row['placement']:<7} d={row['dim']:<4} compile={str(row['compile']):<5} "
-          f"scores={row['score_dtype']:<8} "
-          f"{row['edges_per_s'] / 1e6:8.2f} M edges/s  GPU {util}", flush=True)
+    extra = ""
+    if row.get("test_mrr") is not None:
+        extra = f"  test MRR {row['test_mrr']:.4f} after {row.get('train_seconds') or 0:.1f} s"
+        if row.get("seconds_to_target") is not None:
+            extra += f" (MRR {TARGET_MRR} at {row['seconds_to_target']:.1f} s)"
+    if row.get("staleness_bound") and row["part"] == "stale":
+        extra += f"  bound {row['staleness_bound']}"
+    print(f"{row['part']:<5} {row.get('system', 'marius-py'):<18} {row['placement']:<7} d={row['dim']:<4} "
+          f"compile={str(row['compile']):<5} scores={row['score_dtype']:<8} "
+          f"{row['edges_per_s'] / 1e6:8.3f} M edges/s  GPU {util}{extra}", flush=True)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--parts", nargs="+", default=["step", "disk"], choices=["step", "disk"])
+    parser.add_argument("--parts", nargs="+", default=["step", "disk", "fb15k", "stale"],
+                        choices=["step", "disk", "fb15k", "stale"])
+    parser.add_argument("--fb15k", default=".data/fb15k-237", help="FB15k-237 directory (raw or preprocessed)")
+    parser.add_argument("--budget", type=float, default=60.0, help="fb15k: training seconds per system")
+    parser.add_argument("--max-epochs", type=int, default=200)
+    parser.add_argument("--eval-every", type=int, default=2, help="fb15k: test MRR every this many epochs")
+    parser.add_argument("--fb15k-configs", nargs="+", default=list(FB15K_CONFIGS), choices=list(FB15K_CONFIGS))
+    parser.add_argument("--peers", nargs="*", default=["pykeen", "pbg"])
+    parser.add_argument("--bounds", nargs="+", type=int, default=[1, 4, 16, 64])
+    parser.add_argument("--stale-epochs", type=int, default=20)
+    parser.add_argument("--device", default="cuda", help="fb15k/stale: cpu for a smoke test")
     parser.add_argument("--dims", nargs="+", type=int, default=[100, 400])
     parser.add_argument("--placements", nargs="+", default=["device", "host"])
     parser.add_argument("--compile", nargs="+", default=["false"], choices=["false", "true"])
@@ -177,6 +267,7 @@ def main() -> None:
     parser.add_argument("--relations", type=int, default=100)
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--warmup-batches", type=int, default=10)
+    parser.add_argument("--load-threads", type=int, default=4, help="step: load threads of the host placement")
     parser.add_argument("--partitions", type=int, default=16)
     parser.add_argument("--disk-edges", type=int, default=20_000_000)
     parser.add_argument("--workdir", default="/tmp/throughput")
@@ -191,7 +282,8 @@ def main() -> None:
         rows.append(row)
         print_row(row)
         if args.json:
-            Path(args.json).write_text(json.dumps({"device": torch.cuda.get_device_name(), "rows": rows},
+            name = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+            Path(args.json).write_text(json.dumps({"device": name, "rows": rows},
                                                   indent=1))
 
     for dim in args.dims:
@@ -204,6 +296,18 @@ def main() -> None:
             disk_args = argparse.Namespace(**{**vars(args), "compile": args.compile[-1],
                                               "score_dtype": args.score_dtypes[-1]})
             record(measure_disk(dim, disk_args))
+    if "fb15k" in args.parts:
+        for name in args.fb15k_configs:
+            record(train_for_budget(name, args, [], args.budget, eval_every=args.eval_every))
+        for row in measure_peers(args):
+            record(row)
+    if "stale" in args.parts:
+        stale_args = argparse.Namespace(**{**vars(args), "max_epochs": args.stale_epochs})
+        for bound in args.bounds:
+            row = train_for_budget("sampled", stale_args, ["pipeline.placement=host",
+                                                          f"pipeline.staleness_bound={bound}"],
+                                   budget=float("inf"), eval_every=args.stale_epochs)
+            record({**row, "part": "stale"})
 
 
 if __name__ == "__main__":
