@@ -105,7 +105,9 @@ class Dataset:
 
     def _map(self, labeled: list[list[str]]) -> np.ndarray:
         ent, rel = self.entity_to_id, self.relation_to_id
-        return np.array([(ent[h], rel[r], ent[t]) for h, r, t in labeled], dtype=np.int64).reshape(-1, 3)
+        return np.array([(ent[h], rel[r], ent[t]) for h, r, t in labeled], dtype=np.int64).reshape(
+            -1, 3
+        )
 
     @property
     def num_entities(self) -> int:
@@ -137,13 +139,17 @@ class KnownAnswers:
     batch of queries becomes a few searchsorted calls instead of Python sets.
     """
 
-    def __init__(self, anchors: np.ndarray, relations: np.ndarray, answers: np.ndarray, num_relations: int):
+    def __init__(
+        self, anchors: np.ndarray, relations: np.ndarray, answers: np.ndarray, num_relations: int
+    ):
         self.num_relations = num_relations
         keys = anchors * num_relations + relations
         order = np.argsort(keys, kind="stable")
         self.keys, self.answers = keys[order], answers[order]
 
-    def batch_pairs(self, anchors: np.ndarray, relations: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def batch_pairs(
+        self, anchors: np.ndarray, relations: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
         """(row in batch, known answer) pairs for a batch of queries."""
         keys = anchors * self.num_relations + relations
         starts = np.searchsorted(self.keys, keys, side="left")
@@ -177,12 +183,22 @@ def filtered_ranks(
     tail_answers = KnownAnswers(known[:, 0], known[:, 1], known[:, 2], num_relations)
     head_answers = KnownAnswers(known[:, 2], known[:, 1], known[:, 0], num_relations)
     ranks = []
-    for anchors, targets, score, answers in ((h, t, score_tails, tail_answers), (t, h, score_heads, head_answers)):
+    for anchors, targets, score, answers in (
+        (h, t, score_tails, tail_answers),
+        (t, h, score_heads, head_answers),
+    ):
         for start in range(0, len(test), batch_size):
             part = slice(start, start + batch_size)
-            scores = score(torch.as_tensor(anchors[part], device=device), torch.as_tensor(r[part], device=device))
+            scores = score(
+                torch.as_tensor(anchors[part], device=device),
+                torch.as_tensor(r[part], device=device),
+            )
             filter_pairs = answers.batch_pairs(anchors[part], r[part])
-            ranks.append(_realistic_ranks(scores.float(), torch.as_tensor(targets[part], device=device), filter_pairs))
+            ranks.append(
+                _realistic_ranks(
+                    scores.float(), torch.as_tensor(targets[part], device=device), filter_pairs
+                )
+            )
     return torch.cat(ranks).cpu()
 
 
@@ -192,7 +208,9 @@ def _realistic_ranks(scores: torch.Tensor, targets: torch.Tensor, filter_pairs) 
     filter_rows, filter_cols = (torch.as_tensor(a, device=scores.device) for a in filter_pairs)
     # The true answer is among the known ones, so it drops out here too and
     # the +1 below counts it back in.
-    scores = scores.index_put((filter_rows, filter_cols), torch.tensor(float("-inf"), device=scores.device))
+    scores = scores.index_put(
+        (filter_rows, filter_cols), torch.tensor(float("-inf"), device=scores.device)
+    )
     optimistic = 1 + (scores > true_scores).sum(1)
     pessimistic = 1 + (scores >= true_scores).sum(1)
     return (optimistic + pessimistic).double() / 2
@@ -205,7 +223,9 @@ def rank_metrics(ranks: torch.Tensor) -> dict:
 # ---------------------------------------------------------- time budget
 
 
-def train_within_budget(train_to_epoch: Callable[[int], None], budget_seconds: float) -> tuple[int, float, list]:
+def train_within_budget(
+    train_to_epoch: Callable[[int], None], budget_seconds: float
+) -> tuple[int, float, list]:
     """Call ``train_to_epoch(total_epochs)`` until the budget is about spent.
 
     The first call trains one epoch; each later one adds as many epochs as the
@@ -228,7 +248,9 @@ def train_within_budget(train_to_epoch: Callable[[int], None], budget_seconds: f
         target = epochs + more
 
 
-def summary(peer: str, mode: str, dataset: Dataset, epochs: int, seconds: float, metrics: dict, **extra) -> dict:
+def summary(
+    peer: str, mode: str, dataset: Dataset, epochs: int, seconds: float, metrics: dict, **extra
+) -> dict:
     return {
         "peer": peer,
         "mode": mode,
@@ -270,7 +292,9 @@ def run_pykeen(data_dir, budget_seconds: float, device: str = "auto", workdir=No
     }
     train = factories["train"]
     torch.manual_seed(0)
-    model = DistMult(triples_factory=train, embedding_dim=200, loss=CrossEntropyLoss(), random_seed=0).to(torch_device)
+    model = DistMult(
+        triples_factory=train, embedding_dim=200, loss=CrossEntropyLoss(), random_seed=0
+    ).to(torch_device)
     loop = SLCWATrainingLoop(
         model=model,
         triples_factory=train,
@@ -297,7 +321,10 @@ def run_pykeen(data_dir, budget_seconds: float, device: str = "auto", workdir=No
         model,
         factories["test"].mapped_triples,
         batch_size=1024 if torch_device.type == "cuda" else 256,
-        additional_filter_triples=[factories["train"].mapped_triples, factories["valid"].mapped_triples],
+        additional_filter_triples=[
+            factories["train"].mapped_triples,
+            factories["valid"].mapped_triples,
+        ],
         use_tqdm=False,
     )
     metrics = {
@@ -328,7 +355,9 @@ def pbg_config(root: Path, workers: int, num_gpus: int) -> dict:
         edge_paths=[str(root / "data" / "train_partitioned")],
         checkpoint_path=str(root / "model"),
         entities={"all": {"num_partitions": 1}},
-        relations=[{"name": "all_edges", "lhs": "all", "rhs": "all", "operator": "complex_diagonal"}],
+        relations=[
+            {"name": "all_edges", "lhs": "all", "rhs": "all", "operator": "complex_diagonal"}
+        ],
         dynamic_relations=True,
         dimension=400,
         global_emb=False,
@@ -414,13 +443,17 @@ def load_pbg_model(checkpoint: Path) -> tuple[torch.Tensor, dict[str, torch.Tens
             if isinstance(item, h5py.Dataset):
                 # The attribute holds the state_dict key, e.g. "lhs_operators.0.real".
                 key = item.attrs.get("state_dict_key", name)
-                params[key.decode() if isinstance(key, bytes) else key] = torch.from_numpy(item[...])
+                params[key.decode() if isinstance(key, bytes) else key] = torch.from_numpy(
+                    item[...]
+                )
 
         stored["model"].visititems(collect)
     return embeddings, params
 
 
-def complex_diagonal(embeddings: torch.Tensor, real: torch.Tensor, imag: torch.Tensor) -> torch.Tensor:
+def complex_diagonal(
+    embeddings: torch.Tensor, real: torch.Tensor, imag: torch.Tensor
+) -> torch.Tensor:
     """PBG's complex_diagonal operator: elementwise complex product.
 
     The first half of each vector is the real part, the second the imaginary.
@@ -440,10 +473,16 @@ def pbg_score_functions(embeddings: torch.Tensor, params: dict) -> tuple[ScoreFn
     rhs_real, rhs_imag = params["rhs_operators.0.real"], params["rhs_operators.0.imag"]
 
     def score_tails(heads, relations):
-        return complex_diagonal(embeddings[heads], lhs_real[relations], lhs_imag[relations]) @ embeddings.T
+        return (
+            complex_diagonal(embeddings[heads], lhs_real[relations], lhs_imag[relations])
+            @ embeddings.T
+        )
 
     def score_heads(tails, relations):
-        return complex_diagonal(embeddings[tails], rhs_real[relations], rhs_imag[relations]) @ embeddings.T
+        return (
+            complex_diagonal(embeddings[tails], rhs_real[relations], rhs_imag[relations])
+            @ embeddings.T
+        )
 
     return score_tails, score_heads
 
@@ -454,7 +493,12 @@ def evaluate_pbg(dataset: Dataset, checkpoint: Path, device: torch.device) -> di
     score_tails, score_heads = pbg_score_functions(embeddings.to(device), params)
     with torch.no_grad():
         ranks = filtered_ranks(
-            score_tails, score_heads, dataset.triples["test"], dataset.all_triples(), dataset.num_relations, device
+            score_tails,
+            score_heads,
+            dataset.triples["test"],
+            dataset.all_triples(),
+            dataset.num_relations,
+            device,
         )
     return rank_metrics(ranks)
 
@@ -469,7 +513,10 @@ def run_pbg(data_dir, budget_seconds: float, device: str = "auto", workdir=None)
     torch_device = resolve_device(device)
     dataset = Dataset(Path(data_dir))
     root = Path(workdir or tempfile.mkdtemp(prefix="peers-pbg-"))
-    gpu_problem = pbg_gpu_problem() if torch_device.type == "cuda" else "cpu requested"
+    if torch_device.type == "cuda":
+        gpu_problem = pbg_gpu_problem()
+    else:
+        gpu_problem = "CUDA not available" if not torch.cuda.is_available() else "--device cpu"
     attempts = [("cuda", 1)] if gpu_problem is None else []
     attempts.append(("cpu", 0))
     for mode, num_gpus in attempts:
@@ -493,8 +540,11 @@ def run_pbg(data_dir, budget_seconds: float, device: str = "auto", workdir=None)
         seconds,
         metrics,
         version=_distribution_version("torchbiggraph"),
-        model="complex_diagonal d=400, dynamic relations, batch 10000, 1000 uniform negs, softmax, lr 0.1",
+        model="complex_diagonal d=400, dynamic rels, batch 10000, 1000 uniform negs, softmax, lr 0.1",
         workers=None if mode == "cuda" else config["workers"],
+        checkpoint_version=int(
+            (Path(config["checkpoint_path"]) / "checkpoint_version.txt").read_text()
+        ),
         gpu_unavailable_reason=gpu_problem if mode == "cpu" else None,
         train_calls=calls,
         eval_seconds=round(time.perf_counter() - eval_started, 3),
@@ -524,10 +574,13 @@ def run_isolated(peer: str, args: argparse.Namespace, workdir: Path) -> dict:
         "--device", args.device, "--peers", peer, "--workdir", str(workdir), "--json", str(out),
     ]  # fmt: skip
     child = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    sys.stdout.write(child.stdout)
     if child.returncode == 0 and out.exists():
-        return json.loads(out.read_text())["results"][0]
-    return {"peer": peer, "error": f"child exited with {child.returncode}: {child.stdout[-2000:]}"}
+        result = json.loads(out.read_text())["results"][0]
+    else:
+        result = {"peer": peer, "error": f"exit {child.returncode}: {child.stdout[-2000:]}"}
+    if "error" in result:
+        sys.stdout.write(child.stdout)  # the peer's own log says what went wrong
+    return result
 
 
 def run_in_process(peer: str, args: argparse.Namespace, workdir: Path) -> dict:
@@ -540,10 +593,13 @@ def run_in_process(peer: str, args: argparse.Namespace, workdir: Path) -> dict:
 
 def print_table(results: list[dict]) -> None:
     columns = ("peer", "mode", "epochs", "train_seconds", "edges_per_second", "mrr", "hits_at_10")
-    rows = [columns] + [tuple(str(r.get(c, "")) for c in columns) if "error" not in r else (r["peer"], "error: " + r["error"][:200]) for r in results]
-    widths = [max(len(row[i]) for row in rows if i < len(row)) for i in range(len(columns))]
+    rows = [columns] + [tuple(str(r.get(c, "")) for c in columns) for r in results]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(columns))]
     for row in rows:
-        print("  ".join(cell.ljust(widths[i]) if i < len(row) - 1 else cell for i, cell in enumerate(row)))
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
+    for r in results:
+        if "error" in r:
+            print(f"{r['peer']} failed: {r['error'][-500:]}")
 
 
 def environment() -> dict:
@@ -558,13 +614,19 @@ def environment() -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data", type=Path, required=True, help="folder with train/valid/test .txt or .txt.gz")
+    parser.add_argument(
+        "--data", type=Path, required=True, help="folder with train/valid/test .txt or .txt.gz"
+    )
     parser.add_argument("--budget-seconds", type=float, default=60.0, help="training time per peer")
     parser.add_argument("--peers", nargs="+", choices=PEERS, default=list(PEERS))
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
-    parser.add_argument("--workdir", type=Path, help="scratch folder (default: a new temporary one)")
+    parser.add_argument(
+        "--workdir", type=Path, help="scratch folder (default: a new temporary one)"
+    )
     parser.add_argument("--json", type=Path, help="write results here")
-    parser.add_argument("--in-process", action="store_true", help="run peers in this process, not in children")
+    parser.add_argument(
+        "--in-process", action="store_true", help="run peers in this process, not in children"
+    )
     args = parser.parse_args(argv)
 
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="peers-"))
@@ -573,7 +635,12 @@ def main(argv: list[str] | None = None) -> int:
     results = [run(peer, args, workdir) for peer in args.peers]
     print_table(results)
     if args.json:
-        report = {"budget_seconds": args.budget_seconds, "data": str(args.data), "environment": environment(), "results": results}
+        report = {
+            "budget_seconds": args.budget_seconds,
+            "data": str(args.data),
+            "environment": environment(),
+            "results": results,
+        }
         args.json.write_text(json.dumps(report, indent=2) + "\n")
     return 0
 

@@ -100,7 +100,7 @@ def measure_step(dim: int, placement: str, compile_loss: bool, score_dtype: str,
     runner = SpanRunner(model, placement, config.pipeline, device, config.training.batch_size)
     batch = config.training.batch_size
     edges = power_law_edges(args.nodes, batch * 40, args.relations)
-    sampling = epoch_generator(0, 1, table_device)
+    sampling = epoch_generator(0, 1)
     dropout = epoch_generator(0, 1, device, stream=1)
     loss = torch.zeros((), device=device)
 

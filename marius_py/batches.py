@@ -28,16 +28,19 @@ from pipeline.devices import (
 class BatchInFlight:
     plan: object                   # trainer.BatchPlan (rows index the tables)
     table_rows: torch.Tensor       # plan.rows where the tables live (the update's index)
-    embeddings: torch.Tensor       # the rows' embeddings and optimizer state
-    state: torch.Tensor
+    embeddings: torch.Tensor | None  # the rows' embeddings and optimizer state (None: gathered in compute)
+    state: torch.Tensor | None
     delta: torch.Tensor | None = None
     squared: torch.Tensor | None = None
 
     def inputs_to(self, device: torch.device) -> list[torch.Tensor]:
         self.plan = self.plan.to(device, non_blocking=True)
-        self.embeddings = self.embeddings.to(device, non_blocking=True)
-        self.state = self.state.to(device, non_blocking=True)
-        return [self.embeddings, self.state, *self.plan.tensors()]
+        moved = self.plan.tensors()
+        if self.embeddings is not None:  # gathered on the host (host placement)
+            self.embeddings = self.embeddings.to(device, non_blocking=True)
+            self.state = self.state.to(device, non_blocking=True)
+            moved += [self.embeddings, self.state]
+        return moved
 
     def outputs(self) -> list[torch.Tensor]:
         return [self.delta, self.squared]
@@ -75,17 +78,22 @@ class SpanRunner:
             candidates: CandidateRows | None, sampling: torch.Generator, dropout: torch.Generator,
             loss_sum: torch.Tensor, on_batch: Callable[[int], None]) -> None:
         """Train ``edges`` (already shuffled) in batches; add each batch's loss x size to ``loss_sum``."""
-        pin = self.placement == PLACEMENT_HOST
+        pin = self.device.type == "cuda"  # host-to-device copies from pinned memory are asynchronous
+        gather_in_load = self.placement != PLACEMENT_DEVICE
         model = self.model
-        edges = edges.to(sampling.device)
 
         def load(batch: torch.Tensor) -> BatchInFlight:
             plan = model.plan_batch(batch, sampling, candidates)
-            if pin:  # host-to-device copies from pinned memory are asynchronous
+            if pin:
                 plan = plan.pinned()
+            if not gather_in_load:
+                return BatchInFlight(plan, None, None, None)
             return BatchInFlight(plan, plan.rows, _gather(nodes, plan.rows, pin), _gather(state, plan.rows, pin))
 
         def compute(item: BatchInFlight) -> BatchInFlight:
+            if item.embeddings is None:  # tables on the device: gather now, so training stays synchronous
+                item.table_rows = item.plan.rows
+                item.embeddings, item.state = nodes[item.plan.rows], state[item.plan.rows]
             update = model.compute(item.plan, item.embeddings, item.state, dropout)
             loss_sum.add_(update.loss * len(item.plan.edges))
             item.delta, item.squared = update.delta, update.squared
@@ -103,5 +111,5 @@ class SpanRunner:
                 on_batch(1)
             pipeline.drain()
         self.max_in_flight = max(self.max_in_flight, pipeline.max_in_flight)
-        if self.device.type == "cuda" and self.placement != PLACEMENT_DEVICE:
-            torch.cuda.synchronize(self.device)  # relation parameters were updated on another stream
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # the tables and relations were updated on another stream

@@ -432,7 +432,7 @@ class Trainer:
             local = edges.clone()
             local[:, 0] = view.local_ids(edges[:, 0].to(self.table_device)).cpu()
             local[:, 2] = view.local_ids(edges[:, 2].to(self.table_device)).cpu()
-            candidates = CandidateRows(view.resident_ranges, self.table_device)
+            candidates = CandidateRows(view.resident_ranges)  # batches are planned on the host
             yield TrainingSpan(local, candidates), buffer.embeddings, buffer.state
         buffer.flush()
 
@@ -464,10 +464,8 @@ class Trainer:
 
     def train_epoch(self, epoch: int) -> dict:
         t = self.config.training
-        shuffling = epoch_generator(t.seed, epoch)
-        # Negatives are drawn where the tables live (the load stage); dropout on the compute device.
-        sampling = shuffling if self.table_device.type == "cpu" else epoch_generator(t.seed, epoch,
-                                                                                     self.table_device)
+        # Shuffling and negatives on the host (batches are planned there); dropout on the compute device.
+        sampling = epoch_generator(t.seed, epoch)
         dropout = epoch_generator(t.seed, epoch, self.device, stream=1)
         num_edges = self.dataset.metadata.num_train
         total_loss = torch.zeros((), device=self.device)
@@ -476,7 +474,7 @@ class Trainer:
         bar = tqdm(total=-(-num_edges // t.batch_size), desc=f"epoch {epoch}/{t.epochs}", unit="batch",
                    disable=None if self.progress else True, leave=False, dynamic_ncols=True)
         for span, nodes, node_state in self._spans(epoch):
-            order = torch.randperm(len(span.edges), generator=shuffling)
+            order = torch.randperm(len(span.edges), generator=sampling)
             self.runner.run(span.edges[order], nodes, node_state, span.candidates, sampling, dropout,
                             total_loss, bar.update)
         bar.close()

@@ -6,9 +6,12 @@ device) and ``update`` (add the deltas into the tables). The placement decides
 what joins them:
 
 - ``cpu``: load -> compute -> update as threads; no transfers.
-- ``device`` (tables in GPU memory): the three run inline on the launching
-  thread. The GPU's own queue overlaps them, so threads would only add
-  staleness; nothing waits on the host inside a step.
+- ``device`` (tables in GPU memory): load -> host-to-device -> compute+update.
+  The load stage only plans batches on the host (negatives and the exact set
+  of touched rows, so the GPU works on those rows alone), ahead of time; the
+  gather, compute and update run together on the compute stream, so training
+  stays synchronous whatever the bound (the bound is how far planning runs
+  ahead).
 - ``host`` (tables in pinned host memory, CUDA compute): the full five stages,
   load -> host-to-device -> compute -> device-to-host -> update, with one CUDA
   stream per transfer direction and one for compute, ordered by events.
@@ -53,7 +56,9 @@ def choose_placement(requested: str, device: torch.device, table_bytes: int) -> 
 def default_staleness(placement: str, requested: int) -> int:
     if requested:
         return requested
-    return HOST_STALENESS_DEFAULT if placement == PLACEMENT_HOST else 1
+    if placement == PLACEMENT_CPU:
+        return 1  # one host's cores: overlap buys little, and bound 1 is reproducible
+    return HOST_STALENESS_DEFAULT
 
 
 def build_pipeline(placement: str, load: Callable, compute: Callable, update: Callable,
@@ -65,8 +70,10 @@ def build_pipeline(placement: str, load: Callable, compute: Callable, update: Ca
     parameters, and two threads adding into one table row could interleave.
     """
     if placement == PLACEMENT_DEVICE:
-        return Pipeline([Stage("load", load), Stage("compute", compute), Stage("update", update)],
-                        staleness_bound, queue_size, inline=True)
+        streams = _CudaStreams(device)
+        return Pipeline([Stage("load", load, load_threads), Stage("host-to-device", streams.to_device),
+                         Stage("compute", streams.compute_with(lambda item: update(compute(item))))],
+                        staleness_bound, queue_size)
     if placement == PLACEMENT_CPU:
         return Pipeline([Stage("load", load, load_threads), Stage("compute", compute),
                          Stage("update", update)], staleness_bound, queue_size)

@@ -217,18 +217,22 @@ def test_equal_seeds_equal_results_at_bound_one(small_config, tmp_path):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("bound", [1, 8])
-def test_host_placement_on_cuda_matches_the_cpu_pipeline(small_config, bound):
-    """The five stages (pinned host tables, CUDA compute) apply the same updates as the CPU pipeline.
+@pytest.mark.parametrize(("placement", "bound"), [("host", 1), ("host", 8), ("device", 1), ("device", 8)])
+def test_cuda_placements_match_the_cpu_pipeline(small_config, placement, bound):
+    """The CUDA pipelines apply the same updates as the CPU pipeline.
 
-    At bound 1 both are synchronous with the same negatives: equal to float tolerance.
-    At bound 8, the deltas applied equal the deltas computed (nothing lost or doubled).
+    Host tables at bound 1, and device tables at any bound (planning runs
+    ahead, updates do not), train exactly like the synchronous CPU pipeline
+    with the same negatives, to float tolerance. At host bound 8 the deltas
+    applied equal the deltas computed (nothing lost or doubled).
     """
-    from pipeline.devices import PLACEMENT_HOST
     config, model, nodes, state, edges = tiny_setup(small_config, ["model.dropout=0"])
     cuda_model = Model(config, model.num_nodes, model.decoder.num_relations, torch.device("cuda"))
     cuda_model.load_state_dict(copy.deepcopy(model.state_dict()))
-    host_nodes, host_state = nodes.clone().pin_memory(), state.clone().pin_memory()
+    if placement == "host":
+        tables = nodes.clone().pin_memory(), state.clone().pin_memory()
+    else:
+        tables = nodes.cuda(), state.cuda()
     computed = torch.zeros_like(nodes)
     compute = cuda_model.compute
 
@@ -238,15 +242,15 @@ def test_host_placement_on_cuda_matches_the_cpu_pipeline(small_config, bound):
         return update
 
     cuda_model.compute = recording_compute
-    runner = SpanRunner(cuda_model, PLACEMENT_HOST, config.pipeline, torch.device("cuda"),
-                        config.training.batch_size)
+    runner = SpanRunner(cuda_model, placement, config.pipeline, torch.device("cuda"), config.training.batch_size)
     runner.staleness_bound = bound
-    start = host_nodes.clone()
-    runner.run(edges, host_nodes, host_state, None, epoch_generator(0, 1),
-               epoch_generator(0, 1, "cuda", stream=1), torch.zeros((), device="cuda"), lambda n: None)
-    torch.testing.assert_close(host_nodes - start, computed, rtol=0, atol=1e-5)
-    if bound == 1:
+    start = tables[0].cpu().clone()
+    runner.run(edges, *tables, None, epoch_generator(0, 1), epoch_generator(0, 1, "cuda", stream=1),
+               torch.zeros((), device="cuda"), lambda n: None)
+    trained = tables[0].cpu()
+    torch.testing.assert_close(trained - start, computed, rtol=0, atol=1e-5)
+    if placement == "device" or bound == 1:
         run_pipeline(config, model, nodes, state, edges, bound=1)
-        torch.testing.assert_close(host_nodes, nodes, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(trained, nodes, rtol=1e-4, atol=1e-4)
     else:
         assert runner.max_in_flight > 1
