@@ -46,8 +46,11 @@ Time budget: each peer first trains one epoch to measure the epoch time, then
 continues (PyKEEN: ``continue_training``; PBG: resuming from its checkpoint)
 for as many epochs as fit the rest of the budget, re-estimating the epoch time
 after each call (at most ``MAX_TRAIN_CALLS`` calls). Training seconds are the
-wall time of those training calls only (PBG's include its per-call worker
-start-up and checkpoint writes); data loading and evaluation are excluded.
+wall time of those training calls only; data loading and evaluation are
+excluded. PBG's calls also include its per-call worker-pool start-up and
+checkpoint writes, so its record adds ``compute_seconds``, the sum of PBG's own
+logged per-epoch compute times (the budget fill also uses them to plan around
+the start-up cost).
 """
 
 from __future__ import annotations
@@ -55,8 +58,10 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import logging
 import os
 import platform
+import re
 import subprocess
 import sys
 import tempfile
@@ -224,25 +229,30 @@ def rank_metrics(ranks: torch.Tensor) -> dict:
 
 
 def train_within_budget(
-    train_to_epoch: Callable[[int], None], budget_seconds: float
+    train_to_epoch: Callable[[int], float | None], budget_seconds: float
 ) -> tuple[int, float, list]:
     """Call ``train_to_epoch(total_epochs)`` until the budget is about spent.
 
     The first call trains one epoch; each later one adds as many epochs as the
     last call's epoch time says fit in what is left (rounded, so the total
-    lands within half an epoch of the budget). Returns epochs, seconds and the
-    per-call log.
+    lands within half an epoch of the budget). ``train_to_epoch`` may return
+    the seconds its epochs themselves took; the rest of the call is then taken
+    as a fixed per-call cost (PBG starts a worker pool on every call), which
+    the next call will pay again. Returns epochs, seconds and the per-call log.
     """
     epochs, spent, calls = 0, 0.0, []
     target = 1
     while True:
         started = time.perf_counter()
-        train_to_epoch(target)
+        epoch_part = train_to_epoch(target)
         seconds = time.perf_counter() - started
+        overhead = seconds - epoch_part if epoch_part else 0.0
         calls.append({"to_epoch": target, "seconds": round(seconds, 3)})
-        epoch_seconds = seconds / (target - epochs)
+        if epoch_part:
+            calls[-1]["epoch_seconds"] = round(epoch_part, 3)
+        epoch_seconds = (seconds - overhead) / (target - epochs)
         epochs, spent = target, spent + seconds
-        more = round((budget_seconds - spent) / epoch_seconds)
+        more = round((budget_seconds - spent - overhead) / epoch_seconds)
         if more <= 0 or len(calls) >= MAX_TRAIN_CALLS:
             return epochs, spent, calls
         target = epochs + more
@@ -273,7 +283,11 @@ def resolve_device(name: str) -> torch.device:
 
 
 def run_pykeen(data_dir, budget_seconds: float, device: str = "auto", workdir=None) -> dict:
-    """Train PyKEEN DistMult for about ``budget_seconds`` and evaluate it."""
+    """Train PyKEEN DistMult for about ``budget_seconds`` and evaluate it.
+
+    ``workdir`` is unused (PyKEEN keeps everything in memory); it is there so
+    both runners share one signature.
+    """
     from pykeen.evaluation import RankBasedEvaluator
     from pykeen.losses import CrossEntropyLoss
     from pykeen.models import DistMult
@@ -311,7 +325,7 @@ def run_pykeen(data_dir, budget_seconds: float, device: str = "auto", workdir=No
             triples_factory=train,
             num_epochs=total,
             batch_size=1024,
-            continue_training=loop._epoch > 0,
+            continue_training=total > 1,  # the first call trains epoch 1 only
             use_tqdm=False,
         )
 
@@ -412,19 +426,50 @@ def pbg_gpu_problem() -> str | None:
     return None
 
 
+class PbgComputeTimes(logging.Handler):
+    """Collects PBG's own per-bucket "Processed N edges in X s" log lines.
+
+    Their sum is PBG's compute time, without its per-call worker start-up and
+    checkpoint I/O; the budget fill uses it to tell the two apart.
+    """
+
+    PATTERN = re.compile(r"Processed (\d+) edges in ([\d.]+) s")
+
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.seconds = 0.0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        match = self.PATTERN.search(record.getMessage())
+        if match:
+            self.seconds += float(match.group(2))
+
+    def take(self) -> float:
+        seconds, self.seconds = self.seconds, 0.0
+        return seconds
+
+
 def train_pbg(config_dict: dict, budget_seconds: float) -> tuple[int, float, list]:
     from torchbiggraph.config import parse_config
     from torchbiggraph.train import train
 
-    def train_to_epoch(total: int) -> None:
+    compute = PbgComputeTimes()
+    pbg_logger = logging.getLogger("torchbiggraph")
+    pbg_logger.addHandler(compute)
+    pbg_logger.setLevel(logging.INFO)
+    pbg_logger.propagate = False  # keep PBG's chatter off our output
+
+    def train_to_epoch(total: int) -> float:
         # PBG resumes from the checkpoint it finds, so each call only runs the
         # epochs between the saved one and ``total``.
         train(parse_config({**config_dict, "num_epochs": total}))
+        return compute.take()
 
     threads = torch.get_num_threads()
     try:
         return train_within_budget(train_to_epoch, budget_seconds)
     finally:
+        pbg_logger.removeHandler(compute)
         # PBG sets one thread in the parent too; our evaluation wants them all.
         torch.set_num_threads(threads)
 
@@ -509,7 +554,6 @@ def available_cores() -> int:
 
 def run_pbg(data_dir, budget_seconds: float, device: str = "auto", workdir=None) -> dict:
     """Train PBG with its FB15k settings for about ``budget_seconds`` and evaluate it."""
-
     torch_device = resolve_device(device)
     dataset = Dataset(Path(data_dir))
     root = Path(workdir or tempfile.mkdtemp(prefix="peers-pbg-"))
@@ -542,6 +586,8 @@ def run_pbg(data_dir, budget_seconds: float, device: str = "auto", workdir=None)
         version=_distribution_version("torchbiggraph"),
         model="complex_diagonal d=400, dynamic rels, batch 10000, 1000 uniform negs, softmax, lr 0.1",
         workers=None if mode == "cuda" else config["workers"],
+        # PBG's own timing of its epochs, without per-call start-up and I/O.
+        compute_seconds=round(sum(call.get("epoch_seconds", 0.0) for call in calls), 3),
         checkpoint_version=int(
             (Path(config["checkpoint_path"]) / "checkpoint_version.txt").read_text()
         ),
