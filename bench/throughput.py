@@ -100,7 +100,7 @@ def measure_step(dim: int, placement: str, compile_loss: bool, score_dtype: str,
     runner = SpanRunner(model, placement, config.pipeline, device, config.training.batch_size)
     batch = config.training.batch_size
     edges = power_law_edges(args.nodes, batch * 40, args.relations)
-    sampling = epoch_generator(0, 1)
+    sampling = epoch_generator(0, 1, table_device)
     dropout = epoch_generator(0, 1, device, stream=1)
     loss = torch.zeros((), device=device)
 
@@ -267,7 +267,7 @@ def main() -> None:
     parser.add_argument("--relations", type=int, default=100)
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--warmup-batches", type=int, default=10)
-    parser.add_argument("--load-threads", type=int, default=4, help="step: load threads of the host placement")
+    parser.add_argument("--load-threads", type=int, default=4, help="step: load threads")
     parser.add_argument("--partitions", type=int, default=16)
     parser.add_argument("--disk-edges", type=int, default=20_000_000)
     parser.add_argument("--workdir", default="/tmp/throughput")

@@ -78,16 +78,16 @@ class SpanRunner:
             candidates: CandidateRows | None, sampling: torch.Generator, dropout: torch.Generator,
             loss_sum: torch.Tensor, on_batch: Callable[[int], None]) -> None:
         """Train ``edges`` (already shuffled) in batches; add each batch's loss x size to ``loss_sum``."""
-        pin = self.device.type == "cuda"  # host-to-device copies from pinned memory are asynchronous
-        gather_in_load = self.placement != PLACEMENT_DEVICE
+        pin = self.placement == PLACEMENT_HOST  # host-to-device copies from pinned memory are asynchronous
         model = self.model
+        edges = edges.to(sampling.device)
 
         def load(batch: torch.Tensor) -> BatchInFlight:
             plan = model.plan_batch(batch, sampling, candidates)
+            if self.placement == PLACEMENT_DEVICE:
+                return BatchInFlight(plan, None, None, None)
             if pin:
                 plan = plan.pinned()
-            if not gather_in_load:
-                return BatchInFlight(plan, None, None, None)
             return BatchInFlight(plan, plan.rows, _gather(nodes, plan.rows, pin), _gather(state, plan.rows, pin))
 
         def compute(item: BatchInFlight) -> BatchInFlight:

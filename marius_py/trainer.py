@@ -37,7 +37,6 @@ from marius_py.resources import check_memory, check_partitioning
 from marius_py.batches import SpanRunner
 from orderings import Ordering, build_ordering
 from pipeline.devices import PLACEMENT_DEVICE, PLACEMENT_HOST, choose_placement
-from pipeline.rows import unique_rows
 from storage.buffer import PartitionBuffer
 from storage.durable import fsync_tree
 from storage.embedding_store import EmbeddingStore, link_tree
@@ -148,9 +147,8 @@ class Model:
         head_negatives = sample_negatives(endpoints, candidates, num_chunks, t.num_negatives,
                                           t.degree_fraction, generator)
         ids = torch.cat([heads, tails, tail_negatives.reshape(-1), head_negatives.reshape(-1)])
-        padding = candidates.rows(torch.arange(len(ids), device=ids.device) % candidates.total) \
-            if ids.is_cuda else None
-        rows, local = unique_rows(ids, padding)
+        # On CUDA this reads the count back: a pipeline plans on its own stream and thread.
+        rows, local = torch.unique(ids, return_inverse=True)
         return BatchPlan(edges, rows, local, tail_negatives, head_negatives)
 
     def compute(self, plan: "BatchPlan", embeddings: torch.Tensor, state: torch.Tensor,
@@ -432,7 +430,7 @@ class Trainer:
             local = edges.clone()
             local[:, 0] = view.local_ids(edges[:, 0].to(self.table_device)).cpu()
             local[:, 2] = view.local_ids(edges[:, 2].to(self.table_device)).cpu()
-            candidates = CandidateRows(view.resident_ranges)  # batches are planned on the host
+            candidates = CandidateRows(view.resident_ranges, self.table_device)
             yield TrainingSpan(local, candidates), buffer.embeddings, buffer.state
         buffer.flush()
 
@@ -464,8 +462,10 @@ class Trainer:
 
     def train_epoch(self, epoch: int) -> dict:
         t = self.config.training
-        # Shuffling and negatives on the host (batches are planned there); dropout on the compute device.
-        sampling = epoch_generator(t.seed, epoch)
+        shuffling = epoch_generator(t.seed, epoch)
+        # Negatives are drawn where the tables live (the load stage); dropout on the compute device.
+        sampling = shuffling if self.table_device.type == "cpu" else epoch_generator(t.seed, epoch,
+                                                                                     self.table_device)
         dropout = epoch_generator(t.seed, epoch, self.device, stream=1)
         num_edges = self.dataset.metadata.num_train
         total_loss = torch.zeros((), device=self.device)
@@ -474,7 +474,7 @@ class Trainer:
         bar = tqdm(total=-(-num_edges // t.batch_size), desc=f"epoch {epoch}/{t.epochs}", unit="batch",
                    disable=None if self.progress else True, leave=False, dynamic_ncols=True)
         for span, nodes, node_state in self._spans(epoch):
-            order = torch.randperm(len(span.edges), generator=sampling)
+            order = torch.randperm(len(span.edges), generator=shuffling)
             self.runner.run(span.edges[order], nodes, node_state, span.candidates, sampling, dropout,
                             total_loss, bar.update)
         bar.close()

@@ -8,12 +8,12 @@ what joins them:
 - ``cpu``: load -> compute -> update as threads; no transfers. At bound 1
   they run inline: the stages could not overlap anyway, and handing batches
   between threads measured ~15% slower on two cores.
-- ``device`` (tables in GPU memory): load -> host-to-device -> compute+update.
-  The load stage only plans batches on the host (negatives and the exact set
-  of touched rows, so the GPU works on those rows alone), ahead of time; the
-  gather, compute and update run together on the compute stream, so training
-  stays synchronous whatever the bound (the bound is how far planning runs
-  ahead).
+- ``device`` (tables in GPU memory): load -> compute+update. The load stage
+  plans batches (negatives, the exact set of touched rows) on the GPU on its
+  own stream, ahead of time: the count of unique rows that ``torch.unique``
+  reads back stalls that thread alone. The gather, compute and update run
+  together on the compute stream, so training stays synchronous whatever the
+  bound (the bound is how far planning runs ahead).
 - ``host`` (tables in pinned host memory, CUDA compute): the full five stages,
   load -> host-to-device -> compute -> device-to-host -> update, with one CUDA
   stream per transfer direction and one for compute, ordered by events.
@@ -73,7 +73,7 @@ def build_pipeline(placement: str, load: Callable, compute: Callable, update: Ca
     """
     if placement == PLACEMENT_DEVICE:
         streams = _CudaStreams(device)
-        return Pipeline([Stage("load", load, load_threads), Stage("host-to-device", streams.to_device),
+        return Pipeline([Stage("load", streams.upload_after(load), load_threads),
                          Stage("compute", streams.compute_with(lambda item: update(compute(item))))],
                         staleness_bound, queue_size)
     if placement == PLACEMENT_CPU:
@@ -81,7 +81,7 @@ def build_pipeline(placement: str, load: Callable, compute: Callable, update: Ca
                          Stage("update", update)], staleness_bound, queue_size,
                         inline=staleness_bound == 1)  # threads that only hand over cost ~15% on CPU
     streams = _CudaStreams(device)
-    return Pipeline([Stage("load", load, load_threads), Stage("host-to-device", streams.to_device),
+    return Pipeline([Stage("load", load, load_threads), Stage("host-to-device", streams.upload_after(None)),
                      Stage("compute", streams.compute_with(compute)),
                      Stage("device-to-host", streams.to_host), Stage("update", update)],
                     staleness_bound, queue_size)
@@ -101,12 +101,17 @@ class _CudaStreams:
         self.compute_stream = torch.cuda.Stream(device)
         self.download = torch.cuda.Stream(device)
 
-    def to_device(self, item: Any) -> tuple[Any, torch.cuda.Event, list[torch.Tensor]]:
-        with torch.cuda.stream(self.upload):
-            moved = item.inputs_to(self.device)
-            ready = torch.cuda.Event()
-            ready.record(self.upload)
-        return item, ready, moved
+    def upload_after(self, load: Callable | None) -> Callable:
+        """A stage that runs ``load`` (if any) and the copies of its inputs on the upload stream."""
+        def run(item: Any) -> tuple[Any, torch.cuda.Event, list[torch.Tensor]]:
+            with torch.cuda.stream(self.upload):
+                if load is not None:
+                    item = load(item)
+                moved = item.inputs_to(self.device)
+                ready = torch.cuda.Event()
+                ready.record(self.upload)
+            return item, ready, moved
+        return run
 
     def compute_with(self, compute: Callable) -> Callable:
         def run(entry):

@@ -18,7 +18,6 @@ from marius_py.dataset import Dataset
 from marius_py.optim import SparseAdagrad
 from marius_py.trainer import Model, Trainer, epoch_generator
 from pipeline.devices import PLACEMENT_CPU
-from pipeline.rows import unique_rows
 from pipeline.stages import Pipeline, Stage
 
 
@@ -84,26 +83,6 @@ def test_an_exception_in_any_stage_reaches_the_caller(failing_stage, inline):
     assert time.monotonic() - started < 10
     assert any(f"s{failing_stage}" in note for note in getattr(raised.value, "__notes__", [f"s{failing_stage}"]))
     assert not pipeline_threads()
-
-
-def test_unique_rows_maps_every_id():
-    ids = torch.tensor([5, 3, 5, 9, 3, 0, 9])
-    rows, local = unique_rows(ids)
-    assert torch.equal(rows[local], ids)
-    assert torch.equal(rows, torch.tensor([0, 3, 5, 9]))
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_unique_rows_on_cuda_pads_with_unreferenced_rows():
-    ids = torch.randint(0, 50, (1000,), device="cuda")
-    rows, local = unique_rows(ids)
-    assert torch.equal(rows[local], ids)
-    expected = torch.unique(ids)
-    assert torch.equal(rows[:len(expected)], expected)
-    referenced = torch.zeros(len(rows), dtype=torch.bool, device="cuda")
-    referenced[local] = True
-    assert referenced[:len(expected)].all() and not referenced[len(expected):].any()
 
 
 # ---- the training pipeline ----
