@@ -21,6 +21,7 @@ from pipeline.devices import (
     PLACEMENT_HOST,
     build_pipeline,
     default_staleness,
+    run_planned_ahead,
 )
 
 
@@ -81,19 +82,15 @@ class SpanRunner:
         pin = self.placement == PLACEMENT_HOST  # host-to-device copies from pinned memory are asynchronous
         model = self.model
         edges = edges.to(sampling.device)
+        batches = (edges[start:start + self.batch_size] for start in range(0, len(edges), self.batch_size))
 
         def load(batch: torch.Tensor) -> BatchInFlight:
             plan = model.plan_batch(batch, sampling, candidates)
-            if self.placement == PLACEMENT_DEVICE:
-                return BatchInFlight(plan, None, None, None)
             if pin:
                 plan = plan.pinned()
             return BatchInFlight(plan, plan.rows, _gather(nodes, plan.rows, pin), _gather(state, plan.rows, pin))
 
         def compute(item: BatchInFlight) -> BatchInFlight:
-            if item.embeddings is None:  # tables on the device: gather now, so training stays synchronous
-                item.table_rows = item.plan.rows
-                item.embeddings, item.state = nodes[item.plan.rows], state[item.plan.rows]
             update = model.compute(item.plan, item.embeddings, item.state, dropout)
             loss_sum.add_(update.loss * len(item.plan.edges))
             item.delta, item.squared = update.delta, update.squared
@@ -103,13 +100,35 @@ class SpanRunner:
         def update(item: BatchInFlight) -> None:
             SparseAdagrad.apply(nodes, state, item.table_rows, item.delta, item.squared)
 
-        pipeline = build_pipeline(self.placement, load, compute, update, self.staleness_bound, self.device,
-                                  self.settings.load_threads, self.settings.queue_size)
-        with pipeline:
-            for start in range(0, len(edges), self.batch_size):
-                pipeline.submit(edges[start:start + self.batch_size])
-                on_batch(1)
-            pipeline.drain()
-        self.max_in_flight = max(self.max_in_flight, pipeline.max_in_flight)
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)  # the tables and relations were updated on another stream
+        if self.placement == PLACEMENT_DEVICE:
+            run_planned_ahead(batches, lambda batch: self._plan_ahead(batch, sampling, candidates, on_batch),
+                              lambda planned: update(compute(self._gather_planned(planned, nodes, state))),
+                              self.staleness_bound)
+        else:
+            pipeline = build_pipeline(self.placement, load, compute, update, self.staleness_bound, self.device,
+                                      self.settings.load_threads, self.settings.queue_size)
+            with pipeline:
+                for batch in batches:
+                    pipeline.submit(batch)
+                    on_batch(1)
+                pipeline.drain()
+            self.max_in_flight = max(self.max_in_flight, pipeline.max_in_flight)
+        if self.device.type == "cuda" and self.placement == PLACEMENT_HOST:
+            torch.cuda.synchronize(self.device)  # relation parameters were updated on another stream
+
+    def _plan_ahead(self, batch, sampling, candidates, on_batch):
+        """A batch's plan on the device, and its unique-row count on its way to the host."""
+        plan = self.model.plan_batch(batch, sampling, candidates, defer_count=True)
+        count = torch.empty(1, dtype=plan.unique_count.dtype, pin_memory=True)
+        count.copy_(plan.unique_count, non_blocking=True)
+        copied = torch.cuda.Event()
+        copied.record()
+        on_batch(1)
+        return plan, count, copied
+
+    @staticmethod
+    def _gather_planned(planned, nodes: torch.Tensor, state: torch.Tensor) -> BatchInFlight:
+        plan, count, copied = planned
+        copied.synchronize()  # planned batches ago: normally long done
+        plan = plan.trimmed(int(count))
+        return BatchInFlight(plan, plan.rows, nodes[plan.rows], state[plan.rows])

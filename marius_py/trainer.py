@@ -23,25 +23,44 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from marius_py.checkpoint import (LIVE_STORE, NODES, RunDirectory, TrainingState, config_fingerprint,
-                                  load_version, write_version_state)
+from marius_py.batches import SpanRunner
+from marius_py.checkpoint import (
+    LIVE_STORE,
+    NODES,
+    RunDirectory,
+    TrainingState,
+    config_fingerprint,
+    load_version,
+    write_version_state,
+)
 from marius_py.config import Config
 from marius_py.dataset import Dataset
 from marius_py.errors import MariusInputError
-from marius_py.evaluation import InMemoryNodes, NodeTable, StoredNodes, build_known_answers, evaluate_split
+from marius_py.evaluation import (
+    InMemoryNodes,
+    NodeTable,
+    StoredNodes,
+    build_known_answers,
+    evaluate_split,
+)
 from marius_py.fused_loss import shared_negative_softmax_ce
-from marius_py.models import LOSSES, Decoder, DotProductComparator, build_decoder, regularization
+from marius_py.models import (
+    LOSSES,
+    Decoder,
+    DotProductComparator,
+    build_decoder,
+    regularization,
+)
 from marius_py.negatives import CandidateRows, chunk, sample_negatives
 from marius_py.optim import SparseAdagrad, build_relation_optimizer
 from marius_py.resources import check_memory, check_partitioning
-from marius_py.batches import SpanRunner
 from orderings import Ordering, build_ordering
 from pipeline.devices import PLACEMENT_DEVICE, PLACEMENT_HOST, choose_placement
+from pipeline.rows import unique_rows_async
 from storage.buffer import PartitionBuffer
 from storage.durable import fsync_tree
 from storage.embedding_store import EmbeddingStore, link_tree
 from storage.partitioning import partition_size
-
 
 SCORE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -128,12 +147,14 @@ class Model:
         return queries * keep / (1 - rate)
 
     def plan_batch(self, edges: torch.Tensor, generator: torch.Generator,
-                   candidates: CandidateRows | None = None) -> "BatchPlan":
+                   candidates: CandidateRows | None = None, defer_count: bool = False) -> "BatchPlan":
         """Negatives and the table rows of one batch of (h, r, t), on the generator's device.
 
         Node ids index the node table (global ids in memory, buffer-local rows
         out of core); uniform negatives come from ``candidates`` (default: every
-        row of an in-memory table of ``num_nodes``).
+        row of an in-memory table of ``num_nodes``). With ``defer_count`` (CUDA),
+        ``rows`` is padded and ``unique_count`` says how many are real: see
+        ``BatchPlan.trimmed``.
         """
         t = self.config.training
         if candidates is None:
@@ -147,7 +168,9 @@ class Model:
         head_negatives = sample_negatives(endpoints, candidates, num_chunks, t.num_negatives,
                                           t.degree_fraction, generator)
         ids = torch.cat([heads, tails, tail_negatives.reshape(-1), head_negatives.reshape(-1)])
-        # On CUDA this reads the count back: a pipeline plans on its own stream and thread.
+        if defer_count:
+            rows, local, count = unique_rows_async(ids)
+            return BatchPlan(edges, rows, local, tail_negatives, head_negatives, count)
         rows, local = torch.unique(ids, return_inverse=True)
         return BatchPlan(edges, rows, local, tail_negatives, head_negatives)
 
@@ -240,9 +263,15 @@ class BatchPlan:
     local: torch.Tensor            # position in ``rows`` of the heads, tails, tail then head negatives
     tail_negatives: torch.Tensor   # [C, N] table rows
     head_negatives: torch.Tensor   # [C, N]
+    unique_count: torch.Tensor | None = None  # [1] on the device: rows beyond it are padding
 
     def tensors(self) -> list[torch.Tensor]:
-        return [getattr(self, f.name) for f in dataclasses.fields(self)]
+        fields = [getattr(self, f.name) for f in dataclasses.fields(self)]
+        return [t for t in fields if t is not None]
+
+    def trimmed(self, count: int) -> "BatchPlan":
+        """The plan with its padding rows dropped, once ``unique_count`` has been read."""
+        return BatchPlan(self.edges, self.rows[:count], self.local, self.tail_negatives, self.head_negatives)
 
     def pinned(self) -> "BatchPlan":
         return BatchPlan(*(t.pin_memory() for t in self.tensors()))

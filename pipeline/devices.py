@@ -8,12 +8,13 @@ what joins them:
 - ``cpu``: load -> compute -> update as threads; no transfers. At bound 1
   they run inline: the stages could not overlap anyway, and handing batches
   between threads measured ~15% slower on two cores.
-- ``device`` (tables in GPU memory): load -> compute+update. The load stage
-  plans batches (negatives, the exact set of touched rows) on the GPU on its
-  own stream, ahead of time: the count of unique rows that ``torch.unique``
-  reads back stalls that thread alone. The gather, compute and update run
-  together on the compute stream, so training stays synchronous whatever the
-  bound (the bound is how far planning runs ahead).
+- ``device`` (tables in GPU memory): no threads (``run_planned_ahead``). Each
+  batch is planned on the GPU (negatives, touched rows with their count left
+  on the device) ``staleness_bound`` batches before it runs; by then its row
+  count has reached the host without stalling the GPU's queue. Gather,
+  compute and update follow in stream order, so training stays synchronous
+  whatever the bound. (Planning on a second thread measured slower: the two
+  threads' kernel launches contend for the GIL.)
 - ``host`` (tables in pinned host memory, CUDA compute): the full five stages,
   load -> host-to-device -> compute -> device-to-host -> update, with one CUDA
   stream per transfer direction and one for compute, ordered by events.
@@ -21,7 +22,8 @@ what joins them:
 
 from __future__ import annotations
 
-from typing import Any, Callable, Protocol
+from collections import deque
+from typing import Any, Callable, Iterable, Protocol
 
 import torch
 
@@ -66,16 +68,11 @@ def default_staleness(placement: str, requested: int) -> int:
 def build_pipeline(placement: str, load: Callable, compute: Callable, update: Callable,
                    staleness_bound: int, device: torch.device, load_threads: int = 1,
                    queue_size: int = 0) -> Pipeline:
-    """The pipeline of one placement (see the module docstring).
+    """The pipeline of the ``cpu`` or ``host`` placement (see the module docstring).
 
     Compute and update run on one thread each: compute steps the relation
     parameters, and two threads adding into one table row could interleave.
     """
-    if placement == PLACEMENT_DEVICE:
-        streams = _CudaStreams(device)
-        return Pipeline([Stage("load", streams.upload_after(load), load_threads),
-                         Stage("compute", streams.compute_with(lambda item: update(compute(item))))],
-                        staleness_bound, queue_size)
     if placement == PLACEMENT_CPU:
         return Pipeline([Stage("load", load, load_threads), Stage("compute", compute),
                          Stage("update", update)], staleness_bound, queue_size,
@@ -85,6 +82,17 @@ def build_pipeline(placement: str, load: Callable, compute: Callable, update: Ca
                      Stage("compute", streams.compute_with(compute)),
                      Stage("device-to-host", streams.to_host), Stage("update", update)],
                     staleness_bound, queue_size)
+
+
+def run_planned_ahead(batches: Iterable, plan: Callable, run: Callable, lookahead: int) -> None:
+    """The ``device`` placement: ``run(plan(batch))``, each plan made ``lookahead`` batches early."""
+    pending: deque = deque()
+    for batch in batches:
+        pending.append(plan(batch))
+        if len(pending) > lookahead:
+            run(pending.popleft())
+    while pending:
+        run(pending.popleft())
 
 
 class _CudaStreams:
