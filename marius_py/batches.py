@@ -119,6 +119,7 @@ class SpanRunner:
     def _plan_ahead(self, batch, sampling, candidates, on_batch):
         """A batch's plan on the device, and its unique-row count on its way to the host."""
         plan = self.model.plan_batch(batch, sampling, candidates, defer_count=True)
+        plan = plan.to(self.device, non_blocking=True)  # a no-op unless negatives were drawn on the host
         count = torch.empty(1, dtype=plan.unique_count.dtype, pin_memory=True)
         count.copy_(plan.unique_count, non_blocking=True)
         copied = torch.cuda.Event()
