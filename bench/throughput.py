@@ -86,9 +86,9 @@ def power_law_edges(num_nodes: int, num_edges: int, num_relations: int, seed: in
     return torch.from_numpy(np.stack([ids[:num_edges], relations, ids[num_edges:]], axis=1))
 
 
-def measure_step(dim: int, placement: str, compile_loss: bool, score_dtype: str, args) -> dict:
+def measure_step(dim: int, placement: str, score_dtype: str, args) -> dict:
     device = torch.device("cuda")
-    config = load_config(None, [*STEP_SETTINGS, f"model.dim={dim}", f"training.compile={compile_loss}",
+    config = load_config(None, [*STEP_SETTINGS, f"model.dim={dim}",
                                 f"pipeline.placement={placement}", "training.device=cuda",
                                 f"training.score_dtype={score_dtype}", f"pipeline.load_threads={args.load_threads}"])
     model = Model(config, args.nodes, args.relations, device)
@@ -124,8 +124,8 @@ def measure_step(dim: int, placement: str, compile_loss: bool, score_dtype: str,
         with UtilisationSampler(device) as utilisation:
             seconds = run(num_batches)
         if args.profile:
-            print_profile(lambda: run(3), f"{placement} d={dim} compile={compile_loss} scores={score_dtype}")
-    return {"part": "step", "placement": placement, "dim": dim, "compile": compile_loss, "score_dtype": score_dtype,
+            print_profile(lambda: run(3), f"{placement} d={dim} scores={score_dtype}")
+    return {"part": "step", "placement": placement, "dim": dim, "score_dtype": score_dtype,
             "edges_per_s": num_batches * batch / seconds, "gpu_util": utilisation.mean,
             "batches": num_batches, "seconds": seconds, "warmup_seconds": warmup,
             "staleness_bound": runner.staleness_bound, "load_threads": args.load_threads}
@@ -156,12 +156,12 @@ def measure_disk(dim: int, args) -> dict:
                "--partitions", str(args.partitions), "--buffer", str(args.partitions // 4),
                f"dataset.path={dataset}", f"model.dim={dim}", "training.epochs=2",
                "evaluation.every=0", "evaluation.protocol=sampled", "training.device=cuda",
-               *STEP_SETTINGS, f"training.compile={args.compile}", f"training.score_dtype={args.score_dtype}"]
+               *STEP_SETTINGS, f"training.score_dtype={args.score_dtype}"]
     with UtilisationSampler(torch.device("cuda")) as utilisation:
         subprocess.run(command, check=True)
     epochs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     last = [r for r in epochs if r.get("event") == "epoch"][-1]
-    return {"part": "disk", "placement": last["pipeline"]["placement"], "dim": dim, "compile": args.compile,
+    return {"part": "disk", "placement": last["pipeline"]["placement"], "dim": dim,
             "score_dtype": args.score_dtype,
             "edges_per_s": last["edges_per_s"], "gpu_util": utilisation.mean, "seconds": last["seconds"],
             "partitions": args.partitions, "buffer": args.partitions // 4, "io": last.get("io")}
@@ -206,7 +206,7 @@ def train_for_budget(name: str, args, extra: list[str], budget: float, eval_ever
                     reached = elapsed
     final = trainer.evaluate("test")
     trainer.close()
-    return {"part": "fb15k", "placement": trainer.placement, "dim": config.model.dim, "compile": False,
+    return {"part": "fb15k", "placement": trainer.placement, "dim": config.model.dim,
             "score_dtype": config.training.score_dtype, "system": f"marius-py {name}",
             "edges_per_s": epoch * dataset.metadata.num_train / elapsed, "gpu_util": utilisation.mean,
             "epochs": epoch, "train_seconds": elapsed, "test_mrr": final["mrr"], "hits@10": final["hits@10"],
@@ -225,7 +225,7 @@ def measure_peers(args) -> list[dict]:
         except Exception as error:  # a peer that fails is reported, not fatal to the table
             result = {"error": f"{type(error).__name__}: {error}"}
         rows.append({"part": "fb15k", "system": peer, "placement": result.get("mode", "failed"),
-                     "dim": result.get("dim", 0), "compile": False, "score_dtype": "-",
+                     "dim": result.get("dim", 0), "score_dtype": "-",
                      "edges_per_s": result.get("edges_per_second", 0.0), "gpu_util": None,
                      "test_mrr": result.get("mrr"), "hits@10": result.get("hits_at_10"),
                      "train_seconds": result.get("train_seconds"), "peer": result})
@@ -242,7 +242,7 @@ def print_row(row: dict) -> None:
     if row.get("staleness_bound") and row["part"] == "stale":
         extra += f"  bound {row['staleness_bound']}"
     print(f"{row['part']:<5} {row.get('system', 'marius-py'):<18} {row['placement']:<7} d={row['dim']:<4} "
-          f"compile={str(row['compile']):<5} scores={row['score_dtype']:<8} "
+          f"scores={row['score_dtype']:<8} "
           f"{row['edges_per_s'] / 1e6:8.3f} M edges/s  GPU {util}{extra}", flush=True)
 
 
@@ -261,7 +261,6 @@ def main() -> None:
     parser.add_argument("--device", default="cuda", help="fb15k/stale: cpu for a smoke test")
     parser.add_argument("--dims", nargs="+", type=int, default=[100, 400])
     parser.add_argument("--placements", nargs="+", default=["device", "host"])
-    parser.add_argument("--compile", nargs="+", default=["false"], choices=["false", "true"])
     parser.add_argument("--score-dtypes", nargs="+", default=["float32"], choices=["float32", "bfloat16"])
     parser.add_argument("--nodes", type=int, default=1_000_000)
     parser.add_argument("--relations", type=int, default=100)
@@ -274,7 +273,6 @@ def main() -> None:
     parser.add_argument("--json", default=None)
     parser.add_argument("--profile", action="store_true", help="print the top GPU kernels of each step row")
     args = parser.parse_args()
-    args.compile = [value == "true" for value in args.compile]
     Path(args.workdir).mkdir(parents=True, exist_ok=True)
     rows = []
 
@@ -289,12 +287,10 @@ def main() -> None:
     for dim in args.dims:
         if "step" in args.parts:
             for placement in args.placements:
-                for compile_loss in args.compile:
-                    for score_dtype in args.score_dtypes:
-                        record(measure_step(dim, placement, compile_loss, score_dtype, args))
+                for score_dtype in args.score_dtypes:
+                    record(measure_step(dim, placement, score_dtype, args))
         if "disk" in args.parts:
-            disk_args = argparse.Namespace(**{**vars(args), "compile": args.compile[-1],
-                                              "score_dtype": args.score_dtypes[-1]})
+            disk_args = argparse.Namespace(**{**vars(args), "score_dtype": args.score_dtypes[-1]})
             record(measure_disk(dim, disk_args))
     if "fb15k" in args.parts:
         for name in args.fb15k_configs:

@@ -75,8 +75,6 @@ class TrainingConfig:
                                      "with softmax_ce: float32 or bfloat16 (half the memory traffic; reductions "
                                      "stay float32)")
     tf32: bool = _f(True, "CUDA: TF32 matmuls while training (scores; evaluation stays float32)")
-    compile: bool = _f(False, "CUDA: torch.compile the batch loss (fuses the score masking, softmax and "
-                              "their gradients; full batches only, and only without dropout)")
 
 
 @dataclass

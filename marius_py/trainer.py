@@ -109,25 +109,8 @@ class Model:
         self.relation_optimizer = build_relation_optimizer(t.relation_optimizer, params, t.relation_lr) \
             if params else None
         self.device = device
-        self._compiled_loss = None
         # Dot-product scores with softmax cross-entropy: the fused loss (marius_py/fused_loss.py).
         self._fused_softmax = isinstance(self.decoder, DotProductComparator) and m.loss == "softmax_ce"
-
-    def _loss_function(self, batch: int):
-        """The compiled loss for full batches when asked for (one batch shape: no recompilation)."""
-        t = self.config.training
-        if not (t.compile and self.device.type == "cuda" and batch == t.batch_size
-                and self.config.model.dropout == 0):
-            return self.batch_loss
-        if self._compiled_loss is None:
-            compiled = torch.compile(self.batch_loss)
-
-            def run(plan, embeddings, generator):
-                # Exact unique rows (host placement) vary in number: one graph for every count.
-                torch._dynamo.mark_dynamic(embeddings, 0)
-                return compiled(plan, embeddings, generator)
-            self._compiled_loss = run
-        return self._compiled_loss
 
     def state_dict(self) -> dict:
         return {"decoder": self.decoder.state_dict(),
@@ -183,7 +166,7 @@ class Model:
         draws dropout.
         """
         embeddings = embeddings.detach().requires_grad_(True)
-        loss = self._loss_function(len(plan.edges))(plan, embeddings, generator)
+        loss = self.batch_loss(plan, embeddings, generator)
         if self.relation_optimizer is not None:
             self.relation_optimizer.zero_grad(set_to_none=True)
         loss.backward()
