@@ -124,6 +124,9 @@ def test_trainer_ordering_is_the_seeded_registry_ordering(beta_p8_run, datasets)
 @pytest.mark.parametrize("ordering, overrides", [
     ("beta", None),
     ("beta_random", ("storage.num_partitions=8", "storage.buffer_capacity=3")),
+    # asynchronous: 8 batches in flight, drained before the buffer changes state
+    ("beta", ("storage.num_partitions=8", "storage.buffer_capacity=3", "pipeline.staleness_bound=8",
+              "training.batch_size=64")),
     ("comet", ("storage.num_partitions=8", "storage.buffer_capacity=4", "storage.comet_group_size=2")),
 ])
 def test_partitioned_training_learns(ordering, overrides, beta_p8_run, datasets, tmp_path):
@@ -137,6 +140,10 @@ def test_partitioned_training_learns(ordering, overrides, beta_p8_run, datasets,
     assert model.test_metrics["mrr"] > 0.3, model.test_metrics
     records = epoch_records(run)
     assert all(r["io"]["partitions_read"] > 0 for r in records)
+    if overrides and "pipeline.staleness_bound=8" in overrides:
+        assert all(1 < r["pipeline"]["max_in_flight"] <= 8 for r in records)
+        stats = simulate(build_ordering("beta", 8, 3, seed=3, epoch=1), 1)
+        assert records[0]["io"]["partitions_read"] == stats.partitions_read
     if ordering == "comet":
         # 8 physical partitions, 4 resident: 4 logical BETA swaps per epoch of 2 physical partitions each
         stats = simulate(build_ordering("comet", 4, 2, seed=3, epoch=1, group_size=2), 1)
