@@ -109,8 +109,9 @@ class PipelineConfig:
                                 "'host' (pinned host memory, the five-stage pipeline), 'auto' (device when "
                                 "they fit in GPU memory)")
     staleness_bound: int = _f(0, "batches in flight at once; a batch's compute misses the updates of at most "
-                                 "bound - 1 earlier ones (1: synchronous; 0: 16 with a host placement, 1 on CPU "
-                                 "and in GPU memory)")
+                                 "bound - 1 earlier ones (1: synchronous). With tables in GPU memory it is how "
+                                 "far batches are planned ahead, and training stays synchronous. 0: 16 on CUDA, "
+                                 "1 on CPU")
     load_threads: int = _f(1, "threads of the load stage (negatives, unique rows, gathers)")
     queue_size: int = _f(0, "capacity of each queue between stages (0: the staleness bound)")
 
