@@ -75,6 +75,11 @@ class SpanRunner:
         self.staleness_bound = default_staleness(placement, settings.staleness_bound)
         self.max_in_flight = 0
 
+    @property
+    def effective_staleness(self) -> int:
+        """The bound on missed updates: 1 in GPU memory, where the bound only sets how far planning runs ahead."""
+        return 1 if self.placement == PLACEMENT_DEVICE else self.staleness_bound
+
     def run(self, edges: torch.Tensor, nodes: torch.Tensor, state: torch.Tensor,
             candidates: CandidateRows | None, sampling: torch.Generator, dropout: torch.Generator,
             loss_sum: torch.Tensor, on_batch: Callable[[int], None]) -> None:
@@ -104,6 +109,7 @@ class SpanRunner:
             run_planned_ahead(batches, lambda batch: self._plan_ahead(batch, sampling, candidates, on_batch),
                               lambda planned: update(compute(self._gather_planned(planned, nodes, state))),
                               self.staleness_bound)
+            self.max_in_flight = max(self.max_in_flight, 1)
         else:
             pipeline = build_pipeline(self.placement, load, compute, update, self.staleness_bound, self.device,
                                       self.settings.load_threads, self.settings.queue_size)

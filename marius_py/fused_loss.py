@@ -61,7 +61,7 @@ class _SharedNegativeSoftmaxCE(torch.autograd.Function):
 def softmax_rows_(scores: torch.Tensor, positive: torch.Tensor, target_ids: torch.Tensor,
                   candidate_ids: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per row: loss, and d loss / d positive; ``scores`` becomes weight * d loss / d scores in place."""
-    if scores.is_cuda and triton is not None:
+    if scores.is_cuda and triton is not None and scores.dtype != torch.float64:
         return _softmax_rows_triton(scores, positive, target_ids, candidate_ids, weight)
     valid = target_ids[:, :, None] != candidate_ids[:, None, :]
     masked = scores.to(positive.dtype).masked_fill(~valid, float("-inf"))

@@ -6,7 +6,9 @@ optimizer, turn node gradients into additive Adagrad deltas) and
 ``SparseAdagrad.apply`` (add deltas and g^2 to the stored rows).
 
 Randomness: every draw of epoch ``e`` comes from generators seeded with
-``(seed, e)``, so resuming at an epoch boundary replays training exactly.
+``(seed, e)``, so resuming at an epoch boundary replays training exactly when
+training is synchronous (staleness bound 1, one load thread; the CPU default).
+With more batches in flight, what a batch reads depends on thread timing.
 """
 
 from __future__ import annotations
@@ -55,7 +57,7 @@ from marius_py.negatives import CandidateRows, chunk, sample_negatives
 from marius_py.optim import SparseAdagrad, build_relation_optimizer
 from marius_py.resources import check_memory, check_partitioning
 from orderings import Ordering, build_ordering
-from pipeline.devices import PLACEMENT_DEVICE, PLACEMENT_HOST, choose_placement
+from pipeline.devices import PLACEMENT_DEVICE, choose_placement
 from pipeline.rows import unique_rows_async
 from storage.buffer import PartitionBuffer
 from storage.durable import fsync_tree
@@ -242,7 +244,7 @@ class BatchPlan:
     """What a batch needs besides embeddings: its edges, negatives and the rows they touch."""
 
     edges: torch.Tensor            # [B, 3] (h, r, t); node ids are table rows
-    rows: torch.Tensor             # table rows the batch touches, each once
+    rows: torch.Tensor             # table rows the batch touches, each once (padded until ``trimmed``)
     local: torch.Tensor            # position in ``rows`` of the heads, tails, tail then head negatives
     tail_negatives: torch.Tensor   # [C, N] table rows
     head_negatives: torch.Tensor   # [C, N]
@@ -376,9 +378,8 @@ class Trainer:
         self.store = EmbeddingStore(self.live_store_path)
         self.close()  # a buffer over the old files must not write them back
         if not self.partitioned:
+            # Host tables stay pageable: each batch's rows are gathered into pinned staging memory.
             tables = [torch.from_numpy(table) for table in self.store.read_all()]
-            if self.placement == PLACEMENT_HOST:
-                tables = [table.pin_memory() for table in tables]
             self.nodes, self.node_state = (table.to(self.table_device) for table in tables)
 
     def _swap_size(self) -> int:
@@ -404,8 +405,7 @@ class Trainer:
         if self.buffer is None:
             s = self.config.storage
             self.buffer = PartitionBuffer(self.store, s.buffer_capacity, self.table_device,
-                                          swap_size=self._swap_size(), lookahead=s.lookahead,
-                                          pin=self.placement == PLACEMENT_HOST)
+                                          swap_size=self._swap_size(), lookahead=s.lookahead)
         return self.buffer
 
     def _commit(self, is_best: bool) -> None:
@@ -481,6 +481,7 @@ class Trainer:
         dropout = epoch_generator(t.seed, epoch, self.device, stream=1)
         num_edges = self.dataset.metadata.num_train
         total_loss = torch.zeros((), device=self.device)
+        self.runner.max_in_flight = 0  # per epoch
         io_before = self.partition_buffer().counters.snapshot() if self.partitioned else {}
         started = time.perf_counter()
         bar = tqdm(total=-(-num_edges // t.batch_size), desc=f"epoch {epoch}/{t.epochs}", unit="batch",
@@ -497,7 +498,7 @@ class Trainer:
                                    expected="a smaller training.lr or model.init_scale")
         record = {"event": "epoch", "epoch": epoch, "loss": float(total_loss) / num_edges,
                   "seconds": seconds, "edges_per_s": num_edges / seconds,
-                  "pipeline": {"placement": self.placement, "staleness_bound": self.runner.staleness_bound,
+                  "pipeline": {"placement": self.placement, "staleness_bound": self.runner.effective_staleness,
                                "max_in_flight": self.runner.max_in_flight}}
         if self.buffer is not None:
             after = self.buffer.counters.snapshot()

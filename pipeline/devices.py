@@ -108,6 +108,10 @@ class _CudaStreams:
         self.upload = torch.cuda.Stream(device)
         self.compute_stream = torch.cuda.Stream(device)
         self.download = torch.cuda.Stream(device)
+        # Work queued before the pipeline (loss accumulator, restored relation parameters) comes first.
+        launcher = torch.cuda.current_stream(device)
+        for stream in (self.upload, self.compute_stream, self.download):
+            stream.wait_stream(launcher)
 
     def upload_after(self, load: Callable | None) -> Callable:
         """A stage that runs ``load`` (if any) and the copies of its inputs on the upload stream."""

@@ -18,7 +18,7 @@ def unique_rows_async(ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, to
     starts = torch.ones_like(sorted_ids, dtype=torch.bool)
     starts[1:] = sorted_ids[1:] != sorted_ids[:-1]
     slot = torch.cumsum(starts, 0) - 1
-    local = torch.empty_like(ids)
+    local = torch.empty_like(slot)
     local[order] = slot
     rows = sorted_ids[:1].repeat(len(ids))
     rows[slot] = sorted_ids  # duplicates of an id write the same value

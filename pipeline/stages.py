@@ -7,8 +7,9 @@ compute reads embeddings that miss at most ``staleness_bound - 1`` earlier
 batches' updates; bound 1 is synchronous.
 
 Any exception in a stage stops the pipeline: every thread exits, the items in
-flight are dropped, and the next ``submit``/``drain`` (or ``close``) raises the
-original exception with the stage named in a note. ``inline=True`` runs every
+flight are dropped, and the next ``submit``/``drain``/``close`` raises the
+original exception with the stage named in a note. ``close`` (or leaving the
+``with`` block) first waits for the items in flight. ``inline=True`` runs every
 stage in the caller's thread at ``submit`` (no threads; for debugging and for
 devices whose own queue already overlaps the work).
 """
@@ -62,42 +63,53 @@ class Pipeline:
 
     # ---- the caller's side ----
     def submit(self, item: Any) -> None:
-        """Admit ``item`` once fewer than ``staleness_bound`` are in flight (blocks until then)."""
+        """Admit ``item`` once fewer than ``staleness_bound`` are in flight (blocks until then).
+
+        Raises a stage's error, or RuntimeError once the pipeline is closed:
+        an item is either admitted and run, or refused loudly.
+        """
         with self._lock:
             while self._in_flight >= self.staleness_bound and self._error is None:
                 self._lock.wait(_POLL_SECONDS)
             self._raise_if_failed()
+            if self._stopping.is_set():
+                raise RuntimeError("submit to a closed pipeline")
             self._in_flight += 1
             self.max_in_flight = max(self.max_in_flight, self._in_flight)
         if self.inline:
             self._run_inline(item)
-        else:
-            self._put(0, item)
+        elif not self._put(0, item):  # a stage failed while this item waited for room
+            with self._lock:
+                self._in_flight -= 1
+                self._raise_if_failed()
+                raise RuntimeError("submit to a closed pipeline")
 
     def drain(self) -> None:
-        """Wait until every admitted item has left the last stage."""
+        """Wait until every admitted item has left the last stage; raise a stage's error."""
         with self._lock:
             while self._in_flight > 0 and self._error is None:
                 self._lock.wait(_POLL_SECONDS)
             self._raise_if_failed()
 
     def close(self) -> None:
-        """Stop the threads (dropping items still in flight) and re-raise a stage's error."""
+        """Finish the items in flight, stop the threads, and re-raise a stage's error."""
+        try:
+            self.drain()
+        finally:
+            self._stop_threads()
+
+    def _stop_threads(self) -> None:
         self._stopping.set()
         for thread in self._threads:
             thread.join()
         self._threads = []
-        with self._lock:
-            self._raise_if_failed()
 
     def __enter__(self) -> "Pipeline":
         return self
 
     def __exit__(self, kind, value, traceback) -> None:
         if kind is not None:  # already failing: stop without masking that error
-            self._stopping.set()
-            for thread in self._threads:
-                thread.join()
+            self._stop_threads()
             return
         self.close()
 

@@ -10,8 +10,7 @@ too). A read waits for the write-back of its slot's last occupant and of its
 own partition's last eviction. No slot is ever touched by two threads at once.
 
 With a CUDA device the slots live in GPU memory and as many pinned host slots
-stage the swaps (disk -> pinned host -> GPU, and back). On the host with
-``pin``, the slots are pinned memory a CUDA pipeline copies batches from. Host memory:
+stage the swaps (disk -> pinned host -> GPU, and back). Host memory:
 ``(c + L) x partition bytes`` (embeddings + optimizer state; slots are padded
 to whole pages for O_DIRECT), ``(c + L k)`` with groups of k.
 """
@@ -84,7 +83,7 @@ class PartitionBuffer:
     """
 
     def __init__(self, store: EmbeddingStore, capacity: int, device: torch.device | str = "cpu",
-                 swap_size: int = 1, lookahead: int = 2, pin: bool = False):
+                 swap_size: int = 1, lookahead: int = 2):
         self.store = store
         self.capacity = capacity
         self.swap_size = swap_size
@@ -95,7 +94,7 @@ class PartitionBuffer:
         self.stride = slot_rows(self.rows, *(f.cols for f in self.files))
         self.num_partitions = store.num_partitions
         self.num_slots = capacity + swap_size * lookahead
-        pin = pin or self.device.type == "cuda"
+        pin = self.device.type == "cuda"
         self._host = [page_aligned_empty(self.num_slots * self.stride, f.cols, pin) for f in self.files]
         self.tables = self._host if self.device.type == "cpu" else \
             [torch.empty(self.num_slots * self.stride, f.cols, device=self.device) for f in self.files]

@@ -43,6 +43,24 @@ class InFlightProbe:
             self.current -= 1
 
 
+def within(seconds: float, work):
+    """Run ``work()`` in a thread; fail (instead of hanging the suite) if it does not return in time."""
+    outcome = {}
+
+    def run():
+        try:
+            outcome["value"] = work()
+        except BaseException as error:  # re-raised in the test's thread
+            outcome["error"] = error
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), f"did not return within {seconds} s (hang)"
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome.get("value")
+
+
 def jitter(item):
     time.sleep(random.random() * 0.002)
     return item
@@ -74,15 +92,67 @@ def test_an_exception_in_any_stage_reaches_the_caller(failing_stage, inline):
             return jitter(item)
         return Stage(f"s{index}", run, threads=2 if index == 0 else 1)
 
-    started = time.monotonic()
-    with pytest.raises(KeyError, match=f"stage {failing_stage} failed") as raised:
+    def work():
         with Pipeline([stage(i) for i in range(5)], staleness_bound=4, inline=inline) as pipeline:
             for item in range(100):
                 pipeline.submit(item)
             pipeline.drain()
-    assert time.monotonic() - started < 10
+
+    with pytest.raises(KeyError, match=f"stage {failing_stage} failed") as raised:
+        within(10, work)
     assert any(f"s{failing_stage}" in note for note in getattr(raised.value, "__notes__", [f"s{failing_stage}"]))
     assert not pipeline_threads()
+
+
+def test_a_failure_in_the_last_item_reaches_drain():
+    def fail_last(item):
+        if item == 9:
+            raise ValueError("last item failed")
+        return item
+
+    def work():
+        pipeline = Pipeline([Stage("load", jitter), Stage("update", fail_last)], staleness_bound=4)
+        for item in range(10):
+            pipeline.submit(item)
+        try:
+            pipeline.drain()
+        finally:
+            pipeline._stop_threads()
+
+    with pytest.raises(ValueError, match="last item failed"):
+        within(10, work)
+    assert not pipeline_threads()
+
+
+def test_submit_while_a_stage_fails_is_refused_not_dropped():
+    """A full queue blocks submit; the stage behind it fails: submit raises instead of losing the item."""
+    release = threading.Event()
+
+    def slow_then_fail(item):
+        release.wait(5)
+        raise OSError("disk gone")
+
+    pipeline = Pipeline([Stage("load", slow_then_fail)], staleness_bound=8, queue_size=1)
+    pipeline.submit(0)  # held by the stage
+    pipeline.submit(1)  # fills the queue
+    threading.Timer(0.2, release.set).start()
+    try:
+        with pytest.raises(OSError, match="disk gone"):
+            within(10, lambda: pipeline.submit(2))  # blocked for room when the stage fails
+    finally:
+        pipeline._stop_threads()
+    assert not pipeline_threads()
+
+
+def test_a_closed_pipeline_refuses_work_and_close_finishes_items():
+    done = []
+    pipeline = Pipeline([Stage("load", jitter), Stage("update", done.append)], staleness_bound=4)
+    for item in range(6):
+        pipeline.submit(item)
+    within(10, pipeline.close)
+    assert sorted(done) == list(range(6))  # close waited for the items in flight
+    with pytest.raises(RuntimeError, match="closed"):
+        within(10, lambda: pipeline.submit(7))
 
 
 # ---- the training pipeline ----
