@@ -8,6 +8,7 @@ compute device) and update (the additive deltas index-added into the tables).
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable
 
@@ -27,21 +28,20 @@ from pipeline.devices import (
 
 @dataclass
 class BatchInFlight:
+    """A batch between stages; the host placement moves it with ``inputs_to``/``outputs_to_host``."""
+
     plan: object                   # trainer.BatchPlan (rows index the tables)
     table_rows: torch.Tensor       # plan.rows where the tables live (the update's index)
-    embeddings: torch.Tensor | None  # the rows' embeddings and optimizer state (None: gathered in compute)
-    state: torch.Tensor | None
+    embeddings: torch.Tensor       # the rows' embeddings and optimizer state
+    state: torch.Tensor
     delta: torch.Tensor | None = None
     squared: torch.Tensor | None = None
 
     def inputs_to(self, device: torch.device) -> list[torch.Tensor]:
         self.plan = self.plan.to(device, non_blocking=True)
-        moved = self.plan.tensors()
-        if self.embeddings is not None:  # gathered on the host (host placement)
-            self.embeddings = self.embeddings.to(device, non_blocking=True)
-            self.state = self.state.to(device, non_blocking=True)
-            moved += [self.embeddings, self.state]
-        return moved
+        self.embeddings = self.embeddings.to(device, non_blocking=True)
+        self.state = self.state.to(device, non_blocking=True)
+        return [*self.plan.tensors(), self.embeddings, self.state]
 
     def outputs(self) -> list[torch.Tensor]:
         return [self.delta, self.squared]
@@ -103,7 +103,13 @@ class SpanRunner:
             return item
 
         def update(item: BatchInFlight) -> None:
-            SparseAdagrad.apply(nodes, state, item.table_rows, item.delta, item.squared)
+            if self.placement != PLACEMENT_HOST:
+                SparseAdagrad.apply(nodes, state, item.table_rows, item.delta, item.squared)
+                return
+            # Host tables: the two index_adds (embeddings, optimizer state) run on two cores at once.
+            pending = adder.submit(state.index_add_, 0, item.table_rows, item.squared)
+            nodes.index_add_(0, item.table_rows, item.delta)
+            pending.result()
 
         if self.placement == PLACEMENT_DEVICE:
             run_planned_ahead(batches, lambda batch: self._plan_ahead(batch, sampling, candidates, on_batch),
@@ -113,7 +119,7 @@ class SpanRunner:
         else:
             pipeline = build_pipeline(self.placement, load, compute, update, self.staleness_bound, self.device,
                                       self.settings.load_threads, self.settings.queue_size)
-            with pipeline:
+            with ThreadPoolExecutor(1, thread_name_prefix="pipeline-state-update") as adder, pipeline:
                 for batch in batches:
                     pipeline.submit(batch)
                     on_batch(1)
