@@ -8,7 +8,6 @@ compute device) and update (the additive deltas index-added into the tables).
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable
 
@@ -103,13 +102,7 @@ class SpanRunner:
             return item
 
         def update(item: BatchInFlight) -> None:
-            if self.placement != PLACEMENT_HOST:
-                SparseAdagrad.apply(nodes, state, item.table_rows, item.delta, item.squared)
-                return
-            # Host tables: the two index_adds (embeddings, optimizer state) run on two cores at once.
-            pending = adder.submit(state.index_add_, 0, item.table_rows, item.squared)
-            nodes.index_add_(0, item.table_rows, item.delta)
-            pending.result()
+            SparseAdagrad.apply(nodes, state, item.table_rows, item.delta, item.squared)
 
         if self.placement == PLACEMENT_DEVICE:
             run_planned_ahead(batches, lambda batch: self._plan_ahead(batch, sampling, candidates, on_batch),
@@ -119,7 +112,7 @@ class SpanRunner:
         else:
             pipeline = build_pipeline(self.placement, load, compute, update, self.staleness_bound, self.device,
                                       self.settings.load_threads, self.settings.queue_size)
-            with ThreadPoolExecutor(1, thread_name_prefix="pipeline-state-update") as adder, pipeline:
+            with pipeline:
                 for batch in batches:
                     pipeline.submit(batch)
                     on_batch(1)
