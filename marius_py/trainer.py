@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import shutil
 import time
 from dataclasses import dataclass
@@ -198,12 +199,13 @@ class Model:
         negative_ids = torch.cat([plan.tail_negatives, plan.head_negatives])
         negatives = torch.index_select(embeddings, 0, plan.local[2 * batch:]).reshape(*negative_ids.shape, -1)
         num_chunks = plan.tail_negatives.shape[0]
-        stacked = torch.cat([chunk(queries[:batch], num_chunks), chunk(queries[batch:], num_chunks)])
-        target_ids = torch.cat([chunk(tails, num_chunks), chunk(heads, num_chunks)])
+        stacked = _by_chunk(queries, batch, num_chunks)
+        target_ids = _by_chunk(torch.cat([tails, heads]), batch, num_chunks)
         if self._fused_softmax:
-            positive = torch.cat([chunk(positive[:batch], num_chunks), chunk(positive[batch:], num_chunks)])
-            loss = shared_negative_softmax_ce(stacked, negatives, positive, target_ids, negative_ids,
-                                              _row_weights(batch, stacked, num_chunks),
+            loss = shared_negative_softmax_ce(stacked, negatives, _by_chunk(positive, batch, num_chunks),
+                                              target_ids, negative_ids,
+                                              _row_weights(batch, stacked.shape[1], num_chunks, stacked.dtype,
+                                                           stacked.device),
                                               SCORE_DTYPES[self.config.training.score_dtype])
         else:
             negative = self.decoder.compare_all(stacked, negatives)
@@ -224,10 +226,17 @@ class Model:
         return self.compute(plan, nodes[plan.rows], state[plan.rows], generator)
 
 
-def _row_weights(batch: int, like: torch.Tensor, num_chunks: int) -> torch.Tensor:
-    """[2C, M] weights of the chunk rows of ``like`` in the batch mean: 1 / batch, 0 for padding."""
-    per_chunk = like.shape[1]
-    weights = (torch.arange(num_chunks * per_chunk, device=like.device) < batch).to(like.dtype) / batch
+def _by_chunk(rows: torch.Tensor, batch: int, num_chunks: int) -> torch.Tensor:
+    """[2 * batch, ...] (tail then head direction) -> [2C, M, ...] chunks; a view unless C does not divide batch."""
+    if batch % num_chunks == 0:
+        return rows.reshape(2 * num_chunks, batch // num_chunks, *rows.shape[1:])
+    return torch.cat([chunk(rows[:batch], num_chunks), chunk(rows[batch:], num_chunks)])
+
+
+@functools.lru_cache(maxsize=16)
+def _row_weights(batch: int, per_chunk: int, num_chunks: int, dtype: torch.dtype, device) -> torch.Tensor:
+    """[2C, M] weights of chunk rows in the batch mean: 1 / batch, 0 for padding (cached: same every batch)."""
+    weights = (torch.arange(num_chunks * per_chunk, device=device) < batch).to(dtype) / batch
     return weights.reshape(num_chunks, per_chunk).repeat(2, 1)
 
 
