@@ -39,9 +39,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from marius_py.batches import SpanRunner  # noqa: E402
-from marius_py.config import load_config  # noqa: E402
-from marius_py.trainer import Model, epoch_generator, tf32_matmuls  # noqa: E402
+from marius_py.batches import SpanRunner
+from marius_py.config import load_config
+from marius_py.trainer import Model, epoch_generator, tf32_matmuls
 
 STEP_SETTINGS = ["model.decoder=distmult", "model.loss=softmax_ce", "training.batch_size=50000",
                  "training.num_chunks=10", "training.num_negatives=1000", "model.reg_weight=0"]

@@ -8,8 +8,8 @@ compute device) and update (the additive deltas index-added into the tables).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 

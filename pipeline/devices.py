@@ -23,7 +23,8 @@ what joins them:
 from __future__ import annotations
 
 from collections import deque
-from typing import Any, Callable, Iterable, Protocol
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol
 
 import torch
 

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import queue
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 _POLL_SECONDS = 0.05
 _STOP = object()
@@ -104,7 +105,7 @@ class Pipeline:
             thread.join()
         self._threads = []
 
-    def __enter__(self) -> "Pipeline":
+    def __enter__(self) -> Pipeline:
         return self
 
     def __exit__(self, kind, value, traceback) -> None:
