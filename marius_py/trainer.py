@@ -449,8 +449,8 @@ class Trainer:
             parts = state_edges(view.index)
             edges = torch.from_numpy(np.concatenate(parts)) if parts else torch.empty(0, 3, dtype=torch.long)
             local = edges.clone()
-            local[:, 0] = view.local_ids(edges[:, 0].to(self.table_device)).cpu()
-            local[:, 2] = view.local_ids(edges[:, 2].to(self.table_device)).cpu()
+            local[:, 0] = view.local_ids(edges[:, 0])  # on the host: the runner moves edges once
+            local[:, 2] = view.local_ids(edges[:, 2])
             candidates = CandidateRows(view.resident_ranges, self.table_device)
             yield TrainingSpan(local, candidates), buffer.embeddings, buffer.state
         buffer.flush()

@@ -61,7 +61,7 @@ class BufferView:
 
     index: int                       # position of the state in the sequence
     partitions: tuple[int, ...]
-    slot_of_partition: torch.Tensor  # [p] slot index, -1 when not resident (on the table's device)
+    slot_of_partition: torch.Tensor  # [p] slot index, -1 when not resident (host memory)
     rows_per_partition: int
     rows_per_slot: int               # >= rows_per_partition: slots are padded to whole pages
     resident_ranges: list[tuple[int, int]]  # (first local row, valid rows) per resident partition
@@ -160,7 +160,7 @@ class PartitionBuffer:
             slot_of[partition] = slot
             start, end = partition_bounds(self.store.num_nodes, self.num_partitions, partition)
             ranges.append((slot * self.stride, end - start))
-        return BufferView(index, tuple(partitions), slot_of.to(self.device), self.rows, self.stride, ranges)
+        return BufferView(index, tuple(partitions), slot_of, self.rows, self.stride, ranges)
 
     def walk(self, states: Sequence[Sequence[int]]) -> Iterator[BufferView]:
         """Yield a view per state (the storage partitions resident in it).
