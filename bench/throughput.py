@@ -3,7 +3,7 @@
     python bench/throughput.py --parts step disk --json bench/results/throughput.json
 
 Part ``step``: the training step alone through the pipeline of a placement
-(``device``: tables in GPU memory; ``host``: tables in pinned host memory, the
+(``device``: tables in GPU memory; ``host``: tables in host memory, the
 five stages), on random power-law edges over ``--nodes`` nodes, DistMult,
 batches of 50,000 edges, 10 chunks x 1,000 shared negatives per direction (the
 setting of the issue's unfused baseline). Edges/s are timed over

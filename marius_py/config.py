@@ -106,7 +106,7 @@ class StorageConfig:
 class PipelineConfig:
     placement: str = _f("auto", f"where node embeddings (or the partition buffer) live when training on "
                                 f"CUDA, one of {PLACEMENTS}: 'device' (GPU memory, no per-batch transfers), "
-                                "'host' (pinned host memory, the five-stage pipeline), 'auto' (device when "
+                                "'host' (host memory, the five-stage pipeline), 'auto' (device when "
                                 "they fit in GPU memory)")
     staleness_bound: int = _f(0, "batches in flight at once; a batch's compute misses the updates of at most "
                                  "bound - 1 earlier ones (1: synchronous). With tables in GPU memory it is how "

@@ -15,9 +15,10 @@ what joins them:
   compute and update follow in stream order, so training stays synchronous
   whatever the bound. (Planning on a second thread measured slower: the two
   threads' kernel launches contend for the GIL.)
-- ``host`` (tables in pinned host memory, CUDA compute): the full five stages,
-  load -> host-to-device -> compute -> device-to-host -> update, with one CUDA
-  stream per transfer direction and one for compute, ordered by events.
+- ``host`` (tables in host memory, batches staged in pinned memory, CUDA
+  compute): the full five stages, load -> host-to-device -> compute ->
+  device-to-host -> update, with one CUDA stream per transfer direction and one
+  for compute, ordered by events.
 """
 
 from __future__ import annotations
