@@ -16,13 +16,7 @@ import torch
 from marius_py.config import PipelineConfig
 from marius_py.negatives import CandidateRows
 from marius_py.optim import SparseAdagrad
-from pipeline.devices import (
-    PLACEMENT_DEVICE,
-    PLACEMENT_HOST,
-    build_pipeline,
-    default_staleness,
-    run_planned_ahead,
-)
+from pipeline.devices import PLACEMENT_DEVICE, PLACEMENT_HOST, build_pipeline, default_staleness, run_planned_ahead
 
 
 @dataclass

@@ -27,33 +27,14 @@ import torch
 from tqdm import tqdm
 
 from marius_py.batches import SpanRunner
-from marius_py.checkpoint import (
-    LIVE_STORE,
-    NODES,
-    RunDirectory,
-    TrainingState,
-    config_fingerprint,
-    load_version,
-    write_version_state,
-)
+from marius_py.checkpoint import (LIVE_STORE, NODES, RunDirectory, TrainingState, config_fingerprint,
+                                  load_version, write_version_state)
 from marius_py.config import Config
 from marius_py.dataset import Dataset
 from marius_py.errors import MariusInputError
-from marius_py.evaluation import (
-    InMemoryNodes,
-    NodeTable,
-    StoredNodes,
-    build_known_answers,
-    evaluate_split,
-)
+from marius_py.evaluation import InMemoryNodes, NodeTable, StoredNodes, build_known_answers, evaluate_split
 from marius_py.fused_loss import shared_negative_softmax_ce
-from marius_py.models import (
-    LOSSES,
-    Decoder,
-    DotProductComparator,
-    build_decoder,
-    regularization,
-)
+from marius_py.models import LOSSES, Decoder, DotProductComparator, build_decoder, regularization
 from marius_py.negatives import CandidateRows, chunk, sample_negatives
 from marius_py.optim import SparseAdagrad, build_relation_optimizer
 from marius_py.resources import check_memory, check_partitioning

@@ -32,7 +32,7 @@ import torch
 from pipeline.stages import Pipeline, Stage
 
 PLACEMENT_CPU, PLACEMENT_DEVICE, PLACEMENT_HOST = "cpu", "device", "host"
-HOST_STALENESS_DEFAULT = 16
+CUDA_STALENESS_DEFAULT = 16  # host: batches in flight; device: batches planned ahead
 DEVICE_MEMORY_FRACTION = 0.6  # of free GPU memory the tables may take; the rest is batch workspace
 
 
@@ -64,7 +64,7 @@ def default_staleness(placement: str, requested: int) -> int:
         return requested
     if placement == PLACEMENT_CPU:
         return 1  # one host's cores: overlap buys little, and bound 1 is reproducible
-    return HOST_STALENESS_DEFAULT
+    return CUDA_STALENESS_DEFAULT
 
 
 def build_pipeline(placement: str, load: Callable, compute: Callable, update: Callable,
@@ -80,7 +80,7 @@ def build_pipeline(placement: str, load: Callable, compute: Callable, update: Ca
                          Stage("update", update)], staleness_bound, queue_size,
                         inline=staleness_bound == 1)  # threads that only hand over cost ~15% on CPU
     streams = _CudaStreams(device)
-    return Pipeline([Stage("load", load, load_threads), Stage("host-to-device", streams.upload_after(None)),
+    return Pipeline([Stage("load", load, load_threads), Stage("host-to-device", streams.to_device),
                      Stage("compute", streams.compute_with(compute)),
                      Stage("device-to-host", streams.to_host), Stage("update", update)],
                     staleness_bound, queue_size)
@@ -115,17 +115,13 @@ class _CudaStreams:
         for stream in (self.upload, self.compute_stream, self.download):
             stream.wait_stream(launcher)
 
-    def upload_after(self, load: Callable | None) -> Callable:
-        """A stage that runs ``load`` (if any) and the copies of its inputs on the upload stream."""
-        def run(item: Any) -> tuple[Any, torch.cuda.Event, list[torch.Tensor]]:
-            with torch.cuda.stream(self.upload):
-                if load is not None:
-                    item = load(item)
-                moved = item.inputs_to(self.device)
-                ready = torch.cuda.Event()
-                ready.record(self.upload)
-            return item, ready, moved
-        return run
+    def to_device(self, item: Any) -> tuple[Any, torch.cuda.Event, list[torch.Tensor]]:
+        """The host-to-device stage: the item's inputs copied on the upload stream."""
+        with torch.cuda.stream(self.upload):
+            moved = item.inputs_to(self.device)
+            ready = torch.cuda.Event()
+            ready.record(self.upload)
+        return item, ready, moved
 
     def compute_with(self, compute: Callable) -> Callable:
         def run(entry):
