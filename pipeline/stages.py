@@ -116,7 +116,7 @@ class Pipeline:
 
     # ---- the stages' side ----
     def _run_inline(self, item: Any) -> None:
-        for index, stage in enumerate(self.stages):
+        for stage in self.stages:
             try:
                 item = stage.run(item)
             except BaseException as error:
