@@ -86,9 +86,14 @@ def power_law_edges(num_nodes: int, num_edges: int, num_relations: int, seed: in
     return torch.from_numpy(np.stack([ids[:num_edges], relations, ids[num_edges:]], axis=1))
 
 
-def measure_step(dim: int, placement: str, score_dtype: str, args) -> dict:
+STEP_VARIANTS = {"graph": ["training.fused_step=true", "training.cuda_graphs=true"],
+                 "fused": ["training.fused_step=true", "training.cuda_graphs=false"],
+                 "autograd": ["training.fused_step=false"]}
+
+
+def measure_step(dim: int, placement: str, score_dtype: str, args, step: str = "graph") -> dict:
     device = torch.device("cuda")
-    config = load_config(None, [*STEP_SETTINGS, f"model.dim={dim}",
+    config = load_config(None, [*STEP_SETTINGS, f"model.dim={dim}", *STEP_VARIANTS[step],
                                 f"pipeline.placement={placement}", "training.device=cuda",
                                 f"training.score_dtype={score_dtype}", f"pipeline.load_threads={args.load_threads}"])
     model = Model(config, args.nodes, args.relations, device)
@@ -125,7 +130,8 @@ def measure_step(dim: int, placement: str, score_dtype: str, args) -> dict:
             seconds = run(num_batches)
         if args.profile:
             print_profile(lambda: run(3), f"{placement} d={dim} scores={score_dtype}")
-    return {"part": "step", "placement": placement, "dim": dim, "score_dtype": score_dtype,
+    step = "graph" if runner.graphed_step else "fused" if runner.fused_step else "autograd"
+    return {"part": "step", "placement": placement, "dim": dim, "score_dtype": score_dtype, "step": step,
             "edges_per_s": num_batches * batch / seconds, "gpu_util": utilisation.mean,
             "batches": num_batches, "seconds": seconds, "warmup_seconds": warmup,
             "staleness_bound": runner.staleness_bound, "load_threads": args.load_threads}
@@ -138,6 +144,8 @@ def print_profile(work, title: str) -> None:
         work()
     print(f"--- profile: {title}")
     print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=18, max_name_column_width=60))
+    print(prof.key_averages(group_by_input_shape=True).table(sort_by="cuda_time_total", row_limit=25,
+                                                             max_name_column_width=40, max_shapes_column_width=80))
 
 
 def measure_disk(dim: int, args) -> dict:
@@ -239,6 +247,8 @@ def print_row(row: dict) -> None:
         extra = f"  test MRR {row['test_mrr']:.4f} after {row.get('train_seconds') or 0:.1f} s"
         if row.get("seconds_to_target") is not None:
             extra += f" (MRR {TARGET_MRR} at {row['seconds_to_target']:.1f} s)"
+    if row.get("step"):
+        extra += f"  {row['step']} step"
     if row.get("staleness_bound") and row["part"] == "stale":
         extra += f"  bound {row['staleness_bound']}"
     print(f"{row['part']:<5} {row.get('system', 'marius-py'):<18} {row['placement']:<7} d={row['dim']:<4} "
@@ -261,6 +271,9 @@ def main() -> None:
     parser.add_argument("--device", default="cuda", help="fb15k/stale: cpu for a smoke test")
     parser.add_argument("--dims", nargs="+", type=int, default=[100, 400])
     parser.add_argument("--placements", nargs="+", default=["device", "host"])
+    parser.add_argument("--steps", nargs="+", default=["graph"], choices=list(STEP_VARIANTS),
+                        help="step: the device placement's step (fused: hand-written gradients; graph: fused and "
+                             "replayed as a CUDA graph; autograd)")
     parser.add_argument("--score-dtypes", nargs="+", default=["float32"], choices=["float32", "bfloat16"])
     parser.add_argument("--nodes", type=int, default=1_000_000)
     parser.add_argument("--relations", type=int, default=100)
@@ -288,7 +301,8 @@ def main() -> None:
         if "step" in args.parts:
             for placement in args.placements:
                 for score_dtype in args.score_dtypes:
-                    record(measure_step(dim, placement, score_dtype, args))
+                    for step in args.steps if placement == "device" else ["autograd"]:
+                        record(measure_step(dim, placement, score_dtype, args, step))
         if "disk" in args.parts:
             disk_args = argparse.Namespace(**{**vars(args), "score_dtype": args.score_dtypes[-1]})
             record(measure_disk(dim, disk_args))

@@ -14,8 +14,10 @@ from dataclasses import dataclass
 import torch
 
 from marius_py.config import PipelineConfig
+from marius_py.fused_step import FusedStep, supports_fused_step
 from marius_py.negatives import CandidateRows
 from marius_py.optim import SparseAdagrad
+from marius_py.step_graph import GraphedFusedStep
 from pipeline.devices import PLACEMENT_DEVICE, PLACEMENT_HOST, build_pipeline, default_staleness, run_planned_ahead
 
 
@@ -67,6 +69,12 @@ class SpanRunner:
         self.batch_size = batch_size
         self.staleness_bound = default_staleness(placement, settings.staleness_bound)
         self.max_in_flight = 0
+        # In GPU memory training is synchronous, so the step may update the tables in place.
+        use_fused = placement == PLACEMENT_DEVICE and model.config.training.fused_step and supports_fused_step(model)
+        self.fused_step = FusedStep(model) if use_fused else None
+        use_graphs = use_fused and model.config.training.cuda_graphs and \
+            GraphedFusedStep.supported(self.fused_step, device)
+        self.graphed_step = GraphedFusedStep(model, self.fused_step, batch_size) if use_graphs else None
 
     @property
     def effective_staleness(self) -> int:
@@ -98,7 +106,17 @@ class SpanRunner:
         def update(item: BatchInFlight) -> None:
             SparseAdagrad.apply(nodes, state, item.table_rows, item.delta, item.squared)
 
-        if self.placement == PLACEMENT_DEVICE:
+        if self.fused_step is not None:
+            graphed = self.graphed_step
+            for batch in batches:  # nothing in the step waits for the device: no need to plan ahead
+                if graphed is None or not graphed.run(batch, nodes, state, candidates, sampling):
+                    plan = model.plan_batch(batch, sampling, candidates, defer_count=True)
+                    self.fused_step.run(plan.to(self.device, non_blocking=True), nodes, state, loss_sum)
+                on_batch(1)
+            if graphed is not None:
+                graphed.add_loss_to(loss_sum)
+            self.max_in_flight = max(self.max_in_flight, 1)
+        elif self.placement == PLACEMENT_DEVICE:
             run_planned_ahead(batches, lambda batch: self._plan_ahead(batch, sampling, candidates, on_batch),
                               lambda planned: update(compute(self._gather_planned(planned, nodes, state))),
                               self.staleness_bound)

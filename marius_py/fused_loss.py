@@ -17,6 +17,12 @@ from __future__ import annotations
 
 import torch
 
+SCORE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}  # training.score_dtype
+
+# (rows per program, warps) of the softmax row kernel: the first whose rows divide M. Two rows share a
+# program's candidate ids; bench/kernels.py measured 218 us for 2 x 8 and 223 us for 1 x 4 (H100, issue block).
+SOFTMAX_TILES = ((2, 8), (1, 4))
+
 try:  # Triton ships with CUDA builds of torch; CPU builds use the torch-ops path below.
     import triton
     import triton.language as tl
@@ -41,21 +47,34 @@ def shared_negative_softmax_ce(queries: torch.Tensor, candidates: torch.Tensor, 
 class _SharedNegativeSoftmaxCE(torch.autograd.Function):
     @staticmethod
     def forward(ctx, queries, candidates, positive, target_ids, candidate_ids, weight, score_dtype):
-        q, c = queries.detach().to(score_dtype), candidates.detach().to(score_dtype)
-        scores = torch.bmm(q, c.transpose(1, 2))
-        exact = torch.float64 if score_dtype == torch.float64 else torch.float32
-        loss_rows, grad_positive = softmax_rows_(scores, positive.detach().to(exact), target_ids, candidate_ids,
-                                                 weight.to(exact))
-        ctx.grads = (torch.bmm(scores, c).to(queries.dtype),
-                     torch.bmm(scores.transpose(1, 2), q).to(candidates.dtype),
+        loss, grad_queries, grad_candidates, grad_positive = softmax_ce_gradients(
+            queries.detach(), candidates.detach(), positive.detach(), target_ids, candidate_ids, weight, score_dtype)
+        ctx.grads = (grad_queries.to(queries.dtype), grad_candidates.to(candidates.dtype),
                      grad_positive.to(positive.dtype))
-        return (loss_rows * weight.to(loss_rows.dtype)).sum().to(positive.dtype)
+        return loss.to(positive.dtype)
 
     @staticmethod
     def backward(ctx, grad):
         grad_queries, grad_candidates, grad_positive = ctx.grads
         del ctx.grads
         return grad_queries * grad, grad_candidates * grad, grad_positive * grad, None, None, None, None
+
+
+def softmax_ce_gradients(queries: torch.Tensor, candidates: torch.Tensor, positive: torch.Tensor,
+                         target_ids: torch.Tensor, candidate_ids: torch.Tensor, weight: torch.Tensor,
+                         score_dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+    """(loss, d loss/d queries, d loss/d candidates, d loss/d positive) of ``shared_negative_softmax_ce``.
+
+    The two matrix gradients come in ``score_dtype``; the loss and the positive's in float32 (float64 for
+    float64 scores).
+    """
+    q, c = queries.to(score_dtype), candidates.to(score_dtype)
+    scores = torch.bmm(q, c.transpose(1, 2))
+    exact = torch.float64 if score_dtype == torch.float64 else torch.float32
+    loss_rows, grad_positive = softmax_rows_(scores, positive.to(exact), target_ids, candidate_ids,
+                                             weight.to(exact))
+    loss = (loss_rows * weight.to(loss_rows.dtype)).sum()
+    return loss, torch.bmm(scores, c), torch.bmm(scores.transpose(1, 2), q), grad_positive
 
 
 def softmax_rows_(scores: torch.Tensor, positive: torch.Tensor, target_ids: torch.Tensor,
@@ -76,45 +95,69 @@ def softmax_rows_(scores: torch.Tensor, positive: torch.Tensor, target_ids: torc
 if triton is not None:
     @triton.jit
     def _softmax_rows_kernel(scores, positive, target_ids, candidate_ids, weight, loss, grad_positive,
-                             num_candidates, rows_per_group, BLOCK: tl.constexpr):
-        row = tl.program_id(0).to(tl.int64)
-        group = row // rows_per_group
-        target = tl.load(target_ids + row)
+                             num_candidates, rows_per_group, ROWS: tl.constexpr, BLOCK: tl.constexpr,
+                             ONE_BLOCK: tl.constexpr, VECTOR: tl.constexpr):
+        # ROWS rows of one group per program: they share the group's candidate ids, loaded once.
+        row = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+        group = (tl.program_id(0).to(tl.int64) * ROWS) // rows_per_group
+        target = tl.load(target_ids + row)[:, None]
         pos = tl.load(positive + row)
-        row_scores = scores + row * num_candidates
+        offsets = row[:, None] * num_candidates
+        if VECTOR > 1:  # rows start on 16 bytes: vector loads and stores
+            offsets = tl.multiple_of(offsets, (VECTOR, 1))
+        row_scores = scores + offsets
         group_ids = candidate_ids + group * num_candidates
-        # Pass 1: running max and sum of exponentials (online softmax).
-        top = pos
-        total = 1.0
-        for start in range(0, num_candidates, BLOCK):
-            cols = start + tl.arange(0, BLOCK)
+        cols = tl.arange(0, BLOCK)
+        if ONE_BLOCK:  # the whole row in registers: one read and one write of the scores
             inside = cols < num_candidates
-            s = tl.load(row_scores + cols, mask=inside, other=float("-inf")).to(tl.float32)
-            ids = tl.load(group_ids + cols, mask=inside, other=-1)
+            s = tl.load(row_scores + cols[None, :], mask=inside[None, :], other=float("-inf")).to(tl.float32)
+            ids = tl.load(group_ids + cols, mask=inside, other=-1)[None, :]
             s = tl.where(ids == target, float("-inf"), s)
-            new_top = tl.maximum(top, tl.max(s, 0))
-            total = total * tl.exp(top - new_top) + tl.sum(tl.exp(s - new_top), 0)
-            top = new_top
-        log_total = top + tl.log(total)
+            top = tl.maximum(tl.max(s, 1), pos)
+            log_total = top + tl.log(tl.sum(tl.exp(s - top[:, None]), 1) + tl.exp(pos - top))
+        else:  # pass 1: running max and sum of exponentials (online softmax)
+            top = pos
+            total = tl.full((ROWS,), 1.0, tl.float32)
+            for start in range(0, num_candidates, BLOCK):
+                inside = start + cols < num_candidates
+                s = tl.load(row_scores + start + cols[None, :], mask=inside[None, :],
+                            other=float("-inf")).to(tl.float32)
+                ids = tl.load(group_ids + start + cols, mask=inside, other=-1)[None, :]
+                s = tl.where(ids == target, float("-inf"), s)
+                new_top = tl.maximum(top, tl.max(s, 1))
+                total = total * tl.exp(top - new_top) + tl.sum(tl.exp(s - new_top[:, None]), 1)
+                top = new_top
+            log_total = top + tl.log(total)
         w = tl.load(weight + row)
-        # Pass 2: the weighted softmax of every candidate, in place (rows of ~1000 stay in L2).
-        for start in range(0, num_candidates, BLOCK):
-            cols = start + tl.arange(0, BLOCK)
-            inside = cols < num_candidates
-            s = tl.load(row_scores + cols, mask=inside, other=float("-inf")).to(tl.float32)
-            ids = tl.load(group_ids + cols, mask=inside, other=-1)
-            p = tl.where(ids == target, 0.0, tl.exp(s - log_total)) * w
-            tl.store(row_scores + cols, p.to(row_scores.dtype.element_ty), mask=inside)
+        if ONE_BLOCK:
+            p = tl.exp(s - log_total[:, None]) * w[:, None]  # masked candidates: exp(-inf) = 0
+            tl.store(row_scores + cols[None, :], p.to(scores.dtype.element_ty), mask=inside[None, :])
+        else:  # pass 2: the weighted softmax of every candidate, in place
+            for start in range(0, num_candidates, BLOCK):
+                inside = start + cols < num_candidates
+                s = tl.load(row_scores + start + cols[None, :], mask=inside[None, :],
+                            other=float("-inf")).to(tl.float32)
+                ids = tl.load(group_ids + start + cols, mask=inside, other=-1)[None, :]
+                p = tl.where(ids == target, 0.0, tl.exp(s - log_total[:, None])) * w[:, None]
+                tl.store(row_scores + start + cols[None, :], p.to(scores.dtype.element_ty), mask=inside[None, :])
         tl.store(loss + row, log_total - pos)
         tl.store(grad_positive + row, (tl.exp(pos - log_total) - 1.0) * w)
 
 
-def _softmax_rows_triton(scores, positive, target_ids, candidate_ids, weight):
+def _softmax_rows_triton(scores, positive, target_ids, candidate_ids, weight, rows=None, num_warps=None):
+    """``rows`` (rows per program) and ``num_warps`` override the tuned choice (bench/kernels.py sweeps them)."""
     groups, rows_per_group, num_candidates = scores.shape
     loss = torch.empty(groups, rows_per_group, device=scores.device, dtype=torch.float32)
     grad_positive = torch.empty_like(loss)
     block = min(1024, triton.next_power_of_2(num_candidates))
-    _softmax_rows_kernel[(groups * rows_per_group,)](
+    if rows is None or rows_per_group % rows:
+        rows, num_warps = next((r, w) for r, w in SOFTMAX_TILES if rows_per_group % r == 0)
+    per_16_bytes = 16 // scores.element_size()
+    _softmax_rows_kernel[(groups * rows_per_group // rows,)](
         scores, positive.contiguous(), target_ids.contiguous(), candidate_ids.contiguous(), weight.contiguous(),
-        loss, grad_positive, num_candidates, rows_per_group, BLOCK=block, num_warps=4 if block >= 512 else 2)
+        loss, grad_positive, num_candidates, rows_per_group, ROWS=rows, BLOCK=block,
+        # (Triton 3 fails to compile the alignment hint on a [1, 1] tensor: no hint for one row per program.)
+        ONE_BLOCK=num_candidates <= block,
+        VECTOR=per_16_bytes if num_candidates % per_16_bytes == 0 and rows > 1 else 1,
+        num_warps=num_warps or 4)
     return loss, grad_positive

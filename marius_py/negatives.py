@@ -9,6 +9,8 @@ uniform over all nodes. Candidates equal to a query's true answer are masked.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 
@@ -28,6 +30,11 @@ class CandidateRows:
             self._ends = torch.cumsum(counts, 0)
             self._offsets = starts - (self._ends - counts)  # local row = position + offset of its range
 
+    @property
+    def is_identity(self) -> bool:
+        """Whether position i is row i (an in-memory table)."""
+        return self._identity
+
     @classmethod
     def contiguous(cls, num_nodes: int, device: torch.device | str = "cpu") -> "CandidateRows":
         return cls([(0, num_nodes)], device)
@@ -38,9 +45,6 @@ class CandidateRows:
             return positions
         ranges = torch.searchsorted(self._ends.to(positions.device), positions, right=True)
         return positions + self._offsets.to(positions.device)[ranges]
-
-    def uniform(self, shape: tuple[int, ...], generator: torch.Generator) -> torch.Tensor:
-        return self.rows(torch.randint(self.total, shape, generator=generator, device=generator.device))
 
     def all(self, device: torch.device) -> torch.Tensor:
         return self.rows(torch.arange(self.total, device=device))
@@ -58,12 +62,34 @@ def sample_negatives(endpoints: torch.Tensor, candidates: CandidateRows | int, n
         candidates = CandidateRows.contiguous(candidates, device)
     if num_negatives == -1:
         return candidates.all(device)[None, :]
-    num_degree = int(round(num_negatives * degree_fraction))
-    uniform = candidates.uniform((num_chunks, num_negatives - num_degree), generator)
+    draws = negative_draws(len(endpoints), candidates.total, num_chunks, num_negatives, degree_fraction, generator)
+    return negatives_from_draws(draws, endpoints, candidates)
+
+
+def negative_draws(num_endpoints: int, num_candidates: int, num_chunks: int, num_negatives: int,
+                   degree_fraction: float, generator: torch.Generator,
+                   out: tuple[torch.Tensor, torch.Tensor | None] | None = None,
+                   ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The random draws of ``sample_negatives``: (uniform positions among the candidates, endpoint picks or None).
+
+    ``out`` receives them in place (a CUDA graph reads the same buffers every batch).
+    """
+    num_degree = round(num_negatives * degree_fraction)
+    uniform = torch.randint(num_candidates, (num_chunks, num_negatives - num_degree), generator=generator,
+                            device=generator.device, out=None if out is None else out[0])
     if num_degree == 0:
-        return uniform
-    picks = torch.randint(len(endpoints), (num_chunks, num_degree), generator=generator, device=device)
-    return torch.cat([uniform, endpoints[picks]], dim=1)
+        return uniform, None
+    picks = torch.randint(num_endpoints, (num_chunks, num_degree), generator=generator, device=generator.device,
+                          out=None if out is None else out[1])
+    return uniform, picks
+
+
+def negatives_from_draws(draws: tuple[torch.Tensor, torch.Tensor | None], endpoints: torch.Tensor,
+                         candidates: CandidateRows) -> torch.Tensor:
+    """[C, N] rows: uniform candidates, then the picked endpoints (frequent nodes in proportion to degree)."""
+    uniform, picks = draws
+    uniform = candidates.rows(uniform)
+    return uniform if picks is None else torch.cat([uniform, endpoints[picks]], dim=1)
 
 
 def chunk(tensor: torch.Tensor, num_chunks: int) -> torch.Tensor:
@@ -74,3 +100,17 @@ def chunk(tensor: torch.Tensor, num_chunks: int) -> torch.Tensor:
     if padding:
         tensor = torch.cat([tensor, tensor[-1:].expand(padding, *tensor.shape[1:])])
     return tensor.reshape(num_chunks, per_chunk, *tensor.shape[1:])
+
+
+def by_chunk(rows: torch.Tensor, batch: int, num_chunks: int) -> torch.Tensor:
+    """[2 * batch, ...] (tail then head direction) -> [2C, M, ...] chunks; a view unless C does not divide batch."""
+    if batch % num_chunks == 0:
+        return rows.reshape(2 * num_chunks, batch // num_chunks, *rows.shape[1:])
+    return torch.cat([chunk(rows[:batch], num_chunks), chunk(rows[batch:], num_chunks)])
+
+
+@functools.lru_cache(maxsize=16)
+def chunk_row_weights(batch: int, per_chunk: int, num_chunks: int, dtype: torch.dtype, device) -> torch.Tensor:
+    """[2C, M] weights of chunk rows in the batch mean: 1 / batch, 0 for padding (cached: same every batch)."""
+    weights = (torch.arange(num_chunks * per_chunk, device=device) < batch).to(dtype) / batch
+    return weights.reshape(num_chunks, per_chunk).repeat(2, 1)

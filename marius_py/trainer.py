@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import shutil
 import time
 from dataclasses import dataclass
@@ -33,9 +32,9 @@ from marius_py.config import Config
 from marius_py.dataset import Dataset
 from marius_py.errors import MariusInputError
 from marius_py.evaluation import InMemoryNodes, NodeTable, StoredNodes, build_known_answers, evaluate_split
-from marius_py.fused_loss import shared_negative_softmax_ce
+from marius_py.fused_loss import SCORE_DTYPES, shared_negative_softmax_ce
 from marius_py.models import LOSSES, Decoder, DotProductComparator, build_decoder, regularization
-from marius_py.negatives import CandidateRows, chunk, sample_negatives
+from marius_py.negatives import CandidateRows, by_chunk, chunk_row_weights, negative_draws, negatives_from_draws
 from marius_py.optim import SparseAdagrad, build_relation_optimizer
 from marius_py.resources import check_memory, check_partitioning
 from orderings import Ordering, build_ordering
@@ -45,8 +44,6 @@ from storage.buffer import PartitionBuffer
 from storage.durable import fsync_tree
 from storage.embedding_store import EmbeddingStore, link_tree
 from storage.partitioning import partition_size
-
-SCORE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 def resolve_device(name: str) -> torch.device:
@@ -113,30 +110,43 @@ class Model:
         keep = torch.rand(queries.shape, generator=generator, device=queries.device) >= rate
         return queries * keep / (1 - rate)
 
-    def plan_batch(self, edges: torch.Tensor, generator: torch.Generator,
-                   candidates: CandidateRows | None = None, defer_count: bool = False) -> "BatchPlan":
+    def negative_draws(self, num_edges: int, candidates: CandidateRows | None, generator: torch.Generator,
+                       out: list | None = None) -> list:
+        """The random draws of a batch's negatives, tail corruption then head (``negatives.negative_draws``)."""
+        t = self.config.training
+        if t.num_negatives == -1:
+            return []
+        total = self.num_nodes if candidates is None else candidates.total
+        return [negative_draws(2 * num_edges, total, min(t.num_chunks, num_edges), t.num_negatives,
+                               t.degree_fraction, generator, None if out is None else out[direction])
+                for direction in range(2)]
+
+    def plan_batch(self, edges: torch.Tensor, generator: torch.Generator | None,
+                   candidates: CandidateRows | None = None, defer_count: bool = False,
+                   draws: list | None = None) -> BatchPlan:
         """Negatives and the table rows of one batch of (h, r, t), on the generator's device.
 
         Node ids index the node table (global ids in memory, buffer-local rows
         out of core); uniform negatives come from ``candidates`` (default: every
         row of an in-memory table of ``num_nodes``). With ``defer_count`` (CUDA),
         ``rows`` is padded and ``unique_count`` says how many are real: see
-        ``BatchPlan.trimmed``.
+        ``BatchPlan.trimmed``. ``draws`` (``negative_draws``, on the edges'
+        device) replaces the generator.
         """
-        t = self.config.training
         if candidates is None:
             candidates = CandidateRows.contiguous(self.num_nodes)
-        edges = edges.to(generator.device)
+        if draws is None:
+            edges = edges.to(generator.device)
+            draws = self.negative_draws(len(edges), candidates, generator)
         heads, tails = edges[:, 0], edges[:, 2]
-        num_chunks = 1 if t.num_negatives == -1 else min(t.num_chunks, len(edges))
         endpoints = torch.cat([heads, tails])
-        tail_negatives = sample_negatives(endpoints, candidates, num_chunks, t.num_negatives,
-                                          t.degree_fraction, generator)
-        head_negatives = sample_negatives(endpoints, candidates, num_chunks, t.num_negatives,
-                                          t.degree_fraction, generator)
+        if draws:
+            tail_negatives, head_negatives = (negatives_from_draws(d, endpoints, candidates) for d in draws)
+        else:  # every candidate, one chunk
+            tail_negatives = head_negatives = candidates.all(edges.device)[None, :]
         ids = torch.cat([heads, tails, tail_negatives.reshape(-1), head_negatives.reshape(-1)])
         if defer_count:
-            rows, local, count = unique_rows_async(ids)
+            rows, local, count = unique_rows_async(ids, below_2_31=self.num_nodes < 2**30)  # buffer rows < 2n
             return BatchPlan(edges, rows, local, tail_negatives, head_negatives, count)
         rows, local = torch.unique(ids, return_inverse=True)
         return BatchPlan(edges, rows, local, tail_negatives, head_negatives)
@@ -180,12 +190,12 @@ class Model:
         negative_ids = torch.cat([plan.tail_negatives, plan.head_negatives])
         negatives = torch.index_select(embeddings, 0, plan.local[2 * batch:]).reshape(*negative_ids.shape, -1)
         num_chunks = plan.tail_negatives.shape[0]
-        stacked = _by_chunk(queries, batch, num_chunks)
-        target_ids = _by_chunk(torch.cat([tails, heads]), batch, num_chunks)
+        stacked = by_chunk(queries, batch, num_chunks)
+        target_ids = by_chunk(torch.cat([tails, heads]), batch, num_chunks)
         if self._fused_softmax:
-            loss = shared_negative_softmax_ce(stacked, negatives, _by_chunk(positive, batch, num_chunks),
+            loss = shared_negative_softmax_ce(stacked, negatives, by_chunk(positive, batch, num_chunks),
                                               target_ids, negative_ids,
-                                              _row_weights(batch, stacked.shape[1], num_chunks, stacked.dtype,
+                                              chunk_row_weights(batch, stacked.shape[1], num_chunks, stacked.dtype,
                                                            stacked.device),
                                               SCORE_DTYPES[self.config.training.score_dtype])
         else:
@@ -205,20 +215,6 @@ class Model:
         """``plan_batch`` then ``compute`` on rows gathered from ``nodes``/``state`` (one generator)."""
         plan = self.plan_batch(edges, generator, candidates)
         return self.compute(plan, nodes[plan.rows], state[plan.rows], generator)
-
-
-def _by_chunk(rows: torch.Tensor, batch: int, num_chunks: int) -> torch.Tensor:
-    """[2 * batch, ...] (tail then head direction) -> [2C, M, ...] chunks; a view unless C does not divide batch."""
-    if batch % num_chunks == 0:
-        return rows.reshape(2 * num_chunks, batch // num_chunks, *rows.shape[1:])
-    return torch.cat([chunk(rows[:batch], num_chunks), chunk(rows[batch:], num_chunks)])
-
-
-@functools.lru_cache(maxsize=16)
-def _row_weights(batch: int, per_chunk: int, num_chunks: int, dtype: torch.dtype, device) -> torch.Tensor:
-    """[2C, M] weights of chunk rows in the batch mean: 1 / batch, 0 for padding (cached: same every batch)."""
-    weights = (torch.arange(num_chunks * per_chunk, device=device) < batch).to(dtype) / batch
-    return weights.reshape(num_chunks, per_chunk).repeat(2, 1)
 
 
 def _per_query(block: torch.Tensor, batch: int) -> torch.Tensor:

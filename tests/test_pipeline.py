@@ -18,6 +18,7 @@ from marius_py.dataset import Dataset
 from marius_py.optim import SparseAdagrad
 from marius_py.trainer import Model, Trainer, epoch_generator
 from pipeline.devices import PLACEMENT_CPU
+from pipeline.rows import unique_rows_async
 from pipeline.stages import Pipeline, Stage
 
 
@@ -306,3 +307,42 @@ def test_cuda_placements_match_the_cpu_pipeline(small_config, placement, bound):
         assert close.float().mean() > 0.999, f"{int((~close).sum())} of {close.numel()} entries differ"
     else:
         assert runner.max_in_flight > 1
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("graphs", [False, True])
+def test_fused_device_step_matches_the_cpu_pipeline(small_config, graphs):
+    """DistMult in GPU memory takes the fused step (replayed as a CUDA graph or not): same training as the CPU."""
+    config, model, nodes, state, edges = tiny_setup(small_config, [
+        "model.dropout=0", "model.decoder=distmult", "model.reg_weight=0", f"training.cuda_graphs={graphs}"])
+    cuda_model = Model(config, model.num_nodes, model.decoder.num_relations, torch.device("cuda"))
+    cuda_model.load_state_dict(copy.deepcopy(model.state_dict()))
+    runner = SpanRunner(cuda_model, "device", config.pipeline, torch.device("cuda"), config.training.batch_size)
+    assert runner.fused_step is not None and (runner.graphed_step is not None) == graphs
+    tables, loss = (nodes.cuda(), state.cuda()), torch.zeros((), device="cuda")
+    runner.run(edges, *tables, None, epoch_generator(0, 1, "cuda"), epoch_generator(0, 1, "cuda", stream=1),
+               loss, lambda n: None)
+    if graphs:
+        assert runner.graphed_step.batches_run == len(edges) // config.training.batch_size
+    cpu_model = Model(config, model.num_nodes, model.decoder.num_relations, torch.device("cpu"))
+    cpu_model.load_state_dict(copy.deepcopy(model.state_dict()))
+    cuda_draws = epoch_generator(0, 1, "cuda")  # the CPU run replays the CUDA run's negatives
+    cpu_model.negative_draws = lambda n, candidates, generator, out=None: [
+        tuple(None if d is None else d.cpu() for d in direction)
+        for direction in Model.negative_draws(cpu_model, n, candidates, cuda_draws)]
+    _, cpu_loss = run_pipeline(config, cpu_model, nodes, state, edges, bound=1)
+    for got, expected in [(tables[0].cpu(), nodes), (tables[1].cpu(), state),
+                          (cuda_model.decoder.relations.detach().cpu(), cpu_model.decoder.relations.detach())]:
+        close = torch.isclose(got, expected, rtol=1e-4, atol=1e-4)
+        assert close.float().mean() > 0.999, f"{int((~close).sum())} of {close.numel()} entries differ"
+    torch.testing.assert_close(loss.cpu(), cpu_loss, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("below_2_31", [False, True])
+def test_unique_rows_async_gives_unique_rows_and_their_positions(below_2_31):
+    ids = torch.tensor([7, 3, 7, 9, 3, 3, 0, 9])
+    rows, local, count = unique_rows_async(ids, below_2_31)
+    assert int(count) == 4 and len(rows) == len(ids)
+    assert rows[:4].tolist() == [0, 3, 7, 9]
+    assert torch.equal(rows[local], ids) and bool((local < 4).all())

@@ -1,0 +1,83 @@
+"""Variants of the step's hottest kernels on one GPU, timed in isolation (CUDA events, median).
+
+    python bench/kernels.py --json bench/results/kernels.json
+
+The softmax row kernel of the fused loss over the issue's score block
+(2 x 10 chunks x 5,000 queries x 1,000 candidates, bfloat16) for each
+rows-per-program and warp count; and the batch's unique-row sort on 64- and
+32-bit keys. Each row prints the achieved bandwidth against the bytes the
+kernel must move.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from marius_py.fused_loss import _softmax_rows_triton  # noqa: E402
+
+
+def time_ms(work) -> float:
+    import triton.testing
+    return triton.testing.do_bench(work, warmup=50, rep=300, return_mode="median")
+
+
+def softmax_rows(args) -> list[dict]:
+    groups, rows, candidates = 2 * args.chunks, args.queries, args.candidates
+    scores = torch.randn(groups, rows, candidates, device="cuda").to(torch.bfloat16)
+    positive = torch.randn(groups, rows, device="cuda")
+    target_ids = torch.randint(10**6, (groups, rows), device="cuda")
+    candidate_ids = torch.randint(10**6, (groups, candidates), device="cuda")
+    weight = torch.full((groups, rows), 1e-5, device="cuda")
+    bytes_moved = 2 * scores.numel() * scores.element_size()
+    results = []
+    for per_program in (1, 2, 4):
+        for warps in (4, 8, 16):
+            block = scores.clone()
+            try:
+                ms = time_ms(lambda: _softmax_rows_triton(block, positive, target_ids, candidate_ids, weight,
+                                                          rows=per_program, num_warps=warps))
+            except Exception as error:  # a variant Triton cannot compile: say so, keep sweeping
+                print(f"softmax_rows rows={per_program} warps={warps}: {type(error).__name__}", flush=True)
+                continue
+            results.append({"kernel": "softmax_rows", "rows": per_program, "warps": warps, "ms": ms,
+                            "gb_per_s": bytes_moved / ms / 1e6})
+    return results
+
+
+def unique_sort(args) -> list[dict]:
+    ids = torch.randint(args.nodes, (2 * args.batch + 2 * args.chunks * args.candidates,), device="cuda")
+    results = []
+    for dtype in (torch.int64, torch.int32):
+        keys = ids.to(dtype)
+        ms = time_ms(lambda: torch.sort(keys))
+        results.append({"kernel": "sort", "dtype": str(dtype), "ms": ms,
+                        "gb_per_s": 2 * keys.numel() * keys.element_size() / ms / 1e6})
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--chunks", type=int, default=10)
+    parser.add_argument("--queries", type=int, default=5000)
+    parser.add_argument("--candidates", type=int, default=1000)
+    parser.add_argument("--batch", type=int, default=50_000)
+    parser.add_argument("--nodes", type=int, default=1_000_000)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    rows = softmax_rows(args) + unique_sort(args)
+    for row in rows:
+        settings = "  ".join(f"{k}={v}" for k, v in row.items() if k not in ("kernel", "ms", "gb_per_s"))
+        print(f"{row['kernel']:<13} {settings:<28} {row['ms'] * 1e3:8.1f} us  {row['gb_per_s']:7.0f} GB/s")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"device": torch.cuda.get_device_name(), "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,308 @@
+"""The training step of Dot and DistMult with softmax cross-entropy, with hand-written gradients.
+
+For these decoders every gradient is a product of rows the step already
+reads, so a batch needs a handful of kernels where autograd launches ~90 and
+makes ~20 passes over [batch, d] tensors:
+
+1. ``edge_queries``: per edge, the queries h*r_fwd and t*r_inv (in the score
+   dtype) and the positive scores, read straight from the node table.
+2. The candidates' rows, and ``softmax_ce_gradients`` (marius_py/fused_loss.py):
+   the loss and the gradients of queries, candidates and positive scores.
+3. ``edge_backward_``: per edge, the gradients of h, t and both relation
+   vectors, added (atomically) into a gradient per touched row and per relation.
+4. ``sparse_adagrad_``: Adagrad on the touched rows, in place in the tables.
+
+It computes what ``Model.compute`` + ``SparseAdagrad.apply`` compute (tests
+compare them), in place, so it serves only the synchronous ``device``
+placement. Each function has a Triton kernel for float32 CUDA tables and a
+torch version (CPU, float64) that the tests use as reference.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.nn import functional as F
+
+from marius_py.fused_loss import SCORE_DTYPES, softmax_ce_gradients
+from marius_py.negatives import by_chunk, chunk_row_weights
+
+try:  # Triton ships with CUDA builds of torch; CPU builds use the torch versions.
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - depends on the torch build
+    triton = None
+
+FUSED_DECODERS = ("dot", "distmult")
+_TILE = 4096  # elements of one [edges or rows, d] tile per Triton program
+
+
+def supports_fused_step(model) -> bool:
+    """Whether ``FusedStep`` computes this model's step: Dot/DistMult, softmax CE, no dropout or regulariser."""
+    m = model.config.model
+    return (model.decoder.name in FUSED_DECODERS and m.loss == "softmax_ce" and m.dropout == 0
+            and (m.reg_weight == 0 or m.regularizer == "none"))
+
+
+class FusedStep:
+    """One batch of a ``Model`` (see ``supports_fused_step``) applied in place to its tables."""
+
+    def __init__(self, model):
+        self.model = model
+        self.score_dtype = SCORE_DTYPES[model.config.training.score_dtype]
+        self.adagrad = model.node_optimizer
+        self.relations = model.decoder.relations if model.decoder.relations.numel() else None
+        optimizer = model.relation_optimizer
+        group = optimizer.param_groups[0] if optimizer is not None else {}
+        # Plain Adagrad on the relations is stepped here with tensor ops only (no host reads: capturable).
+        self.own_relation_step = self.relations is None or (
+            type(optimizer) is torch.optim.Adagrad and group["lr_decay"] == 0 and group["weight_decay"] == 0
+            and not group["maximize"] and group["initial_accumulator_value"] == 0)
+
+    def run(self, plan, nodes: torch.Tensor, state: torch.Tensor, loss_sum: torch.Tensor) -> None:
+        """Train one planned batch (``Model.plan_batch``): update ``nodes``, ``state`` and relations."""
+        self.apply(plan, nodes, state, loss_sum)
+        self.count_relation_step()
+
+    def count_relation_step(self) -> None:
+        """Advance the relation optimizer's step count (host-side, so kept out of ``apply``)."""
+        if self.relations is not None and self.own_relation_step:
+            self.model.relation_optimizer.state[self.relations]["step"] += 1
+
+    def apply(self, plan, nodes: torch.Tensor, state: torch.Tensor, loss_sum: torch.Tensor) -> None:
+        """``run`` without the step count: device work only when ``own_relation_step`` (a CUDA graph captures it)."""
+        edges, batch, dim = plan.edges, len(plan.edges), nodes.shape[1]
+        num_chunks, num_candidates = plan.tail_negatives.shape
+        score_dtype = torch.float64 if nodes.dtype == torch.float64 else self.score_dtype
+        width = _aligned_width(dim, score_dtype)
+        relations = None if self.relations is None else self.relations.detach()
+        queries, positive = edge_queries(nodes, relations, edges, score_dtype, width)
+        candidate_ids = torch.cat([plan.tail_negatives, plan.head_negatives])
+        candidates = torch.index_select(nodes, 0, candidate_ids.reshape(-1)).to(score_dtype)
+        candidates = F.pad(candidates, (0, width - dim)).reshape(2 * num_chunks, num_candidates, width)
+        stacked = by_chunk(queries, batch, num_chunks)
+        weights = chunk_row_weights(batch, stacked.shape[1], num_chunks, positive.dtype, positive.device)
+        loss, grad_queries, grad_candidates, grad_positive = softmax_ce_gradients(
+            stacked, candidates, by_chunk(positive, batch, num_chunks),
+            by_chunk(torch.cat([edges[:, 2], edges[:, 0]]), batch, num_chunks), candidate_ids, weights, score_dtype)
+
+        grad_rows = torch.zeros(len(plan.rows), dim, dtype=nodes.dtype, device=nodes.device)
+        grad_rows.index_add_(0, plan.local[2 * batch:], grad_candidates[..., :dim].reshape(-1, dim).to(nodes.dtype))
+        grad_relations = None if relations is None else torch.zeros_like(relations)
+        edge_backward_(grad_rows, grad_relations, nodes, relations, edges, plan.local,
+                       grad_queries.reshape(-1, width), grad_positive.reshape(-1), stacked.shape[1] * num_chunks)
+        if grad_relations is not None:
+            self._step_relations(grad_relations)
+        count = plan.unique_count if plan.unique_count is not None else len(plan.rows)
+        sparse_adagrad_(nodes, state, plan.rows, grad_rows, count, self.adagrad.lr, self.adagrad.eps)
+        loss_sum.add_(loss * batch)
+
+    def _step_relations(self, grad: torch.Tensor) -> None:
+        optimizer = self.model.relation_optimizer
+        if not self.own_relation_step:
+            self.relations.grad = grad
+            optimizer.step()
+            self.relations.grad = None
+            return
+        group, accumulated = optimizer.param_groups[0], optimizer.state[self.relations]["sum"]
+        accumulated.addcmul_(grad, grad)  # torch.optim.Adagrad's arithmetic
+        self.relations.data.addcdiv_(grad, accumulated.sqrt().add_(group["eps"]), value=-group["lr"])
+
+
+def _aligned_width(dim: int, dtype: torch.dtype) -> int:
+    """d rounded up to whole 16-byte rows: cuBLAS picks its fastest kernels only for aligned rows."""
+    per_16_bytes = max(1, 16 // dtype.itemsize)
+    return -(-dim // per_16_bytes) * per_16_bytes
+
+
+def _use_triton(table: torch.Tensor) -> bool:
+    return table.is_cuda and triton is not None and table.dtype == torch.float32
+
+
+def _blocks(dim: int) -> tuple[int, int]:
+    """(rows per program, padded d) of a [rows, d] tile."""
+    block_d = triton.next_power_of_2(dim)
+    return max(1, _TILE // block_d), block_d
+
+
+def edge_queries(nodes: torch.Tensor, relations: torch.Tensor | None, edges: torch.Tensor,
+                 score_dtype: torch.dtype, width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """([2B, width] queries: h*r_fwd of every edge, then t*r_inv, zero beyond d; [2B] positive scores).
+
+    ``relations`` is [2R, d] (forward then inverse vectors) or None (Dot).
+    """
+    batch, dim = len(edges), nodes.shape[1]
+    width = width or dim
+    if _use_triton(nodes):
+        queries = torch.empty(2 * batch, width, dtype=score_dtype, device=nodes.device)
+        positive = torch.empty(2 * batch, dtype=torch.float32, device=nodes.device)
+        block_e, block_d = _blocks(width)
+        _edge_queries_kernel[(triton.cdiv(batch, block_e),)](
+            nodes, nodes if relations is None else relations, edges, queries, positive, batch,
+            0 if relations is None else len(relations) // 2, dim, width, HAS_RELATIONS=relations is not None,
+            BLOCK_E=block_e, BLOCK_D=block_d)
+        return queries, positive
+    heads, tails = nodes[edges[:, 0]], nodes[edges[:, 2]]
+    tail_queries, head_queries = heads, tails
+    if relations is not None:
+        forward, inverse = _relation_rows(relations, edges[:, 1])
+        tail_queries, head_queries = heads * forward, tails * inverse
+    queries = torch.cat([tail_queries, head_queries])
+    positive = (queries * torch.cat([tails, heads])).sum(-1)
+    return F.pad(queries.to(score_dtype), (0, width - dim)), positive
+
+
+def _relation_rows(relations: torch.Tensor, relation_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return relations[relation_ids], relations[relation_ids + len(relations) // 2]
+
+
+def edge_backward_(grad_rows: torch.Tensor, grad_relations: torch.Tensor | None, nodes: torch.Tensor,
+                   relations: torch.Tensor | None, edges: torch.Tensor, local: torch.Tensor,
+                   grad_queries: torch.Tensor, grad_positive: torch.Tensor, head_offset: int) -> None:
+    """Add each edge's gradients of h, t (into ``grad_rows`` at ``local``) and of its relation vectors.
+
+    ``grad_queries``/``grad_positive`` hold the tail-corruption rows of the
+    edges at [0, B) and the head-corruption rows at [head_offset, head_offset + B);
+    ``grad_queries`` may be wider than d (aligned rows: the extra columns are ignored).
+    """
+    batch, dim = len(edges), nodes.shape[1]
+    if _use_triton(nodes):
+        block_e, block_d = _blocks(dim)
+        _edge_backward_kernel[(triton.cdiv(batch, block_e),)](
+            nodes, nodes if relations is None else relations, edges, local, grad_queries, grad_positive,
+            grad_rows, grad_rows if grad_relations is None else grad_relations, batch,
+            0 if relations is None else len(relations) // 2, dim, grad_queries.stride(0), head_offset,
+            HAS_RELATIONS=relations is not None, BLOCK_E=block_e, BLOCK_D=block_d)
+        return
+    heads, tails = nodes[edges[:, 0]], nodes[edges[:, 2]]
+    grad_tail_q = grad_queries[:batch, :dim].to(nodes.dtype)
+    grad_head_q = grad_queries[head_offset:head_offset + batch, :dim].to(nodes.dtype)
+    pos_tail = grad_positive[:batch, None].to(nodes.dtype)
+    pos_head = grad_positive[head_offset:head_offset + batch, None].to(nodes.dtype)
+    grad_tail_q = grad_tail_q + pos_tail * tails   # d loss / d (h * r_fwd), positive score included
+    grad_head_q = grad_head_q + pos_head * heads
+    if relations is None:
+        grad_heads, grad_tails = grad_tail_q + pos_head * tails, grad_head_q + pos_tail * heads
+    else:
+        forward, inverse = _relation_rows(relations, edges[:, 1])
+        grad_heads = grad_tail_q * forward + pos_head * (tails * inverse)
+        grad_tails = grad_head_q * inverse + pos_tail * (heads * forward)
+        grad_relations.index_add_(0, edges[:, 1], grad_tail_q * heads)
+        grad_relations.index_add_(0, edges[:, 1] + len(relations) // 2, grad_head_q * tails)
+    grad_rows.index_add_(0, local[:batch], grad_heads)
+    grad_rows.index_add_(0, local[batch:2 * batch], grad_tails)
+
+
+def sparse_adagrad_(nodes: torch.Tensor, state: torch.Tensor, rows: torch.Tensor, grad: torch.Tensor,
+                    count: torch.Tensor | int, lr: float, eps: float) -> None:
+    """Adagrad on table rows ``rows[:count]`` (unique) with gradients ``grad``, in place.
+
+    ``state`` has one column (row-wise Adagrad) or d. ``count`` may be a
+    one-element device tensor (a plan's padded rows), read by the kernel.
+    """
+    dim = nodes.shape[1]
+    if _use_triton(nodes):
+        block_r, block_d = _blocks(dim)
+        on_device = isinstance(count, torch.Tensor)
+        _sparse_adagrad_kernel[(triton.cdiv(len(rows), block_r),)](
+            nodes, state, rows, grad, count if on_device else rows, len(rows) if not on_device else 0,
+            lr, eps, dim, COUNT_ON_DEVICE=on_device, ROWWISE=state.shape[1] == 1, BLOCK_R=block_r,
+            BLOCK_D=block_d)
+        return
+    count = int(count)
+    rows, grad = rows[:count], grad[:count]
+    squared = grad * grad
+    if state.shape[1] == 1:
+        squared = squared.mean(dim=1, keepdim=True)
+    accumulated = state[rows] + squared
+    nodes.index_add_(0, rows, grad * (-lr / (torch.sqrt(accumulated) + eps)))
+    state[rows] = accumulated
+
+
+if triton is not None:
+    @triton.jit
+    def _load_edges(edges, first, num_edges, BLOCK_E: tl.constexpr):
+        e = first + tl.arange(0, BLOCK_E)
+        inside = e < num_edges
+        e = e.to(tl.int64)
+        heads = tl.load(edges + 3 * e, mask=inside, other=0)
+        rels = tl.load(edges + 3 * e + 1, mask=inside, other=0)
+        tails = tl.load(edges + 3 * e + 2, mask=inside, other=0)
+        return e, inside, heads, rels, tails
+
+    @triton.jit
+    def _rows(table, ids, cols, mask, stride):
+        return tl.load(table + ids[:, None] * stride + cols[None, :], mask=mask, other=0.0)
+
+    @triton.jit
+    def _edge_queries_kernel(nodes, relations, edges, queries, positive, num_edges, num_relations, dim, width,
+                             HAS_RELATIONS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_D: tl.constexpr):
+        e, inside, heads, rels, tails = _load_edges(edges, tl.program_id(0) * BLOCK_E, num_edges, BLOCK_E)
+        cols = tl.arange(0, BLOCK_D)
+        mask = inside[:, None] & (cols < dim)[None, :]
+        h = _rows(nodes, heads, cols, mask, dim)
+        t = _rows(nodes, tails, cols, mask, dim)
+        tail_q, head_q = h, t
+        if HAS_RELATIONS:
+            tail_q = h * _rows(relations, rels, cols, mask, dim)
+            head_q = t * _rows(relations, rels + num_relations, cols, mask, dim)
+        out = queries + e[:, None] * width + cols[None, :]
+        out_mask = inside[:, None] & (cols < width)[None, :]  # columns past d get the zeros loaded there
+        tl.store(out, tail_q.to(queries.dtype.element_ty), mask=out_mask)
+        tl.store(out + num_edges * width, head_q.to(queries.dtype.element_ty), mask=out_mask)
+        tl.store(positive + e, tl.sum(tail_q * t, 1), mask=inside)
+        tl.store(positive + num_edges + e, tl.sum(head_q * h, 1), mask=inside)
+
+    @triton.jit
+    def _edge_backward_kernel(nodes, relations, edges, local, grad_queries, grad_positive, grad_rows,
+                              grad_relations, num_edges, num_relations, dim, grad_stride, head_offset,
+                              HAS_RELATIONS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_D: tl.constexpr):
+        e, inside, heads, rels, tails = _load_edges(edges, tl.program_id(0) * BLOCK_E, num_edges, BLOCK_E)
+        cols = tl.arange(0, BLOCK_D)
+        mask = inside[:, None] & (cols < dim)[None, :]
+        h = _rows(nodes, heads, cols, mask, dim)
+        t = _rows(nodes, tails, cols, mask, dim)
+        pos_tail = tl.load(grad_positive + e, mask=inside, other=0.0)[:, None]
+        pos_head = tl.load(grad_positive + head_offset + e, mask=inside, other=0.0)[:, None]
+        grad_tail_q = _rows(grad_queries, e, cols, mask, grad_stride).to(tl.float32) + pos_tail * t
+        grad_head_q = _rows(grad_queries, e + head_offset, cols, mask, grad_stride).to(tl.float32) + pos_head * h
+        if HAS_RELATIONS:
+            forward = _rows(relations, rels, cols, mask, dim)
+            inverse = _rows(relations, rels + num_relations, cols, mask, dim)
+            grad_h = grad_tail_q * forward + pos_head * (t * inverse)
+            grad_t = grad_head_q * inverse + pos_tail * (h * forward)
+            tl.atomic_add(grad_relations + rels[:, None] * dim + cols[None, :], grad_tail_q * h, mask=mask,
+                          sem="relaxed")
+            tl.atomic_add(grad_relations + (rels + num_relations)[:, None] * dim + cols[None, :],
+                          grad_head_q * t, mask=mask, sem="relaxed")
+        else:
+            grad_h = grad_tail_q + pos_head * t
+            grad_t = grad_head_q + pos_tail * h
+        local_heads = tl.load(local + e, mask=inside, other=0)
+        local_tails = tl.load(local + num_edges + e, mask=inside, other=0)
+        tl.atomic_add(grad_rows + local_heads[:, None] * dim + cols[None, :], grad_h, mask=mask, sem="relaxed")
+        tl.atomic_add(grad_rows + local_tails[:, None] * dim + cols[None, :], grad_t, mask=mask, sem="relaxed")
+
+    @triton.jit
+    def _sparse_adagrad_kernel(nodes, state, rows, grad, count, num_rows, lr, eps, dim,
+                               COUNT_ON_DEVICE: tl.constexpr, ROWWISE: tl.constexpr, BLOCK_R: tl.constexpr,
+                               BLOCK_D: tl.constexpr):
+        if COUNT_ON_DEVICE:
+            num_rows = tl.load(count)
+        r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+        inside = r < num_rows
+        r = r.to(tl.int64)
+        cols = tl.arange(0, BLOCK_D)
+        mask = inside[:, None] & (cols < dim)[None, :]
+        table_rows = tl.load(rows + r, mask=inside, other=0)
+        g = _rows(grad, r, cols, mask, dim)
+        squared = g * g
+        if ROWWISE:
+            accumulated = tl.load(state + table_rows, mask=inside, other=0.0) + tl.sum(squared, 1) / dim
+            tl.store(state + table_rows, accumulated, mask=inside)
+            step = -lr / (tl.sqrt_rn(accumulated) + eps)[:, None]
+        else:
+            accumulated = _rows(state, table_rows, cols, mask, dim) + squared
+            tl.store(state + table_rows[:, None] * dim + cols[None, :], accumulated, mask=mask)
+            step = -lr / (tl.sqrt_rn(accumulated) + eps)
+        target = nodes + table_rows[:, None] * dim + cols[None, :]
+        tl.store(target, tl.load(target, mask=mask, other=0.0) + g * step, mask=mask)

@@ -1,0 +1,121 @@
+"""The fused Dot/DistMult step against the autograd step (Model.compute + SparseAdagrad.apply)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from marius_py.config import load_config
+from marius_py.fused_step import FusedStep, edge_backward_, edge_queries, sparse_adagrad_, supports_fused_step
+from marius_py.optim import SparseAdagrad
+from marius_py.trainer import Model
+
+NODES, RELATIONS, DIM = 60, 5, 12
+
+
+def make_model(decoder: str, variant: str, device: str, double: bool, extra=()) -> Model:
+    config = load_config(None, [f"model.decoder={decoder}", "model.loss=softmax_ce", f"model.dim={DIM}",
+                                "training.batch_size=23", "training.num_chunks=3", "training.num_negatives=7",
+                                "training.degree_fraction=0.4", f"training.adagrad_variant={variant}",
+                                "model.reg_weight=0", "model.init_scale=0.5", *extra])
+    torch.manual_seed(3)
+    model = Model(config, NODES, RELATIONS, torch.device(device))
+    if double:
+        model.decoder.double()  # in place: the relation optimizer keeps its parameters
+    return model
+
+
+def make_tables(variant: str, device: str, dtype: torch.dtype):
+    generator = torch.Generator().manual_seed(5)
+    nodes = torch.randn(NODES, DIM, generator=generator, dtype=dtype)
+    state = torch.rand(NODES, 1 if variant == "rowwise" else DIM, generator=generator, dtype=dtype)
+    edges = torch.stack([torch.randint(NODES, (23,), generator=generator),
+                         torch.randint(RELATIONS, (23,), generator=generator),
+                         torch.randint(NODES, (23,), generator=generator)], dim=1)
+    return nodes.to(device), state.to(device), edges.to(device)
+
+
+def autograd_step(model, nodes, state, edges, seed):
+    plan = model.plan_batch(edges, torch.Generator(nodes.device).manual_seed(seed))
+    update = model.compute(plan, nodes[plan.rows], state[plan.rows], torch.Generator(nodes.device))
+    SparseAdagrad.apply(nodes, state, plan.rows, update.delta, update.squared)
+    return update.loss
+
+
+def fused_step(model, nodes, state, edges, seed):
+    plan = model.plan_batch(edges, torch.Generator(nodes.device).manual_seed(seed), defer_count=True)
+    loss = torch.zeros((), dtype=nodes.dtype, device=nodes.device)
+    FusedStep(model).run(plan, nodes, state, loss)
+    return loss / len(edges)
+
+
+def compare_steps(decoder, variant, device, dtype, tolerance):
+    tables = make_tables(variant, device, dtype)
+    results = []
+    for step in (autograd_step, fused_step):
+        model = make_model(decoder, variant, device, dtype == torch.float64)
+        nodes, state, edges = (t.clone() for t in tables)
+        losses = [step(model, nodes, state, edges, seed) for seed in (11, 12)]  # a second step sees the first
+        results.append((torch.stack(losses), nodes, state, model.decoder.relations.detach()))
+    assert not torch.equal(results[0][1], tables[0]), "the step must change the embeddings"
+    for expected, got in zip(*results):
+        torch.testing.assert_close(got, expected, **tolerance)
+
+
+@pytest.mark.parametrize("decoder", ["distmult", "dot"])
+@pytest.mark.parametrize("variant", ["full", "rowwise"])
+def test_fused_step_equals_autograd_step(decoder, variant):
+    compare_steps(decoder, variant, "cpu", torch.float64, {"rtol": 1e-10, "atol": 1e-12})
+
+
+def test_supported_models_only():
+    assert supports_fused_step(make_model("distmult", "full", "cpu", False))
+    assert not supports_fused_step(make_model("complex", "full", "cpu", False))
+    assert not supports_fused_step(make_model("distmult", "full", "cpu", False, ["model.dropout=0.1"]))
+    assert not supports_fused_step(make_model("distmult", "full", "cpu", False,
+                                              ["model.reg_weight=0.1", "model.regularizer=n3"]))
+    assert not supports_fused_step(make_model("distmult", "full", "cpu", False, ["model.loss=logistic"]))
+
+
+def test_adagrad_skips_padding_rows():
+    nodes, state = torch.ones(4, 2, dtype=torch.float64), torch.ones(4, 2, dtype=torch.float64)
+    rows = torch.tensor([1, 3, 1, 1])  # two real rows, then padding that repeats a real one
+    grad = torch.ones(4, 2, dtype=torch.float64)
+    sparse_adagrad_(nodes, state, rows, grad, torch.tensor([2]), lr=0.5, eps=0.0)
+    step = 1 - 0.5 / 2 ** 0.5
+    torch.testing.assert_close(nodes[:, 0], torch.tensor([1, step, 1, step], dtype=torch.float64))
+    torch.testing.assert_close(state[:, 0], torch.tensor([1, 2, 1, 2], dtype=torch.float64))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("decoder", ["distmult", "dot"])
+@pytest.mark.parametrize("variant", ["full", "rowwise"])
+def test_fused_step_kernels_match_autograd_on_gpu(decoder, variant):
+    compare_steps(decoder, variant, "cuda", torch.float32, {"rtol": 1e-4, "atol": 1e-5})
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dim", [7, 100, 400])
+def test_triton_kernels_match_torch_versions(dim):
+    generator = torch.Generator().manual_seed(dim)
+    nodes = torch.randn(500, dim, generator=generator)
+    relations = torch.randn(2 * 9, dim, generator=generator)
+    edges = torch.stack([torch.randint(500, (333,), generator=generator), torch.randint(9, (333,), generator=generator),
+                         torch.randint(500, (333,), generator=generator)], dim=1)
+    local = torch.randint(40, (2 * 333,), generator=generator)
+    grad_q = torch.randn(2 * 340, dim + 5, generator=generator)  # aligned rows are wider than d
+    grad_pos = torch.randn(2 * 340, generator=generator)
+    outputs = []
+    for device in ("cpu", "cuda"):
+        n, r, e, lo, gq, gp = (t.to(device).clone() for t in (nodes, relations, edges, local, grad_q, grad_pos))
+        queries, positive = edge_queries(n, r, e, torch.float32, width=dim + 5)
+        grad_rows, grad_relations = torch.zeros(40, dim, device=device), torch.zeros_like(r)
+        edge_backward_(grad_rows, grad_relations, n, r, e, lo, gq, gp, head_offset=340)
+        state = torch.rand(500, dim, generator=torch.Generator().manual_seed(1)).to(device)
+        sparse_adagrad_(n, state, torch.randperm(500, generator=torch.Generator().manual_seed(2))[:40].to(device),
+                        grad_rows, torch.tensor([37], device=device), lr=0.1, eps=1e-10)
+        outputs.append([t.cpu() for t in (queries, positive, grad_rows, grad_relations, n, state)])
+    for got, expected in zip(outputs[1], outputs[0]):
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
