@@ -301,7 +301,9 @@ def main() -> None:
         if "step" in args.parts:
             for placement in args.placements:
                 for score_dtype in args.score_dtypes:
-                    for step in args.steps if placement == "device" else ["autograd"]:
+                    steps = args.steps if placement == "device" else \
+                        dict.fromkeys("fused" if step == "graph" else step for step in args.steps)  # no host graphs
+                    for step in steps:
                         record(measure_step(dim, placement, score_dtype, args, step))
         if "disk" in args.parts:
             disk_args = argparse.Namespace(**{**vars(args), "score_dtype": args.score_dtypes[-1]})

@@ -8,13 +8,14 @@ compute device) and update (the additive deltas index-added into the tables).
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from marius_py.config import PipelineConfig
-from marius_py.fused_step import FusedStep, supports_fused_step
+from marius_py.fused_step import FusedStep, gather_rows, supports_fused_step, zero_copy_available
 from marius_py.negatives import CandidateRows
 from marius_py.optim import SparseAdagrad
 from marius_py.step_graph import GraphedFusedStep
@@ -69,10 +70,12 @@ class SpanRunner:
         self.batch_size = batch_size
         self.staleness_bound = default_staleness(placement, settings.staleness_bound)
         self.max_in_flight = 0
-        # In GPU memory training is synchronous, so the step may update the tables in place.
-        use_fused = placement == PLACEMENT_DEVICE and model.config.training.fused_step and supports_fused_step(model)
+        # The fused step updates the tables in place: in GPU memory (training is synchronous there), or in
+        # pinned host memory through GPU kernels (``_run_zero_copy``: updates are read-modify-writes in order).
+        use_fused = (placement == PLACEMENT_DEVICE or placement == PLACEMENT_HOST and zero_copy_available()) \
+            and model.config.training.fused_step and supports_fused_step(model)
         self.fused_step = FusedStep(model) if use_fused else None
-        use_graphs = use_fused and model.config.training.cuda_graphs and \
+        use_graphs = use_fused and placement == PLACEMENT_DEVICE and model.config.training.cuda_graphs and \
             GraphedFusedStep.supported(self.fused_step, device)
         self.graphed_step = GraphedFusedStep(model, self.fused_step, batch_size) if use_graphs else None
 
@@ -106,7 +109,9 @@ class SpanRunner:
         def update(item: BatchInFlight) -> None:
             SparseAdagrad.apply(nodes, state, item.table_rows, item.delta, item.squared)
 
-        if self.fused_step is not None:
+        if self.fused_step is not None and self.placement == PLACEMENT_HOST and nodes.is_pinned():
+            self._run_zero_copy(edges, nodes, state, candidates, sampling, loss_sum, on_batch)
+        elif self.fused_step is not None and self.placement == PLACEMENT_DEVICE:
             graphed = self.graphed_step
             for batch in batches:  # nothing in the step waits for the device: no need to plan ahead
                 if graphed is None or not graphed.run(batch, nodes, state, candidates, sampling):
@@ -132,6 +137,50 @@ class SpanRunner:
             self.max_in_flight = max(self.max_in_flight, pipeline.max_in_flight)
         if self.device.type == "cuda" and self.placement == PLACEMENT_HOST:
             torch.cuda.synchronize(self.device)  # relation parameters were updated on another stream
+
+    def _run_zero_copy(self, edges, nodes, state, candidates, sampling, loss_sum, on_batch) -> None:
+        """Host tables (pinned) read and written in place by GPU kernels over PCIe; no host work per row.
+
+        The five stages become two CUDA streams: load (plan on the GPU from
+        the host generator's draws; the rows' embeddings gathered from the host
+        table over PCIe, the host-to-device stage) and compute (the fused step,
+        whose Adagrad kernel reads, updates and writes back the host rows: the
+        device-to-host and update stages). A batch's load may run while up to
+        bound - 1 earlier batches still compute, so it may read rows they have
+        not updated yet; updates are read-modify-writes of the current host
+        rows, in batch order, so none is lost.
+        """
+        device, model = self.device, self.model
+        load, compute = self._zero_copy_streams()
+        edges = edges.to(device)
+        in_flight: deque[torch.cuda.Event] = deque()
+        for start in range(0, len(edges), self.batch_size):
+            if len(in_flight) >= self.staleness_bound:
+                in_flight.popleft().synchronize()  # admit a batch only while fewer than the bound are in flight
+            batch = edges[start:start + self.batch_size]
+            with torch.cuda.stream(load):
+                draws = [tuple(None if d is None else d.to(device, non_blocking=True) for d in direction)
+                         for direction in model.negative_draws(len(batch), candidates, sampling)]
+                plan = model.plan_batch(batch, None, candidates, defer_count=True, draws=draws)
+                gathered = torch.empty(len(plan.rows), nodes.shape[1], device=device)
+                gather_rows(nodes, plan.rows, plan.unique_count, gathered)
+            compute.wait_stream(load)
+            with torch.cuda.stream(compute):
+                self.fused_step.apply(plan, nodes, state, loss_sum, gathered)
+                done = torch.cuda.Event()
+                done.record()
+            for tensor in (*plan.tensors(), gathered):
+                tensor.record_stream(compute)  # allocated on the load stream, used on compute
+            self.fused_step.count_relation_step()
+            in_flight.append(done)
+            self.max_in_flight = max(self.max_in_flight, len(in_flight))
+            on_batch(1)
+        torch.cuda.current_stream(device).wait_stream(compute)
+
+    def _zero_copy_streams(self) -> tuple[torch.cuda.Stream, torch.cuda.Stream]:
+        if not hasattr(self, "_streams"):
+            self._streams = torch.cuda.Stream(self.device), torch.cuda.Stream(self.device)
+        return self._streams
 
     def _plan_ahead(self, batch, sampling, candidates, on_batch):
         """A batch's plan on the device, and its unique-row count on its way to the host."""

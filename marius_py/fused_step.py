@@ -68,16 +68,23 @@ class FusedStep:
         if self.relations is not None and self.own_relation_step:
             self.model.relation_optimizer.state[self.relations]["step"] += 1
 
-    def apply(self, plan, nodes: torch.Tensor, state: torch.Tensor, loss_sum: torch.Tensor) -> None:
-        """``run`` without the step count: device work only when ``own_relation_step`` (a CUDA graph captures it)."""
-        edges, batch, dim = plan.edges, len(plan.edges), nodes.shape[1]
-        num_chunks, num_candidates = plan.tail_negatives.shape
+    def apply(self, plan, nodes: torch.Tensor, state: torch.Tensor, loss_sum: torch.Tensor,
+              gathered: torch.Tensor | None = None) -> None:
+        """``run`` without the step count: device work only when ``own_relation_step`` (a CUDA graph captures it).
+
+        ``gathered``: the embeddings of ``plan.rows`` already on the device
+        (tables in pinned host memory); the step then reads rows from it and
+        writes the update into the tables through ``plan.rows``.
+        """
+        source, ids = (nodes, plan) if gathered is None else (gathered, plan.in_row_positions())
+        edges, batch, dim = ids.edges, len(ids.edges), nodes.shape[1]
+        num_chunks, num_candidates = ids.tail_negatives.shape
         score_dtype = torch.float64 if nodes.dtype == torch.float64 else self.score_dtype
         width = _aligned_width(dim, score_dtype)
         relations = None if self.relations is None else self.relations.detach()
-        queries, positive = edge_queries(nodes, relations, edges, score_dtype, width)
-        candidate_ids = torch.cat([plan.tail_negatives, plan.head_negatives])
-        candidates = torch.index_select(nodes, 0, candidate_ids.reshape(-1)).to(score_dtype)
+        queries, positive = edge_queries(source, relations, edges, score_dtype, width)
+        candidate_ids = torch.cat([ids.tail_negatives, ids.head_negatives])
+        candidates = torch.index_select(source, 0, candidate_ids.reshape(-1)).to(score_dtype)
         candidates = F.pad(candidates, (0, width - dim)).reshape(2 * num_chunks, num_candidates, width)
         stacked = by_chunk(queries, batch, num_chunks)
         weights = chunk_row_weights(batch, stacked.shape[1], num_chunks, positive.dtype, positive.device)
@@ -85,10 +92,10 @@ class FusedStep:
             stacked, candidates, by_chunk(positive, batch, num_chunks),
             by_chunk(torch.cat([edges[:, 2], edges[:, 0]]), batch, num_chunks), candidate_ids, weights, score_dtype)
 
-        grad_rows = torch.zeros(len(plan.rows), dim, dtype=nodes.dtype, device=nodes.device)
+        grad_rows = torch.zeros(len(plan.rows), dim, dtype=nodes.dtype, device=source.device)
         grad_rows.index_add_(0, plan.local[2 * batch:], grad_candidates[..., :dim].reshape(-1, dim).to(nodes.dtype))
         grad_relations = None if relations is None else torch.zeros_like(relations)
-        edge_backward_(grad_rows, grad_relations, nodes, relations, edges, plan.local,
+        edge_backward_(grad_rows, grad_relations, source, relations, edges, plan.local,
                        grad_queries.reshape(-1, width), grad_positive.reshape(-1), stacked.shape[1] * num_chunks)
         if grad_relations is not None:
             self._step_relations(grad_relations)
@@ -200,7 +207,7 @@ def sparse_adagrad_(nodes: torch.Tensor, state: torch.Tensor, rows: torch.Tensor
     one-element device tensor (a plan's padded rows), read by the kernel.
     """
     dim = nodes.shape[1]
-    if _use_triton(nodes):
+    if _use_triton(grad):  # the tables may be in pinned host memory: the kernel writes them over PCIe
         block_r, block_d = _blocks(dim)
         on_device = isinstance(count, torch.Tensor)
         _sparse_adagrad_kernel[(triton.cdiv(len(rows), block_r),)](
@@ -218,7 +225,33 @@ def sparse_adagrad_(nodes: torch.Tensor, state: torch.Tensor, rows: torch.Tensor
     state[rows] = accumulated
 
 
+def zero_copy_available() -> bool:
+    """Whether GPU kernels can read and write pinned host tables in place (CUDA with Triton)."""
+    return triton is not None and torch.cuda.is_available()
+
+
+def gather_rows(table: torch.Tensor, rows: torch.Tensor, count: torch.Tensor, out: torch.Tensor) -> None:
+    """``out[u] = table[rows[u]]`` for u < count (a device tensor); ``table`` may be pinned host memory.
+
+    A pinned table is read by the GPU over PCIe in place (its address is valid
+    on the device under unified addressing): no staging copy, no host work.
+    """
+    block_r, block_d = _blocks(table.shape[1])
+    _gather_rows_kernel[(triton.cdiv(len(rows), block_r),)](table, rows, count, out, table.shape[1],
+                                                            BLOCK_R=block_r, BLOCK_D=block_d)
+
+
 if triton is not None:
+    @triton.jit
+    def _gather_rows_kernel(table, rows, count, out, dim, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+        r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+        inside = r < tl.load(count)
+        r = r.to(tl.int64)
+        cols = tl.arange(0, BLOCK_D)
+        mask = inside[:, None] & (cols < dim)[None, :]
+        table_rows = tl.load(rows + r, mask=inside, other=0)
+        tl.store(out + r[:, None] * dim + cols[None, :], _rows(table, table_rows, cols, mask, dim), mask=mask)
+
     @triton.jit
     def _load_edges(edges, first, num_edges, BLOCK_E: tl.constexpr):
         e = first + tl.arange(0, BLOCK_E)

@@ -38,7 +38,7 @@ from marius_py.negatives import CandidateRows, by_chunk, chunk_row_weights, nega
 from marius_py.optim import SparseAdagrad, build_relation_optimizer
 from marius_py.resources import check_memory, check_partitioning
 from orderings import Ordering, build_ordering
-from pipeline.devices import PLACEMENT_DEVICE, choose_placement
+from pipeline.devices import PLACEMENT_DEVICE, PLACEMENT_HOST, choose_placement
 from pipeline.rows import unique_rows_async
 from storage.buffer import PartitionBuffer
 from storage.durable import fsync_tree
@@ -244,6 +244,14 @@ class BatchPlan:
         """The plan with its padding rows dropped, once ``unique_count`` has been read."""
         return BatchPlan(self.edges, self.rows[:count], self.local, self.tail_negatives, self.head_negatives)
 
+    def in_row_positions(self) -> BatchPlan:
+        """The plan with node ids replaced by positions in ``rows`` (for rows gathered into their own tensor)."""
+        batch, num_chunks = len(self.edges), self.tail_negatives.shape[0]
+        local = self.local
+        edges = torch.stack([local[:batch], self.edges[:, 1], local[batch:2 * batch]], dim=1)
+        negatives = local[2 * batch:].reshape(2, num_chunks, -1)
+        return BatchPlan(edges, self.rows, local, negatives[0], negatives[1], self.unique_count)
+
     def pinned(self) -> "BatchPlan":
         return BatchPlan(*(t.pin_memory() for t in self.tensors()))
 
@@ -364,9 +372,14 @@ class Trainer:
         self.store = EmbeddingStore(self.live_store_path)
         self.close()  # a buffer over the old files must not write them back
         if not self.partitioned:
-            # Host tables stay pageable: each batch's rows are gathered into pinned staging memory.
+            # Host tables are pinned only for the fused step, whose GPU kernels read and write them in place;
+            # otherwise they stay pageable and each batch's rows are gathered into pinned staging memory.
             tables = [torch.from_numpy(table) for table in self.store.read_all()]
-            self.nodes, self.node_state = (table.to(self.table_device) for table in tables)
+            self.nodes, self.node_state = (table.pin_memory() if self._zero_copy_tables() else
+                                           table.to(self.table_device) for table in tables)
+
+    def _zero_copy_tables(self) -> bool:
+        return self.placement == PLACEMENT_HOST and self.runner.fused_step is not None
 
     def _swap_size(self) -> int:
         s = self.config.storage
@@ -391,7 +404,8 @@ class Trainer:
         if self.buffer is None:
             s = self.config.storage
             self.buffer = PartitionBuffer(self.store, s.buffer_capacity, self.table_device,
-                                          swap_size=self._swap_size(), lookahead=s.lookahead)
+                                          swap_size=self._swap_size(), lookahead=s.lookahead,
+                                          pin_memory=self._zero_copy_tables())
         return self.buffer
 
     def _commit(self, is_best: bool) -> None:

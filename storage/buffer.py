@@ -83,7 +83,7 @@ class PartitionBuffer:
     """
 
     def __init__(self, store: EmbeddingStore, capacity: int, device: torch.device | str = "cpu",
-                 swap_size: int = 1, lookahead: int = 2):
+                 swap_size: int = 1, lookahead: int = 2, pin_memory: bool = False):
         self.store = store
         self.capacity = capacity
         self.swap_size = swap_size
@@ -94,7 +94,7 @@ class PartitionBuffer:
         self.stride = slot_rows(self.rows, *(f.cols for f in self.files))
         self.num_partitions = store.num_partitions
         self.num_slots = capacity + swap_size * lookahead
-        pin = self.device.type == "cuda"
+        pin = self.device.type == "cuda" or pin_memory  # host slots that GPU kernels read in place are pinned too
         self._host = [page_aligned_empty(self.num_slots * self.stride, f.cols, pin) for f in self.files]
         self.tables = self._host if self.device.type == "cpu" else \
             [torch.empty(self.num_slots * self.stride, f.cols, device=self.device) for f in self.files]

@@ -346,3 +346,33 @@ def test_unique_rows_async_gives_unique_rows_and_their_positions(below_2_31):
     assert int(count) == 4 and len(rows) == len(ids)
     assert rows[:4].tolist() == [0, 3, 7, 9]
     assert torch.equal(rows[local], ids) and bool((local < 4).all())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("bound", [1, 8])
+def test_zero_copy_host_step_matches_the_cpu_pipeline(small_config, bound):
+    """DistMult with pinned host tables: GPU kernels read and update the host rows in place.
+
+    At bound 1 it trains like the CPU pipeline with the same draws; at bound 8 batches overlap.
+    """
+    config, model, nodes, state, edges = tiny_setup(small_config, [
+        "model.dropout=0", "model.decoder=distmult", "model.reg_weight=0"])
+    cuda_model = Model(config, model.num_nodes, model.decoder.num_relations, torch.device("cuda"))
+    cuda_model.load_state_dict(copy.deepcopy(model.state_dict()))
+    runner = SpanRunner(cuda_model, "host", config.pipeline, torch.device("cuda"), config.training.batch_size)
+    runner.staleness_bound = bound
+    tables, loss = (nodes.clone().pin_memory(), state.clone().pin_memory()), torch.zeros((), device="cuda")
+    runner.run(edges, *tables, None, epoch_generator(0, 1), epoch_generator(0, 1, "cuda", stream=1), loss,
+               lambda n: None)
+    assert runner.fused_step is not None
+    if bound > 1:
+        assert runner.max_in_flight > 1
+        assert not torch.equal(tables[0], nodes) and bool(torch.isfinite(tables[0]).all())
+        return
+    _, cpu_loss = run_pipeline(config, model, nodes, state, edges, bound=1)
+    for got, expected in [(tables[0], nodes), (tables[1], state),
+                          (cuda_model.decoder.relations.detach().cpu(), model.decoder.relations.detach())]:
+        close = torch.isclose(got, expected, rtol=1e-4, atol=1e-4)
+        assert close.float().mean() > 0.999, f"{int((~close).sum())} of {close.numel()} entries differ"
+    torch.testing.assert_close(loss.cpu(), cpu_loss, rtol=1e-4, atol=1e-6)
