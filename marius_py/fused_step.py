@@ -69,12 +69,14 @@ class FusedStep:
             self.model.relation_optimizer.state[self.relations]["step"] += 1
 
     def apply(self, plan, nodes: torch.Tensor, state: torch.Tensor, loss_sum: torch.Tensor,
-              gathered: torch.Tensor | None = None) -> None:
+              gathered: torch.Tensor | None = None, unique_stream: torch.cuda.Stream | None = None) -> None:
         """``run`` without the step count: device work only when ``own_relation_step`` (a CUDA graph captures it).
 
         ``gathered``: the embeddings of ``plan.rows`` already on the device
         (tables in pinned host memory); the step then reads rows from it and
-        writes the update into the tables through ``plan.rows``.
+        writes the update into the tables through ``plan.rows``. ``unique_stream``:
+        the stream still computing the plan's rows (``Model.plan_batch``); the
+        scores are computed meanwhile, as they need only the edges and negatives.
         """
         source, ids = (nodes, plan) if gathered is None else (gathered, plan.in_row_positions())
         edges, batch, dim = ids.edges, len(ids.edges), nodes.shape[1]
@@ -92,6 +94,8 @@ class FusedStep:
             stacked, candidates, by_chunk(positive, batch, num_chunks),
             by_chunk(torch.cat([edges[:, 2], edges[:, 0]]), batch, num_chunks), candidate_ids, weights, score_dtype)
 
+        if unique_stream is not None:
+            torch.cuda.current_stream(source.device).wait_stream(unique_stream)
         grad_rows = torch.zeros(len(plan.rows), dim, dtype=nodes.dtype, device=source.device)
         grad_rows.index_add_(0, plan.local[2 * batch:], grad_candidates[..., :dim].reshape(-1, dim).to(nodes.dtype))
         grad_relations = None if relations is None else torch.zeros_like(relations)

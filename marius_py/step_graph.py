@@ -63,11 +63,14 @@ class GraphedFusedStep:
         throwaway = torch.Generator(batch.device).manual_seed(0)  # shapes only: the run's generator is not touched
         self.draws = self.model.negative_draws(len(batch), candidates, throwaway)
         self.loss = torch.zeros((), device=batch.device)
+        self.unique_stream = torch.cuda.Stream(batch.device)
         self.warmed_up = False
 
     def _step(self, nodes, state, candidates) -> None:
-        plan = self.model.plan_batch(self.edges, None, candidates, defer_count=True, draws=self.draws)
-        self.fused.apply(plan, nodes, state, self.loss)
+        """Plan and fused step; the touched rows are found on a side stream while the scores are computed."""
+        plan = self.model.plan_batch(self.edges, None, candidates, defer_count=True, draws=self.draws,
+                                     unique_stream=self.unique_stream)
+        self.fused.apply(plan, nodes, state, self.loss, unique_stream=self.unique_stream)
 
     def _warm_up_then_capture(self, nodes, state, candidates) -> None:
         """First batch: an eager step on a side stream (compiles kernels, creates handles); second: capture."""

@@ -123,7 +123,7 @@ class Model:
 
     def plan_batch(self, edges: torch.Tensor, generator: torch.Generator | None,
                    candidates: CandidateRows | None = None, defer_count: bool = False,
-                   draws: list | None = None) -> BatchPlan:
+                   draws: list | None = None, unique_stream: torch.cuda.Stream | None = None) -> BatchPlan:
         """Negatives and the table rows of one batch of (h, r, t), on the generator's device.
 
         Node ids index the node table (global ids in memory, buffer-local rows
@@ -131,7 +131,9 @@ class Model:
         row of an in-memory table of ``num_nodes``). With ``defer_count`` (CUDA),
         ``rows`` is padded and ``unique_count`` says how many are real: see
         ``BatchPlan.trimmed``. ``draws`` (``negative_draws``, on the edges'
-        device) replaces the generator.
+        device) replaces the generator. With ``unique_stream`` (and
+        ``defer_count``), the touched rows are found on that CUDA stream: the
+        caller makes its stream wait for it before using rows, local or count.
         """
         if candidates is None:
             candidates = CandidateRows.contiguous(self.num_nodes)
@@ -144,10 +146,14 @@ class Model:
             tail_negatives, head_negatives = (negatives_from_draws(d, endpoints, candidates) for d in draws)
         else:  # every candidate, one chunk
             tail_negatives = head_negatives = candidates.all(edges.device)[None, :]
-        ids = torch.cat([heads, tails, tail_negatives.reshape(-1), head_negatives.reshape(-1)])
         if defer_count:
-            rows, local, count = unique_rows_async(ids, below_2_31=self.num_nodes < 2**30)  # buffer rows < 2n
+            if unique_stream is not None:
+                unique_stream.wait_stream(torch.cuda.current_stream(edges.device))
+            with torch.cuda.stream(unique_stream) if unique_stream is not None else contextlib.nullcontext():
+                ids = torch.cat([heads, tails, tail_negatives.reshape(-1), head_negatives.reshape(-1)])
+                rows, local, count = unique_rows_async(ids, below_2_31=self.num_nodes < 2**30)  # buffer rows < 2n
             return BatchPlan(edges, rows, local, tail_negatives, head_negatives, count)
+        ids = torch.cat([heads, tails, tail_negatives.reshape(-1), head_negatives.reshape(-1)])
         rows, local = torch.unique(ids, return_inverse=True)
         return BatchPlan(edges, rows, local, tail_negatives, head_negatives)
 

@@ -376,3 +376,17 @@ def test_zero_copy_host_step_matches_the_cpu_pipeline(small_config, bound):
         close = torch.isclose(got, expected, rtol=1e-4, atol=1e-4)
         assert close.float().mean() > 0.999, f"{int((~close).sum())} of {close.numel()} entries differ"
     torch.testing.assert_close(loss.cpu(), cpu_loss, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_trainer_fused_placements_learn_alike(small_config, tmp_path):
+    """`marius-py train` with DistMult on CUDA: host tables (zero copy) and device tables reach similar MRR."""
+    results = {}
+    for placement in ("host", "device"):
+        config = small_config("training.device=cuda", f"pipeline.placement={placement}", "model.decoder=distmult",
+                              "model.reg_weight=0", "model.dropout=0", "training.epochs=5")
+        trained = mp.train(config, tmp_path / placement, progress=False)
+        assert trained.embeddings().shape[0] > 0 and np.isfinite(trained.embeddings()).all()
+        results[placement] = trained.evaluate("test")["mrr"]
+    assert results["host"] > 0.2 and abs(results["host"] - results["device"]) < 0.05, results
