@@ -60,11 +60,11 @@ def zero_copy_gather(args) -> list[dict]:
         rows = torch.randperm(args.nodes, device="cuda")[:args.unique_rows]
         count = torch.tensor([args.unique_rows], device="cuda")
         out = torch.empty(args.unique_rows, dim, device="cuda")
-        gather_rows(host, rows, count, out)
+        gather_rows(host, rows, out, count)
         torch.cuda.synchronize()
         assert torch.equal(out.cpu(), host[rows.cpu()]), "zero-copy gather read wrong rows"
         for source, table in (("pinned host", host), ("device", host.cuda())):
-            ms = time_ms(lambda: gather_rows(table, rows, count, out))
+            ms = time_ms(lambda: gather_rows(table, rows, out, count))
             results.append({"kernel": "gather_rows", "table": source, "dim": dim, "ms": ms,
                             "gb_per_s": out.numel() * 4 / ms / 1e6})
     return results

@@ -163,7 +163,7 @@ class SpanRunner:
                          for direction in model.negative_draws(len(batch), candidates, sampling)]
                 plan = model.plan_batch(batch, None, candidates, defer_count=True, draws=draws)
                 gathered = torch.empty(len(plan.rows), nodes.shape[1], device=device)
-                gather_rows(nodes, plan.rows, plan.unique_count, gathered)
+                gather_rows(nodes, plan.rows, gathered, plan.unique_count)
             compute.wait_stream(load)
             with torch.cuda.stream(compute):
                 self.fused_step.apply(plan, nodes, state, loss_sum, gathered)

@@ -20,6 +20,8 @@ torch version (CPU, float64) that the tests use as reference.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch.nn import functional as F
 
@@ -86,8 +88,11 @@ class FusedStep:
         relations = None if self.relations is None else self.relations.detach()
         queries, positive = edge_queries(source, relations, edges, score_dtype, width)
         candidate_ids = torch.cat([ids.tail_negatives, ids.head_negatives])
-        candidates = torch.index_select(source, 0, candidate_ids.reshape(-1)).to(score_dtype)
-        candidates = F.pad(candidates, (0, width - dim)).reshape(2 * num_chunks, num_candidates, width)
+        candidates = gather_rows(source, candidate_ids.reshape(-1),
+                                 torch.empty(candidate_ids.numel(), width, dtype=score_dtype, device=source.device))
+        candidates = candidates.reshape(2 * num_chunks, num_candidates, width)
+        with _on_stream(unique_stream):  # zeroed beside the score block
+            grad_rows = torch.zeros(len(plan.rows), dim, dtype=nodes.dtype, device=source.device)
         stacked = by_chunk(queries, batch, num_chunks)
         weights = chunk_row_weights(batch, stacked.shape[1], num_chunks, positive.dtype, positive.device)
         loss, grad_queries, grad_candidates, grad_positive = softmax_ce_gradients(
@@ -96,16 +101,18 @@ class FusedStep:
 
         if unique_stream is not None:
             torch.cuda.current_stream(source.device).wait_stream(unique_stream)
-        grad_rows = torch.zeros(len(plan.rows), dim, dtype=nodes.dtype, device=source.device)
-        grad_rows.index_add_(0, plan.local[2 * batch:], grad_candidates[..., :dim].reshape(-1, dim).to(nodes.dtype))
+        scatter_add_rows_(grad_rows, plan.local[2 * batch:], grad_candidates.reshape(-1, width))
         grad_relations = None if relations is None else torch.zeros_like(relations)
         edge_backward_(grad_rows, grad_relations, source, relations, edges, plan.local,
                        grad_queries.reshape(-1, width), grad_positive.reshape(-1), stacked.shape[1] * num_chunks)
-        if grad_relations is not None:
-            self._step_relations(grad_relations)
+        with _on_stream(unique_stream, fork=True):  # beside the node update
+            if grad_relations is not None:
+                self._step_relations(grad_relations)
+            loss_sum.add_(loss * batch)
         count = plan.unique_count if plan.unique_count is not None else len(plan.rows)
         sparse_adagrad_(nodes, state, plan.rows, grad_rows, count, self.adagrad.lr, self.adagrad.eps)
-        loss_sum.add_(loss * batch)
+        if unique_stream is not None:
+            torch.cuda.current_stream(source.device).wait_stream(unique_stream)
 
     def _step_relations(self, grad: torch.Tensor) -> None:
         optimizer = self.model.relation_optimizer
@@ -117,6 +124,15 @@ class FusedStep:
         group, accumulated = optimizer.param_groups[0], optimizer.state[self.relations]["sum"]
         accumulated.addcmul_(grad, grad)  # torch.optim.Adagrad's arithmetic
         self.relations.data.addcdiv_(grad, accumulated.sqrt().add_(group["eps"]), value=-group["lr"])
+
+
+def _on_stream(stream: torch.cuda.Stream | None, fork: bool = False):
+    """Run the block on ``stream`` (after the current stream's work so far when ``fork``); None: in place."""
+    if stream is None:
+        return contextlib.nullcontext()
+    if fork:
+        stream.wait_stream(torch.cuda.current_stream(stream.device))
+    return torch.cuda.stream(stream)
 
 
 def _aligned_width(dim: int, dtype: torch.dtype) -> int:
@@ -234,27 +250,63 @@ def zero_copy_available() -> bool:
     return triton is not None and torch.cuda.is_available()
 
 
-def gather_rows(table: torch.Tensor, rows: torch.Tensor, count: torch.Tensor, out: torch.Tensor) -> None:
-    """``out[u] = table[rows[u]]`` for u < count (a device tensor); ``table`` may be pinned host memory.
+def gather_rows(table: torch.Tensor, rows: torch.Tensor, out: torch.Tensor,
+                count: torch.Tensor | None = None) -> torch.Tensor:
+    """``out[u] = table[rows[u]]`` (cast to out's dtype, zeros past d) for u < count (a device tensor).
 
-    A pinned table is read by the GPU over PCIe in place (its address is valid
-    on the device under unified addressing): no staging copy, no host work.
+    ``table`` may be pinned host memory: the GPU reads it over PCIe in place
+    (its address is valid on the device under unified addressing), with no
+    staging copy and no host work.
     """
-    block_r, block_d = _blocks(table.shape[1])
-    _gather_rows_kernel[(triton.cdiv(len(rows), block_r),)](table, rows, count, out, table.shape[1],
-                                                            BLOCK_R=block_r, BLOCK_D=block_d)
+    dim, width = table.shape[1], out.shape[1]
+    if not _use_triton(out) or table.dtype != torch.float32:
+        limit = len(rows) if count is None else int(count)
+        out[:limit] = F.pad(table[rows[:limit]].to(out.dtype), (0, width - dim))
+        return out
+    block_r, block_d = _blocks(width)
+    _gather_rows_kernel[(triton.cdiv(len(rows), block_r),)](
+        table, rows, rows if count is None else count, out, len(rows), dim, width,
+        COUNT_ON_DEVICE=count is not None, BLOCK_R=block_r, BLOCK_D=block_d)
+    return out
+
+
+def scatter_add_rows_(target: torch.Tensor, positions: torch.Tensor, source: torch.Tensor) -> None:
+    """``target[positions[i]] += source[i, :d]`` (repeated positions add up); ``source`` may be wider, any dtype."""
+    dim = target.shape[1]
+    if not _use_triton(target):
+        target.index_add_(0, positions, source[:, :dim].to(target.dtype))
+        return
+    block_r, block_d = _blocks(dim)
+    _scatter_add_rows_kernel[(triton.cdiv(len(positions), block_r),)](
+        target, positions, source, len(positions), dim, source.stride(0), BLOCK_R=block_r, BLOCK_D=block_d)
 
 
 if triton is not None:
     @triton.jit
-    def _gather_rows_kernel(table, rows, count, out, dim, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+    def _gather_rows_kernel(table, rows, count, out, num_rows, dim, width, COUNT_ON_DEVICE: tl.constexpr,
+                            BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+        if COUNT_ON_DEVICE:
+            num_rows = tl.load(count)
         r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-        inside = r < tl.load(count)
+        inside = r < num_rows
+        r = r.to(tl.int64)
+        cols = tl.arange(0, BLOCK_D)
+        table_rows = tl.load(rows + r, mask=inside, other=0)
+        values = _rows(table, table_rows, cols, inside[:, None] & (cols < dim)[None, :], dim)
+        tl.store(out + r[:, None] * width + cols[None, :], values.to(out.dtype.element_ty),
+                 mask=inside[:, None] & (cols < width)[None, :])
+
+    @triton.jit
+    def _scatter_add_rows_kernel(target, positions, source, num_rows, dim, source_stride,
+                                 BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+        r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+        inside = r < num_rows
         r = r.to(tl.int64)
         cols = tl.arange(0, BLOCK_D)
         mask = inside[:, None] & (cols < dim)[None, :]
-        table_rows = tl.load(rows + r, mask=inside, other=0)
-        tl.store(out + r[:, None] * dim + cols[None, :], _rows(table, table_rows, cols, mask, dim), mask=mask)
+        at = tl.load(positions + r, mask=inside, other=0)
+        values = _rows(source, r, cols, mask, source_stride).to(tl.float32)
+        tl.atomic_add(target + at[:, None] * dim + cols[None, :], values, mask=mask, sem="relaxed")
 
     @triton.jit
     def _load_edges(edges, first, num_edges, BLOCK_E: tl.constexpr):

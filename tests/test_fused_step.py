@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from marius_py.config import load_config
-from marius_py.fused_step import FusedStep, edge_backward_, edge_queries, sparse_adagrad_, supports_fused_step
+from marius_py.fused_step import (FusedStep, edge_backward_, edge_queries, gather_rows, scatter_add_rows_,
+                                  sparse_adagrad_, supports_fused_step)
 from marius_py.optim import SparseAdagrad
 from marius_py.trainer import Model
 
@@ -116,6 +117,8 @@ def test_triton_kernels_match_torch_versions(dim):
         state = torch.rand(500, dim, generator=torch.Generator().manual_seed(1)).to(device)
         sparse_adagrad_(n, state, torch.randperm(500, generator=torch.Generator().manual_seed(2))[:40].to(device),
                         grad_rows, torch.tensor([37], device=device), lr=0.1, eps=1e-10)
-        outputs.append([t.cpu() for t in (queries, positive, grad_rows, grad_relations, n, state)])
+        gathered = gather_rows(n, lo[:50], torch.full((50, dim + 5), float("nan"), device=device))
+        scatter_add_rows_(grad_rows, lo[:300] % 40, gq[:300])
+        outputs.append([t.cpu() for t in (queries, positive, grad_rows, grad_relations, n, state, gathered)])
     for got, expected in zip(outputs[1], outputs[0]):
         torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
