@@ -104,8 +104,10 @@ def measure_step(dim: int, placement: str, score_dtype: str, args, step: str = "
         nodes, state = nodes.pin_memory(), state.pin_memory()
     runner = SpanRunner(model, placement, config.pipeline, device, config.training.batch_size)
     batch = config.training.batch_size
-    edges = power_law_edges(args.nodes, batch * 40, args.relations)
     sampling = epoch_generator(0, 1, table_device)
+    # Where the runner reads a span's edges from (it moves them there once per span, as the trainer does).
+    edges = power_law_edges(args.nodes, batch * 40, args.relations).to(
+        device if runner.fused_step is not None else sampling.device)
     dropout = epoch_generator(0, 1, device, stream=1)
     loss = torch.zeros((), device=device)
 

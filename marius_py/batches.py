@@ -90,7 +90,8 @@ class SpanRunner:
         """Train ``edges`` (already shuffled) in batches; add each batch's loss x size to ``loss_sum``."""
         pin = self.placement == PLACEMENT_HOST  # host-to-device copies from pinned memory are asynchronous
         model = self.model
-        edges = edges.to(sampling.device)
+        zero_copy = self.fused_step is not None and self.placement == PLACEMENT_HOST and nodes.is_pinned()
+        edges = edges.to(self.device if zero_copy else sampling.device)  # once per span
         batches = (edges[start:start + self.batch_size] for start in range(0, len(edges), self.batch_size))
 
         def load(batch: torch.Tensor) -> BatchInFlight:
@@ -109,7 +110,7 @@ class SpanRunner:
         def update(item: BatchInFlight) -> None:
             SparseAdagrad.apply(nodes, state, item.table_rows, item.delta, item.squared)
 
-        if self.fused_step is not None and self.placement == PLACEMENT_HOST and nodes.is_pinned():
+        if zero_copy:
             self._run_zero_copy(edges, nodes, state, candidates, sampling, loss_sum, on_batch)
         elif self.fused_step is not None and self.placement == PLACEMENT_DEVICE:
             graphed = self.graphed_step
@@ -152,7 +153,6 @@ class SpanRunner:
         """
         device, model = self.device, self.model
         load, compute = self._zero_copy_streams()
-        edges = edges.to(device)
         in_flight: deque[torch.cuda.Event] = deque()
         for start in range(0, len(edges), self.batch_size):
             if len(in_flight) >= self.staleness_bound:
