@@ -17,8 +17,10 @@ what joins them:
   compute and update follow in stream order, so training stays synchronous
   whatever the bound. (Planning on a second thread measured slower: the two
   threads' kernel launches contend for the GIL.)
-- ``host`` (tables in host memory, batches staged in pinned memory, CUDA
-  compute): the full five stages, load -> host-to-device -> compute ->
+- ``host`` (tables in host memory, CUDA compute): with the fused step, the
+  tables are pinned and GPU kernels read and write them in place on two
+  streams (``SpanRunner._run_zero_copy``). Other models: batches staged in
+  pinned memory through the full five stages, load -> host-to-device -> compute ->
   device-to-host -> update, with one CUDA stream per transfer direction and one
   for compute, ordered by events.
 """
