@@ -90,8 +90,10 @@ class SpanRunner:
         """Train ``edges`` (already shuffled) in batches; add each batch's loss x size to ``loss_sum``."""
         pin = self.placement == PLACEMENT_HOST  # host-to-device copies from pinned memory are asynchronous
         model = self.model
-        zero_copy = self.fused_step is not None and self.placement == PLACEMENT_HOST and nodes.is_pinned()
-        edges = edges.to(self.device if zero_copy else sampling.device)  # once per span
+        zero_copy = self.fused_step is not None and self.placement == PLACEMENT_HOST and nodes.is_pinned() \
+            and state.is_pinned()
+        if not zero_copy:
+            edges = edges.to(sampling.device)  # once per span (zero copy moves each batch on its load stream)
         batches = (edges[start:start + self.batch_size] for start in range(0, len(edges), self.batch_size))
 
         def load(batch: torch.Tensor) -> BatchInFlight:
@@ -116,7 +118,7 @@ class SpanRunner:
             graphed = self.graphed_step
             for batch in batches:  # nothing in the step waits for the device: no need to plan ahead
                 if graphed is None or not graphed.run(batch, nodes, state, candidates, sampling):
-                    plan = model.plan_batch(batch, sampling, candidates, defer_count=True)
+                    plan = model.plan_batch(batch, sampling, candidates, defer_count=True, table_rows=len(nodes))
                     self.fused_step.run(plan.to(self.device, non_blocking=True), nodes, state, loss_sum)
                 on_batch(1)
             if graphed is not None:
@@ -153,15 +155,22 @@ class SpanRunner:
         """
         device, model = self.device, self.model
         load, compute = self._zero_copy_streams()
+        for stream in (load, compute):  # after what the caller queued (the zeroed loss, earlier spans)
+            stream.wait_stream(torch.cuda.current_stream(device))
+        if candidates is not None:
+            candidates = candidates.to(device)  # searched on the GPU without a copy per batch
         in_flight: deque[torch.cuda.Event] = deque()
         for start in range(0, len(edges), self.batch_size):
             if len(in_flight) >= self.staleness_bound:
                 in_flight.popleft().synchronize()  # admit a batch only while fewer than the bound are in flight
-            batch = edges[start:start + self.batch_size]
             with torch.cuda.stream(load):
+                batch = edges[start:start + self.batch_size]
+                if not batch.is_cuda:  # a span's edges may not fit on the GPU: one batch at a time
+                    batch = batch.pin_memory().to(device, non_blocking=True)
                 draws = [tuple(None if d is None else d.to(device, non_blocking=True) for d in direction)
                          for direction in model.negative_draws(len(batch), candidates, sampling)]
-                plan = model.plan_batch(batch, None, candidates, defer_count=True, draws=draws)
+                plan = model.plan_batch(batch, None, candidates, defer_count=True, draws=draws,
+                                        table_rows=len(nodes))
                 gathered = torch.empty(len(plan.rows), nodes.shape[1], device=device)
                 gather_rows(nodes, plan.rows, gathered, plan.unique_count)
             compute.wait_stream(load)

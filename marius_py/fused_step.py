@@ -65,6 +65,13 @@ class FusedStep:
         self.apply(plan, nodes, state, loss_sum)
         self.count_relation_step()
 
+    def relation_tensors(self) -> list[torch.Tensor]:
+        """The relation parameters and their Adagrad sums (tensors a captured step reads)."""
+        if self.relations is None:
+            return []
+        state = self.model.relation_optimizer.state.get(self.relations, {})
+        return [self.relations] + ([state["sum"]] if "sum" in state else [])
+
     def count_relation_step(self) -> None:
         """Advance the relation optimizer's step count (host-side, so kept out of ``apply``)."""
         if self.relations is not None and self.own_relation_step:
@@ -91,10 +98,13 @@ class FusedStep:
         candidates = gather_rows(source, candidate_ids.reshape(-1),
                                  torch.empty(candidate_ids.numel(), width, dtype=score_dtype, device=source.device))
         candidates = candidates.reshape(2 * num_chunks, num_candidates, width)
-        with _on_stream(unique_stream):  # zeroed beside the score block
+        # Zeroed beside the score block. Made on the side stream, used on this one: safe without
+        # record_stream because the side stream's next allocation follows its wait on this stream.
+        with _on_stream(unique_stream):
             grad_rows = torch.zeros(len(plan.rows), dim, dtype=nodes.dtype, device=source.device)
         stacked = by_chunk(queries, batch, num_chunks)
         weights = chunk_row_weights(batch, stacked.shape[1], num_chunks, positive.dtype, positive.device)
+        self.constants_used = weights  # cached outside any graph: a graph that captured it keeps it alive
         loss, grad_queries, grad_candidates, grad_positive = softmax_ce_gradients(
             stacked, candidates, by_chunk(positive, batch, num_chunks),
             by_chunk(torch.cat([edges[:, 2], edges[:, 0]]), batch, num_chunks), candidate_ids, weights, score_dtype)
@@ -245,6 +255,10 @@ def sparse_adagrad_(nodes: torch.Tensor, state: torch.Tensor, rows: torch.Tensor
     state[rows] = accumulated
 
 
+def triton_available() -> bool:
+    return triton is not None
+
+
 def zero_copy_available() -> bool:
     """Whether GPU kernels can read and write pinned host tables in place (CUDA with Triton)."""
     return triton is not None and torch.cuda.is_available()
@@ -259,7 +273,7 @@ def gather_rows(table: torch.Tensor, rows: torch.Tensor, out: torch.Tensor,
     staging copy and no host work.
     """
     dim, width = table.shape[1], out.shape[1]
-    if not _use_triton(out) or table.dtype != torch.float32:
+    if triton is None or not out.is_cuda or table.dtype != torch.float32:
         limit = len(rows) if count is None else int(count)
         out[:limit] = F.pad(table[rows[:limit]].to(out.dtype), (0, width - dim))
         return out
@@ -334,10 +348,10 @@ if triton is not None:
         if HAS_RELATIONS:
             tail_q = h * _rows(relations, rels, cols, mask, dim)
             head_q = t * _rows(relations, rels + num_relations, cols, mask, dim)
-        out = queries + e[:, None] * width + cols[None, :]
         out_mask = inside[:, None] & (cols < width)[None, :]  # columns past d get the zeros loaded there
-        tl.store(out, tail_q.to(queries.dtype.element_ty), mask=out_mask)
-        tl.store(out + num_edges * width, head_q.to(queries.dtype.element_ty), mask=out_mask)
+        tl.store(queries + e[:, None] * width + cols[None, :], tail_q.to(queries.dtype.element_ty), mask=out_mask)
+        tl.store(queries + (e + num_edges)[:, None] * width + cols[None, :], head_q.to(queries.dtype.element_ty),
+                 mask=out_mask)
         tl.store(positive + e, tl.sum(tail_q * t, 1), mask=inside)
         tl.store(positive + num_edges + e, tl.sum(head_q * h, 1), mask=inside)
 

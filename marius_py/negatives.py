@@ -30,6 +30,15 @@ class CandidateRows:
             self._ends = torch.cumsum(counts, 0)
             self._offsets = starts - (self._ends - counts)  # local row = position + offset of its range
 
+    def to(self, device: torch.device | str) -> CandidateRows:
+        """The same rows, their lookup tensors on ``device``."""
+        if self._identity:
+            return self
+        moved = CandidateRows.__new__(CandidateRows)
+        moved.total, moved._identity = self.total, False
+        moved._ends, moved._offsets = self._ends.to(device), self._offsets.to(device)
+        return moved
+
     @property
     def is_identity(self) -> bool:
         """Whether position i is row i (an in-memory table)."""

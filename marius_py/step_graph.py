@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from marius_py.fused_step import FusedStep
+from marius_py.fused_step import FusedStep, triton_available
 from marius_py.negatives import CandidateRows
 
 
@@ -30,15 +30,17 @@ class GraphedFusedStep:
 
     @staticmethod
     def supported(fused: FusedStep, device: torch.device) -> bool:
-        return device.type == "cuda" and fused.own_relation_step
+        """CUDA with Triton (the torch versions of the kernels read the row count on the host: not capturable)."""
+        return device.type == "cuda" and triton_available() and fused.own_relation_step
 
     def run(self, batch: torch.Tensor, nodes: torch.Tensor, state: torch.Tensor,
             candidates: CandidateRows | None, sampling: torch.Generator) -> bool:
         """Train ``batch`` through the graph; False (nothing done) where the graph does not apply."""
         if len(batch) != self.batch_size or not (candidates is None or candidates.is_identity) \
-                or sampling.device.type != "cuda":  # draws on the host: the eager step moves them
+                or sampling.device.type != "cuda" or nodes.dtype != torch.float32:  # eager step otherwise
             return False
-        key = (nodes.data_ptr(), state.data_ptr(), tuple(nodes.shape), tuple(state.shape))
+        key = (*[t.data_ptr() for t in (nodes, state, *self.fused.relation_tensors())], tuple(nodes.shape),
+               tuple(state.shape), None if candidates is None else candidates.total)  # what the graph reads
         if key != self.key:
             self._allocate_inputs(key, batch, candidates)
         self.edges.copy_(batch, non_blocking=True)
@@ -69,21 +71,24 @@ class GraphedFusedStep:
     def _step(self, nodes, state, candidates) -> None:
         """Plan and fused step; the touched rows are found on a side stream while the scores are computed."""
         plan = self.model.plan_batch(self.edges, None, candidates, defer_count=True, draws=self.draws,
-                                     unique_stream=self.unique_stream)
+                                     unique_stream=self.unique_stream, table_rows=len(nodes))
         self.fused.apply(plan, nodes, state, self.loss, unique_stream=self.unique_stream)
 
     def _warm_up_then_capture(self, nodes, state, candidates) -> None:
         """First batch: an eager step on a side stream (compiles kernels, creates handles); second: capture."""
+        device = nodes.device
         if not self.warmed_up:
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
+            side = torch.cuda.Stream(device)
+            side.wait_stream(torch.cuda.current_stream(device))
             with torch.cuda.stream(side):
                 self._step(nodes, state, candidates)
-            torch.cuda.current_stream().wait_stream(side)
+            torch.cuda.current_stream(device).wait_stream(side)
             self.warmed_up = True
             return
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             self._step(nodes, state, candidates)
+        # Tensors made outside the graph that it reads (the cached row weights) must outlive it.
+        self.kept_alive = self.fused.constants_used
         graph.replay()  # capture records without running: this batch runs now
         self.graph = graph

@@ -123,7 +123,8 @@ class Model:
 
     def plan_batch(self, edges: torch.Tensor, generator: torch.Generator | None,
                    candidates: CandidateRows | None = None, defer_count: bool = False,
-                   draws: list | None = None, unique_stream: torch.cuda.Stream | None = None) -> BatchPlan:
+                   draws: list | None = None, unique_stream: torch.cuda.Stream | None = None,
+                   table_rows: int | None = None) -> BatchPlan:
         """Negatives and the table rows of one batch of (h, r, t), on the generator's device.
 
         Node ids index the node table (global ids in memory, buffer-local rows
@@ -134,6 +135,8 @@ class Model:
         device) replaces the generator. With ``unique_stream`` (and
         ``defer_count``), the touched rows are found on that CUDA stream: the
         caller makes its stream wait for it before using rows, local or count.
+        ``table_rows`` (the length of the table the ids index) below 2^31 lets
+        the rows be sorted on 32-bit keys.
         """
         if candidates is None:
             candidates = CandidateRows.contiguous(self.num_nodes)
@@ -151,7 +154,7 @@ class Model:
                 unique_stream.wait_stream(torch.cuda.current_stream(edges.device))
             with torch.cuda.stream(unique_stream) if unique_stream is not None else contextlib.nullcontext():
                 ids = torch.cat([heads, tails, tail_negatives.reshape(-1), head_negatives.reshape(-1)])
-                rows, local, count = unique_rows_async(ids, below_2_31=self.num_nodes < 2**30)  # buffer rows < 2n
+                rows, local, count = unique_rows_async(ids, below_2_31=table_rows is not None and table_rows < 2**31)
             return BatchPlan(edges, rows, local, tail_negatives, head_negatives, count)
         ids = torch.cat([heads, tails, tail_negatives.reshape(-1), head_negatives.reshape(-1)])
         rows, local = torch.unique(ids, return_inverse=True)
