@@ -50,11 +50,11 @@ def fused_step(model, nodes, state, edges, seed):
     return loss / len(edges)
 
 
-def compare_steps(decoder, variant, device, dtype, tolerance):
+def compare_steps(decoder, variant, device, dtype, tolerance, extra=()):
     tables = make_tables(variant, device, dtype)
     results = []
     for step in (autograd_step, fused_step):
-        model = make_model(decoder, variant, device, dtype == torch.float64)
+        model = make_model(decoder, variant, device, dtype == torch.float64, extra)
         nodes, state, edges = (t.clone() for t in tables)
         losses = [step(model, nodes, state, edges, seed) for seed in (11, 12)]  # a second step sees the first
         results.append((torch.stack(losses), nodes, state, model.decoder.relations.detach()))
@@ -67,6 +67,14 @@ def compare_steps(decoder, variant, device, dtype, tolerance):
 @pytest.mark.parametrize("variant", ["full", "rowwise"])
 def test_fused_step_equals_autograd_step(decoder, variant):
     compare_steps(decoder, variant, "cpu", torch.float64, {"rtol": 1e-10, "atol": 1e-12})
+
+
+def test_fused_step_with_adam_relations_equals_autograd_step():
+    """Relation optimizers other than plain Adagrad are stepped by torch (and keep the step out of graphs)."""
+    model = make_model("distmult", "full", "cpu", True, ["training.relation_optimizer=adam"])
+    assert not FusedStep(model).own_relation_step
+    compare_steps("distmult", "full", "cpu", torch.float64, {"rtol": 1e-10, "atol": 1e-12},
+                  ["training.relation_optimizer=adam"])
 
 
 def test_supported_models_only():
