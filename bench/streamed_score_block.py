@@ -80,6 +80,18 @@ def _masked_scores(q, c, ids, target, col_inside, PRECISION: tl.constexpr):
 
 
 @triton.jit
+def _candidate_tile_scores(q, target, group_candidates, group_ids, start, num_candidates, width, d, d_inside,
+                           BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
+    """(candidate tile from ``start``, masked scores of the query tile against it)."""
+    n = start + tl.arange(0, BLOCK_N)
+    col_inside = n < num_candidates
+    c = tl.load(group_candidates + n[:, None] * width + d[None, :], mask=col_inside[:, None] & d_inside[None, :],
+                other=0.0)
+    ids = tl.load(group_ids + n, mask=col_inside, other=-1)
+    return c, _masked_scores(q, c, ids, target, col_inside, PRECISION)
+
+
+@triton.jit
 def _streamed_queries_kernel(queries, candidates, positive, target_ids, candidate_ids, weight, grad_queries,
                              log_total_out, loss_out, grad_positive_out, rows, num_candidates, width,
                              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -99,12 +111,8 @@ def _streamed_queries_kernel(queries, candidates, positive, target_ids, candidat
     top = pos
     total = tl.full((BLOCK_M,), 1.0, tl.float32)  # the positive's term, exp(pos - top)
     for start in range(0, num_candidates, BLOCK_N):
-        n = start + tl.arange(0, BLOCK_N)
-        col_inside = n < num_candidates
-        c = tl.load(group_candidates + n[:, None] * width + d[None, :],
-                    mask=col_inside[:, None] & d_inside[None, :], other=0.0)
-        ids = tl.load(group_ids + n, mask=col_inside, other=-1)
-        s = _masked_scores(q, c, ids, target, col_inside, PRECISION)
+        c, s = _candidate_tile_scores(q, target, group_candidates, group_ids, start, num_candidates, width, d,
+                                      d_inside, BLOCK_N, PRECISION)
         new_top = tl.maximum(top, tl.max(s, 1))
         total = total * tl.exp(top - new_top) + tl.sum(tl.exp(s - new_top[:, None]), 1)
         top = new_top
@@ -112,12 +120,8 @@ def _streamed_queries_kernel(queries, candidates, positive, target_ids, candidat
     w = tl.load(weight + row, mask=row_inside, other=0.0)
     grad = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
     for start in range(0, num_candidates, BLOCK_N):
-        n = start + tl.arange(0, BLOCK_N)
-        col_inside = n < num_candidates
-        c = tl.load(group_candidates + n[:, None] * width + d[None, :],
-                    mask=col_inside[:, None] & d_inside[None, :], other=0.0)
-        ids = tl.load(group_ids + n, mask=col_inside, other=-1)
-        s = _masked_scores(q, c, ids, target, col_inside, PRECISION)
+        c, s = _candidate_tile_scores(q, target, group_candidates, group_ids, start, num_candidates, width, d,
+                                      d_inside, BLOCK_N, PRECISION)
         p = tl.exp(s - log_total[:, None]) * w[:, None]
         grad = tl.dot(p.to(c.dtype), c, grad, input_precision=PRECISION)
     tl.store(grad_queries + row[:, None] * width + d[None, :], grad.to(grad_queries.dtype.element_ty),

@@ -80,6 +80,11 @@ class SpanRunner:
         self.graphed_step = GraphedFusedStep(model, self.fused_step, batch_size) if use_graphs else None
 
     @property
+    def zero_copy(self) -> bool:
+        """Whether host tables are trained in place by GPU kernels (``_run_zero_copy``; the tables must be pinned)."""
+        return self.fused_step is not None and self.placement == PLACEMENT_HOST
+
+    @property
     def effective_staleness(self) -> int:
         """The bound on missed updates: 1 in GPU memory, where the bound only sets how far planning runs ahead."""
         return 1 if self.placement == PLACEMENT_DEVICE else self.staleness_bound
@@ -90,8 +95,7 @@ class SpanRunner:
         """Train ``edges`` (already shuffled) in batches; add each batch's loss x size to ``loss_sum``."""
         pin = self.placement == PLACEMENT_HOST  # host-to-device copies from pinned memory are asynchronous
         model = self.model
-        zero_copy = self.fused_step is not None and self.placement == PLACEMENT_HOST and nodes.is_pinned() \
-            and state.is_pinned()
+        zero_copy = self.zero_copy and nodes.is_pinned() and state.is_pinned()
         if not zero_copy:
             edges = edges.to(sampling.device)  # once per span (zero copy moves each batch on its load stream)
         batches = (edges[start:start + self.batch_size] for start in range(0, len(edges), self.batch_size))

@@ -88,41 +88,49 @@ class FusedStep:
         scores are computed meanwhile, as they need only the edges and negatives.
         """
         source, ids = (nodes, plan) if gathered is None else (gathered, plan.in_row_positions())
-        edges, batch, dim = ids.edges, len(ids.edges), nodes.shape[1]
-        num_chunks, num_candidates = ids.tail_negatives.shape
-        score_dtype = torch.float64 if nodes.dtype == torch.float64 else self.score_dtype
-        width = _aligned_width(dim, score_dtype)
-        relations = None if self.relations is None else self.relations.detach()
-        queries, positive = edge_queries(source, relations, edges, score_dtype, width)
-        candidate_ids = torch.cat([ids.tail_negatives, ids.head_negatives])
-        candidates = gather_rows(source, candidate_ids.reshape(-1),
-                                 torch.empty(candidate_ids.numel(), width, dtype=score_dtype, device=source.device))
-        candidates = candidates.reshape(2 * num_chunks, num_candidates, width)
+        dim, batch = nodes.shape[1], len(plan.edges)
         # Zeroed beside the score block. Made on the side stream, used on this one: safe without
         # record_stream because the side stream's next allocation follows its wait on this stream.
         with _on_stream(unique_stream):
             grad_rows = torch.zeros(len(plan.rows), dim, dtype=nodes.dtype, device=source.device)
-        stacked = by_chunk(queries, batch, num_chunks)
-        weights = chunk_row_weights(batch, stacked.shape[1], num_chunks, positive.dtype, positive.device)
-        self.constants_used = weights  # cached outside any graph: a graph that captured it keeps it alive
-        loss, grad_queries, grad_candidates, grad_positive = softmax_ce_gradients(
-            stacked, candidates, by_chunk(positive, batch, num_chunks),
-            by_chunk(torch.cat([edges[:, 2], edges[:, 0]]), batch, num_chunks), candidate_ids, weights, score_dtype)
+        score_dtype = torch.float64 if nodes.dtype == torch.float64 else self.score_dtype
+        relations = None if self.relations is None else self.relations.detach()
+        loss, grad_queries, grad_candidates, grad_positive, head_offset = self._score_block(
+            source, relations, ids, score_dtype)
 
-        if unique_stream is not None:
-            torch.cuda.current_stream(source.device).wait_stream(unique_stream)
-        scatter_add_rows_(grad_rows, plan.local[2 * batch:], grad_candidates.reshape(-1, width))
+        _join(unique_stream)  # from here on the plan's rows are needed
+        scatter_add_rows_(grad_rows, plan.local[2 * batch:], grad_candidates.reshape(-1, grad_candidates.shape[-1]))
         grad_relations = None if relations is None else torch.zeros_like(relations)
-        edge_backward_(grad_rows, grad_relations, source, relations, edges, plan.local,
-                       grad_queries.reshape(-1, width), grad_positive.reshape(-1), stacked.shape[1] * num_chunks)
+        edge_backward_(grad_rows, grad_relations, source, relations, ids.edges, plan.local,
+                       grad_queries.reshape(-1, grad_queries.shape[-1]), grad_positive.reshape(-1), head_offset)
         with _on_stream(unique_stream, fork=True):  # beside the node update
             if grad_relations is not None:
                 self._step_relations(grad_relations)
             loss_sum.add_(loss * batch)
         count = plan.unique_count if plan.unique_count is not None else len(plan.rows)
         sparse_adagrad_(nodes, state, plan.rows, grad_rows, count, self.adagrad.lr, self.adagrad.eps)
-        if unique_stream is not None:
-            torch.cuda.current_stream(source.device).wait_stream(unique_stream)
+        _join(unique_stream)
+
+    def _score_block(self, source: torch.Tensor, relations: torch.Tensor | None, ids, score_dtype: torch.dtype):
+        """(loss, d/d queries, d/d candidates, d/d positive scores, row of the first head-corruption query).
+
+        ``ids``: a plan whose node ids index ``source``. The query and
+        candidate rows are padded to 16 bytes for the matmuls.
+        """
+        edges, batch, dim = ids.edges, len(ids.edges), source.shape[1]
+        num_chunks, num_candidates = ids.tail_negatives.shape
+        width = _aligned_width(dim, score_dtype)
+        queries, positive = edge_queries(source, relations, edges, score_dtype, width)
+        candidate_ids = torch.cat([ids.tail_negatives, ids.head_negatives])
+        candidates = gather_rows(source, candidate_ids.reshape(-1),
+                                 torch.empty(candidate_ids.numel(), width, dtype=score_dtype, device=source.device))
+        stacked = by_chunk(queries, batch, num_chunks)
+        weights = chunk_row_weights(batch, stacked.shape[1], num_chunks, positive.dtype, positive.device)
+        self.constants_used = weights  # cached outside any graph: a graph that captured it keeps it alive
+        gradients = softmax_ce_gradients(
+            stacked, candidates.reshape(2 * num_chunks, num_candidates, width), by_chunk(positive, batch, num_chunks),
+            by_chunk(torch.cat([edges[:, 2], edges[:, 0]]), batch, num_chunks), candidate_ids, weights, score_dtype)
+        return (*gradients, stacked.shape[1] * num_chunks)
 
     def _step_relations(self, grad: torch.Tensor) -> None:
         optimizer = self.model.relation_optimizer
@@ -143,6 +151,12 @@ def _on_stream(stream: torch.cuda.Stream | None, fork: bool = False):
     if fork:
         stream.wait_stream(torch.cuda.current_stream(stream.device))
     return torch.cuda.stream(stream)
+
+
+def _join(stream: torch.cuda.Stream | None) -> None:
+    """Make the current stream wait for ``stream``'s work so far (None: nothing to wait for)."""
+    if stream is not None:
+        torch.cuda.current_stream(stream.device).wait_stream(stream)
 
 
 def _aligned_width(dim: int, dtype: torch.dtype) -> int:
@@ -297,15 +311,20 @@ def scatter_add_rows_(target: torch.Tensor, positions: torch.Tensor, source: tor
 
 if triton is not None:
     @triton.jit
-    def _gather_rows_kernel(table, rows, count, out, num_rows, dim, width, COUNT_ON_DEVICE: tl.constexpr,
-                            BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+    def _row_block(rows, count, num_rows, BLOCK_R: tl.constexpr, COUNT_ON_DEVICE: tl.constexpr):
+        """This program's block of positions: (positions as int64, inside the first num_rows, rows[position])."""
         if COUNT_ON_DEVICE:
             num_rows = tl.load(count)
         r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
         inside = r < num_rows
         r = r.to(tl.int64)
+        return r, inside, tl.load(rows + r, mask=inside, other=0)
+
+    @triton.jit
+    def _gather_rows_kernel(table, rows, count, out, num_rows, dim, width, COUNT_ON_DEVICE: tl.constexpr,
+                            BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+        r, inside, table_rows = _row_block(rows, count, num_rows, BLOCK_R, COUNT_ON_DEVICE)
         cols = tl.arange(0, BLOCK_D)
-        table_rows = tl.load(rows + r, mask=inside, other=0)
         values = _rows(table, table_rows, cols, inside[:, None] & (cols < dim)[None, :], dim)
         tl.store(out + r[:, None] * width + cols[None, :], values.to(out.dtype.element_ty),
                  mask=inside[:, None] & (cols < width)[None, :])
@@ -313,12 +332,9 @@ if triton is not None:
     @triton.jit
     def _scatter_add_rows_kernel(target, positions, source, num_rows, dim, source_stride,
                                  BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
-        r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-        inside = r < num_rows
-        r = r.to(tl.int64)
+        r, inside, at = _row_block(positions, positions, num_rows, BLOCK_R, False)
         cols = tl.arange(0, BLOCK_D)
         mask = inside[:, None] & (cols < dim)[None, :]
-        at = tl.load(positions + r, mask=inside, other=0)
         values = _rows(source, r, cols, mask, source_stride).to(tl.float32)
         tl.atomic_add(target + at[:, None] * dim + cols[None, :], values, mask=mask, sem="relaxed")
 
@@ -389,14 +405,9 @@ if triton is not None:
     def _sparse_adagrad_kernel(nodes, state, rows, grad, count, num_rows, lr, eps, dim,
                                COUNT_ON_DEVICE: tl.constexpr, ROWWISE: tl.constexpr, BLOCK_R: tl.constexpr,
                                BLOCK_D: tl.constexpr):
-        if COUNT_ON_DEVICE:
-            num_rows = tl.load(count)
-        r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-        inside = r < num_rows
-        r = r.to(tl.int64)
+        r, inside, table_rows = _row_block(rows, count, num_rows, BLOCK_R, COUNT_ON_DEVICE)
         cols = tl.arange(0, BLOCK_D)
         mask = inside[:, None] & (cols < dim)[None, :]
-        table_rows = tl.load(rows + r, mask=inside, other=0)
         g = _rows(grad, r, cols, mask, dim)
         squared = g * g
         if ROWWISE:

@@ -38,7 +38,7 @@ from marius_py.negatives import CandidateRows, by_chunk, chunk_row_weights, nega
 from marius_py.optim import SparseAdagrad, build_relation_optimizer
 from marius_py.resources import check_memory, check_partitioning
 from orderings import Ordering, build_ordering
-from pipeline.devices import PLACEMENT_DEVICE, PLACEMENT_HOST, choose_placement
+from pipeline.devices import PLACEMENT_DEVICE, choose_placement
 from pipeline.rows import unique_rows_async
 from storage.buffer import PartitionBuffer
 from storage.durable import fsync_tree
@@ -149,16 +149,16 @@ class Model:
             tail_negatives, head_negatives = (negatives_from_draws(d, endpoints, candidates) for d in draws)
         else:  # every candidate, one chunk
             tail_negatives = head_negatives = candidates.all(edges.device)[None, :]
-        if defer_count:
-            if unique_stream is not None:
-                unique_stream.wait_stream(torch.cuda.current_stream(edges.device))
-            with torch.cuda.stream(unique_stream) if unique_stream is not None else contextlib.nullcontext():
-                ids = torch.cat([heads, tails, tail_negatives.reshape(-1), head_negatives.reshape(-1)])
+        side = defer_count and unique_stream is not None
+        if side:
+            unique_stream.wait_stream(torch.cuda.current_stream(edges.device))
+        with torch.cuda.stream(unique_stream) if side else contextlib.nullcontext():
+            ids = torch.cat([heads, tails, tail_negatives.reshape(-1), head_negatives.reshape(-1)])
+            if defer_count:
                 rows, local, count = unique_rows_async(ids, below_2_31=table_rows is not None and table_rows < 2**31)
-            return BatchPlan(edges, rows, local, tail_negatives, head_negatives, count)
-        ids = torch.cat([heads, tails, tail_negatives.reshape(-1), head_negatives.reshape(-1)])
-        rows, local = torch.unique(ids, return_inverse=True)
-        return BatchPlan(edges, rows, local, tail_negatives, head_negatives)
+            else:
+                (rows, local), count = torch.unique(ids, return_inverse=True), None
+        return BatchPlan(edges, rows, local, tail_negatives, head_negatives, count)
 
     def compute(self, plan: "BatchPlan", embeddings: torch.Tensor, state: torch.Tensor,
                 generator: torch.Generator) -> BatchUpdate:
@@ -388,7 +388,7 @@ class Trainer:
                                            table.to(self.table_device) for table in tables)
 
     def _zero_copy_tables(self) -> bool:
-        return self.placement == PLACEMENT_HOST and self.runner.fused_step is not None
+        return self.runner.zero_copy
 
     def _swap_size(self) -> int:
         s = self.config.storage
