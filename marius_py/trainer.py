@@ -459,7 +459,7 @@ class Trainer:
         ordering = self.ordering(epoch)
         states = [ordering.resident(k) for k in range(ordering.num_states)]
         state_edges = self._edges_by_edge(states, epoch) if self.config.storage.edge_assignment == "edge" \
-            else lambda k: [self.dataset.edges.bucket(i, j) for i, j in sorted(ordering.buckets[k])]
+            else lambda k: self.dataset.edges.buckets(ordering.buckets[k])
         buffer = self.partition_buffer()
         for view in buffer.walk(states):
             parts = state_edges(view.index)
@@ -487,13 +487,12 @@ class Trainer:
         seed = self.config.training.seed
 
         def state_edges(k: int) -> list[np.ndarray]:
+            pairs = sorted((i, j) for i in states[k] for j in states[k])
             parts = []
-            for i in states[k]:
-                for j in states[k]:
-                    eligible = np.flatnonzero(member[:, i] & member[:, j])
-                    edges = self.dataset.edges.bucket(i, j)
-                    draws = np.random.default_rng([seed, epoch, i, j]).integers(len(eligible), size=len(edges))
-                    parts.append(edges[eligible[draws] == k])
+            for (i, j), edges in zip(pairs, self.dataset.edges.buckets(pairs)):
+                eligible = np.flatnonzero(member[:, i] & member[:, j])
+                draws = np.random.default_rng([seed, epoch, i, j]).integers(len(eligible), size=len(edges))
+                parts.append(edges[eligible[draws] == k])
             return parts
         return state_edges
 
