@@ -101,15 +101,27 @@ class InMemoryNodes(NodeTable):
 
 
 class StoredNodes(NodeTable):
-    """An ``EmbeddingStore`` read one partition at a time: memory stays at one partition."""
+    """An ``EmbeddingStore`` read in runs of whole partitions: memory stays at one block.
+
+    A block is one partition, or as many consecutive ones as fit in
+    ``BLOCK_BYTES``: scoring many tiny partitions one by one (comet's physical
+    partitions) costs far more in per-block work than in arithmetic.
+    """
+
+    BLOCK_BYTES = 64 << 20
 
     def __init__(self, store: EmbeddingStore, device: torch.device | str = "cpu"):
         self.store, self.num_nodes, self.device = store, store.num_nodes, torch.device(device)
 
     def blocks(self):
-        for partition in range(self.store.num_partitions):
-            start, end = self.store.bounds(partition)
+        budget_rows = self.BLOCK_BYTES // (4 * self.store.dim)
+        first = 0
+        for last in range(self.store.num_partitions):
+            start, end = self.store.bounds(first)[0], self.store.bounds(last)[1]
+            if last + 1 < self.store.num_partitions and self.store.bounds(last + 1)[1] - start <= budget_rows:
+                continue  # the next partition joins this block
             yield start, torch.from_numpy(self.store.embeddings[start:end]).to(self.device)
+            first = last + 1
 
     def gather(self, ids):
         ids = ids.to(self.device)
@@ -142,26 +154,35 @@ def filtered_ranks(decoder: Decoder, nodes: torch.Tensor | NodeTable, edges: np.
         anchor_rows, target_rows = (tail_rows, head_rows) if inverse else (head_rows, tail_rows)
         queries = decoder.query(anchor_rows, edges_t[:, 1], inverse)
         target_scores = decoder.compare_pairs(queries, target_rows)
-        rows, cols = answers.lookup(anchor, edges_t[:, 1])
+        known_by_batch = _split_by_batch(*answers.lookup(anchor, edges_t[:, 1]), len(edges), batch_size, device)
         greater = torch.zeros(len(edges), dtype=torch.long, device=device)
         greater_equal = torch.zeros_like(greater)
         for block_start, block in table.blocks():
             block_end = block_start + len(block)
-            for start in range(0, len(edges), batch_size):
+            for start, (known_rows, known_cols) in zip(range(0, len(edges), batch_size), known_by_batch):
                 end = min(start + batch_size, len(edges))
                 scores = decoder.compare_all(queries[None, start:end], block[None])[0]
                 own = (target[start:end] >= block_start) & (target[start:end] < block_end)
                 local_target = (target[start:end] - block_start).clamp(0, len(block) - 1)
                 exact = scores.gather(1, local_target[:, None])[:, 0]
                 threshold = torch.where(own, exact, target_scores[start:end])
-                picked = (rows >= start) & (rows < end) & (cols >= block_start) & (cols < block_end)
-                scores[(rows[picked] - start).to(device), (cols[picked] - block_start).to(device)] = float("-inf")
+                picked = (known_cols >= block_start) & (known_cols < block_end)
+                scores[known_rows[picked], known_cols[picked] - block_start] = float("-inf")
                 # The target itself never counts against itself.
                 scores[own.nonzero()[:, 0], local_target[own]] = float("-inf")
                 greater[start:end] += (scores > threshold[:, None]).sum(1)
                 greater_equal[start:end] += (scores >= threshold[:, None]).sum(1)
         all_ranks.append(((1 + greater) + (1 + greater_equal)).double().cpu() / 2)
     return torch.cat(all_ranks)
+
+
+def _split_by_batch(rows: torch.Tensor, cols: torch.Tensor, num_queries: int, batch_size: int,
+                    device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Known (query row, answer) pairs cut by query batch, rows made batch-local (``rows`` is sorted)."""
+    starts = torch.arange(0, num_queries, batch_size)
+    cuts = torch.searchsorted(rows, torch.cat([starts, torch.tensor([num_queries])])).tolist()
+    return [((rows[lo:hi] - start).to(device), cols[lo:hi].to(device))
+            for start, lo, hi in zip(starts.tolist(), cuts[:-1], cuts[1:])]
 
 
 def evaluate_filtered(decoder: Decoder, nodes: torch.Tensor | NodeTable, edges: np.ndarray,

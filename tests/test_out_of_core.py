@@ -168,12 +168,17 @@ def test_resume_with_partitions_equals_uninterrupted(datasets, tmp_path):
 # --------------------------------------------------------------------------- streamed evaluation and export
 
 
-def test_streamed_evaluation_equals_in_memory(full_buffer_runs):
+@pytest.mark.parametrize("partitions_per_block", [1, 3, 4])
+def test_streamed_evaluation_equals_in_memory(full_buffer_runs, partitions_per_block, monkeypatch):
     _, buffered = full_buffer_runs
     streamed = load_checkpoint(buffered.run_dir)
     assert isinstance(streamed.table, StoredNodes)
     assert streamed.table.store.num_partitions == 4
     store = streamed.table.store
+    partition_rows = store.bounds(0)[1] - store.bounds(0)[0]
+    monkeypatch.setattr(StoredNodes, "BLOCK_BYTES", partitions_per_block * partition_rows * 4 * store.dim)
+    block_rows = [len(block) for _, block in streamed.table.blocks()]
+    assert sum(block_rows) == store.num_nodes and len(block_rows) == -(-4 // partitions_per_block)
     in_memory = TrainedModel(streamed.config, streamed.dataset, streamed.model,
                              InMemoryNodes(torch.from_numpy(store.read_all()[0])))
     dataset = streamed.dataset
