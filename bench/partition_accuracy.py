@@ -7,7 +7,9 @@ everything else equal, and prints test MRR and its difference to p = 1.
         --variants beta:8:2 beta:16:4 beta_random:8:2 comet:8:2 --out bench/results/partitions.json
 
 A variant ``ORDERING:P:C`` trains with P partitions and a buffer of C (for
-``comet``, P and C count logical partitions of ``--group-size`` physical ones).
+``comet``, P and C count logical partitions of ``--group-size`` physical ones,
+or of K with ``comet:P:C:K``); ``+key=value`` suffixes override that variant's
+config only, e.g. ``beta:16:4+storage.edge_assignment=edge``.
 """
 
 from __future__ import annotations
@@ -29,11 +31,12 @@ from storage.partitioning import partition_size  # noqa: E402
 
 
 def variant_overrides(spec: str, group_size: int) -> list[str]:
-    """``ORDERING:P:C`` or ``comet:P:C:K`` (K physical partitions per logical one)."""
-    ordering, p, c, *k = spec.split(":")
+    """``ORDERING:P:C`` or ``comet:P:C:K`` (K physical partitions per logical one), then any ``+key=value``."""
+    layout, *extra = spec.split("+")
+    ordering, p, c, *k = layout.split(":")
     k = int(k[0]) if k else (group_size if ordering == "comet" else 1)
     return [f"storage.ordering={ordering}", f"storage.num_partitions={int(p) * k}",
-            f"storage.buffer_capacity={int(c) * k}", f"storage.comet_group_size={k}"]
+            f"storage.buffer_capacity={int(c) * k}", f"storage.comet_group_size={k}", *extra]
 
 
 def predicted_io(config: dict, num_nodes: int) -> dict:
@@ -57,7 +60,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dataset", required=True, help="raw (train/valid/test.txt) or preprocessed directory")
     parser.add_argument("--config", required=True)
-    parser.add_argument("--variants", nargs="+", required=True, help="ORDERING:P:C")
+    parser.add_argument("--variants", nargs="+", required=True, help="ORDERING:P:C[:K][+key=value...]")
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--set", nargs="*", default=[], help="extra key=value overrides for every run")
     parser.add_argument("--out", default="bench/results/partition_accuracy.json")
