@@ -16,6 +16,12 @@ def partition_size(num_nodes: int, num_partitions: int) -> int:
     return max(1, -(-num_nodes // num_partitions))
 
 
+def partitions_filled(num_nodes: int, num_partitions: int) -> int:
+    """How many partitions of ``partition_size`` rows the nodes fill; below ``num_partitions``
+    when the last ones would be empty (only with fewer than about p^2 nodes)."""
+    return max(1, -(-num_nodes // partition_size(num_nodes, num_partitions)))
+
+
 def partition_bounds(num_nodes: int, num_partitions: int, partition: int) -> tuple[int, int]:
     """Half-open id range ``[start, end)`` of one partition."""
     size = partition_size(num_nodes, num_partitions)

@@ -247,6 +247,15 @@ def test_dataset_bucketed_for_other_partitions_is_refused(datasets, tmp_path):
     assert not RunDirectory(tmp_path / "run").has_checkpoint()
 
 
+def test_partitions_left_empty_are_refused(datasets, tmp_path):
+    """UMLS's 135 nodes in 16 partitions of 9 rows fill only 15: the store and buckets would disagree."""
+    config = config_for(datasets[8], "storage.num_partitions=16", "storage.buffer_capacity=4")
+    with pytest.raises(MariusInputError, match="fill only 15") as error:
+        mp.train(config, tmp_path / "run", progress=False)
+    assert "at most 15 partitions" in str(error.value)
+    assert not RunDirectory(tmp_path / "run").has_checkpoint()
+
+
 def test_buffer_larger_than_memory_is_refused(datasets, tmp_path, monkeypatch):
     monkeypatch.setattr(resources, "available_memory", lambda: 1024)
     config = config_for(datasets[4], "storage.num_partitions=4", "storage.buffer_capacity=2")
