@@ -103,9 +103,6 @@ class StorageConfig:
                                         "assignment) or 'edge' (each edge to a random state holding its bucket)")
     lookahead: int = _f(2, "buffer states whose admitted partitions are read ahead; each costs one more "
                            "partition of memory (a group with comet)")
-    scale_resident_candidates: bool = _f(True, "out of core with num_negatives -1 and softmax_ce: weight each "
-                                                "resident candidate by nodes / resident rows, so the buffer's "
-                                                "softmax estimates the one over every node")
     comet_group_size: int = _f(8, "comet ordering: physical partitions per logical one, regrouped "
                                   "at random every epoch")
 

@@ -121,9 +121,6 @@ class FusedStep:
         num_chunks, num_candidates = ids.tail_negatives.shape
         width = _aligned_width(dim, score_dtype)
         queries, positive = edge_queries(source, relations, edges, score_dtype, width)
-        shift = self.model.positive_shift(num_candidates)
-        if shift:
-            positive = positive - shift
         candidate_ids = torch.cat([ids.tail_negatives, ids.head_negatives])
         candidates = gather_rows(source, candidate_ids.reshape(-1),
                                  torch.empty(candidate_ids.numel(), width, dtype=score_dtype, device=source.device))

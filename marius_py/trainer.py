@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
 import shutil
 import time
 from dataclasses import dataclass
@@ -111,20 +110,6 @@ class Model:
         keep = torch.rand(queries.shape, generator=generator, device=queries.device) >= rate
         return queries * keep / (1 - rate)
 
-    def positive_shift(self, num_candidates: int) -> float:
-        """Subtracted from positive scores: log(nodes / candidates) when 1-vs-all scores a buffer's resident rows.
-
-        log(e^(s+ - a) + sum e^s) + a - s+ = log(e^s+ + e^a sum e^s) - s+: with
-        a = log(N / N_resident), the resident candidates stand for every node
-        (an importance-weighted estimate of the full softmax, as in sampled
-        softmax), so the loss and its gradients keep the scale of p = 1.
-        """
-        t = self.config.training
-        if (t.num_negatives != -1 or self.config.model.loss != "softmax_ce"
-                or not self.config.storage.scale_resident_candidates or num_candidates >= self.num_nodes):
-            return 0.0
-        return math.log(self.num_nodes / num_candidates)
-
     def negative_draws(self, num_edges: int, candidates: CandidateRows | None, generator: torch.Generator,
                        out: list | None = None) -> list:
         """The random draws of a batch's negatives, tail corruption then head (``negatives.negative_draws``)."""
@@ -210,8 +195,7 @@ class Model:
         rel_inv = self.decoder.relation_vectors(relations, inverse=True)
         queries = self._dropout(torch.cat([self.decoder.operator(h, rel_fwd), self.decoder.operator(tl, rel_inv)]),
                                 generator)
-        positive = self.decoder.compare_pairs(queries, torch.cat([tl, h])) - self.positive_shift(
-            plan.tail_negatives.shape[1])
+        positive = self.decoder.compare_pairs(queries, torch.cat([tl, h]))
         negative_ids = torch.cat([plan.tail_negatives, plan.head_negatives])
         negatives = torch.index_select(embeddings, 0, plan.local[2 * batch:]).reshape(*negative_ids.shape, -1)
         num_chunks = plan.tail_negatives.shape[0]

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 
 from marius_py.config import load_config
 from marius_py.fused_step import (FusedStep, edge_backward_, edge_queries, gather_rows, scatter_add_rows_,
                                   sparse_adagrad_, supports_fused_step)
-from marius_py.negatives import CandidateRows
 from marius_py.optim import SparseAdagrad
 from marius_py.trainer import Model
 
@@ -39,27 +36,27 @@ def make_tables(variant: str, device: str, dtype: torch.dtype):
     return nodes.to(device), state.to(device), edges.to(device)
 
 
-def autograd_step(model, nodes, state, edges, seed, candidates=None):
-    plan = model.plan_batch(edges, torch.Generator(nodes.device).manual_seed(seed), candidates)
+def autograd_step(model, nodes, state, edges, seed):
+    plan = model.plan_batch(edges, torch.Generator(nodes.device).manual_seed(seed))
     update = model.compute(plan, nodes[plan.rows], state[plan.rows], torch.Generator(nodes.device))
     SparseAdagrad.apply(nodes, state, plan.rows, update.delta, update.squared)
     return update.loss
 
 
-def fused_step(model, nodes, state, edges, seed, candidates=None):
-    plan = model.plan_batch(edges, torch.Generator(nodes.device).manual_seed(seed), candidates, defer_count=True)
+def fused_step(model, nodes, state, edges, seed):
+    plan = model.plan_batch(edges, torch.Generator(nodes.device).manual_seed(seed), defer_count=True)
     loss = torch.zeros((), dtype=nodes.dtype, device=nodes.device)
     FusedStep(model).run(plan, nodes, state, loss)
     return loss / len(edges)
 
 
-def compare_steps(decoder, variant, device, dtype, tolerance, extra=(), candidates=None):
+def compare_steps(decoder, variant, device, dtype, tolerance, extra=()):
     tables = make_tables(variant, device, dtype)
     results = []
     for step in (autograd_step, fused_step):
         model = make_model(decoder, variant, device, dtype == torch.float64, extra)
         nodes, state, edges = (t.clone() for t in tables)
-        losses = [step(model, nodes, state, edges, seed, candidates) for seed in (11, 12)]  # a second step sees the first
+        losses = [step(model, nodes, state, edges, seed) for seed in (11, 12)]  # a second step sees the first
         results.append((torch.stack(losses), nodes, state, model.decoder.relations.detach()))
     assert not torch.equal(results[0][1], tables[0]), "the step must change the embeddings"
     for expected, got in zip(*results):
@@ -78,15 +75,6 @@ def test_fused_step_with_adam_relations_equals_autograd_step():
     assert not FusedStep(model).own_relation_step
     compare_steps("distmult", "full", "cpu", torch.float64, {"rtol": 1e-10, "atol": 1e-12},
                   ["training.relation_optimizer=adam"])
-
-
-def test_fused_step_weights_resident_candidates_like_autograd_step():
-    """1-vs-all over a buffer's resident rows: both steps weight the candidates by nodes / resident rows."""
-    resident = CandidateRows([(0, 20), (30, 25)])
-    model = make_model("distmult", "full", "cpu", True, ["training.num_negatives=-1"])
-    assert model.positive_shift(resident.total) == pytest.approx(math.log(NODES / 45))
-    compare_steps("distmult", "full", "cpu", torch.float64, {"rtol": 1e-10, "atol": 1e-12},
-                  ["training.num_negatives=-1"], resident)
 
 
 def test_supported_models_only():

@@ -18,7 +18,7 @@ import marius_py.models as models
 from marius_py.config import Config, validate
 from marius_py.models import (DECODER_CLASSES, build_decoder, logistic, margin_ranking,
                               regularization, softmax_cross_entropy)
-from marius_py.negatives import CandidateRows, sample_negatives
+from marius_py.negatives import sample_negatives
 from marius_py.trainer import Model
 
 NUM_RELATIONS = 2
@@ -392,10 +392,10 @@ def _dense_score(name, norm, anchor, rel, cand):
     raise AssertionError(name)
 
 
-def _dense_loss(kind, pos, negs, margin=1.0, negative_weight=1.0):
+def _dense_loss(kind, pos, negs, margin=1.0):
     negs = torch.stack(negs) if negs else pos.new_zeros(0)
-    if kind == "softmax_ce":  # log(e^pos + w * sum e^neg) - pos
-        return torch.logsumexp(torch.cat([pos[None], negs + math.log(negative_weight)]), 0) - pos
+    if kind == "softmax_ce":
+        return torch.logsumexp(torch.cat([pos[None], negs]), 0) - pos
     if kind == "logistic":
         return F.softplus(-pos) + (F.softplus(negs).mean() if len(negs) else 0.0)
     if kind == "margin":
@@ -446,7 +446,7 @@ def _node_tables(seed=3, dim=DIM):
 
 
 def _expected_update(name, norm, loss_kind, nodes, relations, state, tail_neg, head_neg,
-                     chunk_of, reg_weight=0.0, margin=1.0, negative_weight=1.0):
+                     chunk_of, reg_weight=0.0, margin=1.0):
     """Dense autograd of the textbook loss; returns (loss, node grad, relation grad)."""
     E = nodes.clone().requires_grad_(True)
     R = relations.clone().requires_grad_(True)
@@ -456,11 +456,11 @@ def _expected_update(name, norm, loss_kind, nodes, relations, state, tail_neg, h
         # tail corruption: op(h, r) vs candidate tails
         pos = _dense_score(name, norm, E[h], R[r], E[t])
         negs = [_dense_score(name, norm, E[h], R[r], E[n]) for n in tail_neg[c] if n != t]
-        total = total + _dense_loss(loss_kind, pos, negs, margin, negative_weight)
+        total = total + _dense_loss(loss_kind, pos, negs, margin)
         # head corruption: op(t, r_inv) vs candidate heads
         pos = _dense_score(name, norm, E[t], R[r + NUM_RELATIONS], E[h])
         negs = [_dense_score(name, norm, E[t], R[r + NUM_RELATIONS], E[n]) for n in head_neg[c] if n != h]
-        total = total + _dense_loss(loss_kind, pos, negs, margin, negative_weight)
+        total = total + _dense_loss(loss_kind, pos, negs, margin)
     loss = total / len(EDGES)
     if reg_weight:
         reg = sum(E[h].abs().pow(3).sum() + E[t].abs().pow(3).sum()
@@ -503,23 +503,6 @@ def test_compute_batch_all_nodes_softmax_matches_dense_autograd(case):
     # compute_batch must not modify the node tables itself (apply does)
     nodes2, state2 = _node_tables()
     assert torch.equal(nodes, nodes2) and torch.equal(state, state2)
-
-
-@pytest.mark.parametrize("scaled", [True, False])
-@pytest.mark.parametrize("name", ["distmult", "complex"])
-def test_compute_batch_resident_candidates_weighted_by_nodes_over_resident(name, scaled):
-    """1-vs-all over 4 resident rows of 6 (a partition buffer): each candidate's exp counts 6/4 times."""
-    model = _make_model(name, 1)
-    model.config.storage.scale_resident_candidates = scaled
-    nodes, state = _node_tables(seed=7)
-    relations_before = model.decoder.relations.detach().clone()
-    resident = CandidateRows([(0, 2), (3, 2)])  # rows 0, 1, 3, 4
-    update = model.compute_batch(nodes, state, torch.tensor(EDGES), torch.Generator().manual_seed(0), resident)
-    rows = [[0, 1, 3, 4]]
-    loss, grad, rel_grad = _expected_update(name, 1, "softmax_ce", nodes, relations_before, state, rows, rows,
-                                            chunk_of=lambda b: 0, negative_weight=6 / 4 if scaled else 1.0)
-    touched = sorted({n for e in EDGES for n in (e[0], e[2])} | set(rows[0]))
-    _check_update(model, update, touched, loss, grad, rel_grad, relations_before, state)
 
 
 @pytest.mark.parametrize("loss_kind", ["softmax_ce", "logistic", "margin"])
