@@ -43,8 +43,7 @@ class EdgeStore:
 
     def bucket(self, src_partition: int, dst_partition: int) -> np.ndarray:
         """Train edges whose head is in ``src_partition`` and tail in ``dst_partition``."""
-        k = src_partition * self.num_partitions + dst_partition
-        return self._file["train"][self._offsets[k]:self._offsets[k + 1]]
+        return self.buckets([(src_partition, dst_partition)])[0]
 
     def buckets(self, pairs) -> list[np.ndarray]:
         """Train edges of each (src, dst) bucket in ``pairs``, in file order (sorted), with few reads.
