@@ -39,7 +39,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from marius_py.batches import SpanRunner
+from marius_py.steps import build_span_runner
 from marius_py.config import load_config
 from marius_py.trainer import Model, epoch_generator, tf32_matmuls
 
@@ -102,7 +102,7 @@ def measure_step(dim: int, placement: str, score_dtype: str, args, step: str = "
     state = torch.zeros(args.nodes, dim, device=table_device)
     if placement == "host":
         nodes, state = nodes.pin_memory(), state.pin_memory()
-    runner = SpanRunner(model, placement, config.pipeline, device, config.training.batch_size)
+    runner = build_span_runner(model, placement, config, device)
     batch = config.training.batch_size
     sampling = epoch_generator(0, 1, table_device)
     # Where the runner reads a span's edges from (it moves them there once per span, as the trainer does).

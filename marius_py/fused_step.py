@@ -27,15 +27,14 @@ from torch.nn import functional as F
 
 from marius_py.fused_loss import SCORE_DTYPES, softmax_ce_gradients
 from marius_py.negatives import by_chunk, chunk_row_weights
+from pipeline.row_kernels import gather_rows, scatter_add_rows_, sparse_adagrad_, tile_shape, triton, use_triton
 
-try:  # Triton ships with CUDA builds of torch; CPU builds use the torch versions.
-    import triton
+if triton is not None:
     import triton.language as tl
-except ImportError:  # pragma: no cover - depends on the torch build
-    triton = None
+
+    from pipeline.row_kernels import load_rows
 
 FUSED_DECODERS = ("dot", "distmult")
-_TILE = 4096  # elements of one [edges or rows, d] tile per Triton program
 
 
 def supports_fused_step(model) -> bool:
@@ -87,13 +86,30 @@ class FusedStep:
         the stream still computing the plan's rows (``Model.plan_batch``); the
         scores are computed meanwhile, as they need only the edges and negatives.
         """
-        source, ids = (nodes, plan) if gathered is None else (gathered, plan.in_row_positions())
-        dim, batch = nodes.shape[1], len(plan.edges)
+        grad_rows, grad_relations, loss = self.gradients(plan, nodes if gathered is None else gathered,
+                                                         in_place=gathered is None, unique_stream=unique_stream)
+        with _on_stream(unique_stream, fork=True):  # beside the node update
+            if grad_relations is not None:
+                self._step_relations(grad_relations)
+            loss_sum.add_(loss * len(plan.edges))
+        count = plan.unique_count if plan.unique_count is not None else len(plan.rows)
+        sparse_adagrad_(nodes, state, plan.rows, grad_rows, count, self.adagrad.lr, self.adagrad.eps)
+        _join(unique_stream)
+
+    def gradients(self, plan, source: torch.Tensor, in_place: bool = False,
+                  unique_stream: torch.cuda.Stream | None = None):
+        """(d loss / d rows [len(plan.rows), d], d loss / d relations or None, mean loss) of a planned batch.
+
+        ``source``: the node table (``in_place``: plan ids index it) or the
+        rows ``plan.rows`` gathered into their own tensor.
+        """
+        ids = plan if in_place else plan.in_row_positions()
+        dim, batch = source.shape[1], len(plan.edges)
         # Zeroed beside the score block. Made on the side stream, used on this one: safe without
         # record_stream because the side stream's next allocation follows its wait on this stream.
         with _on_stream(unique_stream):
-            grad_rows = torch.zeros(len(plan.rows), dim, dtype=nodes.dtype, device=source.device)
-        score_dtype = torch.float64 if nodes.dtype == torch.float64 else self.score_dtype
+            grad_rows = torch.zeros(len(plan.rows), dim, dtype=source.dtype, device=source.device)
+        score_dtype = torch.float64 if source.dtype == torch.float64 else self.score_dtype
         relations = None if self.relations is None else self.relations.detach()
         loss, grad_queries, grad_candidates, grad_positive, head_offset = self._score_block(
             source, relations, ids, score_dtype)
@@ -103,13 +119,18 @@ class FusedStep:
         grad_relations = None if relations is None else torch.zeros_like(relations)
         edge_backward_(grad_rows, grad_relations, source, relations, ids.edges, plan.local,
                        grad_queries.reshape(-1, grad_queries.shape[-1]), grad_positive.reshape(-1), head_offset)
-        with _on_stream(unique_stream, fork=True):  # beside the node update
-            if grad_relations is not None:
-                self._step_relations(grad_relations)
-            loss_sum.add_(loss * batch)
-        count = plan.unique_count if plan.unique_count is not None else len(plan.rows)
-        sparse_adagrad_(nodes, state, plan.rows, grad_rows, count, self.adagrad.lr, self.adagrad.eps)
-        _join(unique_stream)
+        return grad_rows, grad_relations, loss
+
+    def relation_gradients(self, gradients) -> list[torch.Tensor]:
+        """The relation gradients of ``gradients()``'s result as a list (empty without relations)."""
+        return [] if gradients is None else [gradients]
+
+    def step_relations(self, gradients: list[list[torch.Tensor]]) -> None:
+        """Step the relations once per gradient list (several devices' batches, in device order)."""
+        for grads in gradients:
+            for grad in grads:
+                self._step_relations(grad)
+                self.count_relation_step()
 
     def _score_block(self, source: torch.Tensor, relations: torch.Tensor | None, ids, score_dtype: torch.dtype):
         """(loss, d/d queries, d/d candidates, d/d positive scores, row of the first head-corruption query).
@@ -165,16 +186,6 @@ def _aligned_width(dim: int, dtype: torch.dtype) -> int:
     return -(-dim // per_16_bytes) * per_16_bytes
 
 
-def _use_triton(table: torch.Tensor) -> bool:
-    return table.is_cuda and triton is not None and table.dtype == torch.float32
-
-
-def _blocks(dim: int) -> tuple[int, int]:
-    """(rows per program, padded d) of a [rows, d] tile."""
-    block_d = triton.next_power_of_2(dim)
-    return max(1, _TILE // block_d), block_d
-
-
 def edge_queries(nodes: torch.Tensor, relations: torch.Tensor | None, edges: torch.Tensor,
                  score_dtype: torch.dtype, width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """([2B, width] queries: h*r_fwd of every edge, then t*r_inv, zero beyond d; [2B] positive scores).
@@ -183,10 +194,10 @@ def edge_queries(nodes: torch.Tensor, relations: torch.Tensor | None, edges: tor
     """
     batch, dim = len(edges), nodes.shape[1]
     width = width or dim
-    if _use_triton(nodes):
+    if use_triton(nodes):
         queries = torch.empty(2 * batch, width, dtype=score_dtype, device=nodes.device)
         positive = torch.empty(2 * batch, dtype=torch.float32, device=nodes.device)
-        block_e, block_d = _blocks(width)
+        block_e, block_d = tile_shape(width)
         _edge_queries_kernel[(triton.cdiv(batch, block_e),)](
             nodes, nodes if relations is None else relations, edges, queries, positive, batch,
             0 if relations is None else len(relations) // 2, dim, width, HAS_RELATIONS=relations is not None,
@@ -216,8 +227,8 @@ def edge_backward_(grad_rows: torch.Tensor, grad_relations: torch.Tensor | None,
     ``grad_queries`` may be wider than d (aligned rows: the extra columns are ignored).
     """
     batch, dim = len(edges), nodes.shape[1]
-    if _use_triton(nodes):
-        block_e, block_d = _blocks(dim)
+    if use_triton(nodes):
+        block_e, block_d = tile_shape(dim)
         _edge_backward_kernel[(triton.cdiv(batch, block_e),)](
             nodes, nodes if relations is None else relations, edges, local, grad_queries, grad_positive,
             grad_rows, grad_rows if grad_relations is None else grad_relations, batch,
@@ -243,101 +254,7 @@ def edge_backward_(grad_rows: torch.Tensor, grad_relations: torch.Tensor | None,
     grad_rows.index_add_(0, local[batch:2 * batch], grad_tails)
 
 
-def sparse_adagrad_(nodes: torch.Tensor, state: torch.Tensor, rows: torch.Tensor, grad: torch.Tensor,
-                    count: torch.Tensor | int, lr: float, eps: float) -> None:
-    """Adagrad on table rows ``rows[:count]`` (unique) with gradients ``grad``, in place.
-
-    ``state`` has one column (row-wise Adagrad) or d. ``count`` may be a
-    one-element device tensor (a plan's padded rows), read by the kernel.
-    """
-    dim = nodes.shape[1]
-    if _use_triton(grad):  # the tables may be in pinned host memory: the kernel writes them over PCIe
-        block_r, block_d = _blocks(dim)
-        on_device = isinstance(count, torch.Tensor)
-        _sparse_adagrad_kernel[(triton.cdiv(len(rows), block_r),)](
-            nodes, state, rows, grad, count if on_device else rows, len(rows) if not on_device else 0,
-            lr, eps, dim, COUNT_ON_DEVICE=on_device, ROWWISE=state.shape[1] == 1, BLOCK_R=block_r,
-            BLOCK_D=block_d)
-        return
-    count = int(count)
-    rows, grad = rows[:count], grad[:count]
-    squared = grad * grad
-    if state.shape[1] == 1:
-        squared = squared.mean(dim=1, keepdim=True)
-    accumulated = state[rows] + squared
-    nodes.index_add_(0, rows, grad * (-lr / (torch.sqrt(accumulated) + eps)))
-    state[rows] = accumulated
-
-
-def triton_available() -> bool:
-    return triton is not None
-
-
-def zero_copy_available() -> bool:
-    """Whether GPU kernels can read and write pinned host tables in place (CUDA with Triton)."""
-    return triton is not None and torch.cuda.is_available()
-
-
-def gather_rows(table: torch.Tensor, rows: torch.Tensor, out: torch.Tensor,
-                count: torch.Tensor | None = None) -> torch.Tensor:
-    """``out[u] = table[rows[u]]`` (cast to out's dtype, zeros past d) for u < count (a device tensor).
-
-    ``table`` may be pinned host memory: the GPU reads it over PCIe in place
-    (its address is valid on the device under unified addressing), with no
-    staging copy and no host work.
-    """
-    dim, width = table.shape[1], out.shape[1]
-    if triton is None or not out.is_cuda or table.dtype != torch.float32:
-        limit = len(rows) if count is None else int(count)
-        out[:limit] = F.pad(table[rows[:limit]].to(out.dtype), (0, width - dim))
-        return out
-    block_r, block_d = _blocks(width)
-    _gather_rows_kernel[(triton.cdiv(len(rows), block_r),)](
-        table, rows, rows if count is None else count, out, len(rows), dim, width,
-        COUNT_ON_DEVICE=count is not None, BLOCK_R=block_r, BLOCK_D=block_d)
-    return out
-
-
-def scatter_add_rows_(target: torch.Tensor, positions: torch.Tensor, source: torch.Tensor) -> None:
-    """``target[positions[i]] += source[i, :d]`` (repeated positions add up); ``source`` may be wider, any dtype."""
-    dim = target.shape[1]
-    if not _use_triton(target):
-        target.index_add_(0, positions, source[:, :dim].to(target.dtype))
-        return
-    block_r, block_d = _blocks(dim)
-    _scatter_add_rows_kernel[(triton.cdiv(len(positions), block_r),)](
-        target, positions, source, len(positions), dim, source.stride(0), BLOCK_R=block_r, BLOCK_D=block_d)
-
-
 if triton is not None:
-    @triton.jit
-    def _row_block(rows, count, num_rows, BLOCK_R: tl.constexpr, COUNT_ON_DEVICE: tl.constexpr):
-        """This program's block of positions: (positions as int64, inside the first num_rows, rows[position])."""
-        if COUNT_ON_DEVICE:
-            num_rows = tl.load(count)
-        r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-        inside = r < num_rows
-        r = r.to(tl.int64)
-        return r, inside, tl.load(rows + r, mask=inside, other=0)
-
-    @triton.jit
-    def _gather_rows_kernel(table, rows, count, out, num_rows, dim, width, COUNT_ON_DEVICE: tl.constexpr,
-                            BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
-        r, inside, table_rows = _row_block(rows, count, num_rows, BLOCK_R, COUNT_ON_DEVICE)
-        cols = tl.arange(0, BLOCK_D)
-        values = _rows(table, table_rows, cols, inside[:, None] & (cols < dim)[None, :], dim)
-        tl.store(out + r[:, None] * width + cols[None, :], values.to(out.dtype.element_ty),
-                 mask=inside[:, None] & (cols < width)[None, :])
-
-    @triton.jit
-    def _scatter_add_rows_kernel(target, positions, source, num_rows, dim, source_stride,
-                                 BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
-        r, inside, at = _row_block(positions, positions, num_rows, BLOCK_R, False)
-        cols = tl.arange(0, BLOCK_D)
-        mask = inside[:, None] & (cols < dim)[None, :]
-        values = _rows(source, r, cols, mask, source_stride).to(tl.float32)
-        tl.atomic_add(target + at[:, None] * dim + cols[None, :], values, mask=mask, sem="relaxed")
-
     @triton.jit
     def _load_edges(edges, first, num_edges, BLOCK_E: tl.constexpr):
         e = first + tl.arange(0, BLOCK_E)
@@ -349,21 +266,17 @@ if triton is not None:
         return e, inside, heads, rels, tails
 
     @triton.jit
-    def _rows(table, ids, cols, mask, stride):
-        return tl.load(table + ids[:, None] * stride + cols[None, :], mask=mask, other=0.0)
-
-    @triton.jit
     def _edge_queries_kernel(nodes, relations, edges, queries, positive, num_edges, num_relations, dim, width,
                              HAS_RELATIONS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_D: tl.constexpr):
         e, inside, heads, rels, tails = _load_edges(edges, tl.program_id(0) * BLOCK_E, num_edges, BLOCK_E)
         cols = tl.arange(0, BLOCK_D)
         mask = inside[:, None] & (cols < dim)[None, :]
-        h = _rows(nodes, heads, cols, mask, dim)
-        t = _rows(nodes, tails, cols, mask, dim)
+        h = load_rows(nodes, heads, cols, mask, dim)
+        t = load_rows(nodes, tails, cols, mask, dim)
         tail_q, head_q = h, t
         if HAS_RELATIONS:
-            tail_q = h * _rows(relations, rels, cols, mask, dim)
-            head_q = t * _rows(relations, rels + num_relations, cols, mask, dim)
+            tail_q = h * load_rows(relations, rels, cols, mask, dim)
+            head_q = t * load_rows(relations, rels + num_relations, cols, mask, dim)
         out_mask = inside[:, None] & (cols < width)[None, :]  # columns past d get the zeros loaded there
         tl.store(queries + e[:, None] * width + cols[None, :], tail_q.to(queries.dtype.element_ty), mask=out_mask)
         tl.store(queries + (e + num_edges)[:, None] * width + cols[None, :], head_q.to(queries.dtype.element_ty),
@@ -378,15 +291,15 @@ if triton is not None:
         e, inside, heads, rels, tails = _load_edges(edges, tl.program_id(0) * BLOCK_E, num_edges, BLOCK_E)
         cols = tl.arange(0, BLOCK_D)
         mask = inside[:, None] & (cols < dim)[None, :]
-        h = _rows(nodes, heads, cols, mask, dim)
-        t = _rows(nodes, tails, cols, mask, dim)
+        h = load_rows(nodes, heads, cols, mask, dim)
+        t = load_rows(nodes, tails, cols, mask, dim)
         pos_tail = tl.load(grad_positive + e, mask=inside, other=0.0)[:, None]
         pos_head = tl.load(grad_positive + head_offset + e, mask=inside, other=0.0)[:, None]
-        grad_tail_q = _rows(grad_queries, e, cols, mask, grad_stride).to(tl.float32) + pos_tail * t
-        grad_head_q = _rows(grad_queries, e + head_offset, cols, mask, grad_stride).to(tl.float32) + pos_head * h
+        grad_tail_q = load_rows(grad_queries, e, cols, mask, grad_stride).to(tl.float32) + pos_tail * t
+        grad_head_q = load_rows(grad_queries, e + head_offset, cols, mask, grad_stride).to(tl.float32) + pos_head * h
         if HAS_RELATIONS:
-            forward = _rows(relations, rels, cols, mask, dim)
-            inverse = _rows(relations, rels + num_relations, cols, mask, dim)
+            forward = load_rows(relations, rels, cols, mask, dim)
+            inverse = load_rows(relations, rels + num_relations, cols, mask, dim)
             grad_h = grad_tail_q * forward + pos_head * (t * inverse)
             grad_t = grad_head_q * inverse + pos_tail * (h * forward)
             tl.atomic_add(grad_relations + rels[:, None] * dim + cols[None, :], grad_tail_q * h, mask=mask,
@@ -400,23 +313,3 @@ if triton is not None:
         local_tails = tl.load(local + num_edges + e, mask=inside, other=0)
         tl.atomic_add(grad_rows + local_heads[:, None] * dim + cols[None, :], grad_h, mask=mask, sem="relaxed")
         tl.atomic_add(grad_rows + local_tails[:, None] * dim + cols[None, :], grad_t, mask=mask, sem="relaxed")
-
-    @triton.jit
-    def _sparse_adagrad_kernel(nodes, state, rows, grad, count, num_rows, lr, eps, dim,
-                               COUNT_ON_DEVICE: tl.constexpr, ROWWISE: tl.constexpr, BLOCK_R: tl.constexpr,
-                               BLOCK_D: tl.constexpr):
-        r, inside, table_rows = _row_block(rows, count, num_rows, BLOCK_R, COUNT_ON_DEVICE)
-        cols = tl.arange(0, BLOCK_D)
-        mask = inside[:, None] & (cols < dim)[None, :]
-        g = _rows(grad, r, cols, mask, dim)
-        squared = g * g
-        if ROWWISE:
-            accumulated = tl.load(state + table_rows, mask=inside, other=0.0) + tl.sum(squared, 1) / dim
-            tl.store(state + table_rows, accumulated, mask=inside)
-            step = -lr / (tl.sqrt_rn(accumulated) + eps)[:, None]
-        else:
-            accumulated = _rows(state, table_rows, cols, mask, dim) + squared
-            tl.store(state + table_rows[:, None] * dim + cols[None, :], accumulated, mask=mask)
-            step = -lr / (tl.sqrt_rn(accumulated) + eps)
-        target = nodes + table_rows[:, None] * dim + cols[None, :]
-        tl.store(target, tl.load(target, mask=mask, other=0.0) + g * step, mask=mask)

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import torch
 
+from pipeline.step import add_rows_
+
 
 class SparseAdagrad:
     """Sparse Adagrad over embedding rows, full (per element) or row-wise.
@@ -35,12 +37,7 @@ class SparseAdagrad:
         delta = grad * (-self.lr / (torch.sqrt(state_rows + squared) + self.eps))
         return delta, squared
 
-    @staticmethod
-    def apply(embeddings: torch.Tensor, state: torch.Tensor, rows: torch.Tensor,
-              delta: torch.Tensor, squared: torch.Tensor) -> None:
-        """Add the update to the stored rows (in place)."""
-        embeddings.index_add_(0, rows, delta)
-        state.index_add_(0, rows, squared)
+    apply = staticmethod(add_rows_)  # add the update to the stored rows, in place (the pipeline's update stage)
 
 
 def build_relation_optimizer(kind: str, params, lr: float) -> torch.optim.Optimizer:

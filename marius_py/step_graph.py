@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import torch
 
-from marius_py.fused_step import FusedStep, triton_available
+from marius_py.fused_step import FusedStep
+from pipeline.row_kernels import triton_available
 from marius_py.negatives import CandidateRows
 
 

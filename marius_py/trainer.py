@@ -25,7 +25,6 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from marius_py.batches import SpanRunner
 from marius_py.checkpoint import (LIVE_STORE, NODES, RunDirectory, TrainingState, config_fingerprint,
                                   load_version, write_version_state)
 from marius_py.config import Config
@@ -37,8 +36,9 @@ from marius_py.models import LOSSES, Decoder, DotProductComparator, build_decode
 from marius_py.negatives import CandidateRows, by_chunk, chunk_row_weights, negative_draws, negatives_from_draws
 from marius_py.optim import SparseAdagrad, build_relation_optimizer
 from marius_py.resources import check_memory, check_partitioning
+from marius_py.steps import build_span_runner
 from orderings import Ordering, build_ordering
-from pipeline.devices import PLACEMENT_DEVICE, choose_placement
+from pipeline.placements import PLACEMENT_DEVICE, choose_placement
 from pipeline.rows import unique_rows_async
 from storage.buffer import PartitionBuffer
 from storage.durable import fsync_tree
@@ -168,15 +168,37 @@ class Model:
         by the caller, so a pipeline can gather on the host); ``generator``
         draws dropout.
         """
+        grad, relation_grads, loss = self.gradients(plan, embeddings, generator)
+        self.step_relations([relation_grads])
+        delta, squared = self.node_optimizer.compute(grad, state)
+        return BatchUpdate(plan.rows, delta, squared, loss)
+
+    def gradients(self, plan: "BatchPlan", embeddings: torch.Tensor,
+                  generator: torch.Generator) -> tuple[torch.Tensor, list[torch.Tensor], torch.Tensor]:
+        """(d loss / d embeddings, d loss / d each relation parameter, mean loss); nothing is updated."""
         embeddings = embeddings.detach().requires_grad_(True)
+        params = self._relation_parameters()
+        for param in params:
+            param.grad = None
         loss = self.batch_loss(plan, embeddings, generator)
-        if self.relation_optimizer is not None:
-            self.relation_optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        if self.relation_optimizer is not None:
+        relation_grads = [torch.zeros_like(p) if p.grad is None else p.grad for p in params]
+        return embeddings.grad, relation_grads, loss.detach()
+
+    def step_relations(self, gradients: list[list[torch.Tensor]]) -> None:
+        """One relation-optimizer step per gradient list (several devices' batches, in device order)."""
+        if self.relation_optimizer is None:
+            return
+        params = self._relation_parameters()
+        for grads in gradients:
+            for param, grad in zip(params, grads):
+                param.grad = grad
             self.relation_optimizer.step()
-        delta, squared = self.node_optimizer.compute(embeddings.grad, state)
-        return BatchUpdate(plan.rows, delta, squared, loss.detach())
+
+    def _relation_parameters(self) -> list[torch.nn.Parameter]:
+        if self.relation_optimizer is None:
+            return []
+        return [p for group in self.relation_optimizer.param_groups for p in group["params"]]
 
     def batch_loss(self, plan: "BatchPlan", embeddings: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
         """Mean loss of a batch: both corruption directions scored by one batched matmul.
@@ -347,8 +369,7 @@ class Trainer:
         self.placement = choose_placement(config.pipeline.placement, self.device, self._table_bytes())
         # Where the node tables (or the buffer's slots) live; compute runs on self.device.
         self.table_device = self.device if self.placement == PLACEMENT_DEVICE else torch.device("cpu")
-        self.runner = SpanRunner(self.model, self.placement, config.pipeline, self.device,
-                                 config.training.batch_size)
+        self.runner = build_span_runner(self.model, self.placement, config, self.device)
         if not self.run.has_checkpoint():
             self.run.create(self.config)
             self._create_store()

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from marius_py.config import load_config
-from marius_py.fused_step import (FusedStep, edge_backward_, edge_queries, gather_rows, scatter_add_rows_,
-                                  sparse_adagrad_, supports_fused_step)
+from marius_py.fused_step import FusedStep, edge_backward_, edge_queries, supports_fused_step
+from pipeline.row_kernels import gather_rows, scatter_add_rows_, sparse_adagrad_
 from marius_py.optim import SparseAdagrad
 from marius_py.trainer import Model
 

@@ -12,12 +12,12 @@ import pytest
 import torch
 
 import marius_py as mp
-from marius_py.batches import SpanRunner
+from marius_py.steps import build_span_runner
 from marius_py.checkpoint import RunDirectory
 from marius_py.dataset import Dataset
 from marius_py.optim import SparseAdagrad
 from marius_py.trainer import Model, Trainer, epoch_generator
-from pipeline.devices import PLACEMENT_CPU
+from pipeline.placements import PLACEMENT_CPU
 from pipeline.rows import unique_rows_async
 from pipeline.stages import Pipeline, Stage
 
@@ -171,7 +171,7 @@ def tiny_setup(small_config, overrides=()):
 
 
 def run_pipeline(config, model, nodes, state, edges, bound):
-    runner = SpanRunner(model, PLACEMENT_CPU, config.pipeline, torch.device("cpu"), config.training.batch_size)
+    runner = build_span_runner(model, PLACEMENT_CPU, config, torch.device("cpu"))
     runner.staleness_bound = bound
     loss = torch.zeros(())
     runner.run(edges, nodes, state, None, epoch_generator(0, 1), epoch_generator(0, 1, stream=1), loss,
@@ -292,7 +292,7 @@ def test_cuda_placements_match_the_cpu_pipeline(small_config, placement, bound):
         return update
 
     cuda_model.compute = recording_compute
-    runner = SpanRunner(cuda_model, placement, config.pipeline, torch.device("cuda"), config.training.batch_size)
+    runner = build_span_runner(cuda_model, placement, config, torch.device("cuda"))
     runner.staleness_bound = bound
     start = tables[0].cpu().clone()
     runner.run(edges, *tables, None, epoch_generator(0, 1), epoch_generator(0, 1, "cuda", stream=1),
@@ -319,7 +319,7 @@ def test_fused_device_step_matches_the_cpu_pipeline(small_config, graphs):
         "training.num_chunks=3", "training.degree_fraction=0.5"])  # chunks padded, degree picks
     cuda_model = Model(config, model.num_nodes, model.decoder.num_relations, torch.device("cuda"))
     cuda_model.load_state_dict(copy.deepcopy(model.state_dict()))
-    runner = SpanRunner(cuda_model, "device", config.pipeline, torch.device("cuda"), config.training.batch_size)
+    runner = build_span_runner(cuda_model, "device", config, torch.device("cuda"))
     assert runner.fused_step is not None and (runner.graphed_step is not None) == graphs
     tables, loss = (nodes.cuda(), state.cuda()), torch.zeros((), device="cuda")
     runner.run(edges, *tables, None, epoch_generator(0, 1, "cuda"), epoch_generator(0, 1, "cuda", stream=1),
@@ -365,7 +365,7 @@ def test_zero_copy_host_step_matches_the_cpu_pipeline(small_config):
     for bound in (1, 8):
         cuda_model = Model(config, model.num_nodes, model.decoder.num_relations, torch.device("cuda"))
         cuda_model.load_state_dict(copy.deepcopy(model.state_dict()))
-        runner = SpanRunner(cuda_model, "host", config.pipeline, torch.device("cuda"), config.training.batch_size)
+        runner = build_span_runner(cuda_model, "host", config, torch.device("cuda"))
         runner.staleness_bound = bound
         tables, loss = (nodes.clone().pin_memory(), state.clone().pin_memory()), torch.zeros((), device="cuda")
         runner.run(edges, *tables, None, epoch_generator(0, 1), epoch_generator(0, 1, "cuda", stream=1), loss,

@@ -1,9 +1,11 @@
 """A span's batches (one buffer state, or a whole in-memory epoch) through the training pipeline.
 
-The three steps the pipeline joins (``pipeline.devices`` adds the transfers):
+The three steps the pipeline joins (``pipeline.placements`` adds the transfers):
 load (negatives and the touched rows, then their embeddings and optimizer
-state gathered where the tables live), compute (``Model.compute`` on the
+state gathered where the tables live), compute (the step's ``compute`` on the
 compute device) and update (the additive deltas index-added into the tables).
+What a batch computes arrives from ``marius_py`` as objects (``pipeline.step``):
+the model's plan and compute, and optionally its fused and CUDA-graphed steps.
 """
 
 from __future__ import annotations
@@ -14,19 +16,17 @@ from dataclasses import dataclass
 
 import torch
 
-from marius_py.config import PipelineConfig
-from marius_py.fused_step import FusedStep, gather_rows, supports_fused_step, zero_copy_available
-from marius_py.negatives import CandidateRows
-from marius_py.optim import SparseAdagrad
-from marius_py.step_graph import GraphedFusedStep
-from pipeline.devices import PLACEMENT_DEVICE, PLACEMENT_HOST, build_pipeline, default_staleness, run_planned_ahead
+from pipeline.placements import (PLACEMENT_DEVICE, PLACEMENT_HOST, build_pipeline, default_staleness,
+                                 run_planned_ahead)
+from pipeline.row_kernels import gather_rows
+from pipeline.step import BatchStep, FusedBatchStep, GraphedBatchStep, PipelineSettings, add_rows_
 
 
 @dataclass
 class BatchInFlight:
     """A batch between stages; the host placement moves it with ``inputs_to``/``outputs_to_host``."""
 
-    plan: object                   # trainer.BatchPlan (rows index the tables)
+    plan: object                   # the step's plan (marius_py.trainer.BatchPlan; rows index the tables)
     table_rows: torch.Tensor       # plan.rows where the tables live (the update's index)
     embeddings: torch.Tensor       # the rows' embeddings and optimizer state
     state: torch.Tensor
@@ -61,8 +61,12 @@ def _gather(table: torch.Tensor, rows: torch.Tensor, pin: bool) -> torch.Tensor:
 class SpanRunner:
     """Runs batches of a span through the placement's pipeline; the loss sum stays on the device."""
 
-    def __init__(self, model, placement: str, settings: PipelineConfig, device: torch.device,
-                 batch_size: int):
+    def __init__(self, model: BatchStep, placement: str, settings: PipelineSettings, device: torch.device,
+                 batch_size: int, fused_step: FusedBatchStep | None = None,
+                 graphed_step: GraphedBatchStep | None = None):
+        """``fused_step`` updates the tables in place: in GPU memory (training is synchronous there), or in
+        pinned host memory through GPU kernels (``_run_zero_copy``: updates are read-modify-writes in order);
+        ``graphed_step`` replays it as a CUDA graph (device placement)."""
         self.model = model
         self.placement = placement
         self.settings = settings
@@ -70,14 +74,8 @@ class SpanRunner:
         self.batch_size = batch_size
         self.staleness_bound = default_staleness(placement, settings.staleness_bound)
         self.max_in_flight = 0
-        # The fused step updates the tables in place: in GPU memory (training is synchronous there), or in
-        # pinned host memory through GPU kernels (``_run_zero_copy``: updates are read-modify-writes in order).
-        use_fused = (placement == PLACEMENT_DEVICE or placement == PLACEMENT_HOST and zero_copy_available()) \
-            and model.config.training.fused_step and supports_fused_step(model)
-        self.fused_step = FusedStep(model) if use_fused else None
-        use_graphs = use_fused and placement == PLACEMENT_DEVICE and model.config.training.cuda_graphs and \
-            GraphedFusedStep.supported(self.fused_step, device)
-        self.graphed_step = GraphedFusedStep(model, self.fused_step, batch_size) if use_graphs else None
+        self.fused_step = fused_step
+        self.graphed_step = graphed_step
 
     @property
     def zero_copy(self) -> bool:
@@ -90,7 +88,7 @@ class SpanRunner:
         return 1 if self.placement == PLACEMENT_DEVICE else self.staleness_bound
 
     def run(self, edges: torch.Tensor, nodes: torch.Tensor, state: torch.Tensor,
-            candidates: CandidateRows | None, sampling: torch.Generator, dropout: torch.Generator,
+            candidates, sampling: torch.Generator, dropout: torch.Generator,
             loss_sum: torch.Tensor, on_batch: Callable[[int], None]) -> None:
         """Train ``edges`` (already shuffled) in batches; add each batch's loss x size to ``loss_sum``."""
         pin = self.placement == PLACEMENT_HOST  # host-to-device copies from pinned memory are asynchronous
@@ -114,7 +112,7 @@ class SpanRunner:
             return item
 
         def update(item: BatchInFlight) -> None:
-            SparseAdagrad.apply(nodes, state, item.table_rows, item.delta, item.squared)
+            add_rows_(nodes, state, item.table_rows, item.delta, item.squared)
 
         if zero_copy:
             self._run_zero_copy(edges, nodes, state, candidates, sampling, loss_sum, on_batch)

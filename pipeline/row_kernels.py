@@ -1,0 +1,241 @@
+"""Row kernels of the data path: gather rows, add gradient rows, Adagrad rows in place.
+
+The tables may be in GPU memory or in pinned host memory: under unified
+addressing a GPU kernel reads and writes pinned host rows in place over PCIe,
+with no staging copy and no host work (the zero-copy path). A ``RowCache``
+(``pipeline/device_cache.py``) keeps some rows of a host table in GPU memory:
+the kernels then read and update the cached copy of those rows and touch the
+host only for the others.
+
+Each function has a Triton kernel for float32 CUDA tables and a torch version
+(CPU, float64, and CUDA without Triton) that the tests use as reference.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from torch.nn import functional as F
+
+if TYPE_CHECKING:
+    from pipeline.device_cache import RowCache
+
+try:  # Triton ships with CUDA builds of torch; CPU builds use the torch versions.
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - depends on the torch build
+    triton = None
+
+TILE = 4096  # elements of one [edges or rows, d] tile per Triton program
+
+
+def triton_available() -> bool:
+    return triton is not None
+
+
+def zero_copy_available() -> bool:
+    """Whether GPU kernels can read and write pinned host tables in place (CUDA with Triton)."""
+    return triton is not None and torch.cuda.is_available()
+
+
+def use_triton(tensor: torch.Tensor) -> bool:
+    """Whether the Triton kernels serve this (output or gradient) tensor: float32 on CUDA."""
+    return tensor.is_cuda and triton is not None and tensor.dtype == torch.float32
+
+
+def tile_shape(dim: int) -> tuple[int, int]:
+    """(rows per program, padded d) of a [rows, d] tile."""
+    block_d = triton.next_power_of_2(dim)
+    return max(1, TILE // block_d), block_d
+
+
+def _host_count(count: torch.Tensor | int | None, default: int) -> int:
+    return default if count is None else int(count)
+
+
+def gather_rows(table: torch.Tensor, rows: torch.Tensor, out: torch.Tensor, count: torch.Tensor | None = None,
+                cache: RowCache | None = None) -> torch.Tensor:
+    """``out[u] = table[rows[u]]`` (cast to out's dtype, zeros past d) for u < count (a device tensor).
+
+    ``table`` may be pinned host memory: the GPU reads it over PCIe in place.
+    Rows held by ``cache`` are read from its GPU copy instead.
+    """
+    dim, width = table.shape[1], out.shape[1]
+    if not use_triton(out) or table.dtype != torch.float32:
+        limit = _host_count(count, len(rows))
+        wanted = rows[:limit]
+        values = table[wanted.to(table.device)].to(out.device)
+        if cache is not None:
+            slots = cache.slot_of[wanted]
+            hit = slots >= 0
+            values[hit] = cache.embeddings[slots[hit]]
+        out[:limit] = F.pad(values.to(out.dtype), (0, width - dim))
+        return out
+    block_r, block_d = tile_shape(width)
+    cached = cache is not None
+    _gather_rows_kernel[(triton.cdiv(len(rows), block_r),)](
+        table, rows, rows if count is None else count, out, len(rows), dim, width,
+        cache.slot_of if cached else rows, cache.embeddings if cached else table,
+        COUNT_ON_DEVICE=count is not None, CACHED=cached, BLOCK_R=block_r, BLOCK_D=block_d)
+    return out
+
+
+def scatter_add_rows_(target: torch.Tensor, positions: torch.Tensor, source: torch.Tensor) -> None:
+    """``target[positions[i]] += source[i, :d]`` (repeated positions add up); ``source`` may be wider, any dtype."""
+    dim = target.shape[1]
+    if not use_triton(target):
+        target.index_add_(0, positions, source[:, :dim].to(target.dtype))
+        return
+    block_r, block_d = tile_shape(dim)
+    _scatter_add_rows_kernel[(triton.cdiv(len(positions), block_r),)](
+        target, positions, source, len(positions), dim, source.stride(0), BLOCK_R=block_r, BLOCK_D=block_d)
+
+
+def sparse_adagrad_(nodes: torch.Tensor, state: torch.Tensor, rows: torch.Tensor, grad: torch.Tensor,
+                    count: torch.Tensor | int | None, lr: float, eps: float, cache: RowCache | None = None) -> None:
+    """Adagrad on table rows ``rows[:count]`` (unique) with gradients ``grad``, in place.
+
+    ``grad`` is [rows, d], or [G, rows, d]: G gradients of each row applied
+    one after the other, as G separate Adagrad steps (a step of G devices'
+    batches, in device order); a zero gradient leaves a row unchanged.
+    ``state`` has one column (row-wise Adagrad) or d. ``count`` may be a
+    one-element device tensor (a plan's padded rows), read by the kernel.
+    Rows held by ``cache`` are updated in its GPU copy, the others in the
+    tables (which may be pinned host memory: written over PCIe).
+    """
+    grads = grad if grad.dim() == 3 else grad[None]
+    if use_triton(grads):
+        dim = nodes.shape[1]
+        block_r, block_d = tile_shape(dim)
+        on_device, cached = isinstance(count, torch.Tensor), cache is not None
+        _sparse_adagrad_kernel[(triton.cdiv(len(rows), block_r),)](
+            nodes, state, rows, grads, count if on_device else rows,
+            _host_count(count, len(rows)) if not on_device else 0, lr, eps, dim, len(grads), grads.stride(0),
+            cache.slot_of if cached else rows, cache.embeddings if cached else nodes,
+            cache.state if cached else state, COUNT_ON_DEVICE=on_device, ROWWISE=state.shape[1] == 1,
+            CACHED=cached, BLOCK_R=block_r, BLOCK_D=block_d)
+        return
+    limit = _host_count(count, len(rows))
+    rows = rows[:limit]
+    if cache is None:
+        _adagrad_rows_torch(nodes, state, rows.to(nodes.device), grads[:, :limit].to(nodes.device), lr, eps)
+        return
+    slots = cache.slot_of[rows]
+    hit = slots >= 0
+    _adagrad_rows_torch(cache.embeddings, cache.state, slots[hit], grads[:, :limit][:, hit], lr, eps)
+    missed = rows[~hit].to(nodes.device)
+    _adagrad_rows_torch(nodes, state, missed, grads[:, :limit][:, ~hit].to(nodes.device), lr, eps)
+
+
+def _adagrad_rows_torch(nodes, state, rows, grads, lr: float, eps: float) -> None:
+    for grad in grads:
+        squared = grad * grad
+        if state.shape[1] == 1:
+            squared = squared.mean(dim=1, keepdim=True)
+        accumulated = state[rows] + squared
+        nodes.index_add_(0, rows, grad * (-lr / (torch.sqrt(accumulated) + eps)))
+        state[rows] = accumulated
+
+
+if triton is not None:
+    @triton.jit
+    def row_block(rows, count, num_rows, BLOCK_R: tl.constexpr, COUNT_ON_DEVICE: tl.constexpr):
+        """This program's block of positions: (positions as int64, inside the first num_rows, rows[position])."""
+        if COUNT_ON_DEVICE:
+            num_rows = tl.load(count)
+        r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+        inside = r < num_rows
+        r = r.to(tl.int64)
+        return r, inside, tl.load(rows + r, mask=inside, other=0)
+
+    @triton.jit
+    def load_rows(table, ids, cols, mask, stride):
+        return tl.load(table + ids[:, None] * stride + cols[None, :], mask=mask, other=0.0)
+
+    @triton.jit
+    def _cache_slots(slot_of, table_rows, inside):
+        """(slot as int64, whether the row is cached) of each row; -1 / False for rows the cache lacks."""
+        slots = tl.load(slot_of + table_rows, mask=inside, other=-1).to(tl.int64)
+        return slots, slots >= 0
+
+    @triton.jit
+    def _gather_rows_kernel(table, rows, count, out, num_rows, dim, width, slot_of, cache,
+                            COUNT_ON_DEVICE: tl.constexpr, CACHED: tl.constexpr, BLOCK_R: tl.constexpr,
+                            BLOCK_D: tl.constexpr):
+        r, inside, table_rows = row_block(rows, count, num_rows, BLOCK_R, COUNT_ON_DEVICE)
+        cols = tl.arange(0, BLOCK_D)
+        mask = inside[:, None] & (cols < dim)[None, :]
+        if CACHED:  # masked-off lanes move no bytes: a cached row never crosses PCIe
+            slots, hit = _cache_slots(slot_of, table_rows, inside)
+            values = tl.where(hit[:, None], load_rows(cache, slots, cols, mask & hit[:, None], dim),
+                              load_rows(table, table_rows, cols, mask & ~hit[:, None], dim))
+        else:
+            values = load_rows(table, table_rows, cols, mask, dim)
+        tl.store(out + r[:, None] * width + cols[None, :], values.to(out.dtype.element_ty),
+                 mask=inside[:, None] & (cols < width)[None, :])
+
+    @triton.jit
+    def _scatter_add_rows_kernel(target, positions, source, num_rows, dim, source_stride,
+                                 BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+        r, inside, at = row_block(positions, positions, num_rows, BLOCK_R, False)
+        cols = tl.arange(0, BLOCK_D)
+        mask = inside[:, None] & (cols < dim)[None, :]
+        values = load_rows(source, r, cols, mask, source_stride).to(tl.float32)
+        tl.atomic_add(target + at[:, None] * dim + cols[None, :], values, mask=mask, sem="relaxed")
+
+    @triton.jit
+    def _sparse_adagrad_kernel(nodes, state, rows, grad, count, num_rows, lr, eps, dim, num_grads, grad_stride,
+                               slot_of, cache_nodes, cache_state, COUNT_ON_DEVICE: tl.constexpr,
+                               ROWWISE: tl.constexpr, CACHED: tl.constexpr, BLOCK_R: tl.constexpr,
+                               BLOCK_D: tl.constexpr):
+        r, inside, table_rows = row_block(rows, count, num_rows, BLOCK_R, COUNT_ON_DEVICE)
+        cols = tl.arange(0, BLOCK_D)
+        mask = inside[:, None] & (cols < dim)[None, :]
+        state_cols = 1 if ROWWISE else dim
+        if CACHED:
+            slots, hit = _cache_slots(slot_of, table_rows, inside)
+            in_cache, in_table = mask & hit[:, None], mask & ~hit[:, None]
+            embedding = tl.where(hit[:, None], load_rows(cache_nodes, slots, cols, in_cache, dim),
+                                 load_rows(nodes, table_rows, cols, in_table, dim))
+            if ROWWISE:
+                accumulated = tl.where(hit, tl.load(cache_state + slots, mask=inside & hit, other=0.0),
+                                       tl.load(state + table_rows, mask=inside & ~hit, other=0.0))
+            else:
+                accumulated = tl.where(hit[:, None], load_rows(cache_state, slots, cols, in_cache, dim),
+                                       load_rows(state, table_rows, cols, in_table, dim))
+        else:
+            embedding = load_rows(nodes, table_rows, cols, mask, dim)
+            if ROWWISE:
+                accumulated = tl.load(state + table_rows, mask=inside, other=0.0)
+            else:
+                accumulated = load_rows(state, table_rows, cols, mask, dim)
+        for g in range(num_grads):  # the devices' gradients as consecutive Adagrad steps
+            gradient = load_rows(grad + g * grad_stride, r, cols, mask, dim)
+            squared = gradient * gradient
+            if ROWWISE:
+                accumulated = accumulated + tl.sum(squared, 1) / dim
+                step = -lr / (tl.sqrt_rn(accumulated) + eps)[:, None]
+            else:
+                accumulated = accumulated + squared
+                step = -lr / (tl.sqrt_rn(accumulated) + eps)
+            embedding = embedding + gradient * step
+        if CACHED:
+            _store_rows(cache_nodes, slots, cols, embedding, in_cache, dim)
+            _store_rows(nodes, table_rows, cols, embedding, in_table, dim)
+            if ROWWISE:
+                tl.store(cache_state + slots, accumulated, mask=inside & hit)
+                tl.store(state + table_rows, accumulated, mask=inside & ~hit)
+            else:
+                _store_rows(cache_state, slots, cols, accumulated, in_cache, state_cols)
+                _store_rows(state, table_rows, cols, accumulated, in_table, state_cols)
+        else:
+            _store_rows(nodes, table_rows, cols, embedding, mask, dim)
+            if ROWWISE:
+                tl.store(state + table_rows, accumulated, mask=inside)
+            else:
+                _store_rows(state, table_rows, cols, accumulated, mask, state_cols)
+
+    @triton.jit
+    def _store_rows(table, ids, cols, values, mask, stride):
+        tl.store(table + ids[:, None] * stride + cols[None, :], values, mask=mask)

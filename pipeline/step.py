@@ -1,0 +1,74 @@
+"""What the pipeline calls: the training step, handed over by ``marius_py`` as objects.
+
+The pipeline moves batches, rows and updates; what a batch computes (negatives,
+scores, gradients, the relation optimizer) belongs to ``marius_py`` and reaches
+the pipeline through these interfaces (``marius_py.steps`` builds them). A plan
+is the step's own object; the pipeline reads only ``edges``, ``rows``,
+``local``, ``unique_count`` and the methods ``to``, ``pinned``, ``trimmed``,
+``tensors``, ``in_row_positions`` and ``routed``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import torch
+
+
+class PipelineSettings(Protocol):
+    staleness_bound: int   # 0: the placement's default
+    load_threads: int
+    queue_size: int
+
+
+class BatchStep(Protocol):
+    """One batch's maths on one device (``marius_py.trainer.Model``)."""
+
+    def negative_draws(self, num_edges: int, candidates, generator: torch.Generator, out: list | None = None) -> list:
+        """The random draws of a batch's negatives."""
+
+    def plan_batch(self, edges: torch.Tensor, generator: torch.Generator | None, candidates=None,
+                   defer_count: bool = False, draws: list | None = None, unique_stream=None,
+                   table_rows: int | None = None) -> Any:
+        """Negatives and the table rows the batch touches (each once)."""
+
+    def compute(self, plan, embeddings: torch.Tensor, state: torch.Tensor, generator: torch.Generator) -> Any:
+        """Loss, relation step and additive node update (``.delta``, ``.squared``, ``.loss``) of gathered rows."""
+
+    def gradients(self, plan, embeddings: torch.Tensor, generator: torch.Generator
+                  ) -> tuple[torch.Tensor, list[torch.Tensor], torch.Tensor]:
+        """(d loss / d rows, relation gradients, mean loss) of gathered rows; nothing is updated."""
+
+    def step_relations(self, gradients: list[list[torch.Tensor]]) -> None:
+        """Step the relation parameters once per gradient list, in order."""
+
+
+class FusedBatchStep(Protocol):
+    """A step that updates the node tables in place (``marius_py.fused_step.FusedStep``)."""
+
+    def run(self, plan, nodes: torch.Tensor, state: torch.Tensor, loss_sum: torch.Tensor) -> None: ...
+
+    def apply(self, plan, nodes: torch.Tensor, state: torch.Tensor, loss_sum: torch.Tensor,
+              gathered: torch.Tensor | None = None, unique_stream=None) -> None: ...
+
+    def count_relation_step(self) -> None: ...
+
+
+class GraphedBatchStep(Protocol):
+    """A fused step replayed as a CUDA graph (``marius_py.step_graph.GraphedFusedStep``)."""
+
+    def run(self, batch: torch.Tensor, nodes: torch.Tensor, state: torch.Tensor, candidates,
+            sampling: torch.Generator) -> bool:
+        """Train ``batch``; False (nothing done) where the graph does not apply."""
+
+    def add_loss_to(self, loss_sum: torch.Tensor) -> None: ...
+
+
+def add_rows_(embeddings: torch.Tensor, state: torch.Tensor, rows: torch.Tensor, delta: torch.Tensor,
+              squared: torch.Tensor) -> None:
+    """The update stage: add an additive update (delta, g^2) to the stored rows, in place.
+
+    Additions commute, so updates that overlap in an asynchronous pipeline are never lost.
+    """
+    embeddings.index_add_(0, rows, delta)
+    state.index_add_(0, rows, squared)
