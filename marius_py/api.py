@@ -23,7 +23,8 @@ from marius_py.config import Config, load_config
 from marius_py.dataset import Dataset
 from marius_py.errors import MariusInputError
 from marius_py.evaluation import InMemoryNodes, KnownAnswers, NodeTable, StoredNodes, evaluate_split
-from marius_py.trainer import Model, Trainer, resolve_device
+from marius_py.devices import resolve_device
+from marius_py.trainer import Model, Trainer
 from storage.embedding_store import EmbeddingStore
 
 

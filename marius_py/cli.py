@@ -45,6 +45,13 @@ def cmd_train(args) -> None:
     config_path, overrides = _split_config_args(args.config)
     overrides += [f"storage.{key}={value}" for key, value in
                   (("num_partitions", args.partitions), ("buffer_capacity", args.buffer)) if value is not None]
+    if args.gpus is not None:
+        if args.gpus < 1:
+            raise MariusInputError(f"--gpus {args.gpus}", path="command line", expected="--gpus N with N >= 1")
+        overrides.append("training.device=cuda" if args.gpus == 1 else
+                         "training.devices=" + ",".join(f"cuda:{i}" for i in range(args.gpus)))
+    if args.no_dedup:
+        overrides.append("pipeline.dedup=false")
     if args.resume:
         if args.run_dir is not None:
             raise MariusInputError("--resume continues its own run directory", path="command line",
@@ -182,6 +189,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress bars or per-epoch lines")
     p.add_argument("--partitions", type=int, help="same as storage.num_partitions=P")
     p.add_argument("--buffer", type=int, help="same as storage.buffer_capacity=C")
+    p.add_argument("--gpus", type=int, help="train on the first N GPUs sharing the tables "
+                   "(same as training.devices=cuda:0,...,cuda:N-1)")
+    p.add_argument("--no-dedup", action="store_true", help="several GPUs: every GPU reads and writes its own "
+                   "rows over PCIe (same as pipeline.dedup=false; the baseline of the dedup counters)")
     p.add_argument("--help-config", action="store_true", help="list every config key with default and help")
     p.set_defaults(func=cmd_train)
 

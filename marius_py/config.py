@@ -70,6 +70,12 @@ class TrainingConfig:
     relation_lr: float = _f(0.1, "learning rate of the relation parameters")
     seed: int = _f(0, "seed of every random draw (initialisation, shuffling, negatives, dropout)")
     device: str = _f("auto", f"compute device, one of {DEVICES} (auto: cuda when present)")
+    devices: str = _f("", "several devices training one model, comma-separated: cuda:0,cuda:1 (or --gpus 2); "
+                          "cpu,cpu simulates two devices on the CPU (tests). Each step trains one batch of "
+                          "training.batch_size per device. Empty: training.device alone")
+    shared_negatives: bool = _f(False, "several devices: the batches of a step draw the same uniform negatives "
+                                       "(chunk c of every device), so each negative row is read from the host "
+                                       "once per step; degree-based negatives stay per device")
     num_threads: int = _f(0, "torch CPU threads (0: leave torch's default)")
     score_dtype: str = _f("float32", "precision of the [batch x negatives] score block of dot-product decoders "
                                      "with softmax_ce: float32 or bfloat16 (half the memory traffic; reductions "
@@ -119,6 +125,12 @@ class PipelineConfig:
                                  "1 on CPU")
     load_threads: int = _f(1, "threads of the load stage (negatives, unique rows, gathers)")
     queue_size: int = _f(0, "capacity of each queue between stages (0: the staleness bound)")
+    dedup: bool = _f(True, "several devices: each row a step needs crosses PCIe once (its owner device reads it "
+                           "and shares it over NVLink; gradients return to the owner, which writes one update). "
+                           "false: every device reads and writes its own rows over PCIe (the baseline)")
+    cache_rows: int = _f(-1, "several devices, tables in host memory: rows each device keeps in its memory for "
+                             "a span (its most frequent endpoints), read and updated there instead of over PCIe; "
+                             "-1: as many as fit in a quarter of the device's free memory (none on a CPU); 0: none")
 
 
 @dataclass
@@ -170,6 +182,7 @@ def validate(config: Config, origins: dict | None = None) -> Config:
                ("evaluation.negative_sampling", e.negative_sampling, NEGATIVE_KINDS),
                ("pipeline.placement", config.pipeline.placement, PLACEMENTS),
                ("training.score_dtype", t.score_dtype, ("float32", "bfloat16"))]
+    _check_devices(t.devices, _check)
     for path, value, allowed in choices:
         _check(value in allowed, path, f"expected one of {', '.join(allowed)}", value)
     positive = [("model.dim", m.dim), ("model.init_scale", m.init_scale), ("training.epochs", t.epochs),
@@ -180,6 +193,7 @@ def validate(config: Config, origins: dict | None = None) -> Config:
                 ("pipeline.load_threads", config.pipeline.load_threads)]
     for path, value in positive:
         _check(value > 0, path, "expected > 0", value)
+    _check(config.pipeline.cache_rows >= -1, "pipeline.cache_rows", "expected >= -1", config.pipeline.cache_rows)
     nonnegative = [("model.reg_weight", m.reg_weight), ("training.num_threads", t.num_threads),
                    ("evaluation.every", e.every), ("training.seed", t.seed),
                    ("evaluation.early_stopping_patience", e.early_stopping_patience),
@@ -199,6 +213,25 @@ def validate(config: Config, origins: dict | None = None) -> Config:
     if m.decoder in ("complex", "rotate"):
         _check(m.dim % 2 == 0, "model.dim", f"expected even for {m.decoder}", m.dim)
     return config
+
+
+def device_list(devices: str) -> list[str]:
+    """``training.devices`` as a list of device names ([] when unset)."""
+    return [name.strip() for name in devices.split(",") if name.strip()] if devices.strip() else []
+
+
+def _check_devices(devices: str, _check) -> None:
+    names = device_list(devices)
+    if not names:
+        return
+    well_formed = all(name == "cpu" or (name.startswith("cuda:") and name[5:].isdigit()) for name in names)
+    _check(well_formed, "training.devices", "expected comma-separated cpu or cuda:N", devices)
+    kinds = {name.split(":")[0] for name in names}
+    _check(len(kinds) == 1, "training.devices", "expected devices of one kind (all cuda:N, or cpu to simulate)",
+           devices)
+    _check(len(names) >= 2, "training.devices", "expected at least two devices (one device: training.device)",
+           devices)
+    _check("cpu" in kinds or len(set(names)) == len(names), "training.devices", "expected each GPU once", devices)
 
 
 def _check_storage(s: StorageConfig, _check) -> None:

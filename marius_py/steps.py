@@ -8,14 +8,20 @@ or the autograd step of ``trainer.Model``.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from marius_py.config import Config
 from marius_py.fused_step import FusedStep, supports_fused_step
 from marius_py.step_graph import GraphedFusedStep
+from pipeline.multi_device import MultiDeviceRunner
 from pipeline.placements import PLACEMENT_DEVICE, PLACEMENT_HOST
-from pipeline.row_kernels import zero_copy_available
+from pipeline.row_kernels import sparse_adagrad_, zero_copy_available
 from pipeline.span_runner import SpanRunner
+
+MULTI_DEVICE_STALENESS = 2  # steps in flight: the next step's reads overlap this one's compute
+CACHE_MEMORY_FRACTION = 0.25  # of a device's free memory the automatic row cache may take
 
 
 def uses_fused_step(model, placement: str) -> bool:
@@ -33,3 +39,48 @@ def build_span_runner(model, placement: str, config: Config, device: torch.devic
             and GraphedFusedStep.supported(fused, device):
         graphed = GraphedFusedStep(model, fused, config.training.batch_size)
     return SpanRunner(model, placement, config.pipeline, device, config.training.batch_size, fused, graphed)
+
+
+class FusedGradients:
+    """A model's planning with the fused step's gradients: one device's step among several."""
+
+    def __init__(self, model, fused: FusedStep):
+        self.model, self.fused = model, fused
+
+    def negative_draws(self, *args, **kwargs):
+        return self.model.negative_draws(*args, **kwargs)
+
+    def plan_batch(self, *args, **kwargs):
+        return self.model.plan_batch(*args, **kwargs)
+
+    def gradients(self, plan, embeddings: torch.Tensor, generator: torch.Generator):
+        grad, relation_grad, loss = self.fused.gradients(plan, embeddings)
+        return grad, self.fused.relation_gradients(relation_grad), loss
+
+    def step_relations(self, gradients: list[list[torch.Tensor]]) -> None:
+        self.fused.step_relations(gradients)
+
+
+def build_multi_device_runner(replicas: list, placement: str, config: Config, devices: list[torch.device],
+                              row_bytes: int) -> MultiDeviceRunner:
+    """Several devices sharing host tables; ``replicas[g]``: the model on device g; ``row_bytes``: a row's
+    embedding and optimizer state."""
+    use_fused = config.training.fused_step and supports_fused_step(replicas[0])
+    steps = [FusedGradients(model, FusedStep(model)) if use_fused else model for model in replicas]
+    adagrad = replicas[0].node_optimizer
+    p = config.pipeline
+    cache_rows = p.cache_rows
+    if cache_rows == -1:
+        cache_rows = automatic_cache_rows(devices, row_bytes)
+    return MultiDeviceRunner(steps, functools.partial(sparse_adagrad_, lr=adagrad.lr, eps=adagrad.eps), devices,
+                             config.training.batch_size, p.staleness_bound or MULTI_DEVICE_STALENESS,
+                             dedup=p.dedup, cache_rows=cache_rows, cache_all=placement == PLACEMENT_DEVICE,
+                             shared_negatives=config.training.shared_negatives)
+
+
+def automatic_cache_rows(devices: list[torch.device], row_bytes: int) -> int:
+    """Rows a quarter of the smallest free device memory holds (none on a CPU: nothing crosses PCIe there)."""
+    if devices[0].type != "cuda":
+        return 0
+    free = min(torch.cuda.mem_get_info(device)[0] for device in devices)
+    return int(CACHE_MEMORY_FRACTION * free) // row_bytes

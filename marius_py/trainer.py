@@ -14,6 +14,7 @@ With more batches in flight, what a batch reads depends on thread timing.
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import shutil
 import time
@@ -29,6 +30,7 @@ from marius_py.checkpoint import (LIVE_STORE, NODES, RunDirectory, TrainingState
                                   load_version, write_version_state)
 from marius_py.config import Config
 from marius_py.dataset import Dataset
+from marius_py.devices import resolve_devices
 from marius_py.errors import MariusInputError
 from marius_py.evaluation import InMemoryNodes, NodeTable, StoredNodes, build_known_answers, evaluate_split
 from marius_py.fused_loss import SCORE_DTYPES, shared_negative_softmax_ce
@@ -36,23 +38,16 @@ from marius_py.models import LOSSES, Decoder, DotProductComparator, build_decode
 from marius_py.negatives import CandidateRows, by_chunk, chunk_row_weights, negative_draws, negatives_from_draws
 from marius_py.optim import SparseAdagrad, build_relation_optimizer
 from marius_py.resources import check_memory, check_partitioning
-from marius_py.steps import build_span_runner
+from marius_py.steps import build_multi_device_runner, build_span_runner
 from orderings import Ordering, build_ordering
-from pipeline.placements import PLACEMENT_DEVICE, choose_placement
+from pipeline.placements import PLACEMENT_DEVICE, choose_devices_placement, choose_placement
+from pipeline.routing import TransferCounters
+from pipeline.row_kernels import zero_copy_available
 from pipeline.rows import unique_rows_async
 from storage.buffer import PartitionBuffer
 from storage.durable import fsync_tree
 from storage.embedding_store import EmbeddingStore, link_tree
 from storage.partitioning import partition_size
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise MariusInputError("training.device: cuda requested but no CUDA device is available",
-                               expected="training.device=cpu or auto")
-    return torch.device(name)
 
 
 def epoch_generator(seed: int, epoch: int, device: torch.device | str = "cpu", stream: int = 0) -> torch.Generator:
@@ -275,6 +270,10 @@ class BatchPlan:
         """The plan with its padding rows dropped, once ``unique_count`` has been read."""
         return BatchPlan(self.edges, self.rows[:count], self.local, self.tail_negatives, self.head_negatives)
 
+    def routed(self, rows: torch.Tensor, local: torch.Tensor) -> BatchPlan:
+        """The plan with its rows reordered (``local`` follows them), e.g. grouped by owner device."""
+        return dataclasses.replace(self, rows=rows, local=local)
+
     def in_row_positions(self) -> BatchPlan:
         """The plan with node ids replaced by positions in ``rows`` (for rows gathered into their own tensor)."""
         batch, num_chunks = len(self.edges), self.tail_negatives.shape[0]
@@ -354,22 +353,23 @@ class Trainer:
         self.dataset = dataset
         self.run = RunDirectory(run_dir)
         self.progress = progress
-        self.device = resolve_device(config.training.device)
+        self.devices = resolve_devices(config)
+        self.device = self.devices[0]  # the model of record (checkpoints, evaluation) lives here
         self.partitioned = config.storage.num_partitions > 1
         check_partitioning(config, dataset)
         if config.training.num_threads:
             torch.set_num_threads(config.training.num_threads)
         torch.manual_seed(config.training.seed)  # relation initialisation
         self.model = Model(config, dataset.num_nodes, dataset.num_relations, self.device)
+        # One relation replica per further device; restore() keeps them equal to the model.
+        self.replicas = [self.model] + [Model(config, dataset.num_nodes, dataset.num_relations, device)
+                                        for device in self.devices[1:]]
         self.fingerprint = config_fingerprint(config, dataset.metadata)
         self.state = TrainingState(config_fingerprint=self.fingerprint)
         self.buffer: PartitionBuffer | None = None
         if self.partitioned:  # before anything is written
             check_memory(self._buffer_bytes(), "storage.buffer_capacity")
-        self.placement = choose_placement(config.pipeline.placement, self.device, self._table_bytes())
-        # Where the node tables (or the buffer's slots) live; compute runs on self.device.
-        self.table_device = self.device if self.placement == PLACEMENT_DEVICE else torch.device("cpu")
-        self.runner = build_span_runner(self.model, self.placement, config, self.device)
+        self._build_runner()
         if not self.run.has_checkpoint():
             self.run.create(self.config)
             self._create_store()
@@ -378,6 +378,24 @@ class Trainer:
         # Records of epochs whose checkpoint never committed are replayed, not duplicated.
         self.run.truncate_metrics(self.state.epoch)
         self._known = None
+
+    @property
+    def multi_device(self) -> bool:
+        return len(self.devices) > 1
+
+    def _build_runner(self) -> None:
+        """The placement, where the node tables (or the buffer's slots) live, and the pipeline runner."""
+        config = self.config
+        if self.multi_device:  # tables in host memory, shared by the devices
+            self.placement = choose_devices_placement(config.pipeline.placement, self.devices, self._table_bytes(),
+                                                      self.partitioned)
+            self.table_device = torch.device("cpu")
+            self.runner = build_multi_device_runner(self.replicas, self.placement, config, self.devices,
+                                                    self._row_bytes())
+            return
+        self.placement = choose_placement(config.pipeline.placement, self.device, self._table_bytes())
+        self.table_device = self.device if self.placement == PLACEMENT_DEVICE else torch.device("cpu")
+        self.runner = build_span_runner(self.model, self.placement, config, self.device)
 
     # ---- the live store and checkpoints ----
     @property
@@ -396,7 +414,8 @@ class Trainer:
     def restore(self, version: Path) -> None:
         """Make ``version`` the live state: store files, model parameters, position."""
         _, _, model_state, self.state = load_version(version, self.fingerprint, with_nodes=False)
-        self.model.load_state_dict(model_state)
+        for replica in self.replicas:  # each its own copy: same-device tensors would alias the optimizer state
+            replica.load_state_dict(model_state if replica is self.model else copy.deepcopy(model_state))
         shutil.rmtree(self.live_store_path, ignore_errors=True)
         link_tree(version / NODES, self.live_store_path)
         self.store = EmbeddingStore(self.live_store_path)
@@ -409,6 +428,8 @@ class Trainer:
                                            table.to(self.table_device) for table in tables)
 
     def _zero_copy_tables(self) -> bool:
+        if self.multi_device:  # every device's kernels read and write the pinned host tables in place
+            return self.device.type == "cuda" and zero_copy_available()
         return self.runner.zero_copy
 
     def _swap_size(self) -> int:
@@ -419,8 +440,12 @@ class Trainer:
         """Memory of the node tables training holds: the buffer's slots, or the whole tables."""
         if self.partitioned:
             return self._buffer_bytes()
+        return self.dataset.num_nodes * self._row_bytes()
+
+    def _row_bytes(self) -> int:
+        """Bytes of one node's embedding and optimizer state."""
         dim = self.config.model.dim
-        return self.dataset.num_nodes * (dim + self.model.node_optimizer.state_dim(dim)) * 4
+        return (dim + self.model.node_optimizer.state_dim(dim)) * 4
 
     def _buffer_bytes(self) -> int:
         dim = self.config.model.dim
@@ -504,13 +529,12 @@ class Trainer:
     def train_epoch(self, epoch: int) -> dict:
         t = self.config.training
         shuffling = epoch_generator(t.seed, epoch)
-        # Negatives are drawn where the tables live (the load stage); dropout on the compute device.
-        sampling = shuffling if self.table_device.type == "cpu" else epoch_generator(t.seed, epoch,
-                                                                                     self.table_device)
-        dropout = epoch_generator(t.seed, epoch, self.device, stream=1)
+        sampling, dropout = self._epoch_generators(epoch, shuffling)
         num_edges = self.dataset.metadata.num_train
         total_loss = torch.zeros((), device=self.device)
         self.runner.max_in_flight = 0  # per epoch
+        if self.multi_device:
+            self.runner.counters = TransferCounters()
         io_before = self.partition_buffer().counters.snapshot() if self.partitioned else {}
         started = time.perf_counter()
         bar = tqdm(total=-(-num_edges // t.batch_size), desc=f"epoch {epoch}/{t.epochs}", unit="batch",
@@ -529,10 +553,27 @@ class Trainer:
                   "seconds": seconds, "edges_per_s": num_edges / seconds,
                   "pipeline": {"placement": self.placement, "staleness_bound": self.runner.effective_staleness,
                                "max_in_flight": self.runner.max_in_flight}}
+        if self.multi_device:
+            record["devices"] = {"names": [str(d) for d in self.devices], "dedup": self.config.pipeline.dedup,
+                                 **self.runner.counters.snapshot(self.config.model.dim * 4, self._row_bytes())}
         if self.buffer is not None:
             after = self.buffer.counters.snapshot()
             record["io"] = {key: after[key] - io_before[key] for key in after}
         return record
+
+    def _epoch_generators(self, epoch: int, shuffling: torch.Generator):
+        """(negatives, dropout) generators of an epoch: one each, or one per device for several devices.
+
+        Negatives are drawn where the tables live (the load stage), or on each
+        device that plans its own batches; dropout on the compute device.
+        """
+        seed = self.config.training.seed
+        if self.multi_device:
+            return ([epoch_generator(seed, epoch, device, stream=2 + g) for g, device in enumerate(self.devices)],
+                    [epoch_generator(seed, epoch, device, stream=2 + len(self.devices) + g)
+                     for g, device in enumerate(self.devices)])
+        sampling = shuffling if self.table_device.type == "cpu" else epoch_generator(seed, epoch, self.table_device)
+        return sampling, epoch_generator(seed, epoch, self.device, stream=1)
 
     def evaluate(self, split: str) -> dict:
         if self._known is None and self.config.evaluation.protocol == "filtered":

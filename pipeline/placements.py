@@ -63,6 +63,23 @@ def choose_placement(requested: str, device: torch.device, table_bytes: int) -> 
     return PLACEMENT_DEVICE if table_bytes <= DEVICE_MEMORY_FRACTION * free else PLACEMENT_HOST
 
 
+def choose_devices_placement(requested: str, devices: list[torch.device], table_bytes: int,
+                             partitioned: bool) -> str:
+    """Several devices: ``device`` (each holds the rows it owns) or ``host`` (tables or buffer in host memory).
+
+    ``auto`` splits the tables across the devices' memory when they fit there
+    together; a partition buffer always lives in host memory.
+    """
+    if partitioned:
+        return PLACEMENT_HOST
+    if requested != "auto":
+        return requested
+    if devices[0].type != "cuda":
+        return PLACEMENT_HOST
+    free = sum(torch.cuda.mem_get_info(device)[0] for device in devices)
+    return PLACEMENT_DEVICE if table_bytes <= DEVICE_MEMORY_FRACTION * free else PLACEMENT_HOST
+
+
 def default_staleness(placement: str, requested: int) -> int:
     if requested:
         return requested

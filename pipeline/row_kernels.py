@@ -54,14 +54,16 @@ def _host_count(count: torch.Tensor | int | None, default: int) -> int:
     return default if count is None else int(count)
 
 
-def gather_rows(table: torch.Tensor, rows: torch.Tensor, out: torch.Tensor, count: torch.Tensor | None = None,
+def gather_rows(table: torch.Tensor, rows: torch.Tensor, out: torch.Tensor, count: torch.Tensor | int | None = None,
                 cache: RowCache | None = None) -> torch.Tensor:
-    """``out[u] = table[rows[u]]`` (cast to out's dtype, zeros past d) for u < count (a device tensor).
+    """``out[u] = table[rows[u]]`` (cast to out's dtype, zeros past d) for u < count (an int or a device tensor).
 
     ``table`` may be pinned host memory: the GPU reads it over PCIe in place.
     Rows held by ``cache`` are read from its GPU copy instead.
     """
     dim, width = table.shape[1], out.shape[1]
+    if count is not None and not isinstance(count, torch.Tensor):
+        rows, count = rows[:count], None
     if not use_triton(out) or table.dtype != torch.float32:
         limit = _host_count(count, len(rows))
         wanted = rows[:limit]

@@ -1,0 +1,330 @@
+"""Several devices sharing host tables, with G devices simulated on the CPU (and real GPUs with -m gpu).
+
+Routing is exact (every row a batch needs reaches its device, every gradient
+reaches its owner once), deduplicated training equals the baseline where every
+device reads and writes its own rows, and no update is lost at any bound.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import marius_py as mp
+from marius_py.config import load_config
+from marius_py.dataset import Dataset
+from marius_py.steps import build_multi_device_runner
+from marius_py.trainer import Model, Trainer, epoch_generator
+from pipeline.device_cache import RowCache, hot_rows
+from pipeline.routing import group_by_owner, owner_offsets, union_of_requests
+from pipeline.row_kernels import gather_rows, sparse_adagrad_
+
+RUNNER_VARIANTS = {"dedup": ["pipeline.dedup=true", "pipeline.cache_rows=0"],
+                   "baseline": ["pipeline.dedup=false"],
+                   "cache": ["pipeline.dedup=true", "pipeline.cache_rows=8"],
+                   "split": ["pipeline.dedup=true", "pipeline.placement=device"]}
+
+
+def setup(small_config, devices: list[str], *overrides: str):
+    """(config, replicas, nodes, state, edges) for a runner on ``devices`` over UMLS."""
+    config = small_config(f"training.devices={','.join(devices)}", "model.dropout=0", *overrides)
+    dataset = Dataset(config.dataset.path)
+    torch.manual_seed(0)
+    first = Model(config, dataset.num_nodes, dataset.num_relations, torch.device(devices[0]))
+    replicas = [first]
+    for name in devices[1:]:
+        replica = Model(config, dataset.num_nodes, dataset.num_relations, torch.device(name))
+        replica.load_state_dict(copy.deepcopy(first.state_dict()))
+        replicas.append(replica)
+    generator = torch.Generator().manual_seed(1)
+    nodes = torch.randn(dataset.num_nodes, config.model.dim, generator=generator) * 0.1
+    state = torch.zeros(dataset.num_nodes, replicas[0].node_optimizer.state_dim(config.model.dim))
+    edges = torch.from_numpy(dataset.train)[torch.randperm(len(dataset.train), generator=generator)]
+    return config, replicas, nodes, state, edges
+
+
+def run_runner(config, replicas, nodes, state, edges, bound: int = 1):
+    devices = [r.device for r in replicas]
+    placement = "device" if config.pipeline.placement == "device" else "host"
+    row_bytes = (nodes.shape[1] + state.shape[1]) * 4
+    config.pipeline.staleness_bound = bound
+    runner = build_multi_device_runner(replicas, placement, config, devices, row_bytes)
+    loss = torch.zeros((), device=devices[0])
+    runner.run(edges, nodes, state, None, [epoch_generator(0, 1, d, stream=2 + g) for g, d in enumerate(devices)],
+               [epoch_generator(0, 1, d, stream=9 + g) for g, d in enumerate(devices)], loss, lambda n: None)
+    return runner, loss
+
+
+class RecordingStep:
+    """A step whose gradient of a row is (device + 1) in every column: updates are countable."""
+
+    def __init__(self, model, device_index: int, log: list):
+        self.model, self.device_index, self.log = model, device_index, log
+
+    def negative_draws(self, *args, **kwargs):
+        return self.model.negative_draws(*args, **kwargs)
+
+    def plan_batch(self, *args, **kwargs):
+        return self.model.plan_batch(*args, **kwargs)
+
+    def gradients(self, plan, embeddings, generator):
+        edges = plan.edges
+        negatives = torch.cat([plan.tail_negatives.reshape(-1), plan.head_negatives.reshape(-1)])
+        needed = torch.unique(torch.cat([edges[:, 0], edges[:, 2], negatives]))
+        got = plan.rows[:len(embeddings)]
+        self.log.append((self.device_index, needed.clone(), got.clone(), embeddings.clone()))
+        grad = torch.full_like(embeddings, float(self.device_index + 1))
+        return grad, [torch.zeros_like(p) for p in self.model._relation_parameters()], torch.zeros(())
+
+    def step_relations(self, gradients):
+        pass
+
+
+@pytest.mark.parametrize("variant", sorted(RUNNER_VARIANTS))
+@pytest.mark.parametrize("num_devices", [2, 3])
+@pytest.mark.parametrize("bound", [1, 2, 4])
+def test_every_row_reaches_its_device_and_every_gradient_its_owner_once(small_config, variant, num_devices, bound):
+    config, replicas, nodes, state, edges = setup(small_config, ["cpu"] * num_devices, "model.decoder=distmult",
+                                                  "model.reg_weight=0", *RUNNER_VARIANTS[variant])
+    nodes, state = nodes.double(), state.double()
+    start_nodes, start_state = nodes.clone(), state.clone()
+    log: list = []
+    runner = _recording_runner(config, replicas, nodes, state, bound, log)
+    runner.run(edges, nodes, state, None, [torch.Generator().manual_seed(g) for g in range(num_devices)],
+               [torch.Generator() for _ in range(num_devices)], torch.zeros((), dtype=torch.float64), lambda n: None)
+    expected_squares = torch.zeros(len(nodes), dtype=torch.float64)
+    for device, needed, got, embeddings in log:
+        assert torch.equal(torch.sort(got).values, needed), "a device got other rows than its batch needs"
+        if bound == 1 and variant != "split":  # no update in flight: what arrives is the table at that moment
+            assert embeddings.shape == (len(got), nodes.shape[1])
+        expected_squares[needed] += float(device + 1) ** 2
+    assert len(log) == -(-len(edges) // config.training.batch_size)
+    if state.shape[1] > 1:  # full Adagrad: each column gains g^2 once per (step, device) needing the row
+        torch.testing.assert_close(state - start_state, expected_squares[:, None].expand_as(state),
+                                   rtol=0, atol=1e-9)
+    assert not torch.equal(nodes, start_nodes)
+
+
+def _recording_runner(config, replicas, nodes, state, bound, log):
+    from pipeline.multi_device import MultiDeviceRunner
+    devices = [r.device for r in replicas]
+    steps = [RecordingStep(model, g, log) for g, model in enumerate(replicas)]
+    p = config.pipeline
+    return MultiDeviceRunner(steps, lambda *a, **k: sparse_adagrad_(*a, lr=0.1, eps=1e-10, **k), devices,
+                             config.training.batch_size, bound, dedup=p.dedup, cache_rows=max(p.cache_rows, 0),
+                             cache_all=p.placement == "device")
+
+
+@pytest.mark.parametrize("decoder", ["complex", "distmult"])
+@pytest.mark.parametrize("bound", [1, 3])
+def test_deduplicated_training_equals_every_device_reading_its_own_rows(small_config, decoder, bound):
+    """Same seed: dedup, dedup with caches, tables split across devices and the baseline train the same model."""
+    results = {}
+    for variant, overrides in RUNNER_VARIANTS.items():
+        config, replicas, nodes, state, edges = setup(small_config, ["cpu", "cpu"], f"model.decoder={decoder}",
+                                                      "model.reg_weight=0.01", *overrides)
+        runner, loss = run_runner(config, replicas, nodes, state, edges, bound)
+        results[variant] = nodes, state, [r.decoder.relations.detach() for r in replicas], loss, runner
+    nodes, state, relations, loss, _ = results["baseline"]
+    assert torch.equal(relations[0], relations[1]), "relation replicas diverged"
+    for variant in ("dedup", "cache", "split"):
+        got_nodes, got_state, got_relations, got_loss, _ = results[variant]
+        torch.testing.assert_close(got_nodes, nodes, rtol=0, atol=1e-6)
+        torch.testing.assert_close(got_state, state, rtol=0, atol=1e-6)
+        torch.testing.assert_close(got_relations[1], relations[1], rtol=0, atol=1e-6)
+        torch.testing.assert_close(got_loss, loss, rtol=1e-6, atol=0)
+    cached = results["cache"][4].counters.snapshot(4, 8)
+    assert cached["cache_hits"] > 0
+
+
+def test_counters_show_rows_read_once_per_step(small_config):
+    config, replicas, nodes, state, edges = setup(small_config, ["cpu", "cpu"], *RUNNER_VARIANTS["dedup"])
+    dedup = run_runner(config, replicas, nodes, state, edges)[0].counters.snapshot(64, 128)
+    config, replicas, nodes, state, edges = setup(small_config, ["cpu", "cpu"], *RUNNER_VARIANTS["baseline"])
+    baseline = run_runner(config, replicas, nodes, state, edges)[0].counters.snapshot(64, 128)
+    assert dedup["device_rows"] == baseline["device_rows"] == baseline["host_to_device"]["rows"]
+    assert dedup["host_to_device"]["rows"] == dedup["union_rows"] < baseline["host_to_device"]["rows"]
+    assert dedup["rho"] == pytest.approx(dedup["device_rows"] / dedup["union_rows"]) and dedup["rho"] > 1
+    assert dedup["shared_rows"] == dedup["device_rows"] - dedup["union_rows"]
+    assert baseline["device_to_device"]["rows"] == 0 < dedup["device_to_device"]["rows"]
+    saved = 1 - dedup["host_to_device"]["bytes"] / baseline["host_to_device"]["bytes"]
+    assert saved == pytest.approx(1 - 1 / dedup["rho"])  # every host byte scales with the rows read
+
+
+def test_group_by_owner_and_union_route_each_row_to_one_owner():
+    generator = torch.Generator().manual_seed(0)
+    per_device = [torch.unique(torch.randint(50, (30,), generator=generator)) for _ in range(3)]
+    grouped = []
+    for rows in per_device:
+        padded = torch.cat([rows, rows[:1].repeat(5)])  # padding after the count, as plans have
+        local = torch.randint(len(rows), (40,), generator=generator)
+        g = group_by_owner(padded, local, torch.tensor([len(rows)]), 3)
+        assert torch.equal(g.rows[g.local], padded[local])
+        assert g.per_owner.tolist() == [int((rows % 3 == o).sum()) for o in range(3)]
+        grouped.append(g)
+    for owner in range(3):
+        requests = [g.rows[int(owner_offsets(g.per_owner.numpy())[owner]):][:int(g.per_owner[owner])]
+                    for g in grouped]
+        assert all(bool((r % 3 == owner).all()) for r in requests)
+        union = union_of_requests(requests)
+        expected = torch.unique(torch.cat(requests))
+        assert torch.equal(union.rows[:int(union.count)], expected)
+        for request, positions in zip(requests, union.positions):
+            assert torch.equal(union.rows[positions], request)
+
+
+def test_adagrad_of_several_gradients_equals_consecutive_steps():
+    generator = torch.Generator().manual_seed(2)
+    for state_cols in (1, 6):
+        nodes = torch.randn(20, 6, generator=generator, dtype=torch.float64)
+        state = torch.rand(20, state_cols, generator=generator, dtype=torch.float64)
+        rows = torch.tensor([3, 7, 11, 19, 0])
+        grads = torch.randn(3, 5, 6, generator=generator, dtype=torch.float64)
+        grads[1, 2] = 0  # a device without row 11 gives it a zero gradient: no change
+        at_once, one_by_one = (nodes.clone(), state.clone()), (nodes.clone(), state.clone())
+        sparse_adagrad_(*at_once, rows, grads, torch.tensor([4]), lr=0.3, eps=1e-10)
+        for grad in grads:
+            sparse_adagrad_(*one_by_one, rows[:4], grad[:4], 4, lr=0.3, eps=1e-10)
+        torch.testing.assert_close(at_once, one_by_one, rtol=0, atol=1e-15)
+        assert torch.equal(at_once[0][0], nodes[0]), "rows past the count must stay"
+
+
+def test_cached_rows_are_read_and_updated_in_the_cache_until_flushed():
+    generator = torch.Generator().manual_seed(3)
+    nodes, state = torch.randn(30, 4, generator=generator), torch.rand(30, 4, generator=generator)
+    rows, grad = torch.tensor([2, 5, 9, 14]), torch.randn(4, 4, generator=generator)
+    expected = nodes.clone(), state.clone()
+    sparse_adagrad_(*expected, rows, grad, None, lr=0.1, eps=1e-10)
+    cache = RowCache.empty(30, 3, 4, 4, "cpu")
+    cache.admit(torch.tensor([5, 14]), nodes, state)
+    tables = nodes.clone(), state.clone()
+    sparse_adagrad_(*tables, rows, grad, None, lr=0.1, eps=1e-10, cache=cache)
+    assert torch.equal(tables[0][5], nodes[5]), "a cached row is updated in the cache, not the table"
+    torch.testing.assert_close(tables[0][9], expected[0][9])
+    read = gather_rows(tables[0], rows, torch.empty(4, 4), None, cache)
+    torch.testing.assert_close(read, expected[0][rows])
+    cache.flush(*tables)
+    torch.testing.assert_close(tables, expected)
+    assert int((cache.slot_of >= 0).sum()) == 0 and cache.num_rows == 0
+
+
+def test_hot_rows_are_an_owners_most_frequent_endpoints():
+    edges = torch.tensor([[4, 0, 6], [4, 0, 2], [4, 0, 8], [6, 0, 3], [1, 0, 6], [5, 0, 7]])
+    assert hot_rows(edges, 10, 0, 2, 2).tolist() == [4, 6]
+    assert hot_rows(edges, 10, 1, 2, 5).tolist() == [1, 3, 5, 7]  # only rows that are endpoints
+    assert hot_rows(edges, 10, 0, 2, 0).tolist() == []
+
+
+@pytest.mark.parametrize("extra", [[], ["storage.num_partitions=4", "storage.buffer_capacity=2"],
+                                   ["pipeline.dedup=false"], ["training.shared_negatives=true"]])
+def test_trainer_on_simulated_devices_learns_and_logs_transfers(small_config, tmp_path, extra):
+    config = small_config("training.devices=cpu,cpu", "training.epochs=6", "evaluation.every=3",
+                          "pipeline.cache_rows=10", *extra)
+    if "storage.num_partitions=4" in extra:
+        config.dataset.path = _bucketed(config, tmp_path, 4)
+    model = mp.train(config, tmp_path / "run", progress=False)
+    assert model.test_metrics["mrr"] > 0.3
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    epochs = [r for r in records if r["event"] == "epoch"]
+    assert len(epochs) == 6
+    transfers = epochs[-1]["devices"]
+    assert transfers["names"] == ["cpu", "cpu"] and transfers["steps"] > 0
+    assert transfers["host_to_device"]["bytes"] > 0 and transfers["device_to_host"]["bytes"] > 0
+    if config.pipeline.dedup:
+        assert transfers["rho"] > 1 and transfers["host_to_device"]["rows"] < transfers["device_rows"]
+    else:
+        assert transfers["rho"] == 1 and transfers["device_to_device"]["rows"] == 0
+
+
+def _bucketed(config, tmp_path, partitions: int) -> str:
+    from marius_py.preprocess import PreprocessOptions, preprocess
+    from tests.conftest import UMLS_RAW
+    out = tmp_path / f"umls-p{partitions}"
+    preprocess(out, UMLS_RAW / "train.txt", UMLS_RAW / "valid.txt", UMLS_RAW / "test.txt",
+               PreprocessOptions(num_partitions=partitions), progress=False)
+    return str(out)
+
+
+def test_replicas_leave_training_equal(small_config, tmp_path):
+    config = small_config("training.devices=cpu,cpu,cpu", "training.epochs=2")
+    trainer = Trainer(config, Dataset(config.dataset.path), tmp_path / "run", progress=False)
+    try:
+        trainer.train()
+        first = trainer.replicas[0].decoder.relations.detach()
+        assert not torch.equal(first, trainer.replicas[0].decoder.relations.detach() * 0)
+        for replica in trainer.replicas[1:]:
+            assert torch.equal(replica.decoder.relations.detach(), first)
+    finally:
+        trainer.close()
+
+
+@pytest.mark.parametrize(("devices", "message"), [("cpu", "at least two"), ("cuda:0,cpu", "one kind"),
+                                                  ("gpu0,gpu1", "cpu or cuda:N"), ("cuda:0,cuda:0", "each GPU once")])
+def test_bad_devices_are_config_errors(small_config, devices, message):
+    with pytest.raises(mp.MariusInputError, match=f"training.devices.*{message}"):
+        small_config(f"training.devices={devices}")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message of a machine without GPUs")
+def test_gpus_on_a_machine_without_them_is_a_clear_error(umls_dataset, tmp_path, capsys):
+    from marius_py.cli import main
+    code = main(["train", f"dataset.path={umls_dataset}", "--gpus", "2", "--run-dir", str(tmp_path / "run"),
+                 "--quiet"])
+    assert code == 2
+    assert "training.devices: cuda:0 requested but 0 CUDA device(s)" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
+two_gpus = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,
+                              reason="needs two CUDA devices")
+
+
+@pytest.mark.gpu
+@two_gpus
+@pytest.mark.parametrize("decoder", ["distmult", "complex"])
+def test_two_gpus_dedup_equals_baseline(small_config, decoder):
+    """On real GPUs (peer copies, zero-copy kernels): dedup, caches and the baseline train alike."""
+    results = {}
+    for variant, overrides in RUNNER_VARIANTS.items():
+        config, replicas, nodes, state, edges = setup(small_config, ["cuda:0", "cuda:1"], f"model.decoder={decoder}",
+                                                      "model.reg_weight=0", *overrides)
+        nodes, state = nodes.pin_memory(), state.pin_memory()
+        runner, loss = run_runner(config, replicas, nodes, state, edges)
+        torch.cuda.synchronize()
+        results[variant] = nodes, state, loss.cpu(), runner.counters.snapshot(4, 8)
+    nodes, state, loss, _ = results["baseline"]
+    for variant in ("dedup", "cache", "split"):
+        got_nodes, got_state, got_loss, counters = results[variant]
+        close = torch.isclose(got_nodes, nodes, rtol=1e-4, atol=1e-5)
+        assert close.float().mean() > 0.999, f"{variant}: {int((~close).sum())} entries differ"
+        torch.testing.assert_close(got_loss, loss, rtol=1e-4, atol=1e-6)
+        assert counters["rho"] > 1
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("rowwise", [False, True])
+def test_cached_multi_gradient_kernels_match_torch_versions(rowwise):
+    generator = torch.Generator().manual_seed(4)
+    nodes = torch.randn(300, 100, generator=generator)
+    state = torch.rand(300, 1 if rowwise else 100, generator=generator)
+    rows = torch.randperm(300, generator=generator)[:120]
+    grads = torch.randn(3, 120, 100, generator=generator)
+    outputs = []
+    for device in ("cpu", "cuda"):
+        tables = [t.clone().to(device) if device == "cpu" else t.clone().pin_memory() for t in (nodes, state)]
+        cache = RowCache.empty(300, 40, 100, state.shape[1], device)
+        cache.admit(rows[::4][:40], *tables)
+        sparse_adagrad_(*tables, rows.to(device), grads.to(device), torch.tensor([111], device=device), 0.1,
+                        1e-10, cache)
+        read = gather_rows(tables[0], rows.to(device), torch.full((120, 104), float("nan"), device=device),
+                           torch.tensor([117], device=device), cache)
+        torch.cuda.synchronize()
+        cache.flush(*tables)
+        outputs.append([t.cpu() for t in (*tables, read[:117])])
+    for got, expected in zip(outputs[1], outputs[0]):
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
