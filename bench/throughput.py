@@ -150,8 +150,8 @@ def print_profile(work, title: str) -> None:
                                                              max_name_column_width=40, max_shapes_column_width=80))
 
 
-def measure_disk(dim: int, args) -> dict:
-    """Epochs of the trainer with embeddings on disk: p partitions, a buffer of p/4."""
+def measure_disk(dim: int, args, extra: tuple[str, ...] = ()) -> dict:
+    """Epochs of the trainer with embeddings on disk: p partitions, a buffer of p/4 (``extra``: overrides)."""
     workdir = Path(args.workdir)
     dataset = workdir / f"rmat-p{args.partitions}"
     if not (dataset / "metadata.json").exists():
@@ -160,13 +160,13 @@ def measure_disk(dim: int, args) -> dict:
                         "--edges", str(args.disk_edges), "--out", str(edges_file)], check=True)
         subprocess.run([sys.executable, "-m", "marius_py.cli", "preprocess", "--train", str(edges_file),
                         "--pairs", "--partitions", str(args.partitions), "--output", str(dataset)], check=True)
-    run_dir = workdir / f"run-disk-d{dim}"
+    run_dir = workdir / f"run-disk-d{dim}{'-'.join(extra)}"
     subprocess.run(["rm", "-rf", str(run_dir)], check=True)
     command = [sys.executable, "-m", "marius_py.cli", "train", "--run-dir", str(run_dir), "--quiet",
                "--partitions", str(args.partitions), "--buffer", str(args.partitions // 4),
                f"dataset.path={dataset}", f"model.dim={dim}", "training.epochs=2",
                "evaluation.every=0", "evaluation.protocol=sampled", "training.device=cuda",
-               *STEP_SETTINGS, f"training.score_dtype={args.score_dtype}"]
+               *STEP_SETTINGS, f"training.score_dtype={args.score_dtype}", *extra]
     with UtilisationSampler(torch.device("cuda")) as utilisation:
         subprocess.run(command, check=True)
     epochs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -174,7 +174,8 @@ def measure_disk(dim: int, args) -> dict:
     return {"part": "disk", "placement": last["pipeline"]["placement"], "dim": dim,
             "score_dtype": args.score_dtype,
             "edges_per_s": last["edges_per_s"], "gpu_util": utilisation.mean, "seconds": last["seconds"],
-            "partitions": args.partitions, "buffer": args.partitions // 4, "io": last.get("io")}
+            "partitions": args.partitions, "buffer": args.partitions // 4, "io": last.get("io"),
+            "devices": last.get("devices"), "overrides": list(extra)}
 
 
 # Our FB15k-237 settings: the shipped 1-vs-all config, and a sampled-negative one made for speed.

@@ -128,6 +128,9 @@ class PipelineConfig:
     dedup: bool = _f(True, "several devices: each row a step needs crosses PCIe once (its owner device reads it "
                            "and shares it over NVLink; gradients return to the owner, which writes one update). "
                            "false: every device reads and writes its own rows over PCIe (the baseline)")
+    step_grouping: int = _f(0, "several devices: windows of this many steps are sorted by head and each step "
+                               "dealt round-robin, so the batches that run together share rows (0: off; the "
+                               "batches are then uniform samples of the span)")
     cache_rows: int = _f(-1, "several devices, tables in host memory: rows each device keeps in its memory for "
                              "a span (its most frequent endpoints), read and updated there instead of over PCIe; "
                              "-1: as many as fit in a quarter of the device's free memory (none on a CPU); 0: none")
@@ -193,6 +196,8 @@ def validate(config: Config, origins: dict | None = None) -> Config:
                 ("pipeline.load_threads", config.pipeline.load_threads)]
     for path, value in positive:
         _check(value > 0, path, "expected > 0", value)
+    _check(config.pipeline.step_grouping >= 0, "pipeline.step_grouping", "expected >= 0",
+           config.pipeline.step_grouping)
     _check(config.pipeline.cache_rows >= -1, "pipeline.cache_rows", "expected >= -1", config.pipeline.cache_rows)
     nonnegative = [("model.reg_weight", m.reg_weight), ("training.num_threads", t.num_threads),
                    ("evaluation.every", e.every), ("training.seed", t.seed),

@@ -75,7 +75,7 @@ def build_multi_device_runner(replicas: list, placement: str, config: Config, de
     return MultiDeviceRunner(steps, functools.partial(sparse_adagrad_, lr=adagrad.lr, eps=adagrad.eps), devices,
                              config.training.batch_size, p.staleness_bound or MULTI_DEVICE_STALENESS,
                              dedup=p.dedup, cache_rows=cache_rows, cache_all=placement == PLACEMENT_DEVICE,
-                             shared_negatives=config.training.shared_negatives)
+                             shared_negatives=config.training.shared_negatives, grouping_window=p.step_grouping)
 
 
 def automatic_cache_rows(devices: list[torch.device], row_bytes: int) -> int:

@@ -94,6 +94,25 @@ def _used_on(stream: torch.cuda.Stream | None, *tensors: torch.Tensor) -> None:
             tensor.record_stream(stream)
 
 
+def group_steps_by_head(edges: torch.Tensor, step_edges: int, num_devices: int, window_steps: int) -> torch.Tensor:
+    """Step grouping (HongTu's chunk reorganisation in spirit): batches that run together share rows.
+
+    Each window of ``window_steps`` steps is sorted by head, so a step's edges
+    have few distinct heads, and every step's edges are dealt round-robin to
+    its devices, so those heads are shared by all of them: a step reads fewer
+    rows, and more of them serve several devices. Steps stop being uniform
+    samples of the span: measure accuracy (bench/multi_gpu.py).
+    """
+    parts = []
+    for start in range(0, len(edges), window_steps * step_edges):
+        window = edges[start:start + window_steps * step_edges]
+        window = window[torch.sort(window[:, 0], stable=True).indices]
+        for first in range(0, len(window), step_edges):
+            step = window[first:first + step_edges]
+            parts.append(step[torch.cat([torch.arange(g, len(step), num_devices) for g in range(num_devices)])])
+    return torch.cat(parts) if parts else edges
+
+
 @dataclass
 class _Step:
     """One step in flight: its batches, plans and routes, then what its loads produced."""
@@ -123,17 +142,18 @@ class MultiDeviceRunner:
 
     def __init__(self, steps: list[BatchStep], node_update: Callable, devices: list[torch.device], batch_size: int,
                  staleness_bound: int, dedup: bool = True, cache_rows: int = 0, cache_all: bool = False,
-                 shared_negatives: bool = False):
+                 shared_negatives: bool = False, grouping_window: int = 0):
         """``steps[g]``: device g's step (its own relation replica). ``node_update(nodes, state, rows,
         grads, count, cache)``: the in-place optimizer update of rows (``row_kernels.sparse_adagrad_``).
         ``cache_rows``: rows each owner keeps per span (its hottest); ``cache_all``: all it owns (tables
-        split across the devices' memory)."""
+        split across the devices' memory). ``grouping_window``: steps whose edges ``group_steps_by_head``
+        reorders together (0: the span's order)."""
         if len(steps) != len(devices) or len(devices) < 2:
             raise ValueError("a multi-device runner needs one step per device and at least two devices")
         self.steps, self.node_update, self.devices = steps, node_update, devices
         self.batch_size, self.staleness_bound = batch_size, max(1, staleness_bound)
         self.dedup, self.cache_rows, self.cache_all = dedup, cache_rows, cache_all
-        self.shared_negatives = shared_negatives
+        self.shared_negatives, self.grouping_window = shared_negatives, grouping_window
         self.lanes = [_Lanes.for_device(d) for d in devices]
         self.counters = TransferCounters()
         self.caches: list[RowCache | None] = [None] * len(devices)
@@ -157,6 +177,9 @@ class MultiDeviceRunner:
             sampling: list[torch.Generator], dropout: list[torch.Generator], loss_sum: torch.Tensor,
             on_batch: Callable[[int], None]) -> None:
         """Train ``edges`` (host, already shuffled, ids index the host tables) in steps of G batches."""
+        step_edges = self.batch_size * self.num_devices
+        if self.grouping_window:
+            edges = group_steps_by_head(edges, step_edges, self.num_devices, self.grouping_window)
         if any(d.type == "cuda" for d in self.devices):
             edges = edges.pin_memory()  # batches copy to their devices asynchronously
         self._admit_caches(edges, nodes, state)
@@ -166,7 +189,6 @@ class MultiDeviceRunner:
                     stream.wait_stream(torch.cuda.current_stream(device))
         candidates = [None if candidates is None else candidates.to(d) for d in self.devices]
         losses = [torch.zeros((), device=d) for d in self.devices]
-        step_edges = self.batch_size * self.num_devices
         num_steps = -(-len(edges) // step_edges)
         planned: deque[_Step] = deque()
         in_flight: deque[_Step] = deque()
@@ -225,7 +247,7 @@ class MultiDeviceRunner:
         shared = None
         for g, batch in enumerate(batches):
             device, lanes, model = self.devices[g], self.lanes[g], self.steps[g]
-            with _on(lanes.plan):
+            with _on(self.lanes[0].plan, lanes.plan):  # device 0's too: shared draws are copied from there
                 batch = batch.to(device, non_blocking=True)
                 draws = model.negative_draws(len(batch), candidates[g], sampling[g])
                 if self.shared_negatives and shared is None:

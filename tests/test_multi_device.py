@@ -20,6 +20,7 @@ from marius_py.dataset import Dataset
 from marius_py.steps import build_multi_device_runner
 from marius_py.trainer import Model, Trainer, epoch_generator
 from pipeline.device_cache import RowCache, hot_rows
+from pipeline.multi_device import group_steps_by_head
 from pipeline.routing import group_by_owner, owner_offsets, union_of_requests
 from pipeline.row_kernels import gather_rows, sparse_adagrad_
 
@@ -219,8 +220,29 @@ def test_hot_rows_are_an_owners_most_frequent_endpoints():
     assert hot_rows(edges, 10, 0, 2, 0).tolist() == []
 
 
+def test_step_grouping_reorders_edges_so_a_steps_batches_share_heads():
+    generator = torch.Generator().manual_seed(5)
+    edges = torch.stack([torch.randint(40, (1000,), generator=generator), torch.zeros(1000, dtype=torch.long),
+                         torch.arange(1000)], dim=1)
+    grouped = group_steps_by_head(edges, step_edges=100, num_devices=2, window_steps=4)
+    assert torch.equal(torch.sort(grouped[:, 2]).values, edges[:, 2]), "every edge exactly once"
+
+    def heads_per_step_and_overlap(order):
+        distinct, overlap = [], []
+        for first in range(0, 1000, 100):
+            a, b = set(order[first:first + 50, 0].tolist()), set(order[first + 50:first + 100, 0].tolist())
+            distinct.append(len(a | b))
+            overlap.append(len(a & b) / len(a | b))
+        return np.mean(distinct), np.mean(overlap)
+
+    distinct_before, overlap_before = heads_per_step_and_overlap(edges)
+    distinct_after, overlap_after = heads_per_step_and_overlap(grouped)
+    assert distinct_after < distinct_before / 2 and overlap_after > 0.9 > overlap_before
+
+
 @pytest.mark.parametrize("extra", [[], ["storage.num_partitions=4", "storage.buffer_capacity=2"],
-                                   ["pipeline.dedup=false"], ["training.shared_negatives=true"]])
+                                   ["pipeline.dedup=false"], ["training.shared_negatives=true"],
+                                   ["pipeline.step_grouping=4"]])
 def test_trainer_on_simulated_devices_learns_and_logs_transfers(small_config, tmp_path, extra):
     config = small_config("training.devices=cpu,cpu", "training.epochs=6", "evaluation.every=3",
                           "pipeline.cache_rows=10", *extra)

@@ -1,0 +1,356 @@
+"""Several GPUs sharing host tables: bytes moved with and without dedup, throughput, accuracy.
+
+    python bench/multi_gpu.py --parts bytes step processes --json bench/results/multi-gpu.json
+    python bench/multi_gpu.py --parts fb15k disk --fb15k .data/fb15k-237
+
+Part ``bytes``: one epoch's transfers through the routing alone (planning,
+routing, reads and updates of zero gradients; no scores), per variant: the
+baseline (every device reads and writes its own rows), inter-device sharing
+(dedup), device caches of each owner's hottest rows, negatives shared by a
+step's devices, step grouping, and tables split across the devices; on
+FB15k-237 and on the synthetic power-law graph of ``bench/throughput.py``.
+DistMult d=100, B=50k per device, 10 chunks x 1000 negatives per direction.
+Runs anywhere: ``--devices cpu,cpu`` simulates the devices (the counts are the
+same as on GPUs).
+
+Part ``step``: edges/s of the training step alone (same settings, fused
+DistMult), one GPU against two, tables in pinned host memory (zero copy) and
+in GPU memory (one GPU) / split across the GPUs (two), at each ``--dims``;
+GPU busy per device from NVML.
+
+Part ``processes``: two single-GPU processes at once (one per GPU, sharing
+nothing): the ceiling of one process per GPU for the host step.
+
+Part ``disk``: epochs of ``marius-py train`` over an R-MAT graph on disk
+(bench/throughput.py's disk part), one GPU against two.
+
+Part ``peaks``: copy bandwidth to hold those against: pinned host to one GPU,
+to both at once, and GPU to GPU (1 GiB copies, best of 5).
+
+Part ``fb15k``: the shipped ``fb15k-237`` config, one GPU against two
+(``training.batch_size`` per device, and halved), filtered test MRR.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from throughput import STEP_SETTINGS, UtilisationSampler, measure_disk, measure_step, power_law_edges  # noqa: E402
+
+from marius_py.config import load_config  # noqa: E402
+from marius_py.steps import build_multi_device_runner  # noqa: E402
+from marius_py.trainer import Model, epoch_generator, tf32_matmuls  # noqa: E402
+
+BYTES_VARIANTS = {
+    "baseline (no dedup)": ["pipeline.dedup=false"],
+    "dedup: sharing": ["pipeline.cache_rows=0"],
+    "dedup: sharing + cache": ["pipeline.cache_rows={cache}"],
+    "dedup: + shared negatives": ["pipeline.cache_rows=0", "training.shared_negatives=true"],
+    "dedup: + shared negatives + cache": ["pipeline.cache_rows={cache}", "training.shared_negatives=true"],
+    "dedup: + grouping + shared neg. + cache": ["pipeline.cache_rows={cache}", "training.shared_negatives=true",
+                                                "pipeline.step_grouping=16"],
+    "dedup: split across devices": ["pipeline.placement=device"],
+}
+
+
+class RoutingOnly:
+    """A device's step that plans and routes like training but computes zero gradients (no scores)."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def negative_draws(self, *args, **kwargs):
+        return self.model.negative_draws(*args, **kwargs)
+
+    def plan_batch(self, *args, **kwargs):
+        return self.model.plan_batch(*args, **kwargs)
+
+    def gradients(self, plan, embeddings, generator):
+        return torch.zeros_like(embeddings), [], torch.zeros((), device=embeddings.device)
+
+    def step_relations(self, gradients):
+        pass
+
+
+def make_runner(overrides: list[str], devices: list[torch.device], num_nodes: int, num_relations: int,
+                routing_only: bool = False):
+    """(config, replicas, runner) for ``devices`` with the step settings and ``overrides``."""
+    names = ",".join(str(d) for d in devices)
+    config = load_config(None, [*STEP_SETTINGS, f"training.devices={names}", *overrides])
+    torch.manual_seed(0)
+    replicas = [Model(config, num_nodes, num_relations, devices[0])]
+    for device in devices[1:]:
+        replica = Model(config, num_nodes, num_relations, device)
+        replica.load_state_dict(copy.deepcopy(replicas[0].state_dict()))
+        replicas.append(replica)
+    placement = "device" if config.pipeline.placement == "device" else "host"
+    row_bytes = 2 * config.model.dim * 4
+    runner = build_multi_device_runner(replicas, placement, config, devices, row_bytes)
+    if routing_only:
+        runner.steps = [RoutingOnly(model) for model in replicas]
+    return config, replicas, runner
+
+
+def host_tables(num_nodes: int, dim: int, pin: bool):
+    nodes = torch.randn(num_nodes, dim) * 1e-3
+    state = torch.zeros(num_nodes, dim)
+    return (nodes.pin_memory(), state.pin_memory()) if pin else (nodes, state)
+
+
+def generators(devices: list[torch.device], epoch: int = 1):
+    return ([epoch_generator(0, epoch, d, stream=2 + g) for g, d in enumerate(devices)],
+            [epoch_generator(0, epoch, d, stream=9 + g) for g, d in enumerate(devices)])
+
+
+def transfer_bytes(name: str, edges: torch.Tensor, num_nodes: int, num_relations: int, args) -> list[dict]:
+    """One epoch of ``edges`` through the routing per variant: bytes by direction, against the baseline."""
+    devices = [torch.device(d) for d in args.devices.split(",")]
+    cache = int(args.cache_fraction * num_nodes / len(devices))
+    pin = devices[0].type == "cuda"
+    nodes, state = host_tables(num_nodes, 100, pin)
+    rows, baseline = [], None
+    for variant, overrides in BYTES_VARIANTS.items():
+        overrides = [o.format(cache=cache) for o in overrides] + ["model.dim=100"]
+        config, _, runner = make_runner(overrides, devices, num_nodes, num_relations, routing_only=True)
+        sampling, dropout = generators(devices)
+        started = time.perf_counter()
+        runner.run(edges, nodes, state, None, sampling, dropout, torch.zeros((), device=devices[0]),
+                   lambda n: None)
+        counts = runner.counters.snapshot(100 * 4, 200 * 4)
+        baseline = baseline or counts
+        h2d, base = counts["host_to_device"]["bytes"], baseline["host_to_device"]["bytes"]
+        row = {"part": "bytes", "dataset": name, "variant": variant, "devices": args.devices,
+               "cache_rows_per_device": cache if "cache" in variant else 0, "seconds": time.perf_counter() - started,
+               "h2d_saving": 1 - h2d / base,
+               "shared_fraction": counts["shared_rows"] / baseline["device_rows"],
+               "reused_fraction": counts["cache_hits"] / baseline["device_rows"], **counts}
+        rows.append(row)
+        print(f"bytes {name:<12} {variant:<40} H2D {h2d / 2**20:9.1f} MiB ({row['h2d_saving']:+6.1%})  "
+              f"D2D {counts['device_to_device']['bytes'] / 2**20:8.1f} MiB  "
+              f"D2H {counts['device_to_host']['bytes'] / 2**20:8.1f} MiB  rho {counts['rho']:.3f}  "
+              f"sharing {row['shared_fraction']:.1%}  reuse {row['reused_fraction']:.1%}", flush=True)
+    return rows
+
+
+def fb15k_edges(path: str):
+    """FB15k-237's train edges (preprocessed once under the workdir) with its node and relation counts."""
+    from marius_py.api import load_dataset
+    dataset = load_dataset(path)
+    return torch.from_numpy(dataset.train), dataset.num_nodes, dataset.num_relations
+
+
+def measure_two(dim: int, placement: str, dedup: bool, args) -> dict:
+    """Edges/s of the step on the first two GPUs (fused DistMult, power-law edges, tables in host memory)."""
+    devices = [torch.device("cuda", g) for g in range(2)]
+    overrides = [f"model.dim={dim}", f"pipeline.dedup={str(dedup).lower()}", "training.score_dtype=float32",
+                 f"pipeline.placement={placement}", *args.overrides]
+    config, _, runner = make_runner(overrides, devices, args.nodes, args.relations)
+    nodes, state = host_tables(args.nodes, dim, pin=True)
+    step_edges = config.training.batch_size * len(devices)
+    edges = power_law_edges(args.nodes, step_edges * 10, args.relations)
+    loss = torch.zeros((), device=devices[0])
+
+    def run(num_steps: int) -> float:
+        span = edges.repeat(-(-num_steps // 10), 1)[:num_steps * step_edges]
+        sampling, dropout = generators(devices)
+        torch.cuda.synchronize()
+        started = time.perf_counter()
+        runner.run(span, nodes, state, None, sampling, dropout, loss, lambda n: None)
+        for device in devices:
+            torch.cuda.synchronize(device)
+        return time.perf_counter() - started
+
+    with tf32_matmuls(True):
+        run(args.warmup_batches)
+        probe = run(10)
+        num_steps = max(10, int(args.seconds / probe * 10))
+        samplers = [UtilisationSampler(d) for d in devices]
+        for sampler in samplers:
+            sampler.__enter__()
+        seconds = run(num_steps)
+        for sampler in samplers:
+            sampler.__exit__(None, None, None)
+        if args.profile:
+            from throughput import print_profile
+            print_profile(lambda: run(3), f"two GPUs {placement} d={dim} dedup={dedup}")
+    counts = runner.counters.snapshot(dim * 4, 2 * dim * 4)
+    return {"part": "step", "gpus": 2, "placement": placement, "dim": dim, "dedup": dedup,
+            "edges_per_s": num_steps * step_edges / seconds, "seconds": seconds,
+            "gpu_util": [s.mean for s in samplers], "staleness_bound": runner.staleness_bound,
+            "h2d_gb_per_s": counts["host_to_device"]["bytes"] / 2**30 / (seconds + probe),
+            "d2d_gb_per_s": counts["device_to_device"]["bytes"] / 2**30 / (seconds + probe), "transfers": counts}
+
+
+def measure_one(dim: int, placement: str, args) -> dict:
+    one_args = argparse.Namespace(**{**vars(args), "load_threads": 1})
+    row = measure_step(dim, placement, "float32", one_args, "graph" if placement == "device" else "fused")
+    return {**row, "gpus": 1, "gpu_util": [row["gpu_util"]]}
+
+
+def measure_processes(dim: int, args) -> dict:
+    """Two processes, one per GPU, each running the one-GPU host step; sum of their edges/s."""
+    script = Path(__file__).parent / "throughput.py"
+    outputs, procs = [], []
+    for gpu in range(2):
+        out = Path(args.workdir) / f"process-{gpu}-d{dim}.json"
+        env = {**os.environ, "CUDA_VISIBLE_DEVICES": str(gpu)}
+        procs.append(subprocess.Popen([sys.executable, str(script), "--parts", "step", "--placements", "host",
+                                       "--dims", str(dim), "--seconds", str(args.seconds), "--load-threads", "1",
+                                       "--steps", "fused", "--json", str(out)], env=env,
+                                      stdout=subprocess.DEVNULL))
+        outputs.append(out)
+    for proc in procs:
+        proc.wait()
+    rates = [json.loads(out.read_text())["rows"][0]["edges_per_s"] for out in outputs]
+    return {"part": "processes", "gpus": 2, "placement": "host", "dim": dim, "edges_per_s": sum(rates),
+            "per_process": rates}
+
+
+def measure_peaks() -> dict:
+    """GB/s of 1 GiB copies: pinned host -> GPU 0, host -> both GPUs at once, GPU 0 -> GPU 1."""
+    size = 1 << 30
+    host = torch.empty(size, dtype=torch.uint8, pin_memory=True)
+    gpus = [torch.empty(size, dtype=torch.uint8, device=f"cuda:{g}") for g in range(2)]
+
+    def best(copies) -> float:
+        times = []
+        for _ in range(5):
+            for g in range(2):
+                torch.cuda.synchronize(g)
+            started = time.perf_counter()
+            for target, source in copies:
+                target.copy_(source, non_blocking=True)
+            for g in range(2):
+                torch.cuda.synchronize(g)
+            times.append(time.perf_counter() - started)
+        return len(copies) * size / min(times) / 1e9
+
+    return {"part": "peaks", "host_to_gpu_gb_s": best([(gpus[0], host)]),
+            "host_to_both_gpus_gb_s": best([(gpus[0], host), (gpus[1], host)]),
+            "gpu_to_gpu_gb_s": best([(gpus[1], gpus[0])]),
+            "peer_access": torch.cuda.can_device_access_peer(0, 1)}
+
+
+def measure_fb15k(args, gpus: int, extra: list[str]) -> dict:
+    """The shipped fb15k-237 config trained to the end; test MRR of the best-validation checkpoint."""
+    import marius_py as mp
+    from marius_py.api import make_config
+    devices = ["training.device=cuda"] if gpus == 1 else [f"training.devices={','.join(f'cuda:{g}' for g in range(gpus))}"]
+    config = make_config("fb15k-237", [f"dataset.path={args.fb15k}", *devices, *extra])
+    run_dir = Path(args.workdir) / f"fb15k-{gpus}gpu-{'-'.join(extra) or 'shipped'}"
+    subprocess.run(["rm", "-rf", str(run_dir)], check=True)
+    samplers = [UtilisationSampler(torch.device("cuda", g)) for g in range(gpus)]
+    for sampler in samplers:
+        sampler.__enter__()
+    model = mp.train(config, run_dir, progress=False)
+    for sampler in samplers:
+        sampler.__exit__(None, None, None)
+    epochs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    epochs = [r for r in epochs if r.get("event") == "epoch"]
+    seconds = sum(r["seconds"] for r in epochs)
+    return {"part": "fb15k", "gpus": gpus, "placement": epochs[-1]["pipeline"]["placement"],
+            "dim": config.model.dim, "overrides": extra, "test_mrr": model.test_metrics["mrr"],
+            "hits@10": model.test_metrics["hits@10"], "train_seconds": seconds,
+            "edges_per_s": float(np.mean([r["edges_per_s"] for r in epochs[1:] or epochs])),  # past compilation
+            "gpu_util": [s.mean for s in samplers], "devices": epochs[-1].get("devices")}
+
+
+def print_row(row: dict) -> None:
+    if row["part"] == "bytes":
+        return
+    if row["part"] == "peaks":
+        print(f"peaks     host->GPU {row['host_to_gpu_gb_s']:.1f} GB/s, host->both GPUs "
+              f"{row['host_to_both_gpus_gb_s']:.1f} GB/s, GPU->GPU {row['gpu_to_gpu_gb_s']:.1f} GB/s "
+              f"(peer access: {row['peer_access']})", flush=True)
+        return
+    util = "/".join("-" if u is None else f"{u:.0f}%" for u in row.get("gpu_util", []) or [])
+    extra = ""
+    if row.get("test_mrr") is not None:
+        extra = f"  test MRR {row['test_mrr']:.4f}  {row['train_seconds']:.0f} s of training"
+    if "dedup" in row:
+        extra += f"  dedup={row['dedup']}  H2D {row['h2d_gb_per_s']:.1f} GB/s  D2D {row['d2d_gb_per_s']:.1f} GB/s"
+    if row.get("per_process"):
+        extra += "  per process " + " + ".join(f"{r / 1e6:.2f}" for r in row["per_process"])
+    print(f"{row['part']:<9} {row['gpus']} GPU  {row['placement']:<7} d={row['dim']:<4} "
+          f"{row['edges_per_s'] / 1e6:8.2f} M edges/s  GPU {util}{extra}", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--parts", nargs="+", default=["bytes", "step", "processes"],
+                        choices=["peaks", "bytes", "step", "processes", "disk", "fb15k"])
+    parser.add_argument("--devices", default="cuda:0,cuda:1", help="bytes: the devices (cpu,cpu simulates two)")
+    parser.add_argument("--fb15k", default=".data/fb15k-237", help="FB15k-237 directory (raw or preprocessed)")
+    parser.add_argument("--cache-fraction", type=float, default=0.05,
+                        help="bytes: cache rows per device as a fraction of the nodes")
+    parser.add_argument("--bytes-batches", type=int, default=40, help="bytes: power-law batches per epoch")
+    parser.add_argument("--dims", nargs="+", type=int, default=[100, 400])
+    parser.add_argument("--placements", nargs="+", default=["host", "device"])
+    parser.add_argument("--nodes", type=int, default=1_000_000)
+    parser.add_argument("--relations", type=int, default=100)
+    parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--warmup-batches", type=int, default=10)
+    parser.add_argument("--set", dest="overrides", nargs="*", default=[], help="step: extra config overrides")
+    parser.add_argument("--fb15k-variants", nargs="+", default=["1", "2", "2:training.batch_size=500"],
+                        help="fb15k: GPUS[:override,...] per run")
+    parser.add_argument("--partitions", type=int, default=16)
+    parser.add_argument("--disk-edges", type=int, default=8_000_000)
+    parser.add_argument("--score-dtype", default="float32")
+    parser.add_argument("--workdir", default="/tmp/multi-gpu")
+    parser.add_argument("--json", default=None)
+    parser.add_argument("--profile", action="store_true")
+    args = parser.parse_args()
+    Path(args.workdir).mkdir(parents=True, exist_ok=True)
+    rows = []
+
+    def record(row: dict) -> None:
+        rows.append(row)
+        print_row(row)
+        if args.json:
+            names = [torch.cuda.get_device_name(g) for g in range(torch.cuda.device_count())] \
+                if torch.cuda.is_available() else ["cpu"]
+            Path(args.json).write_text(json.dumps({"devices": names, "rows": rows}, indent=1))
+
+    if "peaks" in args.parts:
+        record(measure_peaks())
+    if "bytes" in args.parts:
+        edges, nodes, relations = fb15k_edges(args.fb15k)
+        shuffled = edges[torch.randperm(len(edges), generator=torch.Generator().manual_seed(0))]
+        for row in transfer_bytes("fb15k-237", shuffled, nodes, relations, args):
+            record(row)
+        edges = power_law_edges(args.nodes, 50_000 * args.bytes_batches, args.relations)
+        for row in transfer_bytes("power-law-1M", edges, args.nodes, args.relations, args):
+            record(row)
+    for dim in args.dims:
+        if "step" in args.parts:
+            for placement in args.placements:
+                record(measure_one(dim, placement, args))
+                record(measure_two(dim, placement, True, args))
+                if placement == "host":
+                    record(measure_two(dim, placement, False, args))
+        if "processes" in args.parts:
+            record(measure_processes(dim, args))
+        if "disk" in args.parts:
+            for extra in ((), ("--gpus", "2")):
+                row = measure_disk(dim, argparse.Namespace(**vars(args)), extra)
+                record({**row, "gpus": 2 if extra else 1, "gpu_util": [row["gpu_util"]]})
+    if "fb15k" in args.parts:
+        for variant in args.fb15k_variants:
+            gpus, _, extra = variant.partition(":")
+            record(measure_fb15k(args, int(gpus), [e for e in extra.split(",") if e]))
+
+
+if __name__ == "__main__":
+    main()
