@@ -129,8 +129,12 @@ class FusedStep:
         """Step the relations once per gradient list (several devices' batches, in device order)."""
         for grads in gradients:
             for grad in grads:
-                self._step_relations(grad)
+                self.apply_relation_gradient(grad)
                 self.count_relation_step()
+
+    def apply_relation_gradient(self, grad: torch.Tensor) -> None:
+        """The relation optimizer's step with this gradient, without the host-side step count."""
+        self._step_relations(grad)
 
     def _score_block(self, source: torch.Tensor, relations: torch.Tensor | None, ids, score_dtype: torch.dtype):
         """(loss, d/d queries, d/d candidates, d/d positive scores, row of the first head-corruption query).

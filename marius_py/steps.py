@@ -60,6 +60,20 @@ class FusedGradients:
     def step_relations(self, gradients: list[list[torch.Tensor]]) -> None:
         self.fused.step_relations(gradients)
 
+    @property
+    def graphable(self) -> bool:
+        """Whether the relation step is device work only (a CUDA graph can hold it)."""
+        return self.fused.own_relation_step
+
+    def apply_relation_gradients(self, gradients: list[list[torch.Tensor]]) -> None:
+        """``step_relations`` without the host-side step count (``count_relation_step``)."""
+        for grads in gradients:
+            for grad in grads:
+                self.fused.apply_relation_gradient(grad)
+
+    def count_relation_step(self) -> None:
+        self.fused.count_relation_step()
+
 
 def build_multi_device_runner(replicas: list, placement: str, config: Config, devices: list[torch.device],
                               row_bytes: int) -> MultiDeviceRunner:
@@ -75,7 +89,8 @@ def build_multi_device_runner(replicas: list, placement: str, config: Config, de
     return MultiDeviceRunner(steps, functools.partial(sparse_adagrad_, lr=adagrad.lr, eps=adagrad.eps), devices,
                              config.training.batch_size, p.staleness_bound or MULTI_DEVICE_STALENESS,
                              dedup=p.dedup, cache_rows=cache_rows, cache_all=placement == PLACEMENT_DEVICE,
-                             shared_negatives=config.training.shared_negatives, grouping_window=p.step_grouping)
+                             shared_negatives=config.training.shared_negatives, grouping_window=p.step_grouping,
+                             graphs=config.training.cuda_graphs)
 
 
 def automatic_cache_rows(devices: list[torch.device], row_bytes: int) -> int:

@@ -41,7 +41,6 @@ from marius_py.resources import check_memory, check_partitioning
 from marius_py.steps import build_multi_device_runner, build_span_runner
 from orderings import Ordering, build_ordering
 from pipeline.placements import PLACEMENT_DEVICE, choose_devices_placement, choose_placement
-from pipeline.routing import TransferCounters
 from pipeline.row_kernels import zero_copy_available
 from pipeline.rows import unique_rows_async
 from storage.buffer import PartitionBuffer
@@ -534,7 +533,7 @@ class Trainer:
         total_loss = torch.zeros((), device=self.device)
         self.runner.max_in_flight = 0  # per epoch
         if self.multi_device:
-            self.runner.counters = TransferCounters()
+            self.runner.counters.reset()
         io_before = self.partition_buffer().counters.snapshot() if self.partitioned else {}
         started = time.perf_counter()
         bar = tqdm(total=-(-num_edges // t.batch_size), desc=f"epoch {epoch}/{t.epochs}", unit="batch",

@@ -15,6 +15,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from pipeline.row_kernels import move_rows
+
 
 class RowCache:
     """GPU copies of some rows of a host table: ``embeddings[slot_of[row]]`` for rows with ``slot_of >= 0``."""
@@ -23,7 +25,7 @@ class RowCache:
         self.slot_of = slot_of          # [table rows] int32 on the device; -1: not cached
         self.embeddings = embeddings    # [capacity, d]
         self.state = state              # [capacity, state columns]
-        self.rows = torch.empty(0, dtype=torch.long)  # table rows in slots 0.. (host)
+        self.rows = torch.empty(0, dtype=torch.long, device=slot_of.device)  # table rows in slots 0..
 
     @classmethod
     def empty(cls, table_rows: int, capacity: int, dim: int, state_dim: int, device: torch.device | str,
@@ -41,29 +43,47 @@ class RowCache:
         return len(self.rows)
 
     def admit(self, rows: torch.Tensor, nodes: torch.Tensor, state: torch.Tensor) -> int:
-        """Copy ``rows`` (host ids, unique, at most ``capacity``) of the host tables in; returns bytes moved."""
+        """Copy ``rows`` (unique, at most ``capacity``) of the host tables in; returns bytes moved."""
         if self.num_rows:
             raise RuntimeError("flush the cache before admitting other rows")
-        rows = rows.cpu()
         count = len(rows)
         if count > self.capacity:
             raise ValueError(f"{count} rows do not fit a cache of {self.capacity}")
-        device = self.embeddings.device
-        self.embeddings[:count] = nodes[rows].to(device, self.embeddings.dtype)
-        self.state[:count] = state[rows].to(device, self.state.dtype)
-        self.slot_of[rows.to(device)] = torch.arange(count, dtype=torch.int32, device=device)
-        self.rows = rows
+        self.rows = rows.to(self.slot_of.device)
+        for table, copy in ((nodes, self.embeddings), (state, self.state)):
+            _move(table, copy, count, source_rows=self.rows)
+        self.slot_of[self.rows] = torch.arange(count, dtype=torch.int32, device=self.slot_of.device)
         return count * (nodes.shape[1] + state.shape[1]) * nodes.element_size()
+
+    def write_back(self, nodes: torch.Tensor, state: torch.Tensor) -> int:
+        """Copy the cached rows to the host tables, keeping them cached; returns bytes moved."""
+        for table, copy in ((nodes, self.embeddings), (state, self.state)):
+            _move(copy, table, self.num_rows, target_rows=self.rows)
+        return self.num_rows * (nodes.shape[1] + state.shape[1]) * nodes.element_size()
 
     def flush(self, nodes: torch.Tensor, state: torch.Tensor) -> int:
         """Write the cached rows back to the host tables and forget them; returns bytes moved."""
-        count = self.num_rows
-        if count:
-            nodes[self.rows] = self.embeddings[:count].to(nodes.device, nodes.dtype)
-            state[self.rows] = self.state[:count].to(state.device, state.dtype)
-            self.slot_of[self.rows.to(self.slot_of.device)] = -1
-            self.rows = torch.empty(0, dtype=torch.long)
-        return count * (nodes.shape[1] + state.shape[1]) * nodes.element_size()
+        moved = self.write_back(nodes, state)
+        self.forget()
+        return moved
+
+    def forget(self) -> None:
+        """Drop the cached rows without writing them (the host tables hold them already)."""
+        self.slot_of[self.rows] = -1
+        self.rows = self.rows[:0]
+
+
+def _move(source: torch.Tensor, target: torch.Tensor, count: int, source_rows: torch.Tensor | None = None,
+          target_rows: torch.Tensor | None = None) -> None:
+    """Rows between a host table and a cache: by the GPU in place when the host table is pinned (or on the
+    same device), else indexed on the host and copied."""
+    host = source if target.is_cuda else target
+    if not count or source.device == target.device or host.is_pinned():
+        move_rows(source, target, count, source_rows=source_rows, target_rows=target_rows)
+    elif source_rows is not None:  # admission from a pageable table
+        target[:count] = source[source_rows.cpu()].to(target.device, target.dtype)
+    else:  # write-back into a pageable table
+        target[target_rows.cpu()] = source[:count].to(target.device, target.dtype)
 
 
 def hot_rows(edges: np.ndarray | torch.Tensor, table_rows: int, owner: int, num_devices: int,

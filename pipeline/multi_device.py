@@ -1,33 +1,37 @@
 """Several devices train one model from one set of host tables, with deduplicated row transfers.
 
 A span's edges (a buffer state, or an in-memory epoch) are dealt to the G
-devices in steps: step k gives device g the batch ``k * G + g``. Each device
-plans its batch (negatives, unique rows) and computes its gradients; relation
-parameters are replicated on every device. The node tables stay in
-host memory (pinned: GPU kernels read and write them in place, or a partition
-buffer's slots), and with deduplication (``pipeline.routing``):
+devices in steps: step k gives device g the batch ``k * G + g``. Relation
+parameters are replicated on every device. The node tables stay in host memory
+(pinned: GPU kernels read and write them in place; or a partition buffer's
+slots). A step runs in four phases, each on every device:
 
-1. each device groups its rows by owner (``row % G``) and sends each owner
-   the rows it needs; the owner takes their union;
-2. the owner reads each row of the union once: from its ``RowCache`` (rows it
-   keeps for the span: intra-GPU reuse) or from the host over PCIe; it sends
-   every device the rows it asked for (peer copies over NVLink);
-3. the devices compute their gradients; each returns the gradients of the
-   rows it got to their owners; relation gradients are all-reduced (summed
-   in device order on every replica) and every replica takes the same step;
-4. each owner applies, per row, the G devices' gradients as consecutive
-   Adagrad steps in device order, in one read-modify-write (``node_update``).
+1. plan: the device draws its negatives, finds its unique rows and groups
+   them by owner (``row % G``, ``pipeline.routing``);
+2. load: each owner takes the union of the rows the devices request from it
+   and reads each row once, from its ``RowCache`` (rows it keeps for the
+   span: intra-GPU reuse) or from the host over PCIe;
+3. compute: each device pulls its rows from their owners (NVLink) and
+   computes its gradients;
+4. update: each owner pulls the gradients of its rows and applies, per row,
+   the devices' gradients as consecutive Adagrad steps in device order, in one
+   read-modify-write; relation gradients are all-reduced (summed in device
+   order on every replica) and every replica takes the same step.
 
-Without deduplication (``pipeline.dedup=false``, the baseline) every device
-reads its own rows from the host and applies its own update, in device order:
-the same arithmetic, so both train the same model (tests compare them).
+Without deduplication (``dedup=False``, the baseline) every device reads its
+own rows from the host and applies its own update, in device order: the same
+arithmetic, so both train the same model (tests compare them).
 
-The loop plans steps ``lookahead`` ahead (row counts reach the host without a
-stall) and lets a step's loads run while up to ``staleness_bound - 1`` earlier
-steps still compute: a load may read rows those steps have not updated yet,
-but every update is a read-modify-write of the current row, so none is lost.
-On CUDA each device has a plan, a load and a compute stream ordered by events;
-on a CPU the same code runs inline, so G simulated devices test the routing.
+Rows move by ``move_rows``, a kernel on the receiving device that reads the
+sender's memory directly, with counts and offsets left where they were
+computed: no phase waits for the host. Plan and load run on a device's load
+stream, compute and update on its compute stream, ordered across devices by
+events; a step's loads may run while up to ``staleness_bound - 1`` earlier
+steps still compute (a load may then read rows they have not updated yet, but
+every update is a read-modify-write of the current row, so none is lost). On
+CUDA with the fused step, full steps are replayed as one CUDA graph per phase
+and device (``_PhaseGraphs``): a step then costs the host a few launches. On a
+CPU the same code runs inline, so G simulated devices test the routing.
 """
 
 from __future__ import annotations
@@ -37,34 +41,33 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 
 from pipeline.device_cache import RowCache, hot_rows
-from pipeline.routing import GroupedRows, OwnerRows, TransferCounters, group_by_owner, owner_offsets, union_of_requests
-from pipeline.row_kernels import gather_rows
+from pipeline.routing import (CACHE_HITS, DEVICE_ROWS, RECEIVED_ROWS, UNION_ROWS, GroupedRows, OwnerRows,
+                              TransferCounters, group_by_owner, union_of_requests)
+from pipeline.row_kernels import gather_rows, move_rows, triton_available
 from pipeline.step import BatchStep
 
-PLAN_LOOKAHEAD = 4  # steps planned ahead of the one that loads
+GRAPH_STALENESS = 2  # graphed steps alternate between two sets of static tensors
 
 
 @dataclass
 class _Lanes:
-    """A device's streams: planning, loading (host reads and sends), compute and update; None on a CPU."""
+    """A device's streams: load (plan, host reads) and compute (gradients, updates); None on a CPU."""
 
-    plan: torch.cuda.Stream | None
     load: torch.cuda.Stream | None
     compute: torch.cuda.Stream | None
 
     @classmethod
     def for_device(cls, device: torch.device) -> "_Lanes":
         if device.type != "cuda":
-            return cls(None, None, None)
-        return cls(*(torch.cuda.Stream(device) for _ in range(3)))
+            return cls(None, None)
+        return cls(torch.cuda.Stream(device), torch.cuda.Stream(device))
 
 
 def _on(*streams: torch.cuda.Stream | None):
-    """Make each stream current on its device (nothing for CPU lanes)."""
+    """Make each stream current on its device (nothing for CPU lanes); the last one's device is current."""
     stack = contextlib.ExitStack()
     for stream in streams:
         if stream is not None:
@@ -87,11 +90,446 @@ def _wait(stream: torch.cuda.Stream | None, events) -> None:
                 stream.wait_event(event)
 
 
-def _used_on(stream: torch.cuda.Stream | None, *tensors: torch.Tensor) -> None:
-    """Tensors made on another stream of the same device, used on ``stream``: keep them until it is done."""
-    if stream is not None:
-        for tensor in tensors:
-            tensor.record_stream(stream)
+@dataclass
+class _StepState:
+    """One step's tensors, per device: made fresh (eager), or static and rewritten by graph replays."""
+
+    edges: list                                     # per active device: [B, 3]
+    draws: list = field(default_factory=list)       # per active device: negative draws
+    plans: list = field(default_factory=list)       # per active device: the plan, rows grouped by owner
+    grouped: list[GroupedRows] = field(default_factory=list)
+    owners: list[OwnerRows] = field(default_factory=list)   # per owner: the union of the requests
+    read: list = field(default_factory=list)        # per owner: its union's rows
+    inputs: list = field(default_factory=list)      # per active device: its rows, grouped by owner
+    grads: list = field(default_factory=list)       # per active device
+    relation_grads: list = field(default_factory=list)
+    index: int = 0
+    planned: list = field(default_factory=list)     # events of the phases, per device
+    loaded: list = field(default_factory=list)
+    computed: list = field(default_factory=list)
+    updated: list = field(default_factory=list)
+
+    @property
+    def active(self) -> int:
+        """Devices with a batch in this step (the span's last step may not fill them all)."""
+        return len(self.edges)
+
+    def clear_events(self) -> None:
+        self.planned, self.loaded, self.computed, self.updated = [], [], [], []
+
+
+class MultiDeviceRunner:
+    """Trains spans of edges on ``devices`` from host tables (see the module docstring)."""
+
+    def __init__(self, steps: list[BatchStep], node_update: Callable, devices: list[torch.device], batch_size: int,
+                 staleness_bound: int, dedup: bool = True, cache_rows: int = 0, cache_all: bool = False,
+                 shared_negatives: bool = False, grouping_window: int = 0, graphs: bool = False):
+        """``steps[g]``: device g's step (its own relation replica). ``node_update(nodes, state, rows,
+        grads, count, cache=)``: the in-place optimizer update of rows (``row_kernels.sparse_adagrad_``).
+        ``cache_rows``: rows each owner keeps per span (its hottest); ``cache_all``: all it owns (tables
+        split across the devices' memory, kept there across spans of the same tables). ``grouping_window``:
+        steps whose edges ``group_steps_by_head`` reorders together (0: the span's order). ``graphs``:
+        replay full steps as CUDA graphs where ``_PhaseGraphs.supported``."""
+        if len(steps) != len(devices) or len(devices) < 2:
+            raise ValueError("a multi-device runner needs one step per device and at least two devices")
+        self.steps, self.node_update, self.devices = steps, node_update, devices
+        self.batch_size, self.staleness_bound = batch_size, max(1, staleness_bound)
+        self.dedup, self.cache_rows, self.cache_all = dedup, cache_rows, cache_all
+        self.shared_negatives, self.grouping_window = shared_negatives, grouping_window
+        self.lanes = [_Lanes.for_device(d) for d in devices]
+        _enable_peer_access(devices)
+        self.counters = TransferCounters(devices, dedup)
+        self.losses = [torch.zeros((), device=d) for d in devices]
+        self.caches: list[RowCache | None] = [None] * len(devices)
+        self._cached_tables = None  # (nodes, state) whose rows the caches hold across spans (cache_all)
+        self.graphs = _PhaseGraphs(self) if graphs and _PhaseGraphs.supported(self) else None
+        self.max_in_flight = 0
+
+    @property
+    def num_devices(self) -> int:
+        return len(self.devices)
+
+    @property
+    def effective_staleness(self) -> int:
+        """Steps whose loads may run before an earlier step's updates (1: synchronous)."""
+        return min(self.staleness_bound, GRAPH_STALENESS) if self.graphs is not None else self.staleness_bound
+
+    @property
+    def caching(self) -> bool:
+        return self.dedup and (self.cache_all or self.cache_rows > 0)
+
+    # ---- a span ----
+    def run(self, edges: torch.Tensor, nodes: torch.Tensor, state: torch.Tensor, candidates,
+            sampling: list[torch.Generator], dropout: list[torch.Generator], loss_sum: torch.Tensor,
+            on_batch: Callable[[int], None]) -> None:
+        """Train ``edges`` (host, already shuffled, ids index the host tables) in steps of G batches."""
+        step_edges = self.batch_size * self.num_devices
+        if self.grouping_window:
+            edges = group_steps_by_head(edges, step_edges, self.num_devices, self.grouping_window)
+        if any(d.type == "cuda" for d in self.devices):
+            edges = edges.pin_memory()  # batches copy to their devices asynchronously
+        self._admit_caches(edges, nodes, state)
+        for device, lanes in zip(self.devices, self.lanes):  # after what the caller queued (caches, relations)
+            for stream in (lanes.load, lanes.compute):
+                if stream is not None:
+                    stream.wait_stream(torch.cuda.current_stream(device))
+        context = _SpanContext(nodes, state, [None if candidates is None else candidates.to(d) for d in self.devices],
+                               sampling, dropout)
+        bound = self.effective_staleness
+        in_flight: deque[_StepState] = deque()
+        done: deque[_StepState] = deque()
+        for index, start in enumerate(range(0, len(edges), step_edges)):
+            batches = [edges[s:s + self.batch_size] for s in range(start, min(start + step_edges, len(edges)),
+                                                                   self.batch_size)]
+            reads_after = [e for s in done if s.index == index - bound for e in s.updated]
+            in_flight.append(self._load(index, batches, context, reads_after))
+            self.max_in_flight = max(self.max_in_flight, len(in_flight))
+            if len(in_flight) >= bound:
+                done.append(self._finish(in_flight.popleft(), context, on_batch))
+            while len(done) > bound:
+                done.popleft()
+        while in_flight:
+            self._finish(in_flight.popleft(), context, on_batch)
+        for device, lanes in zip(self.devices, self.lanes):
+            if lanes.compute is not None:
+                torch.cuda.current_stream(device).wait_stream(lanes.compute)
+        self._release_caches(nodes, state)
+        for loss in self.losses:
+            loss_sum.add_(loss.to(loss_sum.device))
+            loss.zero_()
+
+    # ---- caches ----
+    def _admit_caches(self, edges: torch.Tensor, nodes: torch.Tensor, state: torch.Tensor) -> None:
+        if not self.caching:
+            return
+        if self.cache_all and self._cached_tables is not None and self._cached_tables[0] is nodes \
+                and self._cached_tables[1] is state:
+            return  # the same tables as the last span: their rows are on the devices already
+        self._forget_caches(nodes, state)
+        rows, dim, state_dim = len(nodes), nodes.shape[1], state.shape[1]
+        for owner, device in enumerate(self.devices):
+            if self.cache_all:
+                chosen = torch.arange(owner, rows, self.num_devices)
+            else:
+                chosen = hot_rows(edges, rows, owner, self.num_devices, self.cache_rows)
+            cache = self.caches[owner]
+            if cache is None or len(cache.slot_of) != rows or cache.capacity < len(chosen):
+                capacity = min(self.cache_rows, len(chosen) * 5 // 4 + 1) if not self.cache_all else len(chosen)
+                cache = self.caches[owner] = RowCache.empty(rows, max(capacity, len(chosen)), dim, state_dim,
+                                                            device, nodes.dtype)
+            self.counters.admitted_bytes += cache.admit(chosen, nodes, state)
+            self.counters.admitted_rows += len(chosen)
+        self._cached_tables = (nodes, state) if self.cache_all else None
+
+    def _release_caches(self, nodes: torch.Tensor, state: torch.Tensor) -> None:
+        """End of a span: the host tables get every cached row back (split tables stay on the devices)."""
+        if self.cache_all and self._cached_tables is not None:
+            for cache in self.caches:
+                self.counters.written_back_bytes += cache.write_back(nodes, state)
+                self.counters.written_back_rows += cache.num_rows
+        else:
+            self._forget_caches(nodes, state)
+
+    def _forget_caches(self, nodes: torch.Tensor, state: torch.Tensor) -> None:
+        for cache in self.caches:
+            if cache is not None and cache.num_rows:
+                if self._cached_tables is None:
+                    self.counters.written_back_rows += cache.num_rows
+                    self.counters.written_back_bytes += cache.flush(nodes, state)
+                else:  # split tables: written back at the end of their last span already
+                    cache.forget()
+        self._cached_tables = None
+
+    # ---- a step: load (plan + owners' reads) and finish (compute + update) ----
+    def _load(self, index: int, batches: list[torch.Tensor], context, reads_after) -> _StepState:
+        full = len(batches) == self.num_devices and all(len(b) == self.batch_size for b in batches)
+        if self.graphs is not None and full and self.graphs.ready_for(context):
+            step = self.graphs.state_for(index)
+        else:
+            step = _StepState([None] * len(batches))
+        step.index = index
+        step.clear_events()
+        self.counters.steps += 1
+        for g, batch in enumerate(batches):
+            lanes = self.lanes[g]
+            with _on(self.lanes[0].load, lanes.load):  # device 0's too: shared draws are copied from there
+                _wait(lanes.load, reads_after)  # the bound: and static tensors are free again
+                self._inputs(step, g, batch, context)
+        if self.graphs is not None and self.graphs.replays(step, "load", context):
+            return step
+        self._phase(range(step.active), "load", [], lambda g: self._plan(step, g, context), step.planned)
+        read = self._read_union if self.dedup else self._read_own
+        self._phase(range(self.num_devices if self.dedup else step.active), "load", step.planned + reads_after,
+                    lambda d: read(step, d, context), step.loaded)
+        return step
+
+    def _finish(self, step: _StepState, context, on_batch) -> _StepState:
+        if self.graphs is None or not self.graphs.replays(step, "finish", context):
+            self._phase(range(step.active), "compute", step.loaded, lambda g: self._compute(step, g, context),
+                        step.computed)
+            self._phase(range(self.num_devices), "compute", step.computed, lambda d: self._update(step, d, context),
+                        step.updated, in_order=not self.dedup)  # the baseline's updates go in device order
+        self.counters.relation_bytes += self._relation_bytes(step)
+        on_batch(step.active)
+        return step
+
+    def _phase(self, devices, lane: str, waits: list, run: Callable[[int], None], events: list,
+               in_order: bool = False) -> None:
+        """``run(d)`` on each device's ``lane`` stream once ``waits`` are done; an event per device into
+        ``events``. ``in_order``: each device also waits for the one before it."""
+        for d in devices:
+            stream = getattr(self.lanes[d], lane)
+            with _on(stream):
+                _wait(stream, waits + (events[-1:] if in_order else []))
+                run(d)
+                events.append(_record(stream))
+
+    # ---- the phases (eager here; captured into graphs by _PhaseGraphs) ----
+    def _inputs(self, step: _StepState, g: int, batch: torch.Tensor, context) -> None:
+        """A batch and its negative draws on device g (into the static tensors of a graphed step)."""
+        device, model, static = self.devices[g], self.steps[g], step.edges[g] is not None
+        if static:
+            step.edges[g].copy_(batch, non_blocking=True)
+            model.negative_draws(len(batch), context.candidates[g], context.sampling[g], out=step.draws[g])
+        else:
+            step.edges[g] = batch.to(device, non_blocking=True)
+            step.draws.append(model.negative_draws(len(batch), context.candidates[g], context.sampling[g]))
+        if self.shared_negatives and g > 0:
+            self._share_uniform_draws(step, g, static)
+
+    def _share_uniform_draws(self, step: _StepState, g: int, static: bool) -> None:
+        """The step's first device draws the uniform negatives every device of the step uses."""
+        for direction, (uniform, picks) in enumerate(step.draws[g]):
+            first = step.draws[0][direction][0]
+            if first.shape != uniform.shape:
+                return  # a shorter last batch has fewer chunks
+            if static:
+                uniform.copy_(first, non_blocking=True)
+            else:
+                step.draws[g][direction] = (first.to(self.devices[g], non_blocking=True), picks)
+
+    def _plan(self, step: _StepState, g: int, context) -> None:
+        model = self.steps[g]
+        plan = model.plan_batch(step.edges[g], None, context.candidates[g], defer_count=True, draws=step.draws[g],
+                                table_rows=len(context.nodes))
+        grouped = group_by_owner(plan.rows, plan.local, plan.unique_count, self.num_devices)
+        _put(step.plans, g, plan.routed(grouped.rows, grouped.local))
+        _put(step.grouped, g, grouped)
+        self.counters.on_device[g][DEVICE_ROWS:DEVICE_ROWS + 1].add_(grouped.count)
+
+    def _read_union(self, step: _StepState, owner: int, context) -> None:
+        """Owner: the union of the rows every device requests from it, read once (cache or host)."""
+        nodes, device = context.nodes, self.devices[owner]
+        lengths = [len(step.grouped[g].rows) for g in range(step.active)]
+        sentinel = len(nodes)
+        requests = torch.full((sum(lengths),), sentinel, dtype=torch.long, device=device)
+        start = 0
+        for g, length in enumerate(lengths):
+            grouped = step.grouped[g]
+            move_rows(grouped.rows, requests[start:start + length], grouped.per_owner[owner:owner + 1],
+                      source_start=grouped.offsets[owner:owner + 1])
+            start += length
+        union = union_of_requests(requests, lengths, sentinel)
+        cache = self.caches[owner]
+        read = gather_rows(nodes, union.rows, torch.empty(len(union.rows), nodes.shape[1], dtype=nodes.dtype,
+                                                          device=device), union.count, cache)
+        counts = self.counters.on_device[owner]
+        counts[UNION_ROWS:UNION_ROWS + 1].add_(union.count)
+        if cache is not None and cache.num_rows:
+            real = torch.arange(len(union.rows), device=device) < union.count
+            hits = (cache.slot_of[union.rows.clamp(max=sentinel - 1)] >= 0) & real
+            counts[CACHE_HITS:CACHE_HITS + 1].add_(hits.sum())
+        _put(step.owners, owner, union)
+        _put(step.read, owner, read)
+
+    def _read_own(self, step: _StepState, g: int, context) -> None:
+        """Baseline: device g reads all its rows from the host."""
+        nodes, grouped = context.nodes, step.grouped[g]
+        _put(step.inputs, g, gather_rows(nodes, grouped.rows, torch.empty(len(grouped.rows), nodes.shape[1],
+                                                                          dtype=nodes.dtype,
+                                                                          device=self.devices[g]), grouped.count))
+
+    def _compute(self, step: _StepState, g: int, context) -> None:
+        grouped = step.grouped[g]
+        if self.dedup:  # pull each owner's rows over NVLink, in grouped order
+            inputs = torch.empty(len(grouped.rows), context.nodes.shape[1], dtype=context.nodes.dtype,
+                                 device=self.devices[g])
+            for owner in range(self.num_devices):
+                move_rows(step.read[owner], inputs, grouped.per_owner[owner:owner + 1],
+                          source_rows=step.owners[owner].positions[g], target_start=grouped.offsets[owner:owner + 1])
+            received = grouped.count - grouped.per_owner[g:g + 1]
+            self.counters.on_device[g][RECEIVED_ROWS:RECEIVED_ROWS + 1].add_(received)
+            _put(step.inputs, g, inputs)
+        plan = step.plans[g]
+        grad, relation_grads, loss = self.steps[g].gradients(plan, step.inputs[g], context.dropout[g])
+        self.losses[g].add_(loss * len(plan.edges))
+        _put(step.grads, g, grad)
+        _put(step.relation_grads, g, relation_grads)
+
+    def _update(self, step: _StepState, d: int, context) -> None:
+        """Device d: the node update of its rows (owner) or of its batch's rows (baseline), then relations."""
+        self._update_nodes(step, d, context)
+        self._step_relations(step, d)
+
+    def _update_nodes(self, step: _StepState, d: int, context) -> None:
+        nodes, state = context.nodes, context.state
+        if self.dedup:
+            union, device = step.owners[d], self.devices[d]
+            stacked = torch.zeros(step.active, len(union.rows), nodes.shape[1], dtype=nodes.dtype, device=device)
+            for g in range(step.active):
+                grouped = step.grouped[g]
+                move_rows(step.grads[g], stacked[g], grouped.per_owner[d:d + 1], target_rows=union.positions[g],
+                          source_start=grouped.offsets[d:d + 1])
+            self.node_update(nodes, state, union.rows, stacked, union.count, cache=self.caches[d])
+        elif d < step.active:  # in device order: the caller chains the updates
+            grouped = step.grouped[d]
+            self.node_update(nodes, state, grouped.rows, step.grads[d], grouped.count, cache=None)
+
+    def _step_relations(self, step: _StepState, d: int, count: bool = True) -> None:
+        """All-reduce: replica d sums the devices' relation gradients in device order and takes one step."""
+        summed = None
+        for h in range(step.active):
+            grads = step.relation_grads[h]
+            if h != d:  # pulled from device h
+                pulled = [torch.empty_like(grad, device=self.devices[d]) for grad in grads]
+                for source, target in zip(grads, pulled):
+                    move_rows(source.reshape(len(source), -1), target.reshape(len(target), -1), len(source))
+                grads = pulled
+            summed = list(grads) if summed is None else [a + b for a, b in zip(summed, grads)]
+        if count:
+            self.steps[d].step_relations([summed])
+        else:
+            self.steps[d].apply_relation_gradients([summed])
+
+    def _relation_bytes(self, step: _StepState) -> int:
+        if not step.relation_grads or step.relation_grads[0] is None:
+            return 0
+        one = sum(g.numel() * g.element_size() for g in step.relation_grads[0])
+        return one * step.active * (self.num_devices - 1)
+
+
+def _enable_peer_access(devices: list[torch.device]) -> None:
+    """Let every GPU read the others' memory (``move_rows`` does): torch enables peer access on a copy."""
+    cuda = [d for d in devices if d.type == "cuda"]
+    for source in cuda:
+        for target in cuda:
+            if source != target:
+                torch.zeros(1, device=source).to(target)
+
+
+def _put(items: list, index: int, value) -> None:
+    """``items[index] = value``, appending when the list is that short (fresh states grow in device order)."""
+    if index < len(items):
+        items[index] = value
+    else:
+        items.append(value)
+
+
+@dataclass
+class _SpanContext:
+    nodes: torch.Tensor
+    state: torch.Tensor
+    candidates: list
+    sampling: list
+    dropout: list
+
+
+class _PhaseGraphs:
+    """The phases of full steps as CUDA graphs: per device, a load graph (plan, then its owner's reads)
+    and a finish graph (compute, then its owner's update and relation step), over two alternating sets of
+    static tensors. Captured after one eager step has compiled every kernel; captured again when the
+    tables or caches change. Each graph reads other devices' static tensors through peer access."""
+
+    def __init__(self, runner: MultiDeviceRunner):
+        self.runner = runner
+        self.states: list[_StepState | None] = [None, None]
+        self.graphs: list[dict | None] = [None, None]
+        self.key = None
+        self.eager_steps = 0
+
+    @staticmethod
+    def supported(runner: MultiDeviceRunner) -> bool:
+        """CUDA with Triton, deduplication, steps that can apply relation gradients without host work."""
+        return (runner.dedup and triton_available() and all(d.type == "cuda" for d in runner.devices)
+                and all(getattr(s, "graphable", False) for s in runner.steps))
+
+    def ready_for(self, context) -> bool:
+        """Whether this step may use graphs: in-memory candidates, and one eager step already run."""
+        if any(c is not None and not c.is_identity for c in context.candidates):
+            return False
+        key = (context.nodes.data_ptr(), context.state.data_ptr(),
+               *[(c.slot_of.data_ptr(), c.embeddings.data_ptr()) if c is not None else None
+                 for c in self.runner.caches])
+        if key != self.key:
+            self.key, self.graphs, self.states = key, [None, None], [None, None]
+        self.eager_steps += 1
+        return self.eager_steps > 1  # the first full step runs eagerly: it compiles the kernels
+
+    def state_for(self, index: int) -> _StepState:
+        parity = index % 2
+        if self.states[parity] is None:
+            runner = self.runner
+            throwaway = [torch.Generator(d).manual_seed(0) for d in runner.devices]
+            state = _StepState([torch.empty(runner.batch_size, 3, dtype=torch.long, device=d)
+                                for d in runner.devices])
+            state.draws = [step.negative_draws(runner.batch_size, None, generator)
+                           for step, generator in zip(runner.steps, throwaway)]
+            self.states[parity] = state
+        return self.states[parity]
+
+    def replays(self, step: _StepState, half: str, context) -> bool:
+        """Run a half of a graphed step (``load`` or ``finish``): capture it first if needed."""
+        parity = step.index % 2
+        if step is not self.states[parity]:
+            return False
+        if self.graphs[parity] is None:
+            self.graphs[parity] = self._capture(step, context)
+        runner, graphs = self.runner, self.graphs[parity]
+        devices = range(runner.num_devices)
+        if half == "load":
+            runner._phase(devices, "load", [], lambda g: graphs["plan"][g].replay(), step.planned)
+            runner._phase(devices, "load", step.planned, lambda g: graphs["read"][g].replay(), step.loaded)
+        else:
+            runner._phase(devices, "compute", step.loaded, lambda g: graphs["compute"][g].replay(), step.computed)
+            runner._phase(devices, "compute", step.computed, lambda g: graphs["update"][g].replay(), step.updated)
+            for model in runner.steps:
+                model.count_relation_step()
+        return True
+
+    def _capture(self, step: _StepState, context) -> dict:
+        """Capture the four phases on every device, in phase order (each reads what the last one made)."""
+        runner = self.runner
+        phases = {"plan": lambda g: runner._plan(step, g, context),
+                  "read": lambda g: runner._read_union(step, g, context),
+                  "compute": lambda g: runner._compute(step, g, context),
+                  "update": lambda g: (runner._update_nodes(step, g, context),
+                                       runner._step_relations(step, g, count=False))}
+        graphs = {}
+        for name, phase in phases.items():
+            graphs[name] = [self._graph_of(phase, g, device) for g, device in enumerate(runner.devices)]
+        return graphs
+
+    @staticmethod
+    def _graph_of(phase: Callable, g: int, device: torch.device):
+        """A phase captured on its device; on a CPU (tests of the static tensors) the phase itself."""
+        if device.type != "cuda":
+            return _Replayed(lambda: phase(g))
+        torch.cuda.synchronize(device)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.device(device), torch.cuda.graph(graph, stream=torch.cuda.Stream(device),
+                                                         capture_error_mode="thread_local"):
+            phase(g)
+        return graph
+
+
+@dataclass
+class _Replayed:
+    """A phase run again at each replay (CPU devices have no graphs)."""
+
+    run: Callable
+
+    def replay(self) -> None:
+        self.run()
 
 
 def group_steps_by_head(edges: torch.Tensor, step_edges: int, num_devices: int, window_steps: int) -> torch.Tensor:
@@ -111,311 +549,3 @@ def group_steps_by_head(edges: torch.Tensor, step_edges: int, num_devices: int, 
             step = window[first:first + step_edges]
             parts.append(step[torch.cat([torch.arange(g, len(step), num_devices) for g in range(num_devices)])])
     return torch.cat(parts) if parts else edges
-
-
-@dataclass
-class _Step:
-    """One step in flight: its batches, plans and routes, then what its loads produced."""
-
-    index: int
-    batches: list[torch.Tensor]
-    plans: list = field(default_factory=list)
-    grouped: list[GroupedRows] = field(default_factory=list)
-    per_owner: list = field(default_factory=list)     # [G] counts per device: device tensors, then numpy
-    planned: list = field(default_factory=list)       # events of the plan streams
-    owners: list[OwnerRows] = field(default_factory=list)
-    inputs: list[torch.Tensor] = field(default_factory=list)
-    loaded: list = field(default_factory=list)        # events: inputs ready on each device
-    updated: list = field(default_factory=list)       # events of the updates
-
-    @property
-    def active(self) -> int:
-        """Devices with a batch in this step (the span's last step may not fill them all)."""
-        return len(self.batches)
-
-    def counts(self, device: int) -> np.ndarray:
-        return self.per_owner[device]
-
-
-class MultiDeviceRunner:
-    """Trains spans of edges on ``devices`` from host tables (see the module docstring)."""
-
-    def __init__(self, steps: list[BatchStep], node_update: Callable, devices: list[torch.device], batch_size: int,
-                 staleness_bound: int, dedup: bool = True, cache_rows: int = 0, cache_all: bool = False,
-                 shared_negatives: bool = False, grouping_window: int = 0):
-        """``steps[g]``: device g's step (its own relation replica). ``node_update(nodes, state, rows,
-        grads, count, cache)``: the in-place optimizer update of rows (``row_kernels.sparse_adagrad_``).
-        ``cache_rows``: rows each owner keeps per span (its hottest); ``cache_all``: all it owns (tables
-        split across the devices' memory). ``grouping_window``: steps whose edges ``group_steps_by_head``
-        reorders together (0: the span's order)."""
-        if len(steps) != len(devices) or len(devices) < 2:
-            raise ValueError("a multi-device runner needs one step per device and at least two devices")
-        self.steps, self.node_update, self.devices = steps, node_update, devices
-        self.batch_size, self.staleness_bound = batch_size, max(1, staleness_bound)
-        self.dedup, self.cache_rows, self.cache_all = dedup, cache_rows, cache_all
-        self.shared_negatives, self.grouping_window = shared_negatives, grouping_window
-        self.lanes = [_Lanes.for_device(d) for d in devices]
-        self.counters = TransferCounters()
-        self.caches: list[RowCache | None] = [None] * len(devices)
-        self.max_in_flight = 0
-
-    @property
-    def num_devices(self) -> int:
-        return len(self.devices)
-
-    @property
-    def effective_staleness(self) -> int:
-        """Steps whose loads may run before an earlier step's updates (1: synchronous)."""
-        return self.staleness_bound
-
-    @property
-    def caching(self) -> bool:
-        return self.dedup and (self.cache_all or self.cache_rows > 0)
-
-    # ---- a span ----
-    def run(self, edges: torch.Tensor, nodes: torch.Tensor, state: torch.Tensor, candidates,
-            sampling: list[torch.Generator], dropout: list[torch.Generator], loss_sum: torch.Tensor,
-            on_batch: Callable[[int], None]) -> None:
-        """Train ``edges`` (host, already shuffled, ids index the host tables) in steps of G batches."""
-        step_edges = self.batch_size * self.num_devices
-        if self.grouping_window:
-            edges = group_steps_by_head(edges, step_edges, self.num_devices, self.grouping_window)
-        if any(d.type == "cuda" for d in self.devices):
-            edges = edges.pin_memory()  # batches copy to their devices asynchronously
-        self._admit_caches(edges, nodes, state)
-        for device, lanes in zip(self.devices, self.lanes):  # after what the caller queued (zeroed loss, caches)
-            for stream in (lanes.plan, lanes.load, lanes.compute):
-                if stream is not None:
-                    stream.wait_stream(torch.cuda.current_stream(device))
-        candidates = [None if candidates is None else candidates.to(d) for d in self.devices]
-        losses = [torch.zeros((), device=d) for d in self.devices]
-        num_steps = -(-len(edges) // step_edges)
-        planned: deque[_Step] = deque()
-        in_flight: deque[_Step] = deque()
-        finished: deque[_Step] = deque()
-        context = (nodes, state, candidates, sampling, dropout, losses)
-        for index in range(num_steps + PLAN_LOOKAHEAD):
-            if index < num_steps:
-                span = edges[index * step_edges:(index + 1) * step_edges]
-                planned.append(self._plan(index, span, context))
-            if planned and (len(planned) > PLAN_LOOKAHEAD or index >= num_steps):
-                step = planned.popleft()
-                self._load(step, finished, context)
-                in_flight.append(step)
-                self.max_in_flight = max(self.max_in_flight, len(in_flight))
-                if len(in_flight) >= self.staleness_bound:
-                    finished.append(self._finish(in_flight.popleft(), context, on_batch))
-        while in_flight:
-            finished.append(self._finish(in_flight.popleft(), context, on_batch))
-        for device, lanes in zip(self.devices, self.lanes):
-            if lanes.compute is not None:
-                torch.cuda.current_stream(device).wait_stream(lanes.compute)
-        self._flush_caches(nodes, state)
-        for loss in losses:
-            loss_sum.add_(loss.to(loss_sum.device))
-
-    # ---- caches ----
-    def _admit_caches(self, edges: torch.Tensor, nodes: torch.Tensor, state: torch.Tensor) -> None:
-        if not self.caching:
-            return
-        rows, dim, state_dim = len(nodes), nodes.shape[1], state.shape[1]
-        for owner, device in enumerate(self.devices):
-            if self.cache_all:
-                chosen = torch.arange(owner, rows, self.num_devices)
-            else:
-                chosen = hot_rows(edges, rows, owner, self.num_devices, self.cache_rows)
-            cache = self.caches[owner]
-            if cache is None or len(cache.slot_of) != rows or cache.capacity < len(chosen):
-                cache = self.caches[owner] = RowCache.empty(rows, max(len(chosen), self.cache_rows), dim,
-                                                            state_dim, device, nodes.dtype)
-            moved = cache.admit(chosen, nodes, state)
-            self.counters.rows_host_to_device += len(chosen)
-            self.counters.bytes_host_to_device += moved
-
-    def _flush_caches(self, nodes: torch.Tensor, state: torch.Tensor) -> None:
-        for cache in self.caches:
-            if cache is not None and cache.num_rows:
-                self.counters.rows_device_to_host += cache.num_rows
-                self.counters.bytes_device_to_host += cache.flush(nodes, state)
-
-    # ---- the three phases of a step ----
-    def _plan(self, index: int, span: torch.Tensor, context) -> _Step:
-        """Per device: copy its batch over, draw negatives, find its rows and group them by owner."""
-        nodes, _, candidates, sampling, _, _ = context
-        batches = [span[start:start + self.batch_size] for start in range(0, len(span), self.batch_size)]
-        step = _Step(index, batches)
-        shared = None
-        for g, batch in enumerate(batches):
-            device, lanes, model = self.devices[g], self.lanes[g], self.steps[g]
-            with _on(self.lanes[0].plan, lanes.plan):  # device 0's too: shared draws are copied from there
-                batch = batch.to(device, non_blocking=True)
-                draws = model.negative_draws(len(batch), candidates[g], sampling[g])
-                if self.shared_negatives and shared is None:
-                    shared = draws
-                elif self.shared_negatives:
-                    draws = self._share_uniform_draws(draws, shared, device)
-                plan = model.plan_batch(batch, None, candidates[g], defer_count=True, draws=draws,
-                                        table_rows=len(nodes))
-                grouped = group_by_owner(plan.rows, plan.local, plan.unique_count, self.num_devices)
-                step.plans.append(plan.routed(grouped.rows, grouped.local))
-                step.grouped.append(grouped)
-                step.per_owner.append(self._counts_to_host(grouped.per_owner))
-                step.planned.append(_record(lanes.plan))
-        return step
-
-    @staticmethod
-    def _share_uniform_draws(draws: list, shared: list, device: torch.device) -> list:
-        """The step's first device draws the uniform negatives every device of the step uses."""
-        if any(d[0].shape != s[0].shape for d, s in zip(draws, shared)):
-            return draws  # a shorter last batch has fewer chunks
-        return [(uniform.to(device, non_blocking=True), picks) for (uniform, _), (_, picks) in zip(shared, draws)]
-
-    @staticmethod
-    def _counts_to_host(per_owner: torch.Tensor):
-        if per_owner.device.type != "cuda":
-            return per_owner
-        host = torch.empty(per_owner.shape, dtype=per_owner.dtype, pin_memory=True)
-        return host.copy_(per_owner, non_blocking=True)
-
-    def _load(self, step: _Step, finished: deque, context) -> None:
-        """Each device's rows of the step, on that device: through the owners, or each from the host."""
-        nodes, state = context[0], context[1]
-        for event in step.planned:
-            if event is not None:
-                event.synchronize()  # planned steps ago: the counts are on the host
-        step.per_owner = [p.numpy() for p in step.per_owner]
-        stale_by = [s for s in finished if s.index == step.index - self.staleness_bound]
-        reads_after = stale_by[0].updated if stale_by else []
-        while finished and finished[0].index <= step.index - self.staleness_bound:
-            finished.popleft()
-        counts = [int(c.sum()) for c in step.per_owner]
-        self.counters.device_rows += sum(counts)
-        self.counters.steps += 1
-        if self.dedup:
-            self._load_through_owners(step, nodes, reads_after, counts)
-        else:
-            self._load_each_from_host(step, nodes, state, reads_after, counts)
-
-    def _load_each_from_host(self, step: _Step, nodes, state, reads_after, counts) -> None:
-        row_bytes = (nodes.shape[1] + state.shape[1]) * nodes.element_size()
-        for g in range(step.active):
-            lanes, device = self.lanes[g], self.devices[g]
-            with _on(lanes.load):
-                _wait(lanes.load, step.planned + reads_after)
-                rows = step.grouped[g].rows
-                inputs = gather_rows(nodes, rows, torch.empty(counts[g], nodes.shape[1], dtype=nodes.dtype,
-                                                              device=device), counts[g])
-                _used_on(lanes.load, rows)
-                step.inputs.append(inputs)
-                step.loaded.append(_record(lanes.load))
-            self.counters.rows_host_to_device += counts[g]
-            self.counters.bytes_host_to_device += counts[g] * (nodes.shape[1] * nodes.element_size() + row_bytes)
-            self.counters.rows_device_to_host += counts[g]
-            self.counters.bytes_device_to_host += counts[g] * row_bytes
-
-    def _load_through_owners(self, step: _Step, nodes, reads_after, counts) -> None:
-        """Owners take the union of the requests, read it once, and send each device its rows."""
-        dim, element = nodes.shape[1], nodes.element_size()
-        offsets = [owner_offsets(step.counts(g)) for g in range(step.active)]
-        blocks: list[list[torch.Tensor]] = [[] for _ in range(step.active)]
-        for owner, device in enumerate(self.devices):
-            lanes = self.lanes[owner]
-            with _on(lanes.load):
-                _wait(lanes.load, step.planned + reads_after)
-                requests = []
-                for g in range(step.active):
-                    start, size = int(offsets[g][owner]), int(step.counts(g)[owner])
-                    with _on(self.lanes[g].load):
-                        _wait(self.lanes[g].load, step.planned)
-                        _used_on(self.lanes[g].load, step.grouped[g].rows)
-                        requests.append(step.grouped[g].rows[start:start + size].to(device, non_blocking=True))
-                    if g == owner:
-                        _used_on(lanes.load, step.grouped[g].rows)
-                union = union_of_requests(requests)
-                cache = self.caches[owner]
-                read = gather_rows(nodes, union.rows, torch.empty(len(union.rows), dim, dtype=nodes.dtype,
-                                                                   device=device), union.count, cache)
-                hits = None
-                if cache is not None and cache.num_rows:
-                    real = torch.arange(len(union.rows), device=device) < union.count
-                    hits = ((cache.slot_of[union.rows] >= 0) & real).sum()
-                self.counters.add_owner_step(union.count, hits)
-                step.owners.append(union)
-                for g in range(step.active):
-                    with _on(self.lanes[g].load):
-                        blocks[g].append(read[union.positions[g]].to(self.devices[g], non_blocking=True))
-                    if g != owner:
-                        sent = len(union.positions[g])
-                        self.counters.rows_device_to_device += sent
-                        self.counters.bytes_device_to_device += sent * (2 * dim * element + 8)
-        for g in range(step.active):
-            lanes = self.lanes[g]
-            with _on(lanes.load):
-                step.inputs.append(torch.cat(blocks[g]) if blocks[g] else torch.empty(0, dim, device=self.devices[g]))
-                step.loaded.append(_record(lanes.load))
-
-    def _finish(self, step: _Step, context, on_batch) -> _Step:
-        """Gradients on every device, relation steps on every replica, then the node updates."""
-        nodes, state, _, _, dropout, losses = context
-        gradients, relation_grads, computed = [], [], []
-        for g in range(step.active):
-            lanes, plan = self.lanes[g], step.plans[g]
-            with _on(lanes.compute):
-                _wait(lanes.compute, step.loaded[g:g + 1])
-                _used_on(lanes.compute, step.inputs[g], *plan.tensors())
-                grad, rel, loss = self.steps[g].gradients(plan, step.inputs[g], dropout[g])
-                losses[g].add_(loss * len(plan.edges))
-                gradients.append(grad[:int(step.counts(g).sum())])
-                relation_grads.append(rel)
-                computed.append(_record(lanes.compute))
-        self._step_relations(relation_grads, computed)
-        if self.dedup:
-            self._update_through_owners(step, nodes, state, gradients, computed)
-        else:
-            self._update_each(step, nodes, state, gradients)
-        on_batch(step.active)
-        return step
-
-    def _step_relations(self, relation_grads: list[list[torch.Tensor]], computed) -> None:
-        """All-reduce: every replica sums the devices' relation gradients (in device order, so every sum is
-        the same) and takes one optimizer step; the replicas stay equal."""
-        for d, device in enumerate(self.devices):
-            lanes = self.lanes[d]
-            with _on(lanes.compute):
-                _wait(lanes.compute, computed)
-                summed = None
-                for h, grads in enumerate(relation_grads):
-                    with _on(self.lanes[h].compute):
-                        moved = [grad.to(device, non_blocking=True) for grad in grads]
-                    summed = moved if summed is None else [a + b for a, b in zip(summed, moved)]
-                    if h != d:
-                        self.counters.bytes_device_to_device += sum(g.numel() * g.element_size() for g in grads)
-                self.steps[d].step_relations([summed])
-
-    def _update_through_owners(self, step: _Step, nodes, state, gradients, computed) -> None:
-        dim = nodes.shape[1]
-        for owner, device in enumerate(self.devices):
-            lanes, union = self.lanes[owner], step.owners[owner]
-            with _on(lanes.compute):
-                _wait(lanes.compute, computed + step.loaded)
-                _used_on(lanes.compute, union.rows, union.count, *union.positions)
-                stacked = torch.zeros(step.active, len(union.rows), dim, dtype=nodes.dtype, device=device)
-                for g in range(step.active):
-                    start = int(owner_offsets(step.counts(g))[owner])
-                    size = int(step.counts(g)[owner])
-                    with _on(self.lanes[g].compute):
-                        block = gradients[g][start:start + size].to(device, non_blocking=True)
-                    stacked[g].index_copy_(0, union.positions[g], block)
-                self.node_update(nodes, state, union.rows, stacked, union.count, cache=self.caches[owner])
-                step.updated.append(_record(lanes.compute))
-
-    def _update_each(self, step: _Step, nodes, state, gradients) -> None:
-        previous = []
-        for g in range(step.active):
-            lanes = self.lanes[g]
-            with _on(lanes.compute):
-                _wait(lanes.compute, previous)  # device order, as the owners apply them
-                count = int(step.counts(g).sum())
-                self.node_update(nodes, state, step.grouped[g].rows, gradients[g], count, cache=None)
-                previous = [_record(lanes.compute)]
-        step.updated.extend(previous)

@@ -8,15 +8,16 @@ the G batches request from it, reads each of them once (over PCIe, or from its
 cache) and sends every device the rows it asked for (over NVLink); gradients
 of those rows come back to the owner, which applies one update per row.
 
-Everything here is tensor arithmetic without host synchronisation: counts stay
-on the device until the caller reads them (planned steps ahead).
+Shapes are static and counts stay on the devices: a device's rows are padded
+to the length of its plan, an owner's requests to the sum of those lengths
+(filled with a sentinel row that sorts last), and kernels read the counts where
+they live. Nothing waits for the host, so a step can be replayed as CUDA graphs.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from pipeline.rows import unique_rows_async
@@ -32,7 +33,9 @@ class GroupedRows:
 
     rows: torch.Tensor        # [L] owner 0's rows, owner 1's, ..., then padding
     local: torch.Tensor       # the plan's row positions, remapped into ``rows``
-    per_owner: torch.Tensor   # [G] rows of each owner (on the device until read)
+    per_owner: torch.Tensor   # [G] rows of each owner
+    offsets: torch.Tensor     # [G] where each owner's rows start in ``rows``
+    count: torch.Tensor       # [1] rows in all (the plan's unique rows)
 
 
 def group_by_owner(rows: torch.Tensor, local: torch.Tensor, count: torch.Tensor | None,
@@ -47,79 +50,77 @@ def group_by_owner(rows: torch.Tensor, local: torch.Tensor, count: torch.Tensor 
     moved_to[order] = positions
     per_owner = torch.zeros(num_devices + 1, dtype=torch.long, device=rows.device)
     per_owner.scatter_add_(0, owners, torch.ones_like(owners))
-    return GroupedRows(rows[order], moved_to[local], per_owner[:num_devices])
+    per_owner = per_owner[:num_devices]
+    offsets = torch.cumsum(per_owner, 0) - per_owner
+    return GroupedRows(rows[order], moved_to[local], per_owner, offsets, per_owner.sum().reshape(1))
 
 
 @dataclass
 class OwnerRows:
     """The union of the rows all devices request from one owner in a step."""
 
-    rows: torch.Tensor              # unique rows, ascending, padded past ``count``
-    count: torch.Tensor             # [1] on the owner
+    rows: torch.Tensor              # unique rows, ascending, then the sentinel and padding
+    count: torch.Tensor             # [1] real rows (the sentinel excluded)
     positions: list[torch.Tensor]   # per requesting device: where each requested row sits in ``rows``
 
 
-def union_of_requests(requests: list[torch.Tensor]) -> OwnerRows:
-    """``requests[g]``: the rows device g asks of this owner (unique within g, on the owner's device)."""
-    rows, local, count = unique_rows_async(torch.cat(requests))
-    return OwnerRows(rows, count, list(torch.split(local, [len(r) for r in requests])))
+def union_of_requests(requests: torch.Tensor, lengths: list[int], sentinel: int) -> OwnerRows:
+    """``requests``: the devices' requests one after the other (``lengths`` each), padded with ``sentinel``
+    (larger than any row)."""
+    rows, local, count = unique_rows_async(requests, below_2_31=sentinel < 2**31 - 1)
+    last = rows.gather(0, count - 1)
+    real = count - (last == sentinel).to(count.dtype)
+    return OwnerRows(rows, real, list(torch.split(local, lengths)))
 
 
-def owner_offsets(per_owner: np.ndarray) -> np.ndarray:
-    """Start of each owner's rows in a device's grouped rows."""
-    return np.concatenate([[0], np.cumsum(per_owner)[:-1]])
+# Slots of a device's counter tensor (summed on the device, read once per epoch).
+DEVICE_ROWS, RECEIVED_ROWS, UNION_ROWS, CACHE_HITS = range(4)
 
 
-@dataclass
 class TransferCounters:
     """Rows and bytes a multi-device epoch moved, by direction.
 
-    host->device: rows gathered from the host tables (each counted once per
-    step and device that reads it), and their bytes together with the update's
-    read-modify-writes and cache admissions; device->host: rows the updates and
-    cache flushes write; device->device: rows an owner sends to another device
-    (NVLink), with the returning gradients, the row requests and the relation
-    gradients in the bytes. ``device_rows`` sums each device's row set per step,
-    ``union_rows`` the owners' unions: rho = device_rows / union_rows. Device-side
-    counts are summed as tensors and read only by ``snapshot``.
+    host->device: rows read from the host tables (per step, once per owner
+    with deduplication, once per device that needs them without), with the
+    update's read-modify-writes and cache admissions in the bytes;
+    device->host: rows the updates and cache write-backs write; device->device:
+    rows an owner sends another device (NVLink), with the returning gradients,
+    the row requests and the relation gradients in the bytes. ``device_rows``
+    sums each device's row set per step, ``union_rows`` the owners' unions:
+    rho = device_rows / union_rows.
     """
 
-    rows_host_to_device: int = 0
-    bytes_host_to_device: int = 0
-    rows_device_to_host: int = 0
-    bytes_device_to_host: int = 0
-    rows_device_to_device: int = 0
-    bytes_device_to_device: int = 0
-    device_rows: int = 0
-    steps: int = 0
-    _union_rows: list = field(default_factory=list)   # device tensors
-    _cache_hits: list = field(default_factory=list)
+    def __init__(self, devices: list[torch.device], dedup: bool):
+        self.dedup = dedup
+        self.on_device = [torch.zeros(4, dtype=torch.long, device=d) for d in devices]  # graphs add to these
+        self.reset()
 
-    def add_owner_step(self, union_count: torch.Tensor, cache_hits: torch.Tensor | None) -> None:
-        self._union_rows.append(union_count.reshape(()).to(torch.long))
-        if cache_hits is not None:
-            self._cache_hits.append(cache_hits.reshape(()).to(torch.long))
+    def reset(self) -> None:
+        """Start counting afresh (in place: captured graphs keep adding to the same device tensors)."""
+        for counts in self.on_device:
+            counts.zero_()
+        self.admitted_rows = self.admitted_bytes = self.written_back_rows = self.written_back_bytes = 0
+        self.relation_bytes = 0
+        self.steps = 0
 
     def snapshot(self, embedding_bytes: int, row_bytes: int) -> dict:
-        """Totals, reading the device-side counts (``row_bytes``: embedding + optimizer state of a row).
-
-        With deduplication the owners' reads and read-modify-writes are the
-        union minus the rows their caches served.
-        """
-        union = int(sum(t.item() for t in self._union_rows))
-        hits = int(sum(t.item() for t in self._cache_hits))
-        misses = union - hits if self._union_rows else 0
-        h2d_rows = self.rows_host_to_device + misses
+        """Totals (reads the devices' counts); ``row_bytes``: embedding + optimizer state of a row."""
+        device_rows, received, union, hits = (int(v) for v in sum(t.cpu() for t in self.on_device))
+        if not self.dedup:
+            union, read = device_rows, device_rows
+        else:
+            read = union - hits
         return {
-            "host_to_device": {"rows": h2d_rows,
-                               "bytes": self.bytes_host_to_device + misses * (embedding_bytes + row_bytes)},
-            "device_to_host": {"rows": self.rows_device_to_host + misses,
-                               "bytes": self.bytes_device_to_host + misses * row_bytes},
-            "device_to_device": {"rows": self.rows_device_to_device, "bytes": self.bytes_device_to_device},
-            "device_rows": self.device_rows,
-            "union_rows": union if self._union_rows else self.device_rows,
-            "shared_rows": self.device_rows - union if self._union_rows else 0,
+            "host_to_device": {"rows": read + self.admitted_rows,
+                               "bytes": read * (embedding_bytes + row_bytes) + self.admitted_bytes},
+            "device_to_host": {"rows": read + self.written_back_rows,
+                               "bytes": read * row_bytes + self.written_back_bytes},
+            "device_to_device": {"rows": received,
+                                 "bytes": received * (2 * embedding_bytes + 8) + self.relation_bytes},
+            "device_rows": device_rows,
+            "union_rows": union,
+            "shared_rows": device_rows - union,
             "cache_hits": hits,
-            "rho": self.device_rows / union if union else 1.0,
+            "rho": device_rows / union if union else 1.0,
             "steps": self.steps,
         }

@@ -83,6 +83,55 @@ def gather_rows(table: torch.Tensor, rows: torch.Tensor, out: torch.Tensor, coun
     return out
 
 
+def move_rows(source: torch.Tensor, target: torch.Tensor, count: torch.Tensor | int,
+              source_rows: torch.Tensor | None = None, target_rows: torch.Tensor | None = None,
+              source_start: torch.Tensor | None = None, target_start: torch.Tensor | None = None) -> None:
+    """``target[t(i)] = source[s(i)]`` for i < count, where s(i) is ``source_rows[i]`` or ``source_start + i``
+    (0 without either) and t(i) likewise.
+
+    ``count`` and the starts may be one-element tensors on any device, and
+    ``source`` may live on another GPU or in pinned host memory: the kernel runs
+    on ``target``'s device and reads the rest where it lives (peer access over
+    NVLink, or PCIe), so moving a step's rows between devices needs no host read
+    of their counts (the routed step is capturable as a CUDA graph).
+    Rows are 1-D (ids) or 2-D of the same width.
+    """
+    src, dst = (t if t.dim() == 2 else t.reshape(-1, 1) for t in (source, target))
+    if not _moves_by_kernel(dst):
+        _move_rows_torch(src, dst, count, source_rows, target_rows, source_start, target_start)
+        return
+    width = dst.shape[1]
+    block_r, block_d = tile_shape(width)
+    on_device = isinstance(count, torch.Tensor)
+    bound = len(source_rows) if source_rows is not None else len(target_rows) if target_rows is not None \
+        else min(len(src), len(dst))
+    if not on_device:
+        bound = min(bound, count)
+    _move_rows_kernel[(triton.cdiv(max(bound, 1), block_r),)](
+        src, dst, count if on_device else dst, bound,
+        dst if source_rows is None else source_rows, dst if target_rows is None else target_rows,
+        dst if source_start is None else source_start, dst if target_start is None else target_start, width,
+        COUNT_ON_DEVICE=on_device, SOURCE_INDEXED=source_rows is not None,
+        TARGET_INDEXED=target_rows is not None, SOURCE_OFFSET=source_start is not None,
+        TARGET_OFFSET=target_start is not None, BLOCK_R=block_r, BLOCK_D=block_d)
+
+
+def _moves_by_kernel(target: torch.Tensor) -> bool:
+    return target.is_cuda and triton is not None
+
+
+def _move_rows_torch(src, dst, count, source_rows, target_rows, source_start, target_start) -> None:
+    count = int(count)
+    if count == 0:
+        return
+    positions = torch.arange(count)
+    at = (source_rows[:count].cpu() if source_rows is not None
+          else positions + (int(source_start) if source_start is not None else 0))
+    to = (target_rows[:count].cpu() if target_rows is not None
+          else positions + (int(target_start) if target_start is not None else 0))
+    dst[to.to(dst.device)] = src[at.to(src.device)].to(dst.device, dst.dtype)
+
+
 def scatter_add_rows_(target: torch.Tensor, positions: torch.Tensor, source: torch.Tensor) -> None:
     """``target[positions[i]] += source[i, :d]`` (repeated positions add up); ``source`` may be wider, any dtype."""
     dim = target.shape[1]
@@ -176,6 +225,31 @@ if triton is not None:
             values = load_rows(table, table_rows, cols, mask, dim)
         tl.store(out + r[:, None] * width + cols[None, :], values.to(out.dtype.element_ty),
                  mask=inside[:, None] & (cols < width)[None, :])
+
+    @triton.jit
+    def _row_index(rows, start, i, inside, INDEXED: tl.constexpr, OFFSET: tl.constexpr):
+        """Row i of a move: rows[i], start + i, or i."""
+        if INDEXED:
+            return tl.load(rows + i, mask=inside, other=0).to(tl.int64)
+        if OFFSET:
+            return i + tl.load(start).to(tl.int64)
+        return i
+
+    @triton.jit
+    def _move_rows_kernel(source, target, count, bound, source_rows, target_rows, source_start, target_start,
+                          width, COUNT_ON_DEVICE: tl.constexpr, SOURCE_INDEXED: tl.constexpr,
+                          TARGET_INDEXED: tl.constexpr, SOURCE_OFFSET: tl.constexpr, TARGET_OFFSET: tl.constexpr,
+                          BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+        num_rows = tl.minimum(tl.load(count), bound) if COUNT_ON_DEVICE else bound
+        i = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+        inside = i < num_rows
+        i = i.to(tl.int64)
+        at = _row_index(source_rows, source_start, i, inside, SOURCE_INDEXED, SOURCE_OFFSET)
+        to = _row_index(target_rows, target_start, i, inside, TARGET_INDEXED, TARGET_OFFSET)
+        cols = tl.arange(0, BLOCK_D)
+        mask = inside[:, None] & (cols < width)[None, :]
+        values = tl.load(source + at[:, None] * width + cols[None, :], mask=mask)
+        tl.store(target + to[:, None] * width + cols[None, :], values.to(target.dtype.element_ty), mask=mask)
 
     @triton.jit
     def _scatter_add_rows_kernel(target, positions, source, num_rows, dim, source_stride,

@@ -21,7 +21,7 @@ from marius_py.steps import build_multi_device_runner
 from marius_py.trainer import Model, Trainer, epoch_generator
 from pipeline.device_cache import RowCache, hot_rows
 from pipeline.multi_device import group_steps_by_head
-from pipeline.routing import group_by_owner, owner_offsets, union_of_requests
+from pipeline.routing import group_by_owner, union_of_requests
 from pipeline.row_kernels import gather_rows, sparse_adagrad_
 
 RUNNER_VARIANTS = {"dedup": ["pipeline.dedup=true", "pipeline.cache_rows=0"],
@@ -61,10 +61,10 @@ def run_runner(config, replicas, nodes, state, edges, bound: int = 1):
 
 
 class RecordingStep:
-    """A step whose gradient of a row is (device + 1) in every column: updates are countable."""
+    """A step whose gradient of a row is scale * (device + 1) in every column: updates are countable."""
 
-    def __init__(self, model, device_index: int, log: list):
-        self.model, self.device_index, self.log = model, device_index, log
+    def __init__(self, model, device_index: int, log: list, scale: float = 1.0):
+        self.model, self.device_index, self.log, self.scale = model, device_index, log, scale
 
     def negative_draws(self, *args, **kwargs):
         return self.model.negative_draws(*args, **kwargs)
@@ -76,9 +76,10 @@ class RecordingStep:
         edges = plan.edges
         negatives = torch.cat([plan.tail_negatives.reshape(-1), plan.head_negatives.reshape(-1)])
         needed = torch.unique(torch.cat([edges[:, 0], edges[:, 2], negatives]))
-        got = plan.rows[:len(embeddings)]
-        self.log.append((self.device_index, needed.clone(), got.clone(), embeddings.clone()))
-        grad = torch.full_like(embeddings, float(self.device_index + 1))
+        count = int(plan.unique_count)  # rows past it are padding
+        got = plan.rows[:count]
+        self.log.append((self.device_index, needed.clone(), got.clone(), embeddings[:count].clone()))
+        grad = torch.full_like(embeddings, self.scale * (self.device_index + 1))
         return grad, [torch.zeros_like(p) for p in self.model._relation_parameters()], torch.zeros(())
 
     def step_relations(self, gradients):
@@ -100,8 +101,7 @@ def test_every_row_reaches_its_device_and_every_gradient_its_owner_once(small_co
     expected_squares = torch.zeros(len(nodes), dtype=torch.float64)
     for device, needed, got, embeddings in log:
         assert torch.equal(torch.sort(got).values, needed), "a device got other rows than its batch needs"
-        if bound == 1 and variant != "split":  # no update in flight: what arrives is the table at that moment
-            assert embeddings.shape == (len(got), nodes.shape[1])
+        assert embeddings.shape == (len(got), nodes.shape[1])
         expected_squares[needed] += float(device + 1) ** 2
     assert len(log) == -(-len(edges) // config.training.batch_size)
     if state.shape[1] > 1:  # full Adagrad: each column gains g^2 once per (step, device) needing the row
@@ -110,10 +110,26 @@ def test_every_row_reaches_its_device_and_every_gradient_its_owner_once(small_co
     assert not torch.equal(nodes, start_nodes)
 
 
-def _recording_runner(config, replicas, nodes, state, bound, log):
+@pytest.mark.parametrize("variant", sorted(RUNNER_VARIANTS))
+@pytest.mark.parametrize("num_devices", [2, 3])
+def test_every_device_receives_the_table_rows_it_needs(small_config, variant, num_devices):
+    """Zero gradients leave the tables unchanged: every row a device receives must equal the table's."""
+    config, replicas, nodes, state, edges = setup(small_config, ["cpu"] * num_devices, *RUNNER_VARIANTS[variant])
+    start = nodes.clone()
+    log: list = []
+    runner = _recording_runner(config, replicas, nodes, state, 2, log, scale=0.0)
+    runner.run(edges, nodes, state, None, [torch.Generator().manual_seed(g) for g in range(num_devices)],
+               [torch.Generator() for _ in range(num_devices)], torch.zeros(()), lambda n: None)
+    assert len(log) == -(-len(edges) // config.training.batch_size)
+    for _, needed, got, embeddings in log:
+        assert torch.equal(embeddings, start[got])
+    assert torch.equal(nodes, start)
+
+
+def _recording_runner(config, replicas, nodes, state, bound, log, scale: float = 1.0):
     from pipeline.multi_device import MultiDeviceRunner
     devices = [r.device for r in replicas]
-    steps = [RecordingStep(model, g, log) for g, model in enumerate(replicas)]
+    steps = [RecordingStep(model, g, log, scale) for g, model in enumerate(replicas)]
     p = config.pipeline
     return MultiDeviceRunner(steps, lambda *a, **k: sparse_adagrad_(*a, lr=0.1, eps=1e-10, **k), devices,
                              config.training.batch_size, bound, dedup=p.dedup, cache_rows=max(p.cache_rows, 0),
@@ -142,6 +158,37 @@ def test_deduplicated_training_equals_every_device_reading_its_own_rows(small_co
     assert cached["cache_hits"] > 0
 
 
+@pytest.mark.parametrize("shared", [False, True])
+def test_replayed_static_steps_equal_eager_steps(small_config, shared):
+    """The graphed runner's static tensors, alternating per step, train exactly like fresh ones (CPU:
+    each 'graph' replays its phase eagerly into the static state)."""
+    from pipeline.multi_device import _PhaseGraphs
+    results = []
+    for graphed in (False, True):
+        config, replicas, nodes, state, edges = setup(small_config, ["cpu", "cpu"], "model.decoder=distmult",
+                                                      "model.reg_weight=0", f"training.shared_negatives={shared}",
+                                                      "pipeline.cache_rows=8")
+        runner = build_multi_device_runner(replicas, "host", config, [r.device for r in replicas],
+                                           2 * config.model.dim * 4)
+        if graphed:
+            assert all(step.graphable for step in runner.steps)
+            runner.graphs = _PhaseGraphs(runner)
+        loss = torch.zeros(())
+        runner.staleness_bound = 2
+        runner.run(edges, nodes, state, None, [epoch_generator(0, 1, "cpu", stream=2 + g) for g in range(2)],
+                   [epoch_generator(0, 1, "cpu", stream=9 + g) for g in range(2)], loss, lambda n: None)
+        results.append((nodes, state, replicas[1].decoder.relations.detach(), loss, runner))
+    (nodes, state, relations, loss, _), (g_nodes, g_state, g_relations, g_loss, graphed) = results
+    assert graphed.graphs.graphs[0] is not None and graphed.graphs.graphs[1] is not None, "no step was replayed"
+    torch.testing.assert_close(g_nodes, nodes, rtol=0, atol=1e-6)
+    torch.testing.assert_close(g_state, state, rtol=0, atol=1e-6)
+    torch.testing.assert_close(g_relations, relations, rtol=0, atol=1e-6)
+    torch.testing.assert_close(g_loss, loss, rtol=1e-6, atol=0)
+    for step in graphed.steps:  # every replica counted one relation step per training step
+        model = step.model
+        assert float(model.relation_optimizer.state[model.decoder.relations]["step"]) == graphed.counters.steps
+
+
 def test_counters_show_rows_read_once_per_step(small_config):
     config, replicas, nodes, state, edges = setup(small_config, ["cpu", "cpu"], *RUNNER_VARIANTS["dedup"])
     dedup = run_runner(config, replicas, nodes, state, edges)[0].counters.snapshot(64, 128)
@@ -166,16 +213,22 @@ def test_group_by_owner_and_union_route_each_row_to_one_owner():
         g = group_by_owner(padded, local, torch.tensor([len(rows)]), 3)
         assert torch.equal(g.rows[g.local], padded[local])
         assert g.per_owner.tolist() == [int((rows % 3 == o).sum()) for o in range(3)]
+        assert g.offsets.tolist() == [0, int(g.per_owner[0]), int(g.per_owner[:2].sum())]
+        assert int(g.count) == len(rows)
         grouped.append(g)
     for owner in range(3):
-        requests = [g.rows[int(owner_offsets(g.per_owner.numpy())[owner]):][:int(g.per_owner[owner])]
-                    for g in grouped]
+        requests = [g.rows[int(g.offsets[owner]):][:int(g.per_owner[owner])] for g in grouped]
         assert all(bool((r % 3 == owner).all()) for r in requests)
-        union = union_of_requests(requests)
+        lengths = [len(g.rows) for g in grouped]
+        padded = torch.full((sum(lengths),), 50)  # the sentinel: one past the last row
+        starts = [0, lengths[0], lengths[0] + lengths[1]]
+        for start, request in zip(starts, requests):
+            padded[start:start + len(request)] = request
+        union = union_of_requests(padded, lengths, sentinel=50)
         expected = torch.unique(torch.cat(requests))
-        assert torch.equal(union.rows[:int(union.count)], expected)
+        assert int(union.count) == len(expected) and torch.equal(union.rows[:len(expected)], expected)
         for request, positions in zip(requests, union.positions):
-            assert torch.equal(union.rows[positions], request)
+            assert torch.equal(union.rows[positions[:len(request)]], request)
 
 
 def test_adagrad_of_several_gradients_equals_consecutive_steps():
