@@ -269,6 +269,8 @@ class MultiDeviceRunner:
                         step.computed)
             self._phase(range(self.num_devices), "compute", step.computed, lambda d: self._update(step, d, context),
                         step.updated, in_order=not self.dedup)  # the baseline's updates go in device order
+            if self.graphs is not None and step.active == self.num_devices:
+                self.graphs.warmed_up = True
         self.counters.relation_bytes += self._relation_bytes(step)
         on_batch(step.active)
         return step
@@ -445,7 +447,7 @@ class _PhaseGraphs:
         self.states: list[_StepState | None] = [None, None]
         self.graphs: list[dict | None] = [None, None]
         self.key = None
-        self.eager_steps = 0
+        self.warmed_up = False  # a full step has finished eagerly: kernels compiled, library handles made
 
     @staticmethod
     def supported(runner: MultiDeviceRunner) -> bool:
@@ -454,7 +456,8 @@ class _PhaseGraphs:
                 and all(getattr(s, "graphable", False) for s in runner.steps))
 
     def ready_for(self, context) -> bool:
-        """Whether this step may use graphs: in-memory candidates, and one eager step already run."""
+        """Whether this step may use graphs: in-memory candidates, and a full eager step already finished
+        (capturing cannot compile kernels or create cuBLAS handles)."""
         if any(c is not None and not c.is_identity for c in context.candidates):
             return False
         key = (context.nodes.data_ptr(), context.state.data_ptr(),
@@ -462,8 +465,7 @@ class _PhaseGraphs:
                  for c in self.runner.caches])
         if key != self.key:
             self.key, self.graphs, self.states = key, [None, None], [None, None]
-        self.eager_steps += 1
-        return self.eager_steps > 1  # the first full step runs eagerly: it compiles the kernels
+        return self.warmed_up
 
     def state_for(self, index: int) -> _StepState:
         parity = index % 2
