@@ -155,19 +155,23 @@ def measure_two(dim: int, placement: str, dedup: bool, args) -> dict:
     """Edges/s of the step on the first two GPUs (fused DistMult, power-law edges, tables in host memory)."""
     devices = [torch.device("cuda", g) for g in range(2)]
     overrides = [f"model.dim={dim}", f"pipeline.dedup={str(dedup).lower()}", "training.score_dtype=float32",
-                 f"pipeline.placement={placement}", *args.overrides]
+                 f"pipeline.placement={placement}", "pipeline.cache_rows=0", *args.overrides]
     config, _, runner = make_runner(overrides, devices, args.nodes, args.relations)
     nodes, state = host_tables(args.nodes, dim, pin=True)
     step_edges = config.training.batch_size * len(devices)
     edges = power_law_edges(args.nodes, step_edges * 10, args.relations)
     loss = torch.zeros((), device=devices[0])
 
+    issued = []
+
     def run(num_steps: int) -> float:
-        span = edges.repeat(-(-num_steps // 10), 1)[:num_steps * step_edges]
+        span = edges.repeat(-(-num_steps // 10), 1)[:num_steps * step_edges].pin_memory()  # as a span is
         sampling, dropout = generators(devices)
-        torch.cuda.synchronize()
+        for device in devices:
+            torch.cuda.synchronize(device)
         started = time.perf_counter()
         runner.run(span, nodes, state, None, sampling, dropout, loss, lambda n: None)
+        issued.append(time.perf_counter() - started)  # the host's part: launching every step
         for device in devices:
             torch.cuda.synchronize(device)
         return time.perf_counter() - started
@@ -182,19 +186,19 @@ def measure_two(dim: int, placement: str, dedup: bool, args) -> dict:
         seconds = run(num_steps)
         for sampler in samplers:
             sampler.__exit__(None, None, None)
-        if args.profile:
+        if args.profile and dedup and placement == "host":
             from throughput import print_profile
-            print_profile(lambda: run(3), f"two GPUs {placement} d={dim} dedup={dedup}")
+            print_profile(lambda: run(10), f"two GPUs {placement} d={dim} dedup={dedup}")
     counts = runner.counters.snapshot(dim * 4, 2 * dim * 4)
     return {"part": "step", "gpus": 2, "placement": placement, "dim": dim, "dedup": dedup,
-            "edges_per_s": num_steps * step_edges / seconds, "seconds": seconds,
+            "edges_per_s": num_steps * step_edges / seconds, "seconds": seconds, "host_issue_seconds": issued[2],
             "gpu_util": [s.mean for s in samplers], "staleness_bound": runner.staleness_bound,
             "h2d_gb_per_s": counts["host_to_device"]["bytes"] / 2**30 / (seconds + probe),
             "d2d_gb_per_s": counts["device_to_device"]["bytes"] / 2**30 / (seconds + probe), "transfers": counts}
 
 
 def measure_one(dim: int, placement: str, args) -> dict:
-    one_args = argparse.Namespace(**{**vars(args), "load_threads": 1})
+    one_args = argparse.Namespace(**{**vars(args), "load_threads": 1, "profile": False})
     row = measure_step(dim, placement, "float32", one_args, "graph" if placement == "device" else "fused")
     return {**row, "gpus": 1, "gpu_util": [row["gpu_util"]]}
 
@@ -280,7 +284,8 @@ def print_row(row: dict) -> None:
     if row.get("test_mrr") is not None:
         extra = f"  test MRR {row['test_mrr']:.4f}  {row['train_seconds']:.0f} s of training"
     if "dedup" in row:
-        extra += f"  dedup={row['dedup']}  H2D {row['h2d_gb_per_s']:.1f} GB/s  D2D {row['d2d_gb_per_s']:.1f} GB/s"
+        extra += (f"  dedup={row['dedup']}  H2D {row['h2d_gb_per_s']:.1f} GB/s  D2D {row['d2d_gb_per_s']:.1f} GB/s"
+                  f"  host issue {row['host_issue_seconds'] / row['seconds']:.0%} of the time")
     if row.get("per_process"):
         extra += "  per process " + " + ".join(f"{r / 1e6:.2f}" for r in row["per_process"])
     print(f"{row['part']:<9} {row['gpus']} GPU  {row['placement']:<7} d={row['dim']:<4} "

@@ -166,7 +166,7 @@ class MultiDeviceRunner:
         step_edges = self.batch_size * self.num_devices
         if self.grouping_window:
             edges = group_steps_by_head(edges, step_edges, self.num_devices, self.grouping_window)
-        if any(d.type == "cuda" for d in self.devices):
+        if any(d.type == "cuda" for d in self.devices) and not edges.is_pinned():
             edges = edges.pin_memory()  # batches copy to their devices asynchronously
         self._admit_caches(edges, nodes, state)
         for device, lanes in zip(self.devices, self.lanes):  # after what the caller queued (caches, relations)

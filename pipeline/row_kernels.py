@@ -91,14 +91,19 @@ def move_rows(source: torch.Tensor, target: torch.Tensor, count: torch.Tensor | 
 
     ``count`` and the starts may be one-element tensors on any device, and
     ``source`` may live on another GPU or in pinned host memory: the kernel runs
-    on ``target``'s device and reads the rest where it lives (peer access over
+    on ``target``'s device (the source's, for a pinned host target) and reads
+    the rest where it lives (peer access over
     NVLink, or PCIe), so moving a step's rows between devices needs no host read
     of their counts (the routed step is capturable as a CUDA graph).
     Rows are 1-D (ids) or 2-D of the same width.
     """
     src, dst = (t if t.dim() == 2 else t.reshape(-1, 1) for t in (source, target))
-    if not _moves_by_kernel(dst):
+    if not _moves_by_kernel(src, dst):
         _move_rows_torch(src, dst, count, source_rows, target_rows, source_start, target_start)
+        return
+    if not dst.is_cuda:  # into pinned host memory: the source's GPU writes it over PCIe
+        with torch.cuda.device(src.device):
+            move_rows(source, target, count, source_rows, target_rows, source_start, target_start)
         return
     width = dst.shape[1]
     block_r, block_d = tile_shape(width)
@@ -116,8 +121,9 @@ def move_rows(source: torch.Tensor, target: torch.Tensor, count: torch.Tensor | 
         TARGET_OFFSET=target_start is not None, BLOCK_R=block_r, BLOCK_D=block_d)
 
 
-def _moves_by_kernel(target: torch.Tensor) -> bool:
-    return target.is_cuda and triton is not None
+def _moves_by_kernel(source: torch.Tensor, target: torch.Tensor) -> bool:
+    """A GPU kernel moves the rows into GPU memory, or from a GPU into pinned host memory."""
+    return triton is not None and (target.is_cuda or source.is_cuda and target.is_pinned())
 
 
 def _move_rows_torch(src, dst, count, source_rows, target_rows, source_start, target_start) -> None:
