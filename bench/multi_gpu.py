@@ -186,9 +186,11 @@ def measure_two(dim: int, placement: str, dedup: bool, args) -> dict:
         seconds = run(num_steps)
         for sampler in samplers:
             sampler.__exit__(None, None, None)
-        if args.profile and dedup and placement == "host":
-            from throughput import print_profile
-            print_profile(lambda: run(10), f"two GPUs {placement} d={dim} dedup={dedup}")
+        if args.trace and dedup and placement == "host" and dim == args.dims[0]:
+            from torch.profiler import ProfilerActivity, profile
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                run(10)
+            prof.export_chrome_trace(args.trace)
     counts = runner.counters.snapshot(dim * 4, 2 * dim * 4)
     return {"part": "step", "gpus": 2, "placement": placement, "dim": dim, "dedup": dedup,
             "edges_per_s": num_steps * step_edges / seconds, "seconds": seconds, "host_issue_seconds": issued[2],
@@ -315,7 +317,7 @@ def main() -> None:
     parser.add_argument("--score-dtype", default="float32")
     parser.add_argument("--workdir", default="/tmp/multi-gpu")
     parser.add_argument("--json", default=None)
-    parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--trace", help="step: write a Chrome trace of ten two-GPU host steps here")
     args = parser.parse_args()
     Path(args.workdir).mkdir(parents=True, exist_ok=True)
     rows = []

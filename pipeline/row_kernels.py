@@ -101,10 +101,11 @@ def move_rows(source: torch.Tensor, target: torch.Tensor, count: torch.Tensor | 
     if not _moves_by_kernel(src, dst):
         _move_rows_torch(src, dst, count, source_rows, target_rows, source_start, target_start)
         return
-    if not dst.is_cuda:  # into pinned host memory: the source's GPU writes it over PCIe
-        with torch.cuda.device(src.device):
-            move_rows(source, target, count, source_rows, target_rows, source_start, target_start)
-        return
+    with torch.cuda.device(dst.device if dst.is_cuda else src.device):  # a pinned target: the source's GPU
+        _launch_move(src, dst, count, source_rows, target_rows, source_start, target_start)
+
+
+def _launch_move(src, dst, count, source_rows, target_rows, source_start, target_start) -> None:
     width = dst.shape[1]
     block_r, block_d = tile_shape(width)
     on_device = isinstance(count, torch.Tensor)
