@@ -12,11 +12,11 @@ slots). A step runs in four phases, each on every device:
    and reads each row once, from its ``RowCache`` (rows it keeps for the
    span: intra-GPU reuse) or from the host over PCIe;
 3. compute: each device pulls its rows from their owners (NVLink) and
-   computes its gradients;
+   computes its gradients; relation gradients are then all-reduced (summed in
+   device order on every replica) and every replica takes the same step;
 4. update: each owner pulls the gradients of its rows and applies, per row,
    the devices' gradients as consecutive Adagrad steps in device order, in one
-   read-modify-write; relation gradients are all-reduced (summed in device
-   order on every replica) and every replica takes the same step.
+   read-modify-write.
 
 Without deduplication (``dedup=False``, the baseline) every device reads its
 own rows from the host and applies its own update, in device order: the same
@@ -25,8 +25,9 @@ arithmetic, so both train the same model (tests compare them).
 Rows move by ``move_rows``, a kernel on the receiving device that reads the
 sender's memory directly, with counts and offsets left where they were
 computed: no phase waits for the host. Plan and load run on a device's load
-stream, compute and update on its compute stream, ordered across devices by
-events; a step's loads may run while up to ``staleness_bound - 1`` earlier
+stream, compute and the relation step on its compute stream, the node update on
+its update stream (so it overlaps the next step's compute), ordered across
+devices by events; a step's loads may run while up to ``staleness_bound - 1`` earlier
 steps still compute (a load may then read rows they have not updated yet, but
 every update is a read-modify-write of the current row, so none is lost). On
 CUDA with the fused step, full steps are replayed as one CUDA graph per phase
@@ -57,7 +58,8 @@ LOAD_PRIORITY = -1  # CUDA stream priority of the load lanes (lower is higher; c
 
 @dataclass
 class _Lanes:
-    """A device's streams: load (plan, host reads) and compute (gradients, updates); None on a CPU.
+    """A device's streams: load (plan, host reads), compute (gradients, relation step) and update (the node
+    rows' read-modify-write, which overlaps the next step's compute); None on a CPU.
 
     The load stream has the higher priority: its small kernels (sorts, the
     PCIe gather) otherwise wait for SMs behind the compute stream's large ones,
@@ -67,12 +69,14 @@ class _Lanes:
 
     load: torch.cuda.Stream | None
     compute: torch.cuda.Stream | None
+    update: torch.cuda.Stream | None
 
     @classmethod
     def for_device(cls, device: torch.device) -> "_Lanes":
         if device.type != "cuda":
-            return cls(None, None)
-        return cls(torch.cuda.Stream(device, priority=LOAD_PRIORITY), torch.cuda.Stream(device))
+            return cls(None, None, None)
+        return cls(torch.cuda.Stream(device, priority=LOAD_PRIORITY), torch.cuda.Stream(device),
+                   torch.cuda.Stream(device))
 
 
 def _on(*streams: torch.cuda.Stream | None):
@@ -179,7 +183,7 @@ class MultiDeviceRunner:
             edges = edges.pin_memory()  # batches copy to their devices asynchronously
         self._admit_caches(edges, nodes, state)
         for device, lanes in zip(self.devices, self.lanes):  # after what the caller queued (caches, relations)
-            for stream in (lanes.load, lanes.compute):
+            for stream in (lanes.load, lanes.compute, lanes.update):
                 if stream is not None:
                     stream.wait_stream(torch.cuda.current_stream(device))
         context = _SpanContext(nodes, state, [None if candidates is None else candidates.to(d) for d in self.devices],
@@ -200,8 +204,9 @@ class MultiDeviceRunner:
         while in_flight:
             self._finish(in_flight.popleft(), context, on_batch)
         for device, lanes in zip(self.devices, self.lanes):
-            if lanes.compute is not None:
-                torch.cuda.current_stream(device).wait_stream(lanes.compute)
+            for stream in (lanes.compute, lanes.update):
+                if stream is not None:
+                    torch.cuda.current_stream(device).wait_stream(stream)
         self._release_caches(nodes, state)
         for loss in self.losses:
             loss_sum.add_(loss.to(loss_sum.device))
@@ -276,7 +281,9 @@ class MultiDeviceRunner:
         if self.graphs is None or not self.graphs.replays(step, "finish", context):
             self._phase(range(step.active), "compute", step.loaded, lambda g: self._compute(step, g, context),
                         step.computed)
-            self._phase(range(self.num_devices), "compute", step.computed, lambda d: self._update(step, d, context),
+            self._phase(range(self.num_devices), "compute", step.computed, lambda d: self._step_relations(step, d),
+                        [])
+            self._phase(range(self.num_devices), "update", step.computed, lambda d: self._update_nodes(step, d, context),
                         step.updated, in_order=not self.dedup)  # the baseline's updates go in device order
             if self.graphs is not None and step.active == self.num_devices:
                 self.graphs.warmed_up = True
@@ -377,12 +384,8 @@ class MultiDeviceRunner:
         _put(step.grads, g, grad)
         _put(step.relation_grads, g, relation_grads)
 
-    def _update(self, step: _StepState, d: int, context) -> None:
-        """Device d: the node update of its rows (owner) or of its batch's rows (baseline), then relations."""
-        self._update_nodes(step, d, context)
-        self._step_relations(step, d)
-
     def _update_nodes(self, step: _StepState, d: int, context) -> None:
+        """Device d: the node update of its rows (owner) or of its batch's rows (baseline)."""
         nodes, state = context.nodes, context.state
         if self.dedup:
             union, device = step.owners[d], self.devices[d]
@@ -446,9 +449,8 @@ class _SpanContext:
 
 
 class _PhaseGraphs:
-    """The phases of full steps as CUDA graphs: per device, a load graph (plan, then its owner's reads)
-    and a finish graph (compute, then its owner's update and relation step), over two alternating sets of
-    static tensors. Captured after one eager step has compiled every kernel; captured again when the
+    """The phases of full steps as CUDA graphs: per device and phase (plan, read, compute, relations,
+    update), over two alternating sets of static tensors. Captured after one eager step has compiled every kernel; captured again when the
     tables or caches change. Each graph reads other devices' static tensors through peer access."""
 
     def __init__(self, runner: MultiDeviceRunner):
@@ -502,7 +504,8 @@ class _PhaseGraphs:
             runner._phase(devices, "load", step.planned, lambda g: graphs["read"][g].replay(), step.loaded)
         else:
             runner._phase(devices, "compute", step.loaded, lambda g: graphs["compute"][g].replay(), step.computed)
-            runner._phase(devices, "compute", step.computed, lambda g: graphs["update"][g].replay(), step.updated)
+            runner._phase(devices, "compute", step.computed, lambda g: graphs["relations"][g].replay(), [])
+            runner._phase(devices, "update", step.computed, lambda g: graphs["update"][g].replay(), step.updated)
             for model in runner.steps:
                 model.count_relation_step()
         return True
@@ -513,8 +516,8 @@ class _PhaseGraphs:
         phases = {"plan": lambda g: runner._plan(step, g, context),
                   "read": lambda g: runner._read_union(step, g, context),
                   "compute": lambda g: runner._compute(step, g, context),
-                  "update": lambda g: (runner._update_nodes(step, g, context),
-                                       runner._step_relations(step, g, count=False))}
+                  "relations": lambda g: runner._step_relations(step, g, count=False),
+                  "update": lambda g: runner._update_nodes(step, g, context)}
         graphs = {}
         for name, phase in phases.items():
             priority = LOAD_PRIORITY if name in ("plan", "read") else 0  # kernels keep their stream's priority
