@@ -98,8 +98,8 @@ def make_runner(overrides: list[str], devices: list[torch.device], num_nodes: in
     placement = "device" if config.pipeline.placement == "device" else "host"
     row_bytes = 2 * config.model.dim * 4
     runner = build_multi_device_runner(replicas, placement, config, devices, row_bytes)
-    if routing_only:
-        runner.steps = [RoutingOnly(model) for model in replicas]
+    if routing_only:  # eager: the counts are those of the graphed runner
+        runner.steps, runner.graphs = [RoutingOnly(model) for model in replicas], None
     return config, replicas, runner
 
 
@@ -183,7 +183,9 @@ def measure_two(dim: int, placement: str, dedup: bool, args) -> dict:
         samplers = [UtilisationSampler(d) for d in devices]
         for sampler in samplers:
             sampler.__enter__()
+        runner.counters.reset()
         seconds = run(num_steps)
+        counts = runner.counters.snapshot(dim * 4, 2 * dim * 4)
         for sampler in samplers:
             sampler.__exit__(None, None, None)
         if args.trace and dedup and placement == "host" and dim == args.dims[0]:
@@ -191,12 +193,11 @@ def measure_two(dim: int, placement: str, dedup: bool, args) -> dict:
             with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
                 run(10)
             prof.export_chrome_trace(args.trace)
-    counts = runner.counters.snapshot(dim * 4, 2 * dim * 4)
     return {"part": "step", "gpus": 2, "placement": placement, "dim": dim, "dedup": dedup,
             "edges_per_s": num_steps * step_edges / seconds, "seconds": seconds, "host_issue_seconds": issued[2],
             "gpu_util": [s.mean for s in samplers], "staleness_bound": runner.staleness_bound,
-            "h2d_gb_per_s": counts["host_to_device"]["bytes"] / 2**30 / (seconds + probe),
-            "d2d_gb_per_s": counts["device_to_device"]["bytes"] / 2**30 / (seconds + probe), "transfers": counts}
+            "h2d_gb_per_s": counts["host_to_device"]["bytes"] / 1e9 / seconds,
+            "d2d_gb_per_s": counts["device_to_device"]["bytes"] / 1e9 / seconds, "transfers": counts}
 
 
 def measure_one(dim: int, placement: str, args) -> dict:

@@ -118,11 +118,13 @@ class PipelineConfig:
     placement: str = _f("auto", f"where node embeddings (or the partition buffer) live when training on "
                                 f"CUDA, one of {PLACEMENTS}: 'device' (GPU memory, no per-batch transfers), "
                                 "'host' (host memory, the five-stage pipeline), 'auto' (device when "
-                                "they fit in GPU memory)")
+                                "they fit in GPU memory). Several devices: 'device' splits the tables across "
+                                "their memory (each keeps the rows it owns); a partition buffer, or "
+                                "pipeline.dedup=false, keeps them in host memory")
     staleness_bound: int = _f(0, "batches in flight at once; a batch's compute misses the updates of at most "
                                  "bound - 1 earlier ones (1: synchronous). With tables in GPU memory it is how "
                                  "far batches are planned ahead, and training stays synchronous. 0: 16 on CUDA, "
-                                 "1 on CPU")
+                                 "1 on CPU. Several devices: steps in flight (0: 2; graphed steps at most 2)")
     load_threads: int = _f(1, "threads of the load stage (negatives, unique rows, gathers)")
     queue_size: int = _f(0, "capacity of each queue between stages (0: the staleness bound)")
     dedup: bool = _f(True, "several devices: each row a step needs crosses PCIe once (its owner device reads it "

@@ -30,4 +30,10 @@ def resolve_devices(config: Config) -> list[torch.device]:
             raise MariusInputError(f"training.devices: {missing[0]} requested but {available} CUDA device(s) "
                                    "are available", expected=f"cuda:0 .. cuda:{available - 1}, or --gpus "
                                                              f"{available}" if available else "a machine with GPUs")
+        for a in devices:
+            for b in devices:
+                if a != b and not torch.cuda.can_device_access_peer(a, b):
+                    raise MariusInputError(f"training.devices: {a} cannot read {b}'s memory (no peer access); "
+                                           "the GPUs exchange rows and gradients that way",
+                                           expected="GPUs joined by NVLink or one PCIe switch")
     return devices

@@ -15,12 +15,11 @@ import torch
 from marius_py.config import Config
 from marius_py.fused_step import FusedStep, supports_fused_step
 from marius_py.step_graph import GraphedFusedStep
-from pipeline.multi_device import MultiDeviceRunner
+from pipeline.multi_device import DEFAULT_STALENESS, MultiDeviceRunner
 from pipeline.placements import PLACEMENT_DEVICE, PLACEMENT_HOST
 from pipeline.row_kernels import sparse_adagrad_, zero_copy_available
 from pipeline.span_runner import SpanRunner
 
-MULTI_DEVICE_STALENESS = 2  # steps in flight: the next step's reads overlap this one's compute
 CACHE_MEMORY_FRACTION = 0.25  # of a device's free memory the automatic row cache may take
 
 
@@ -74,6 +73,9 @@ class FusedGradients:
     def count_relation_step(self) -> None:
         self.fused.count_relation_step()
 
+    def relation_tensors(self) -> list[torch.Tensor]:
+        return self.fused.relation_tensors()
+
 
 def build_multi_device_runner(replicas: list, placement: str, config: Config, devices: list[torch.device],
                               row_bytes: int) -> MultiDeviceRunner:
@@ -87,7 +89,7 @@ def build_multi_device_runner(replicas: list, placement: str, config: Config, de
     if cache_rows == -1:
         cache_rows = automatic_cache_rows(devices, row_bytes)
     return MultiDeviceRunner(steps, functools.partial(sparse_adagrad_, lr=adagrad.lr, eps=adagrad.eps), devices,
-                             config.training.batch_size, p.staleness_bound or MULTI_DEVICE_STALENESS,
+                             config.training.batch_size, p.staleness_bound or DEFAULT_STALENESS,
                              dedup=p.dedup, cache_rows=cache_rows, cache_all=placement == PLACEMENT_DEVICE,
                              shared_negatives=config.training.shared_negatives, grouping_window=p.step_grouping,
                              graphs=config.training.cuda_graphs)

@@ -386,8 +386,13 @@ class Trainer:
         """The placement, where the node tables (or the buffer's slots) live, and the pipeline runner."""
         config = self.config
         if self.multi_device:  # tables in host memory, shared by the devices
+            p = config.pipeline
+            if p.placement == PLACEMENT_DEVICE and (self.partitioned or not p.dedup):
+                raise MariusInputError("pipeline.placement: device splits in-memory tables across the GPUs, "
+                                       "which needs pipeline.dedup and storage.num_partitions=1",
+                                       expected="pipeline.placement=host or auto")
             self.placement = choose_devices_placement(config.pipeline.placement, self.devices, self._table_bytes(),
-                                                      self.partitioned)
+                                                      self.partitioned, config.pipeline.dedup)
             self.table_device = torch.device("cpu")
             self.runner = build_multi_device_runner(self.replicas, self.placement, config, self.devices,
                                                     self._row_bytes())

@@ -86,20 +86,22 @@ def _move(source: torch.Tensor, target: torch.Tensor, count: int, source_rows: t
         target[target_rows.cpu()] = source[:count].to(target.device, target.dtype)
 
 
-def hot_rows(edges: np.ndarray | torch.Tensor, table_rows: int, owner: int, num_devices: int,
-             capacity: int) -> torch.Tensor:
-    """The ``capacity`` rows owned by ``owner`` that are endpoints of the most ``edges`` (ascending ids).
+def endpoint_degree(edges: np.ndarray | torch.Tensor, table_rows: int) -> torch.Tensor:
+    """How many of ``edges`` each row is an endpoint of."""
+    edges = torch.as_tensor(edges)
+    return torch.bincount(torch.cat([edges[:, 0], edges[:, 2]]), minlength=table_rows)
+
+
+def hot_rows(degree: torch.Tensor, owner: int, num_devices: int, capacity: int) -> torch.Tensor:
+    """The ``capacity`` rows owned by ``owner`` of highest ``degree`` (``endpoint_degree``), ascending ids.
 
     Hub nodes appear in most batches of a skewed graph: keeping them on their
     owner saves reading them over PCIe at every step. Rows that are no edge's
     endpoint are never chosen.
     """
-    edges = torch.as_tensor(edges)
-    degree = torch.bincount(torch.cat([edges[:, 0], edges[:, 2]]), minlength=table_rows)
-    owned = torch.arange(owner, table_rows, num_devices)
+    owned = torch.arange(owner, len(degree), num_devices)
     owned_degree = degree[owned]
-    touched = int((owned_degree > 0).sum())
-    keep = min(capacity, touched)
+    keep = min(capacity, int((owned_degree > 0).sum()))
     if keep == 0:
         return torch.empty(0, dtype=torch.long)
     top = torch.topk(owned_degree, keep, sorted=False).indices

@@ -4,17 +4,18 @@ A span's edges (a buffer state, or an in-memory epoch) are dealt to the G
 devices in steps: step k gives device g the batch ``k * G + g``. Relation
 parameters are replicated on every device. The node tables stay in host memory
 (pinned: GPU kernels read and write them in place; or a partition buffer's
-slots). A step runs in four phases, each on every device:
+slots). A step runs in five phases, each on every device:
 
 1. plan: the device draws its negatives, finds its unique rows and groups
    them by owner (``row % G``, ``pipeline.routing``);
-2. load: each owner takes the union of the rows the devices request from it
+2. read: each owner takes the union of the rows the devices request from it
    and reads each row once, from its ``RowCache`` (rows it keeps for the
    span: intra-GPU reuse) or from the host over PCIe;
 3. compute: each device pulls its rows from their owners (NVLink) and
-   computes its gradients; relation gradients are then all-reduced (summed in
-   device order on every replica) and every replica takes the same step;
-4. update: each owner pulls the gradients of its rows and applies, per row,
+   computes its gradients;
+4. relations: relation gradients are all-reduced (summed in device order on
+   every replica) and every replica takes the same step;
+5. update: each owner pulls the gradients of its rows and applies, per row,
    the devices' gradients as consecutive Adagrad steps in device order, in one
    read-modify-write.
 
@@ -44,12 +45,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from pipeline.device_cache import RowCache, hot_rows
+from pipeline.device_cache import RowCache, endpoint_degree, hot_rows
 from pipeline.routing import (CACHE_HITS, DEVICE_ROWS, RECEIVED_ROWS, UNION_ROWS, GroupedRows, OwnerRows,
                               TransferCounters, group_by_owner, union_of_requests)
 from pipeline.row_kernels import gather_rows, move_rows, triton_available
 from pipeline.step import BatchStep
 
+DEFAULT_STALENESS = 2  # steps in flight: the next step's reads overlap this one's compute
 GRAPH_STALENESS = 2  # graphed steps alternate between two sets of static tensors
 
 
@@ -175,22 +177,47 @@ class MultiDeviceRunner:
     def run(self, edges: torch.Tensor, nodes: torch.Tensor, state: torch.Tensor, candidates,
             sampling: list[torch.Generator], dropout: list[torch.Generator], loss_sum: torch.Tensor,
             on_batch: Callable[[int], None]) -> None:
-        """Train ``edges`` (host, already shuffled, ids index the host tables) in steps of G batches."""
+        """Train ``edges`` (host, already shuffled, ids index the host tables) in steps of G batches.
+
+        On return every update has reached the host tables (a partition buffer may evict their slots).
+        """
+        cuda = any(d.type == "cuda" for d in self.devices)
+        if cuda and triton_available() and not (nodes.is_pinned() and state.is_pinned()):
+            raise ValueError("several GPUs read and write the host tables in place: pin them (pin_memory())")
         step_edges = self.batch_size * self.num_devices
         if self.grouping_window:
             edges = group_steps_by_head(edges, step_edges, self.num_devices, self.grouping_window)
-        if any(d.type == "cuda" for d in self.devices) and not edges.is_pinned():
+        if cuda and not edges.is_pinned():
             edges = edges.pin_memory()  # batches copy to their devices asynchronously
+        context = _SpanContext(nodes, state, [None if candidates is None else candidates.to(d) for d in self.devices],
+                               sampling, dropout)
         self._admit_caches(edges, nodes, state)
         for device, lanes in zip(self.devices, self.lanes):  # after what the caller queued (caches, relations)
             for stream in (lanes.load, lanes.compute, lanes.update):
                 if stream is not None:
                     stream.wait_stream(torch.cuda.current_stream(device))
-        context = _SpanContext(nodes, state, [None if candidates is None else candidates.to(d) for d in self.devices],
-                               sampling, dropout)
+        try:
+            self._run_steps(edges, step_edges, context, on_batch)
+        except BaseException:
+            self._drop_caches()  # their rows may hold part of this span's updates: never write them back
+            raise
+        for device, lanes in zip(self.devices, self.lanes):
+            for stream in (lanes.compute, lanes.update):
+                if stream is not None:
+                    torch.cuda.current_stream(device).wait_stream(stream)
+        self._release_caches(nodes, state)
+        for loss in self.losses:
+            loss_sum.add_(loss.to(loss_sum.device))
+            loss.zero_()
+        for device in self.devices:
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)  # kernels write the pinned tables (or slots) until here
+
+    def _run_steps(self, edges: torch.Tensor, step_edges: int, context, on_batch) -> None:
         bound = self.effective_staleness
         in_flight: deque[_StepState] = deque()
         done: deque[_StepState] = deque()
+        self._last_update = []  # the baseline chains every update after the previous one, across steps too
         for index, start in enumerate(range(0, len(edges), step_edges)):
             batches = [edges[s:s + self.batch_size] for s in range(start, min(start + step_edges, len(edges)),
                                                                    self.batch_size)]
@@ -203,14 +230,6 @@ class MultiDeviceRunner:
                 done.popleft()
         while in_flight:
             self._finish(in_flight.popleft(), context, on_batch)
-        for device, lanes in zip(self.devices, self.lanes):
-            for stream in (lanes.compute, lanes.update):
-                if stream is not None:
-                    torch.cuda.current_stream(device).wait_stream(stream)
-        self._release_caches(nodes, state)
-        for loss in self.losses:
-            loss_sum.add_(loss.to(loss_sum.device))
-            loss.zero_()
 
     # ---- caches ----
     def _admit_caches(self, edges: torch.Tensor, nodes: torch.Tensor, state: torch.Tensor) -> None:
@@ -221,11 +240,12 @@ class MultiDeviceRunner:
             return  # the same tables as the last span: their rows are on the devices already
         self._forget_caches(nodes, state)
         rows, dim, state_dim = len(nodes), nodes.shape[1], state.shape[1]
+        degree = None if self.cache_all else endpoint_degree(edges, rows)
         for owner, device in enumerate(self.devices):
             if self.cache_all:
                 chosen = torch.arange(owner, rows, self.num_devices)
             else:
-                chosen = hot_rows(edges, rows, owner, self.num_devices, self.cache_rows)
+                chosen = hot_rows(degree, owner, self.num_devices, self.cache_rows)
             cache = self.caches[owner]
             if cache is None or len(cache.slot_of) != rows or cache.capacity < len(chosen):
                 capacity = min(self.cache_rows, len(chosen) * 5 // 4 + 1) if not self.cache_all else len(chosen)
@@ -243,6 +263,12 @@ class MultiDeviceRunner:
                 self.counters.written_back_rows += cache.num_rows
         else:
             self._forget_caches(nodes, state)
+
+    def _drop_caches(self) -> None:
+        for cache in self.caches:
+            if cache is not None:
+                cache.forget()
+        self._cached_tables = None
 
     def _forget_caches(self, nodes: torch.Tensor, state: torch.Tensor) -> None:
         for cache in self.caches:
@@ -281,10 +307,17 @@ class MultiDeviceRunner:
         if self.graphs is None or not self.graphs.replays(step, "finish", context):
             self._phase(range(step.active), "compute", step.loaded, lambda g: self._compute(step, g, context),
                         step.computed)
+            # Relations(i) on device d precede compute(i+1) on d, which relations(i+1) on every device waits
+            # for before its compute(i+2) rewrites the gradients read here: no event is needed.
             self._phase(range(self.num_devices), "compute", step.computed, lambda d: self._step_relations(step, d),
                         [])
-            self._phase(range(self.num_devices), "update", step.computed, lambda d: self._update_nodes(step, d, context),
-                        step.updated, in_order=not self.dedup)  # the baseline's updates go in device order
+            if self.dedup:  # one owner per row: its updates are ordered on its own stream
+                self._phase(range(self.num_devices), "update", step.computed,
+                            lambda d: self._update_nodes(step, d, context), step.updated)
+            else:  # every device updates any row: one chain, in device order, across steps
+                self._phase(range(self.num_devices), "update", step.computed + self._last_update,
+                            lambda d: self._update_nodes(step, d, context), step.updated, in_order=True)
+                self._last_update = step.updated[-1:]
             if self.graphs is not None and step.active == self.num_devices:
                 self.graphs.warmed_up = True
         self.counters.relation_bytes += self._relation_bytes(step)
@@ -353,7 +386,7 @@ class MultiDeviceRunner:
                                                           device=device), union.count, cache)
         counts = self.counters.on_device[owner]
         counts[UNION_ROWS:UNION_ROWS + 1].add_(union.count)
-        if cache is not None and cache.num_rows:
+        if cache is not None:  # counted even while empty: a graph captured then must count later spans' hits
             real = torch.arange(len(union.rows), device=device) < union.count
             hits = (cache.slot_of[union.rows.clamp(max=sentinel - 1)] >= 0) & real
             counts[CACHE_HITS:CACHE_HITS + 1].add_(hits.sum())
@@ -473,7 +506,8 @@ class _PhaseGraphs:
             return False
         key = (context.nodes.data_ptr(), context.state.data_ptr(),
                *[(c.slot_of.data_ptr(), c.embeddings.data_ptr()) if c is not None else None
-                 for c in self.runner.caches])
+                 for c in self.runner.caches],
+               *[t.data_ptr() for step in self.runner.steps for t in step.relation_tensors()])
         if key != self.key:
             self.key, self.graphs, self.states = key, [None, None], [None, None]
         return self.warmed_up
@@ -511,7 +545,7 @@ class _PhaseGraphs:
         return True
 
     def _capture(self, step: _StepState, context) -> dict:
-        """Capture the four phases on every device, in phase order (each reads what the last one made)."""
+        """Capture the five phases on every device, in phase order (each reads what the last one made)."""
         runner = self.runner
         phases = {"plan": lambda g: runner._plan(step, g, context),
                   "read": lambda g: runner._read_union(step, g, context),

@@ -64,13 +64,14 @@ def choose_placement(requested: str, device: torch.device, table_bytes: int) -> 
 
 
 def choose_devices_placement(requested: str, devices: list[torch.device], table_bytes: int,
-                             partitioned: bool) -> str:
+                             partitioned: bool, dedup: bool = True) -> str:
     """Several devices: ``device`` (each holds the rows it owns) or ``host`` (tables or buffer in host memory).
 
     ``auto`` splits the tables across the devices' memory when they fit there
-    together; a partition buffer always lives in host memory.
+    together. A partition buffer always lives in host memory, and so do the
+    tables without deduplication (only owners keep rows on their device).
     """
-    if partitioned:
+    if partitioned or not dedup:
         return PLACEMENT_HOST
     if requested != "auto":
         return requested

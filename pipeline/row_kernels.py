@@ -128,6 +128,9 @@ def _moves_by_kernel(source: torch.Tensor, target: torch.Tensor) -> bool:
 
 
 def _move_rows_torch(src, dst, count, source_rows, target_rows, source_start, target_start) -> None:
+    for value in (count, source_start, target_start):
+        if isinstance(value, torch.Tensor) and value.is_cuda:  # made on some stream of its device: wait for it
+            torch.cuda.synchronize(value.device)
     count = int(count)
     if count == 0:
         return

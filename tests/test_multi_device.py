@@ -19,7 +19,7 @@ from marius_py.config import load_config
 from marius_py.dataset import Dataset
 from marius_py.steps import build_multi_device_runner
 from marius_py.trainer import Model, Trainer, epoch_generator
-from pipeline.device_cache import RowCache, hot_rows
+from pipeline.device_cache import RowCache, endpoint_degree, hot_rows
 from pipeline.multi_device import group_steps_by_head
 from pipeline.routing import group_by_owner, union_of_requests
 from pipeline.row_kernels import gather_rows, sparse_adagrad_
@@ -268,9 +268,11 @@ def test_cached_rows_are_read_and_updated_in_the_cache_until_flushed():
 
 def test_hot_rows_are_an_owners_most_frequent_endpoints():
     edges = torch.tensor([[4, 0, 6], [4, 0, 2], [4, 0, 8], [6, 0, 3], [1, 0, 6], [5, 0, 7]])
-    assert hot_rows(edges, 10, 0, 2, 2).tolist() == [4, 6]
-    assert hot_rows(edges, 10, 1, 2, 5).tolist() == [1, 3, 5, 7]  # only rows that are endpoints
-    assert hot_rows(edges, 10, 0, 2, 0).tolist() == []
+    degree = endpoint_degree(edges, 10)
+    assert degree.tolist() == [0, 1, 1, 1, 3, 1, 3, 1, 1, 0]
+    assert hot_rows(degree, 0, 2, 2).tolist() == [4, 6]
+    assert hot_rows(degree, 1, 2, 5).tolist() == [1, 3, 5, 7]  # only rows that are endpoints
+    assert hot_rows(degree, 0, 2, 0).tolist() == []
 
 
 def test_step_grouping_reorders_edges_so_a_steps_batches_share_heads():
@@ -328,9 +330,10 @@ def test_replicas_leave_training_equal(small_config, tmp_path):
     config = small_config("training.devices=cpu,cpu,cpu", "training.epochs=2")
     trainer = Trainer(config, Dataset(config.dataset.path), tmp_path / "run", progress=False)
     try:
+        initial = trainer.replicas[0].decoder.relations.detach().clone()
         trainer.train()
         first = trainer.replicas[0].decoder.relations.detach()
-        assert not torch.equal(first, trainer.replicas[0].decoder.relations.detach() * 0)
+        assert not torch.equal(first, initial), "the relations did not train"
         for replica in trainer.replicas[1:]:
             assert torch.equal(replica.decoder.relations.detach(), first)
     finally:
@@ -342,6 +345,32 @@ def test_replicas_leave_training_equal(small_config, tmp_path):
 def test_bad_devices_are_config_errors(small_config, devices, message):
     with pytest.raises(mp.MariusInputError, match=f"training.devices.*{message}"):
         small_config(f"training.devices={devices}")
+
+
+def test_split_tables_with_partitions_or_without_dedup_are_refused(small_config, tmp_path):
+    for extra in (["pipeline.dedup=false"], ["storage.num_partitions=4", "storage.buffer_capacity=2"]):
+        config = small_config("training.devices=cpu,cpu", "pipeline.placement=device", *extra)
+        if "storage.num_partitions=4" in extra:
+            config.dataset.path = _bucketed(config, tmp_path, 4)
+        with pytest.raises(mp.MariusInputError, match="pipeline.placement: device splits"):
+            Trainer(config, Dataset(config.dataset.path), tmp_path / f"run{len(extra)}", progress=False)
+
+
+def test_gpus_one_overrides_devices_of_a_config(tmp_path, monkeypatch):
+    from marius_py import api
+    from marius_py.cli import main
+    from types import SimpleNamespace
+    seen = {}
+
+    def fake_train(config, *args, **kwargs):  # stop right after the command line has built the config
+        seen["config"] = config
+        return SimpleNamespace(run_dir=tmp_path, test_metrics=None)
+
+    monkeypatch.setattr(api, "train", fake_train)
+    config_file = tmp_path / "two.yaml"
+    config_file.write_text("training:\n  devices: cpu,cpu\n")
+    assert main(["train", str(config_file), "--gpus", "1", "--quiet"]) == 0
+    assert seen["config"].training.devices == "" and seen["config"].training.device == "cuda"
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message of a machine without GPUs")
