@@ -31,8 +31,11 @@ RUNNER_VARIANTS = {"dedup": ["pipeline.dedup=true", "pipeline.cache_rows=0"],
 
 
 def setup(small_config, devices: list[str], *overrides: str):
-    """(config, replicas, nodes, state, edges) for a runner on ``devices`` over UMLS."""
-    config = small_config(f"training.devices={','.join(devices)}", "model.dropout=0", *overrides)
+    """(config, replicas, nodes, state, edges) for a runner on ``devices`` over UMLS.
+
+    The runner takes its devices from the replicas, so ``devices`` may repeat a GPU (two sets of lanes on
+    one GPU exercise the streams, events and graphs where only one GPU is at hand)."""
+    config = small_config("model.dropout=0", *overrides)
     dataset = Dataset(config.dataset.path)
     torch.manual_seed(0)
     first = Model(config, dataset.num_nodes, dataset.num_relations, torch.device(devices[0]))
@@ -383,18 +386,20 @@ def test_gpus_on_a_machine_without_them_is_a_clear_error(umls_dataset, tmp_path,
     assert not (tmp_path / "run").exists()
 
 
-two_gpus = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,
-                              reason="needs two CUDA devices")
+GPU_PAIRS = [pytest.param(["cuda:0", "cuda:1"], id="two-gpus", marks=pytest.mark.skipif(
+                 not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs two CUDA devices")),
+             pytest.param(["cuda:0", "cuda:0"], id="two-lanes-one-gpu")]
 
 
 @pytest.mark.gpu
-@two_gpus
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("devices", GPU_PAIRS)
 @pytest.mark.parametrize("decoder", ["distmult", "complex"])
-def test_two_gpus_dedup_equals_baseline(small_config, decoder):
-    """On real GPUs (peer copies, zero-copy kernels): dedup, caches and the baseline train alike."""
+def test_two_gpus_dedup_equals_baseline(small_config, decoder, devices):
+    """On real GPUs (peer reads, zero-copy kernels, graphs): dedup, caches and the baseline train alike."""
     results = {}
     for variant, overrides in RUNNER_VARIANTS.items():
-        config, replicas, nodes, state, edges = setup(small_config, ["cuda:0", "cuda:1"], f"model.decoder={decoder}",
+        config, replicas, nodes, state, edges = setup(small_config, devices, f"model.decoder={decoder}",
                                                       "model.reg_weight=0", *overrides)
         nodes, state = nodes.pin_memory(), state.pin_memory()
         runner, loss = run_runner(config, replicas, nodes, state, edges, bound=2)  # loads run ahead of finishes
