@@ -91,9 +91,10 @@ STEP_VARIANTS = {"graph": ["training.fused_step=true", "training.cuda_graphs=tru
                  "autograd": ["training.fused_step=false"]}
 
 
-def measure_step(dim: int, placement: str, score_dtype: str, args, step: str = "graph") -> dict:
+def measure_step(dim: int, placement: str, score_dtype: str, args, step: str = "graph",
+                 decoder: str = "distmult") -> dict:
     device = torch.device("cuda")
-    config = load_config(None, [*STEP_SETTINGS, f"model.dim={dim}", *STEP_VARIANTS[step],
+    config = load_config(None, [*STEP_SETTINGS, f"model.decoder={decoder}", f"model.dim={dim}", *STEP_VARIANTS[step],
                                 f"pipeline.placement={placement}", "training.device=cuda",
                                 f"training.score_dtype={score_dtype}", f"pipeline.load_threads={args.load_threads}"])
     model = Model(config, args.nodes, args.relations, device)
@@ -134,6 +135,7 @@ def measure_step(dim: int, placement: str, score_dtype: str, args, step: str = "
             print_profile(lambda: run(3), f"{placement} d={dim} scores={score_dtype}")
     step = "graph" if runner.graphed_step else "fused" if runner.fused_step else "autograd"
     return {"part": "step", "placement": placement, "dim": dim, "score_dtype": score_dtype, "step": step,
+            "decoder": decoder,
             "edges_per_s": num_batches * batch / seconds, "gpu_util": utilisation.mean,
             "batches": num_batches, "seconds": seconds, "warmup_seconds": warmup,
             "staleness_bound": runner.staleness_bound, "load_threads": args.load_threads}
@@ -251,7 +253,7 @@ def print_row(row: dict) -> None:
         if row.get("seconds_to_target") is not None:
             extra += f" (MRR {TARGET_MRR} at {row['seconds_to_target']:.1f} s)"
     if row.get("step"):
-        extra += f"  {row['step']} step"
+        extra += f"  {row['step']} step {row.get('decoder', '')}"
     if row.get("staleness_bound") and row["part"] == "stale":
         extra += f"  bound {row['staleness_bound']}"
     print(f"{row['part']:<5} {row.get('system', 'marius-py'):<18} {row['placement']:<7} d={row['dim']:<4} "
@@ -278,6 +280,7 @@ def main() -> None:
                         help="step: the device placement's step (fused: hand-written gradients; graph: fused and "
                              "replayed as a CUDA graph; autograd)")
     parser.add_argument("--score-dtypes", nargs="+", default=["float32"], choices=["float32", "bfloat16"])
+    parser.add_argument("--decoders", nargs="+", default=["distmult"], help="step: decoders to time side by side")
     parser.add_argument("--nodes", type=int, default=1_000_000)
     parser.add_argument("--relations", type=int, default=100)
     parser.add_argument("--seconds", type=float, default=5.0)
@@ -307,7 +310,8 @@ def main() -> None:
                     steps = args.steps if placement == "device" else \
                         dict.fromkeys("fused" if step == "graph" else step for step in args.steps)  # no host graphs
                     for step in steps:
-                        record(measure_step(dim, placement, score_dtype, args, step))
+                        for decoder in args.decoders:
+                            record(measure_step(dim, placement, score_dtype, args, step, decoder))
         if "disk" in args.parts:
             disk_args = argparse.Namespace(**{**vars(args), "score_dtype": args.score_dtypes[-1]})
             record(measure_disk(dim, disk_args))

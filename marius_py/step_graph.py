@@ -31,8 +31,9 @@ class GraphedFusedStep:
 
     @staticmethod
     def supported(fused: FusedStep, device: torch.device) -> bool:
-        """CUDA with Triton (the torch versions of the kernels read the row count on the host: not capturable)."""
-        return device.type == "cuda" and triton_available() and fused.own_relation_step
+        """CUDA with Triton (the torch versions of the kernels read the row count on the host: not capturable),
+        and no dropout (its mask is a random draw the graph would repeat)."""
+        return device.type == "cuda" and triton_available() and fused.own_relation_step and fused.dropout == 0
 
     def run(self, batch: torch.Tensor, nodes: torch.Tensor, state: torch.Tensor,
             candidates: CandidateRows | None, sampling: torch.Generator) -> bool:

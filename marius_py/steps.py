@@ -53,7 +53,7 @@ class FusedGradients:
         return self.model.plan_batch(*args, **kwargs)
 
     def gradients(self, plan, embeddings: torch.Tensor, generator: torch.Generator):
-        grad, relation_grad, loss = self.fused.gradients(plan, embeddings)
+        grad, relation_grad, loss = self.fused.gradients(plan, embeddings, generator=generator)
         return grad, self.fused.relation_gradients(relation_grad), loss
 
     def step_relations(self, gradients: list[list[torch.Tensor]]) -> None:
@@ -61,8 +61,8 @@ class FusedGradients:
 
     @property
     def graphable(self) -> bool:
-        """Whether the relation step is device work only (a CUDA graph can hold it)."""
-        return self.fused.own_relation_step
+        """Whether the step is device work only (a CUDA graph can hold it): no dropout draw, own relation step."""
+        return self.fused.own_relation_step and self.fused.dropout == 0
 
     def apply_relation_gradients(self, gradients: list[list[torch.Tensor]]) -> None:
         """``step_relations`` without the host-side step count (``count_relation_step``)."""

@@ -115,13 +115,13 @@ class SpanRunner:
             add_rows_(nodes, state, item.table_rows, item.delta, item.squared)
 
         if zero_copy:
-            self._run_zero_copy(edges, nodes, state, candidates, sampling, loss_sum, on_batch)
+            self._run_zero_copy(edges, nodes, state, candidates, sampling, dropout, loss_sum, on_batch)
         elif self.fused_step is not None and self.placement == PLACEMENT_DEVICE:
             graphed = self.graphed_step
             for batch in batches:  # nothing in the step waits for the device: no need to plan ahead
                 if graphed is None or not graphed.run(batch, nodes, state, candidates, sampling):
                     plan = model.plan_batch(batch, sampling, candidates, defer_count=True, table_rows=len(nodes))
-                    self.fused_step.run(plan.to(self.device, non_blocking=True), nodes, state, loss_sum)
+                    self.fused_step.run(plan.to(self.device, non_blocking=True), nodes, state, loss_sum, dropout)
                 on_batch(1)
             if graphed is not None:
                 graphed.add_loss_to(loss_sum)
@@ -143,7 +143,7 @@ class SpanRunner:
         if self.device.type == "cuda" and self.placement == PLACEMENT_HOST:
             torch.cuda.synchronize(self.device)  # relation parameters were updated on another stream
 
-    def _run_zero_copy(self, edges, nodes, state, candidates, sampling, loss_sum, on_batch) -> None:
+    def _run_zero_copy(self, edges, nodes, state, candidates, sampling, dropout, loss_sum, on_batch) -> None:
         """Host tables (pinned) read and written in place by GPU kernels over PCIe; no host work per row.
 
         The five stages become two CUDA streams: load (plan on the GPU from
@@ -177,7 +177,7 @@ class SpanRunner:
                 gather_rows(nodes, plan.rows, gathered, plan.unique_count)
             compute.wait_stream(load)
             with torch.cuda.stream(compute):
-                self.fused_step.apply(plan, nodes, state, loss_sum, gathered)
+                self.fused_step.apply(plan, nodes, state, loss_sum, gathered, generator=dropout)
                 done = torch.cuda.Event()
                 done.record()
             for tensor in (*plan.tensors(), gathered):

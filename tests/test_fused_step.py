@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from marius_py.config import load_config
-from marius_py.fused_step import FusedStep, edge_backward_, edge_queries, supports_fused_step
+from marius_py.edge_kernels import edge_backward_, edge_queries
+from marius_py.fused_step import FusedStep, supports_fused_step
 from pipeline.row_kernels import gather_rows, scatter_add_rows_, sparse_adagrad_
 from marius_py.optim import SparseAdagrad
 from marius_py.trainer import Model
@@ -46,7 +47,7 @@ def autograd_step(model, nodes, state, edges, seed):
 def fused_step(model, nodes, state, edges, seed):
     plan = model.plan_batch(edges, torch.Generator(nodes.device).manual_seed(seed), defer_count=True)
     loss = torch.zeros((), dtype=nodes.dtype, device=nodes.device)
-    FusedStep(model).run(plan, nodes, state, loss)
+    FusedStep(model).run(plan, nodes, state, loss, torch.Generator(nodes.device))  # dropout draws as autograd's
     return loss / len(edges)
 
 
@@ -69,6 +70,22 @@ def test_fused_step_equals_autograd_step(decoder, variant):
     compare_steps(decoder, variant, "cpu", torch.float64, {"rtol": 1e-10, "atol": 1e-12})
 
 
+@pytest.mark.parametrize("decoder", ["dot", "distmult", "complex"])
+@pytest.mark.parametrize("regularizer", ["none", "n3", "l2"])
+@pytest.mark.parametrize("dropout", [0.0, 0.3])
+def test_fused_step_with_regulariser_and_dropout_equals_autograd_step(decoder, regularizer, dropout):
+    """Loss, updated rows and relations after two steps: ComplEx's complex product, N3 (complex moduli for
+    ComplEx), L2 and query dropout with hand-written gradients, against autograd in float64."""
+    compare_steps(decoder, "full", "cpu", torch.float64, {"rtol": 1e-9, "atol": 1e-12},
+                  [f"model.regularizer={regularizer}", f"model.reg_weight={0 if regularizer == 'none' else 0.05}",
+                   f"model.dropout={dropout}"])
+
+
+def test_fused_complex_step_rowwise_equals_autograd_step():
+    compare_steps("complex", "rowwise", "cpu", torch.float64, {"rtol": 1e-9, "atol": 1e-12},
+                  ["model.regularizer=n3", "model.reg_weight=0.05", "model.dropout=0.2"])
+
+
 def test_fused_step_with_adam_relations_equals_autograd_step():
     """Relation optimizers other than plain Adagrad are stepped by torch (and keep the step out of graphs)."""
     model = make_model("distmult", "full", "cpu", True, ["training.relation_optimizer=adam"])
@@ -78,11 +95,11 @@ def test_fused_step_with_adam_relations_equals_autograd_step():
 
 
 def test_supported_models_only():
-    assert supports_fused_step(make_model("distmult", "full", "cpu", False))
-    assert not supports_fused_step(make_model("complex", "full", "cpu", False))
-    assert not supports_fused_step(make_model("distmult", "full", "cpu", False, ["model.dropout=0.1"]))
-    assert not supports_fused_step(make_model("distmult", "full", "cpu", False,
-                                              ["model.reg_weight=0.1", "model.regularizer=n3"]))
+    for decoder in ("dot", "distmult", "complex"):
+        assert supports_fused_step(make_model(decoder, "full", "cpu", False, ["model.dropout=0.1",
+                                                                             "model.reg_weight=0.1"]))
+    for decoder in ("transe", "rotate"):
+        assert not supports_fused_step(make_model(decoder, "full", "cpu", False))
     assert not supports_fused_step(make_model("distmult", "full", "cpu", False, ["model.loss=logistic"]))
 
 
@@ -98,10 +115,12 @@ def test_adagrad_skips_padding_rows():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("decoder", ["distmult", "dot"])
+@pytest.mark.parametrize("decoder", ["distmult", "dot", "complex"])
 @pytest.mark.parametrize("variant", ["full", "rowwise"])
-def test_fused_step_kernels_match_autograd_on_gpu(decoder, variant):
-    compare_steps(decoder, variant, "cuda", torch.float32, {"rtol": 1e-4, "atol": 1e-5})
+@pytest.mark.parametrize("extra", [[], ["model.regularizer=n3", "model.reg_weight=0.05", "model.dropout=0.3"],
+                                   ["model.regularizer=l2", "model.reg_weight=0.05"]])
+def test_fused_step_kernels_match_autograd_on_gpu(decoder, variant, extra):
+    compare_steps(decoder, variant, "cuda", torch.float32, {"rtol": 1e-4, "atol": 1e-5}, extra)
 
 
 @pytest.mark.gpu
@@ -119,7 +138,7 @@ def test_triton_kernels_match_torch_versions(dim):
     outputs = []
     for device in ("cpu", "cuda"):
         n, r, e, lo, gq, gp = (t.to(device).clone() for t in (nodes, relations, edges, local, grad_q, grad_pos))
-        queries, positive = edge_queries(n, r, e, torch.float32, width=dim + 5)
+        queries, positive, _ = edge_queries(n, r, e, torch.float32, width=dim + 5)
         grad_rows, grad_relations = torch.zeros(40, dim, device=device), torch.zeros_like(r)
         edge_backward_(grad_rows, grad_relations, n, r, e, lo, gq, gp, head_offset=340)
         state = torch.rand(500, dim, generator=torch.Generator().manual_seed(1)).to(device)

@@ -1,0 +1,432 @@
+"""Per-edge maths of the fused step: queries, positive scores, regulariser, and their gradients.
+
+For the dot-product decoders (Dot, DistMult, ComplEx) an edge (h, r, t) gives
+two queries, q_t = op(h, r_fwd) and q_h = op(t, r_inv), optionally scaled by a
+dropout mask; the positive scores are <q_t, t> and <q_h, h>, and every
+negative score is the query against a candidate row (``fused_loss``). The
+operator is the identity (Dot), elementwise (DistMult) or the complex product
+of [re | im] halves (ComplEx), whose backward is dh = dq * conj(r),
+dr = dq * conj(h). N3 (sum of |x|^3, or of the complex moduli cubed) and L2
+regularise the batch's h, t and relation rows, as ``models.regularization``.
+
+``edge_queries`` computes the forward part, ``edge_backward_`` adds each
+edge's gradients of h, t (into per-row gradients) and of its relation
+vectors. Each has Triton kernels for float32 CUDA tables and a torch version
+(CPU, float64) that the tests compare with autograd.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch.nn import functional as F
+
+from marius_py.models import complex_product
+from pipeline.row_kernels import tile_shape, triton, use_triton
+
+if triton is not None:
+    import triton.language as tl
+
+    from pipeline.row_kernels import load_rows
+
+OPERATORS = {"dot": "identity", "distmult": "diagonal", "complex": "complex"}  # decoders with a fused step
+_OPERATOR_CODE = {"identity": 0, "diagonal": 1}
+_REGULARIZER_CODE = {"none": 0, "n3": 1, "l2": 2}
+
+
+@dataclass(frozen=True)
+class EdgeMaths:
+    """What the fused step computes per edge besides the softmax: the operator and the regulariser."""
+
+    operator: str = "diagonal"      # identity (Dot), diagonal (DistMult), complex (ComplEx)
+    regularizer: str = "none"       # none, n3, l2
+    reg_relations: bool = True      # whether the relation rows are regularised too
+
+    @classmethod
+    def of(cls, model) -> "EdgeMaths":
+        m = model.config.model
+        regularizer = m.regularizer if m.reg_weight > 0 else "none"
+        operator = OPERATORS[model.decoder.name]
+        return cls(operator, regularizer, operator != "identity" and model.decoder.regularize_relations)
+
+    @property
+    def complex(self) -> bool:
+        return self.operator == "complex"
+
+
+def edge_queries(nodes: torch.Tensor, relations: torch.Tensor | None, edges: torch.Tensor,
+                 score_dtype: torch.dtype, width: int | None = None, maths: EdgeMaths = EdgeMaths(),
+                 mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """([2B, width] queries q_t of every edge then q_h, scaled by ``mask`` ([2B, d]) and zero beyond d;
+    [2B] positive scores; [B] regulariser sums per edge, or None).
+
+    ``relations`` is [2R, d] (forward then inverse vectors) or None (Dot).
+    """
+    batch, dim = len(edges), nodes.shape[1]
+    width = width or dim
+    if use_triton(nodes):
+        return _edge_queries_triton(nodes, relations, edges, score_dtype, width, maths, mask)
+    heads, tails = nodes[edges[:, 0]], nodes[edges[:, 2]]
+    forward, inverse = _relation_rows(relations, edges[:, 1])
+    queries = torch.cat([_operator(heads, forward, maths), _operator(tails, inverse, maths)])
+    if mask is not None:
+        queries = queries * mask
+    positive = (queries * torch.cat([tails, heads])).sum(-1)
+    regularised = [heads, tails] + ([forward, inverse] if maths.reg_relations and forward is not None else [])
+    reg = None if maths.regularizer == "none" else sum(_reg_value(x, maths) for x in regularised)
+    return F.pad(queries.to(score_dtype), (0, width - dim)), positive, reg
+
+
+def edge_backward_(grad_rows: torch.Tensor, grad_relations: torch.Tensor | None, nodes: torch.Tensor,
+                   relations: torch.Tensor | None, edges: torch.Tensor, local: torch.Tensor,
+                   grad_queries: torch.Tensor, grad_positive: torch.Tensor, head_offset: int,
+                   maths: EdgeMaths = EdgeMaths(), mask: torch.Tensor | None = None,
+                   reg_scale: float = 0.0) -> None:
+    """Add each edge's gradients of h, t (into ``grad_rows`` at ``local``) and of its relation vectors.
+
+    ``grad_queries``/``grad_positive`` hold the tail-corruption rows of the
+    edges at [0, B) and the head-corruption rows at [head_offset, head_offset + B);
+    ``grad_queries`` may be wider than d (aligned rows: the extra columns are
+    ignored). ``reg_scale``: the regulariser's weight over the batch size.
+    """
+    batch, dim = len(edges), nodes.shape[1]
+    if use_triton(nodes):
+        _edge_backward_triton(grad_rows, grad_relations, nodes, relations, edges, local, grad_queries,
+                              grad_positive, head_offset, maths, mask, reg_scale)
+        return
+    heads, tails = nodes[edges[:, 0]], nodes[edges[:, 2]]
+    forward, inverse = _relation_rows(relations, edges[:, 1])
+    ones = torch.ones((), dtype=nodes.dtype, device=nodes.device)
+    mask_tail, mask_head = (ones, ones) if mask is None else (mask[:batch], mask[batch:2 * batch])
+    pos_tail = grad_positive[:batch, None].to(nodes.dtype)
+    pos_head = grad_positive[head_offset:head_offset + batch, None].to(nodes.dtype)
+    # d loss / d (dropped query): the softmax's part plus the positive score's
+    grad_tail_q = (grad_queries[:batch, :dim].to(nodes.dtype) + pos_tail * tails) * mask_tail
+    grad_head_q = (grad_queries[head_offset:head_offset + batch, :dim].to(nodes.dtype) + pos_head * heads) * mask_head
+    grad_heads, grad_forward = _operator_backward(grad_tail_q, heads, forward, maths)
+    grad_tails, grad_inverse = _operator_backward(grad_head_q, tails, inverse, maths)
+    grad_heads = grad_heads + pos_head * _operator(tails, inverse, maths) * mask_head
+    grad_tails = grad_tails + pos_tail * _operator(heads, forward, maths) * mask_tail
+    if maths.regularizer != "none":
+        grad_heads = grad_heads + reg_scale * _reg_gradient(heads, maths)
+        grad_tails = grad_tails + reg_scale * _reg_gradient(tails, maths)
+        if maths.reg_relations and forward is not None:
+            grad_forward = grad_forward + reg_scale * _reg_gradient(forward, maths)
+            grad_inverse = grad_inverse + reg_scale * _reg_gradient(inverse, maths)
+    if grad_relations is not None:
+        grad_relations.index_add_(0, edges[:, 1], grad_forward)
+        grad_relations.index_add_(0, edges[:, 1] + len(relations) // 2, grad_inverse)
+    grad_rows.index_add_(0, local[:batch], grad_heads)
+    grad_rows.index_add_(0, local[batch:2 * batch], grad_tails)
+
+
+def _relation_rows(relations: torch.Tensor | None, relation_ids: torch.Tensor):
+    if relations is None:
+        return None, None
+    return relations[relation_ids], relations[relation_ids + len(relations) // 2]
+
+
+def _conjugate(x: torch.Tensor) -> torch.Tensor:
+    real, imaginary = x.chunk(2, dim=-1)
+    return torch.cat([real, -imaginary], dim=-1)
+
+
+def _operator(nodes: torch.Tensor, relations: torch.Tensor | None, maths: EdgeMaths) -> torch.Tensor:
+    if maths.operator == "identity":
+        return nodes
+    if maths.complex:
+        return complex_product(nodes, relations)
+    return nodes * relations
+
+
+def _operator_backward(grad: torch.Tensor, nodes: torch.Tensor, relations: torch.Tensor | None, maths: EdgeMaths):
+    """(d/d nodes, d/d relations) of ``_operator`` given d/d its output."""
+    if maths.operator == "identity":
+        return grad, None
+    if maths.complex:
+        return complex_product(grad, _conjugate(relations)), complex_product(grad, _conjugate(nodes))
+    return grad * relations, grad * nodes
+
+
+def _reg_value(x: torch.Tensor, maths: EdgeMaths) -> torch.Tensor:
+    """Per row: N3 (sum |x|^3, or of complex moduli cubed) or L2 (sum x^2)."""
+    if maths.regularizer == "l2":
+        return (x * x).sum(-1)
+    if maths.complex:
+        real, imaginary = x.chunk(2, dim=-1)
+        return (real * real + imaginary * imaginary).pow(1.5).sum(-1)
+    return x.abs().pow(3).sum(-1)
+
+
+def _reg_gradient(x: torch.Tensor, maths: EdgeMaths) -> torch.Tensor:
+    if maths.regularizer == "l2":
+        return 2 * x
+    if maths.complex:
+        real, imaginary = x.chunk(2, dim=-1)
+        modulus = torch.sqrt(real * real + imaginary * imaginary)
+        return 3 * x * torch.cat([modulus, modulus], dim=-1)
+    return 3 * x * x.abs()
+
+
+# ---- Triton ----
+
+def _edge_queries_triton(nodes, relations, edges, score_dtype, width, maths, mask):
+    batch, dim = len(edges), nodes.shape[1]
+    device = nodes.device
+    queries = (torch.zeros if width > dim else torch.empty)(2 * batch, width, dtype=score_dtype, device=device)
+    positive = torch.empty(2 * batch, dtype=torch.float32, device=device)
+    reg = torch.empty(batch, dtype=torch.float32, device=device) if maths.regularizer != "none" else positive
+    args = (nodes, nodes if relations is None else relations, edges, positive if mask is None else mask,
+            queries, positive, reg, batch, 0 if relations is None else len(relations) // 2, dim, width)
+    _launch(_complex_queries_kernel, _real_queries_kernel, args, batch, width, maths, mask, relations)
+    return queries, positive, reg if maths.regularizer != "none" else None
+
+
+def _edge_backward_triton(grad_rows, grad_relations, nodes, relations, edges, local, grad_queries, grad_positive,
+                          head_offset, maths, mask, reg_scale):
+    batch, dim = len(edges), nodes.shape[1]
+    common = (nodes, nodes if relations is None else relations, edges, local,
+              grad_queries if mask is None else mask, grad_queries, grad_positive, grad_rows,
+              grad_rows if grad_relations is None else grad_relations, batch,
+              0 if relations is None else len(relations) // 2, dim, grad_queries.stride(0), head_offset, reg_scale)
+    _launch(_complex_backward_kernel, _real_backward_kernel, common, batch, dim, maths, mask, relations)
+
+
+def _launch(complex_kernel, real_kernel, args, batch: int, width: int, maths: EdgeMaths, mask, relations) -> None:
+    """One program per block of edges: the complex kernel over [re | im] halves, the real one over rows of ``width``."""
+    flags = dict(DROPOUT=mask is not None, REG=_REGULARIZER_CODE[maths.regularizer],
+                 REG_RELATIONS=maths.reg_relations and relations is not None)
+    if maths.complex:
+        block_e, block_h = tile_shape(args[0].shape[1] // 2)  # args[0]: the node table
+        complex_kernel[(triton.cdiv(batch, block_e),)](*args, **flags, BLOCK_E=block_e, BLOCK_H=block_h)
+    else:
+        block_e, block_d = tile_shape(width)
+        real_kernel[(triton.cdiv(batch, block_e),)](*args, OPERATOR=_OPERATOR_CODE[maths.operator], **flags,
+                                                    BLOCK_E=block_e, BLOCK_D=block_d)
+
+
+if triton is not None:
+    @triton.jit
+    def _load_edges(edges, first, num_edges, BLOCK_E: tl.constexpr):
+        e = first + tl.arange(0, BLOCK_E)
+        inside = e < num_edges
+        e = e.to(tl.int64)
+        heads = tl.load(edges + 3 * e, mask=inside, other=0)
+        rels = tl.load(edges + 3 * e + 1, mask=inside, other=0)
+        tails = tl.load(edges + 3 * e + 2, mask=inside, other=0)
+        return e, inside, heads, rels, tails
+
+    @triton.jit
+    def _reg_sum(x, REG: tl.constexpr):
+        """Per row: sum |x|^3 (N3) or sum x^2 (L2) of a real tile."""
+        if REG == 1:
+            return tl.sum(tl.abs(x) * x * x, 1)
+        return tl.sum(x * x, 1)
+
+    @triton.jit
+    def _reg_grad(x, REG: tl.constexpr):
+        if REG == 1:
+            return 3.0 * x * tl.abs(x)
+        return 2.0 * x
+
+    @triton.jit
+    def _real_edges(nodes, edges, num_edges, dim, BLOCK_E: tl.constexpr, BLOCK_D: tl.constexpr):
+        """This program's edges and the rows of their h and t."""
+        e, inside, heads, rels, tails = _load_edges(edges, tl.program_id(0) * BLOCK_E, num_edges, BLOCK_E)
+        cols = tl.arange(0, BLOCK_D)
+        mask_cols = inside[:, None] & (cols < dim)[None, :]
+        h = load_rows(nodes, heads, cols, mask_cols, dim)
+        t = load_rows(nodes, tails, cols, mask_cols, dim)
+        return e, inside, rels, cols, mask_cols, h, t
+
+    @triton.jit
+    def _real_queries_kernel(nodes, relations, edges, mask, queries, positive, reg_out, num_edges, num_relations,
+                             dim, width, OPERATOR: tl.constexpr, DROPOUT: tl.constexpr, REG: tl.constexpr,
+                             REG_RELATIONS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_D: tl.constexpr):
+        e, inside, rels, cols, mask_cols, h, t = _real_edges(nodes, edges, num_edges, dim, BLOCK_E, BLOCK_D)
+        tail_q, head_q = h, t
+        if OPERATOR == 1:
+            forward = load_rows(relations, rels, cols, mask_cols, dim)
+            inverse = load_rows(relations, rels + num_relations, cols, mask_cols, dim)
+            tail_q, head_q = h * forward, t * inverse
+        if DROPOUT:
+            tail_q = tail_q * load_rows(mask, e, cols, mask_cols, dim)
+            head_q = head_q * load_rows(mask, e + num_edges, cols, mask_cols, dim)
+        out_mask = inside[:, None] & (cols < width)[None, :]  # columns past d get the zeros loaded there
+        tl.store(queries + e[:, None] * width + cols[None, :], tail_q.to(queries.dtype.element_ty), mask=out_mask)
+        tl.store(queries + (e + num_edges)[:, None] * width + cols[None, :], head_q.to(queries.dtype.element_ty),
+                 mask=out_mask)
+        tl.store(positive + e, tl.sum(tail_q * t, 1), mask=inside)
+        tl.store(positive + num_edges + e, tl.sum(head_q * h, 1), mask=inside)
+        if REG != 0:
+            value = _reg_sum(h, REG) + _reg_sum(t, REG)
+            if REG_RELATIONS:
+                value += _reg_sum(forward, REG) + _reg_sum(inverse, REG)
+            tl.store(reg_out + e, value, mask=inside)
+
+    @triton.jit
+    def _real_backward_kernel(nodes, relations, edges, local, mask, grad_queries, grad_positive, grad_rows,
+                              grad_relations, num_edges, num_relations, dim, grad_stride, head_offset, reg_scale,
+                              OPERATOR: tl.constexpr, DROPOUT: tl.constexpr, REG: tl.constexpr,
+                              REG_RELATIONS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_D: tl.constexpr):
+        e, inside, rels, cols, mask_cols, h, t = _real_edges(nodes, edges, num_edges, dim, BLOCK_E, BLOCK_D)
+        pos_tail = tl.load(grad_positive + e, mask=inside, other=0.0)[:, None]
+        pos_head = tl.load(grad_positive + head_offset + e, mask=inside, other=0.0)[:, None]
+        grad_tail_q = load_rows(grad_queries, e, cols, mask_cols, grad_stride).to(tl.float32) + pos_tail * t
+        grad_head_q = load_rows(grad_queries, e + head_offset, cols, mask_cols, grad_stride).to(tl.float32) \
+            + pos_head * h
+        keep_tail = 1.0
+        keep_head = 1.0
+        if DROPOUT:
+            keep_tail = load_rows(mask, e, cols, mask_cols, dim)
+            keep_head = load_rows(mask, e + num_edges, cols, mask_cols, dim)
+            grad_tail_q = grad_tail_q * keep_tail
+            grad_head_q = grad_head_q * keep_head
+        if OPERATOR == 1:
+            forward = load_rows(relations, rels, cols, mask_cols, dim)
+            inverse = load_rows(relations, rels + num_relations, cols, mask_cols, dim)
+            grad_h = grad_tail_q * forward + pos_head * (t * inverse * keep_head)
+            grad_t = grad_head_q * inverse + pos_tail * (h * forward * keep_tail)
+            grad_forward = grad_tail_q * h
+            grad_inverse = grad_head_q * t
+            if REG != 0 and REG_RELATIONS:
+                grad_forward += reg_scale * _reg_grad(forward, REG)
+                grad_inverse += reg_scale * _reg_grad(inverse, REG)
+            tl.atomic_add(grad_relations + rels[:, None] * dim + cols[None, :], grad_forward, mask=mask_cols,
+                          sem="relaxed")
+            tl.atomic_add(grad_relations + (rels + num_relations)[:, None] * dim + cols[None, :], grad_inverse,
+                          mask=mask_cols, sem="relaxed")
+        else:
+            grad_h = grad_tail_q + pos_head * (t * keep_head)
+            grad_t = grad_head_q + pos_tail * (h * keep_tail)
+        if REG != 0:
+            grad_h += reg_scale * _reg_grad(h, REG)
+            grad_t += reg_scale * _reg_grad(t, REG)
+        local_heads = tl.load(local + e, mask=inside, other=0)
+        local_tails = tl.load(local + num_edges + e, mask=inside, other=0)
+        tl.atomic_add(grad_rows + local_heads[:, None] * dim + cols[None, :], grad_h, mask=mask_cols, sem="relaxed")
+        tl.atomic_add(grad_rows + local_tails[:, None] * dim + cols[None, :], grad_t, mask=mask_cols, sem="relaxed")
+
+    @triton.jit
+    def _halves(table, ids, cols, mask, dim):
+        """The [re | im] halves of rows ``ids`` of a [rows, dim] table."""
+        half = dim // 2
+        return load_rows(table, ids, cols, mask, dim), load_rows(table + half, ids, cols, mask, dim)
+
+    @triton.jit
+    def _complex_edges(nodes, relations, edges, num_edges, num_relations, dim, BLOCK_E: tl.constexpr,
+                       BLOCK_H: tl.constexpr):
+        """This program's edges and the [re | im] halves of their h, t, forward and inverse relation rows."""
+        e, inside, heads, rels, tails = _load_edges(edges, tl.program_id(0) * BLOCK_E, num_edges, BLOCK_E)
+        cols = tl.arange(0, BLOCK_H)
+        mask_cols = inside[:, None] & (cols < dim // 2)[None, :]
+        h_re, h_im = _halves(nodes, heads, cols, mask_cols, dim)
+        t_re, t_im = _halves(nodes, tails, cols, mask_cols, dim)
+        f_re, f_im = _halves(relations, rels, cols, mask_cols, dim)
+        i_re, i_im = _halves(relations, rels + num_relations, cols, mask_cols, dim)
+        return e, inside, rels, cols, mask_cols, h_re, h_im, t_re, t_im, f_re, f_im, i_re, i_im
+
+    @triton.jit
+    def _complex_product(a_re, a_im, b_re, b_im):
+        return a_re * b_re - a_im * b_im, a_re * b_im + a_im * b_re
+
+    @triton.jit
+    def _complex_reg_sum(real, imaginary, REG: tl.constexpr):
+        squared = real * real + imaginary * imaginary
+        if REG == 1:
+            return tl.sum(squared * tl.sqrt(squared), 1)
+        return tl.sum(squared, 1)
+
+    @triton.jit
+    def _complex_reg_grad(real, imaginary, REG: tl.constexpr):
+        """(d/d re, d/d im) of N3's modulus cubed, or of L2."""
+        if REG == 1:
+            modulus = tl.sqrt(real * real + imaginary * imaginary)
+            return 3.0 * real * modulus, 3.0 * imaginary * modulus
+        return 2.0 * real, 2.0 * imaginary
+
+    @triton.jit
+    def _store_halves(out, rows, cols, real, imaginary, mask, stride, half):
+        tl.store(out + rows[:, None] * stride + cols[None, :], real, mask=mask)
+        tl.store(out + rows[:, None] * stride + half + cols[None, :], imaginary, mask=mask)
+
+    @triton.jit
+    def _add_halves(out, rows, cols, real, imaginary, mask, dim):
+        half = dim // 2
+        tl.atomic_add(out + rows[:, None] * dim + cols[None, :], real, mask=mask, sem="relaxed")
+        tl.atomic_add(out + rows[:, None] * dim + half + cols[None, :], imaginary, mask=mask, sem="relaxed")
+
+    @triton.jit
+    def _complex_queries_kernel(nodes, relations, edges, mask, queries, positive, reg_out, num_edges,
+                                num_relations, dim, width, DROPOUT: tl.constexpr, REG: tl.constexpr,
+                                REG_RELATIONS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr):
+        e, inside, rels, cols, mask_cols, h_re, h_im, t_re, t_im, f_re, f_im, i_re, i_im = _complex_edges(
+            nodes, relations, edges, num_edges, num_relations, dim, BLOCK_E, BLOCK_H)
+        half = dim // 2
+        tail_re, tail_im = _complex_product(h_re, h_im, f_re, f_im)
+        head_re, head_im = _complex_product(t_re, t_im, i_re, i_im)
+        if DROPOUT:
+            keep_re, keep_im = _halves(mask, e, cols, mask_cols, dim)
+            tail_re, tail_im = tail_re * keep_re, tail_im * keep_im
+            keep_re, keep_im = _halves(mask, e + num_edges, cols, mask_cols, dim)
+            head_re, head_im = head_re * keep_re, head_im * keep_im
+        kind = queries.dtype.element_ty
+        _store_halves(queries, e, cols, tail_re.to(kind), tail_im.to(kind), mask_cols, width, half)
+        _store_halves(queries, e + num_edges, cols, head_re.to(kind), head_im.to(kind), mask_cols, width, half)
+        tl.store(positive + e, tl.sum(tail_re * t_re + tail_im * t_im, 1), mask=inside)
+        tl.store(positive + num_edges + e, tl.sum(head_re * h_re + head_im * h_im, 1), mask=inside)
+        if REG != 0:
+            value = _complex_reg_sum(h_re, h_im, REG) + _complex_reg_sum(t_re, t_im, REG)
+            if REG_RELATIONS:
+                value += _complex_reg_sum(f_re, f_im, REG) + _complex_reg_sum(i_re, i_im, REG)
+            tl.store(reg_out + e, value, mask=inside)
+
+    @triton.jit
+    def _complex_backward_kernel(nodes, relations, edges, local, mask, grad_queries, grad_positive, grad_rows,
+                                 grad_relations, num_edges, num_relations, dim, grad_stride, head_offset, reg_scale,
+                                 DROPOUT: tl.constexpr, REG: tl.constexpr, REG_RELATIONS: tl.constexpr,
+                                 BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr):
+        e, inside, rels, cols, mask_cols, h_re, h_im, t_re, t_im, f_re, f_im, i_re, i_im = _complex_edges(
+            nodes, relations, edges, num_edges, num_relations, dim, BLOCK_E, BLOCK_H)
+        half = dim // 2
+        pos_tail = tl.load(grad_positive + e, mask=inside, other=0.0)[:, None]
+        pos_head = tl.load(grad_positive + head_offset + e, mask=inside, other=0.0)[:, None]
+        # d loss / d (dropped query) of each direction: the softmax's part plus the positive score's
+        gq_re = load_rows(grad_queries, e, cols, mask_cols, grad_stride).to(tl.float32) + pos_tail * t_re
+        gq_im = load_rows(grad_queries + half, e, cols, mask_cols, grad_stride).to(tl.float32) + pos_tail * t_im
+        gk_re = load_rows(grad_queries, e + head_offset, cols, mask_cols, grad_stride).to(tl.float32) + pos_head * h_re
+        gk_im = load_rows(grad_queries + half, e + head_offset, cols, mask_cols, grad_stride).to(tl.float32) \
+            + pos_head * h_im
+        tail_re, tail_im = _complex_product(h_re, h_im, f_re, f_im)  # the queries, for the positives
+        head_re, head_im = _complex_product(t_re, t_im, i_re, i_im)
+        if DROPOUT:
+            keep_re, keep_im = _halves(mask, e, cols, mask_cols, dim)
+            gq_re, gq_im = gq_re * keep_re, gq_im * keep_im
+            tail_re, tail_im = tail_re * keep_re, tail_im * keep_im
+            keep_re, keep_im = _halves(mask, e + num_edges, cols, mask_cols, dim)
+            gk_re, gk_im = gk_re * keep_re, gk_im * keep_im
+            head_re, head_im = head_re * keep_re, head_im * keep_im
+        # dq * conj(r) for the node, dq * conj(node) for the relation
+        gh_re = gq_re * f_re + gq_im * f_im + pos_head * head_re
+        gh_im = gq_im * f_re - gq_re * f_im + pos_head * head_im
+        gt_re = gk_re * i_re + gk_im * i_im + pos_tail * tail_re
+        gt_im = gk_im * i_re - gk_re * i_im + pos_tail * tail_im
+        gf_re, gf_im = gq_re * h_re + gq_im * h_im, gq_im * h_re - gq_re * h_im
+        gi_re, gi_im = gk_re * t_re + gk_im * t_im, gk_im * t_re - gk_re * t_im
+        if REG != 0:
+            reg_re, reg_im = _complex_reg_grad(h_re, h_im, REG)
+            gh_re, gh_im = gh_re + reg_scale * reg_re, gh_im + reg_scale * reg_im
+            reg_re, reg_im = _complex_reg_grad(t_re, t_im, REG)
+            gt_re, gt_im = gt_re + reg_scale * reg_re, gt_im + reg_scale * reg_im
+            if REG_RELATIONS:
+                reg_re, reg_im = _complex_reg_grad(f_re, f_im, REG)
+                gf_re, gf_im = gf_re + reg_scale * reg_re, gf_im + reg_scale * reg_im
+                reg_re, reg_im = _complex_reg_grad(i_re, i_im, REG)
+                gi_re, gi_im = gi_re + reg_scale * reg_re, gi_im + reg_scale * reg_im
+        _add_halves(grad_relations, rels, cols, gf_re, gf_im, mask_cols, dim)
+        _add_halves(grad_relations, rels + num_relations, cols, gi_re, gi_im, mask_cols, dim)
+        local_heads = tl.load(local + e, mask=inside, other=0)
+        local_tails = tl.load(local + num_edges + e, mask=inside, other=0)
+        _add_halves(grad_rows, local_heads, cols, gh_re, gh_im, mask_cols, dim)
+        _add_halves(grad_rows, local_tails, cols, gt_re, gt_im, mask_cols, dim)
