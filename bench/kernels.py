@@ -20,7 +20,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from marius_py.fused_loss import _softmax_rows_triton  # noqa: E402
+from marius_py.step.fused_loss import _softmax_rows_triton  # noqa: E402
 
 
 def time_ms(work) -> float:

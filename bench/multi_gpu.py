@@ -50,8 +50,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from throughput import STEP_SETTINGS, UtilisationSampler, measure_disk, measure_step, power_law_edges  # noqa: E402
 
 from marius_py.config import load_config  # noqa: E402
-from marius_py.steps import build_multi_device_runner  # noqa: E402
-from marius_py.trainer import Model, epoch_generator, tf32_matmuls  # noqa: E402
+from marius_py.step.runners import build_multi_device_runner  # noqa: E402
+from marius_py.step.model import Model  # noqa: E402
+from marius_py.trainer import epoch_generator, tf32_matmuls  # noqa: E402
 
 BYTES_VARIANTS = {
     "baseline (no dedup)": ["pipeline.dedup=false"],
@@ -254,7 +255,8 @@ def measure_fb15k(args, gpus: int, extra: list[str]) -> dict:
     """The shipped fb15k-237 config trained to the end; test MRR of the best-validation checkpoint."""
     import marius_py as mp
     from marius_py.api import make_config
-    devices = ["training.device=cuda"] if gpus == 1 else [f"training.devices={','.join(f'cuda:{g}' for g in range(gpus))}"]
+    names = ",".join(f"cuda:{g}" for g in range(gpus))
+    devices = ["training.device=cuda"] if gpus == 1 else [f"training.devices={names}"]
     config = make_config("fb15k-237", [f"dataset.path={args.fb15k}", *devices, *extra])
     run_dir = Path(args.workdir) / f"fb15k-{gpus}gpu-{'-'.join(extra) or 'shipped'}"
     subprocess.run(["rm", "-rf", str(run_dir)], check=True)

@@ -25,7 +25,7 @@ import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from marius_py.fused_loss import softmax_ce_gradients  # noqa: E402
+from marius_py.step.fused_loss import softmax_ce_gradients  # noqa: E402
 
 
 def streamed_softmax_ce(queries, candidates, positive, target_ids, candidate_ids, weight):

@@ -39,9 +39,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from marius_py.steps import build_span_runner
+from marius_py.step.runners import build_span_runner
 from marius_py.config import load_config
-from marius_py.trainer import Model, epoch_generator, tf32_matmuls
+from marius_py.step.model import Model
+from marius_py.trainer import epoch_generator, tf32_matmuls
 
 STEP_SETTINGS = ["model.decoder=distmult", "model.loss=softmax_ce", "training.batch_size=50000",
                  "training.num_chunks=10", "training.num_negatives=1000", "model.reg_weight=0"]

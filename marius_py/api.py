@@ -24,7 +24,8 @@ from marius_py.dataset import Dataset
 from marius_py.errors import MariusInputError
 from marius_py.evaluation import InMemoryNodes, KnownAnswers, NodeTable, StoredNodes, evaluate_split
 from marius_py.devices import resolve_device
-from marius_py.trainer import Model, Trainer
+from marius_py.step.model import Model
+from marius_py.trainer import Trainer
 from storage.embedding_store import EmbeddingStore
 
 

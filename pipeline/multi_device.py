@@ -483,8 +483,9 @@ class _SpanContext:
 
 class _PhaseGraphs:
     """The phases of full steps as CUDA graphs: per device and phase (plan, read, compute, relations,
-    update), over two alternating sets of static tensors. Captured after one eager step has compiled every kernel; captured again when the
-    tables or caches change. Each graph reads other devices' static tensors through peer access."""
+    update), over two alternating sets of static tensors. Captured once a full eager step has finished
+    (kernels compiled, library handles made); captured again when the tables, caches or relation tensors
+    change. Each graph reads other devices' static tensors through peer access."""
 
     def __init__(self, runner: MultiDeviceRunner):
         self.runner = runner

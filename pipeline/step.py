@@ -2,7 +2,7 @@
 
 The pipeline moves batches, rows and updates; what a batch computes (negatives,
 scores, gradients, the relation optimizer) belongs to ``marius_py`` and reaches
-the pipeline through these interfaces (``marius_py.steps`` builds them). A plan
+the pipeline through these interfaces (``marius_py.step.runners`` builds them). A plan
 is the step's own object; the pipeline reads only ``edges``, ``rows``,
 ``local``, ``unique_count`` and the methods ``to``, ``pinned``, ``trimmed``,
 ``tensors``, ``in_row_positions`` and ``routed``.
@@ -22,7 +22,7 @@ class PipelineSettings(Protocol):
 
 
 class BatchStep(Protocol):
-    """One batch's maths on one device (``marius_py.trainer.Model``)."""
+    """One batch's maths on one device (``marius_py.step.model.Model``)."""
 
     def negative_draws(self, num_edges: int, candidates, generator: torch.Generator, out: list | None = None) -> list:
         """The random draws of a batch's negatives."""
@@ -45,7 +45,7 @@ class BatchStep(Protocol):
 
 class GraphableBatchStep(BatchStep, Protocol):
     """A step whose relation update is device work only, so a CUDA graph can hold it
-    (``marius_py.steps.FusedGradients``)."""
+    (``marius_py.step.runners.FusedGradients``)."""
 
     graphable: bool
 
@@ -72,7 +72,7 @@ class FusedBatchStep(Protocol):
 
 
 class GraphedBatchStep(Protocol):
-    """A fused step replayed as a CUDA graph (``marius_py.step_graph.GraphedFusedStep``)."""
+    """A fused step replayed as a CUDA graph (``marius_py.step.graph.GraphedFusedStep``)."""
 
     def run(self, batch: torch.Tensor, nodes: torch.Tensor, state: torch.Tensor, candidates,
             sampling: torch.Generator) -> bool:

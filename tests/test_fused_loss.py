@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from marius_py.fused_loss import shared_negative_softmax_ce
+from marius_py.step.fused_loss import shared_negative_softmax_ce
 
 
 def reference_loss(queries, candidates, positive, target_ids, candidate_ids, weight):

@@ -6,11 +6,11 @@ import pytest
 import torch
 
 from marius_py.config import load_config
-from marius_py.edge_kernels import edge_backward_, edge_queries
-from marius_py.fused_step import FusedStep, supports_fused_step
+from marius_py.step.edge_kernels import edge_backward_, edge_queries
+from marius_py.step.fused import FusedStep, supports_fused_step
 from pipeline.row_kernels import gather_rows, scatter_add_rows_, sparse_adagrad_
 from marius_py.optim import SparseAdagrad
-from marius_py.trainer import Model
+from marius_py.step.model import Model
 
 NODES, RELATIONS, DIM = 60, 5, 12
 

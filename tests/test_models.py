@@ -19,7 +19,7 @@ from marius_py.config import Config, validate
 from marius_py.models import (DECODER_CLASSES, build_decoder, logistic, margin_ranking,
                               regularization, softmax_cross_entropy)
 from marius_py.negatives import sample_negatives
-from marius_py.trainer import Model
+from marius_py.step.model import Model
 
 NUM_RELATIONS = 2
 DIM = 4

@@ -12,11 +12,12 @@ import pytest
 import torch
 
 import marius_py as mp
-from marius_py.steps import build_span_runner
+from marius_py.step.runners import build_span_runner
 from marius_py.checkpoint import RunDirectory
 from marius_py.dataset import Dataset
 from marius_py.optim import SparseAdagrad
-from marius_py.trainer import Model, Trainer, epoch_generator
+from marius_py.step.model import Model
+from marius_py.trainer import Trainer, epoch_generator
 from pipeline.placements import PLACEMENT_CPU
 from pipeline.rows import unique_rows_async
 from pipeline.stages import Pipeline, Stage

@@ -7,7 +7,7 @@ makes ~20 passes over [batch, d] tensors (per-edge maths: ``edge_kernels.py``):
 1. ``edge_queries``: per edge, the queries op(h, r_fwd) and op(t, r_inv) (in
    the score dtype, with the query dropout applied), the positive scores and
    the N3/L2 regulariser, read straight from the node table.
-2. The candidates' rows, and ``softmax_ce_gradients`` (marius_py/fused_loss.py):
+2. The candidates' rows, and ``softmax_ce_gradients`` (``fused_loss.py``):
    the loss and the gradients of queries, candidates and positive scores.
 3. ``edge_backward_``: per edge, the gradients of h, t and both relation
    vectors (the regulariser's included), added (atomically) into a gradient per
@@ -26,8 +26,8 @@ import contextlib
 
 import torch
 
-from marius_py.edge_kernels import OPERATORS, EdgeMaths, edge_backward_, edge_queries
-from marius_py.fused_loss import SCORE_DTYPES, softmax_ce_gradients
+from marius_py.step.edge_kernels import OPERATORS, EdgeMaths, edge_backward_, edge_queries
+from marius_py.step.fused_loss import SCORE_DTYPES, softmax_ce_gradients
 from marius_py.negatives import by_chunk, chunk_row_weights
 from pipeline.row_kernels import gather_rows, scatter_add_rows_, sparse_adagrad_
 

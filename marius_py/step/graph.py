@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from marius_py.fused_step import FusedStep
+from marius_py.step.fused import FusedStep
 from pipeline.row_kernels import triton_available
 from marius_py.negatives import CandidateRows
 

@@ -2,8 +2,8 @@
 
 The pipeline (``pipeline/``) moves batches and rows; this module decides what a
 batch computes there: the fused Dot/DistMult step with hand-written gradients
-(``fused_step.py``), replayed as a CUDA graph (``step_graph.py``) where it can,
-or the autograd step of ``trainer.Model``.
+(``fused.py``), replayed as a CUDA graph (``graph.py``) where it can, or the
+autograd step of ``model.Model``.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import functools
 import torch
 
 from marius_py.config import Config
-from marius_py.fused_step import FusedStep, supports_fused_step
-from marius_py.step_graph import GraphedFusedStep
+from marius_py.step.fused import FusedStep, supports_fused_step
+from marius_py.step.graph import GraphedFusedStep
 from pipeline.multi_device import DEFAULT_STALENESS, MultiDeviceRunner
 from pipeline.placements import PLACEMENT_DEVICE, PLACEMENT_HOST
 from pipeline.row_kernels import sparse_adagrad_, zero_copy_available
