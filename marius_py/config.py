@@ -73,6 +73,9 @@ class TrainingConfig:
     devices: str = _f("", "several devices training one model, comma-separated: cuda:0,cuda:1 (or --gpus 2); "
                           "cpu,cpu simulates two devices on the CPU (tests). Each step trains one batch of "
                           "training.batch_size per device. Empty: training.device alone")
+    relation_prediction: float = _f(0.0, "weight of the relation-prediction objective (Chen et al., AKBC 2021): "
+                                          "each edge's relation predicted from its head and tail by a softmax over "
+                                          "all relation vectors, both directions (distmult, complex); 0: off")
     shared_negatives: bool = _f(False, "several devices: the batches of a step draw the same uniform negatives "
                                        "(chunk c of every device), so each negative row is read from the host "
                                        "once per step; degree-based negatives stay per device")
@@ -216,6 +219,10 @@ def validate(config: Config, origins: dict | None = None) -> Config:
     _check(t.num_chunks <= t.batch_size, "training.num_chunks", "expected <= training.batch_size",
            t.num_chunks)
     _check(m.transe_norm in (1, 2), "model.transe_norm", "expected 1 or 2", m.transe_norm)
+    _check(t.relation_prediction >= 0, "training.relation_prediction", "expected >= 0", t.relation_prediction)
+    _check(t.relation_prediction == 0 or m.decoder in ("distmult", "complex"), "training.relation_prediction",
+           f"needs a decoder linear in the relation vector (distmult, complex), not {m.decoder}",
+           t.relation_prediction)
     _check_storage(config.storage, _check)
     if m.decoder in ("complex", "rotate"):
         _check(m.dim % 2 == 0, "model.dim", f"expected even for {m.decoder}", m.dim)

@@ -60,6 +60,10 @@ class Decoder(nn.Module):
         """Every query of a chunk against the chunk's candidates: [C, M, d] x [C, N, d] -> [C, M, N]."""
         raise NotImplementedError
 
+    def relation_features(self, heads: torch.Tensor, tails: torch.Tensor) -> torch.Tensor:
+        """phi(h, t) with score(h, r, t) = <phi(h, t), r> for every relation vector r (decoders linear in r)."""
+        raise NotImplementedError(f"{self.name} scores are not linear in the relation vector")
+
     def query(self, nodes: torch.Tensor, relation_ids: torch.Tensor, inverse: bool) -> torch.Tensor:
         return self.operator(nodes, self.relation_vectors(relation_ids, inverse))
 
@@ -98,6 +102,9 @@ class DistMult(DotProductComparator):
     def operator(self, nodes, relations):
         return nodes * relations
 
+    def relation_features(self, heads, tails):
+        return heads * tails
+
 
 def complex_product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """Elementwise complex product of [.., re | im] halves."""
@@ -119,6 +126,12 @@ class ComplEx(DotProductComparator):
 
     def operator(self, nodes, relations):
         return complex_product(nodes, relations)
+
+    def relation_features(self, heads, tails):
+        """Re(<h * r, conj(t)>) = <r_re, h_re t_re + h_im t_im> + <r_im, h_re t_im - h_im t_re>."""
+        h_re, h_im = heads.chunk(2, dim=-1)
+        t_re, t_im = tails.chunk(2, dim=-1)
+        return torch.cat([h_re * t_re + h_im * t_im, h_re * t_im - h_im * t_re], dim=-1)
 
 
 class DistanceComparator(Decoder):

@@ -16,6 +16,7 @@ from torch.nn import functional as F
 
 import marius_py.models as models
 from marius_py.config import Config, validate
+from marius_py.errors import MariusInputError
 from marius_py.models import (DECODER_CLASSES, build_decoder, logistic, margin_ranking,
                               regularization, softmax_cross_entropy)
 from marius_py.negatives import sample_negatives
@@ -554,3 +555,73 @@ def test_compute_batch_rotate_with_n3_runs_for_every_valid_dim(dim):
     update = model.compute_batch(nodes, state, torch.tensor(EDGES), torch.Generator().manual_seed(0))
     assert torch.isfinite(update.loss)
     assert update.delta.shape == (NUM_NODES, dim)
+
+
+# ---------------------------------------------------------------------------
+# Relation prediction (Chen et al., AKBC 2021)
+# ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["distmult", "complex"])
+def test_relation_features_give_every_relations_score(name):
+    """<phi(h, t), r> is the decoder's own score of (h, r, t), for every relation row."""
+    torch.manual_seed(0)
+    decoder = build_decoder(name, 3, 6, 1.0).double()
+    heads, tails = torch.randn(5, 6, dtype=torch.float64), torch.randn(5, 6, dtype=torch.float64)
+    features = decoder.relation_features(heads, tails)
+    for r in range(6):  # forward and inverse rows
+        expected = decoder.compare_pairs(decoder.operator(heads, decoder.relations[r].expand(5, -1)), tails)
+        torch.testing.assert_close(features @ decoder.relations[r], expected)
+
+
+def test_relation_prediction_is_a_softmax_over_all_relation_rows():
+    """Against an explicit loop: -log softmax of the edge's relation among the 2R rows, both directions."""
+    config = validate(Config())
+    config.model.decoder, config.model.dim, config.training.relation_prediction = "complex", 6, 0.5
+    torch.manual_seed(1)
+    model = Model(config, 10, 4, torch.device("cpu"))
+    model.decoder.double()
+    heads, tails = torch.randn(7, 6, dtype=torch.float64), torch.randn(7, 6, dtype=torch.float64)
+    relation_ids = torch.tensor([0, 3, 1, 1, 2, 0, 3])
+    decoder = model.decoder
+    with torch.no_grad():
+        expected = _explicit_relation_loss(decoder, heads, tails, relation_ids)
+    got = model.relation_prediction_loss(heads, tails, relation_ids)
+    assert float(got.detach()) == pytest.approx(expected / 7, rel=1e-10)
+    got.backward()
+    assert decoder.relations.grad is not None and decoder.relations.grad.abs().sum() > 0
+
+
+def _explicit_relation_loss(decoder, heads, tails, relation_ids) -> float:
+    total = 0.0
+    for b in range(len(relation_ids)):
+        for h, t, target in ((heads[b], tails[b], relation_ids[b]),
+                             (tails[b], heads[b], relation_ids[b] + decoder.num_relations)):
+            scores = torch.stack([decoder.compare_pairs(decoder.operator(h, decoder.relations[r]), t)
+                                  for r in range(len(decoder.relations))])
+            total += float(torch.logsumexp(scores, 0) - scores[target])
+    return total
+
+
+def test_batch_loss_adds_the_weighted_relation_objective():
+    torch.manual_seed(2)
+    losses = {}
+    for weight in (0.0, 0.25):
+        model = _make_model("complex", 1)
+        model.config.training.relation_prediction = weight
+        plan = model.plan_batch(torch.tensor(EDGES), torch.Generator().manual_seed(0))
+        embeddings = torch.randn(len(plan.rows), DIM, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+        losses[weight] = model.batch_loss(plan, embeddings, torch.Generator())
+        if weight:
+            heads, tails = embeddings[plan.local[:len(EDGES)]], embeddings[plan.local[len(EDGES):2 * len(EDGES)]]
+            extra = model.relation_prediction_loss(heads, tails, torch.tensor(EDGES)[:, 1])
+    torch.testing.assert_close(losses[0.25], losses[0.0] + 0.25 * extra)
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    ({"decoder": "transe"}, "linear in the relation vector"), ({"weight": -1.0}, "expected >= 0")])
+def test_relation_prediction_bad_config_is_refused(overrides, message):
+    config = Config()
+    config.model.decoder = overrides.get("decoder", "complex")
+    config.training.relation_prediction = overrides.get("weight", 0.1)
+    with pytest.raises(MariusInputError, match=f"training.relation_prediction.*{message}"):
+        validate(config)

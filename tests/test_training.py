@@ -24,6 +24,16 @@ def test_training_learns_umls(small_config, tmp_path):
     assert model.test_metrics["num_queries"] == 2 * model.dataset.metadata.num_test
 
 
+def test_training_with_relation_prediction_learns(small_config, tmp_path):
+    """The relation-prediction objective trains alongside the link objective (ComplEx, UMLS)."""
+    config = small_config("training.relation_prediction=0.25", "training.epochs=4", "model.dim=32")
+    model = mp.train(config, tmp_path / "run", progress=False)
+    assert model.test_metrics["mrr"] > 0.3
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    losses = [r["loss"] for r in records if r["event"] == "epoch"]
+    assert losses[-1] < losses[0]
+
+
 def test_same_seed_same_embeddings_on_cpu(small_config, tmp_path):
     config = small_config()
     mp.train(config, tmp_path / "a", progress=False)

@@ -33,8 +33,10 @@ from pipeline.row_kernels import gather_rows, scatter_add_rows_, sparse_adagrad_
 
 
 def supports_fused_step(model) -> bool:
-    """Whether ``FusedStep`` computes this model's step: Dot, DistMult or ComplEx with softmax CE."""
-    return model.decoder.name in OPERATORS and model.config.model.loss == "softmax_ce"
+    """Whether ``FusedStep`` computes this model's step: Dot, DistMult or ComplEx with softmax CE (without the
+    relation-prediction objective, which only the autograd step has yet)."""
+    return (model.decoder.name in OPERATORS and model.config.model.loss == "softmax_ce"
+            and model.config.training.relation_prediction == 0)
 
 
 class FusedStep:

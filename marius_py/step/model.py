@@ -14,6 +14,7 @@ import dataclasses
 from dataclasses import dataclass
 
 import torch
+from torch.nn import functional as F
 
 from marius_py.config import Config
 from marius_py.models import LOSSES, Decoder, DotProductComparator, build_decoder, regularization
@@ -195,7 +196,24 @@ class Model:
             tensors = [h, tl] + ([rel_fwd, rel_inv] if with_relations else [])
             loss = loss + m.reg_weight * regularization(m.regularizer, tensors,
                                                         self.decoder.complex_valued, batch)
+        weight = self.config.training.relation_prediction
+        if weight > 0:
+            loss = loss + weight * self.relation_prediction_loss(h, tl, relations)
         return loss
+
+    def relation_prediction_loss(self, heads: torch.Tensor, tails: torch.Tensor,
+                                 relation_ids: torch.Tensor) -> torch.Tensor:
+        """Mean over edges of -log P(r | h, t) - log P(r_inv | t, h), softmax over all 2R relation rows.
+
+        The auxiliary objective of Chen et al. (AKBC 2021), in both directions
+        as the link objective: each edge's relation is predicted from its
+        head and tail against every forward and inverse relation vector.
+        """
+        table = self.decoder.relations
+        logits = torch.cat([self.decoder.relation_features(heads, tails),
+                            self.decoder.relation_features(tails, heads)]) @ table.T
+        targets = torch.cat([relation_ids, relation_ids + self.decoder.num_relations])
+        return F.cross_entropy(logits, targets, reduction="sum") / len(relation_ids)
 
     def compute_batch(self, nodes: torch.Tensor, state: torch.Tensor, edges: torch.Tensor,
                       generator: torch.Generator, candidates: CandidateRows | None = None) -> BatchUpdate:
