@@ -81,6 +81,12 @@ def test_fused_step_with_regulariser_and_dropout_equals_autograd_step(decoder, r
                    f"model.dropout={dropout}"])
 
 
+@pytest.mark.parametrize("decoder", ["distmult", "complex"])
+def test_fused_step_with_relation_prediction_equals_autograd_step(decoder):
+    compare_steps(decoder, "full", "cpu", torch.float64, {"rtol": 1e-9, "atol": 1e-12},
+                  ["training.relation_prediction=0.3", "model.regularizer=n3", "model.reg_weight=0.05"])
+
+
 def test_fused_complex_step_rowwise_equals_autograd_step():
     compare_steps("complex", "rowwise", "cpu", torch.float64, {"rtol": 1e-9, "atol": 1e-12},
                   ["model.regularizer=n3", "model.reg_weight=0.05", "model.dropout=0.2"])
@@ -121,6 +127,14 @@ def test_adagrad_skips_padding_rows():
                                    ["model.regularizer=l2", "model.reg_weight=0.05"]])
 def test_fused_step_kernels_match_autograd_on_gpu(decoder, variant, extra):
     compare_steps(decoder, variant, "cuda", torch.float32, {"rtol": 1e-4, "atol": 1e-5}, extra)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("decoder", ["distmult", "complex"])
+def test_fused_relation_prediction_matches_autograd_on_gpu(decoder):
+    compare_steps(decoder, "full", "cuda", torch.float32, {"rtol": 1e-4, "atol": 1e-5},
+                  ["training.relation_prediction=0.3", "model.regularizer=n3", "model.reg_weight=0.05"])
 
 
 @pytest.mark.gpu

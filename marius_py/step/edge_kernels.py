@@ -121,6 +121,48 @@ def edge_backward_(grad_rows: torch.Tensor, grad_relations: torch.Tensor | None,
     grad_rows.index_add_(0, local[batch:2 * batch], grad_tails)
 
 
+def relation_prediction_(grad_rows: torch.Tensor, grad_relations: torch.Tensor, nodes: torch.Tensor,
+                         relations: torch.Tensor, edges: torch.Tensor, local: torch.Tensor, maths: EdgeMaths,
+                         weight: float) -> torch.Tensor:
+    """The relation-prediction objective (``Model.relation_prediction_loss``) times ``weight``: returns it and
+    adds its gradients into ``grad_rows`` (at ``local``) and ``grad_relations``.
+
+    Logits [2B, 2R] = phi @ relations^T with phi = phi(h, t) for the tail
+    direction and phi(t, h) for the head one; d logits = weight (softmax - onehot) / B.
+    """
+    batch = len(edges)
+    heads, tails = nodes[edges[:, 0]], nodes[edges[:, 2]]
+    features = torch.cat([_relation_features(heads, tails, maths), _relation_features(tails, heads, maths)])
+    logits = features @ relations.T.to(features.dtype)
+    targets = torch.cat([edges[:, 1], edges[:, 1] + len(relations) // 2])
+    log_norm = torch.logsumexp(logits, 1)
+    loss = (log_norm - logits.gather(1, targets[:, None]).squeeze(1)).sum() * (weight / batch)
+    grad_logits = torch.softmax(logits, 1)
+    grad_logits[torch.arange(2 * batch, device=logits.device), targets] -= 1
+    grad_logits *= weight / batch
+    grad_relations.add_((grad_logits.T @ features).to(grad_relations.dtype))
+    grad_features = grad_logits @ relations.to(features.dtype)
+    grad_heads, grad_tails = _relation_features_backward(grad_features[:batch], heads, tails, maths)
+    grad_tails_2, grad_heads_2 = _relation_features_backward(grad_features[batch:], tails, heads, maths)
+    grad_rows.index_add_(0, local[:batch], (grad_heads + grad_heads_2).to(grad_rows.dtype))
+    grad_rows.index_add_(0, local[batch:2 * batch], (grad_tails + grad_tails_2).to(grad_rows.dtype))
+    return loss
+
+
+def _relation_features(heads: torch.Tensor, tails: torch.Tensor, maths: EdgeMaths) -> torch.Tensor:
+    """phi(h, t) of ``Decoder.relation_features``: h * t, or for ComplEx conj(h) * t."""
+    if not maths.complex:
+        return heads * tails
+    return complex_product(_conjugate(heads), tails)
+
+
+def _relation_features_backward(grad: torch.Tensor, heads: torch.Tensor, tails: torch.Tensor, maths: EdgeMaths):
+    """(d/d h, d/d t) of ``_relation_features`` given d/d phi (for ComplEx: conj(grad * conj(t)), grad * h)."""
+    if not maths.complex:
+        return grad * tails, grad * heads
+    return _conjugate(complex_product(grad, _conjugate(tails))), complex_product(grad, heads)
+
+
 def _relation_rows(relations: torch.Tensor | None, relation_ids: torch.Tensor):
     if relations is None:
         return None, None

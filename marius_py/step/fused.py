@@ -26,17 +26,15 @@ import contextlib
 
 import torch
 
-from marius_py.step.edge_kernels import OPERATORS, EdgeMaths, edge_backward_, edge_queries
+from marius_py.step.edge_kernels import OPERATORS, EdgeMaths, edge_backward_, edge_queries, relation_prediction_
 from marius_py.step.fused_loss import SCORE_DTYPES, softmax_ce_gradients
 from marius_py.negatives import by_chunk, chunk_row_weights
 from pipeline.row_kernels import gather_rows, scatter_add_rows_, sparse_adagrad_
 
 
 def supports_fused_step(model) -> bool:
-    """Whether ``FusedStep`` computes this model's step: Dot, DistMult or ComplEx with softmax CE (without the
-    relation-prediction objective, which only the autograd step has yet)."""
-    return (model.decoder.name in OPERATORS and model.config.model.loss == "softmax_ce"
-            and model.config.training.relation_prediction == 0)
+    """Whether ``FusedStep`` computes this model's step: Dot, DistMult or ComplEx with softmax CE."""
+    return model.decoder.name in OPERATORS and model.config.model.loss == "softmax_ce"
 
 
 class FusedStep:
@@ -48,6 +46,7 @@ class FusedStep:
         m = model.config.model
         self.reg_weight = m.reg_weight if self.maths.regularizer != "none" else 0.0
         self.dropout = m.dropout
+        self.relation_prediction = model.config.training.relation_prediction
         self.score_dtype = SCORE_DTYPES[model.config.training.score_dtype]
         self.adagrad = model.node_optimizer
         self.relations = model.decoder.relations if model.decoder.relations.numel() else None
@@ -126,6 +125,9 @@ class FusedStep:
         edge_backward_(grad_rows, grad_relations, source, relations, ids.edges, plan.local,
                        grad_queries.reshape(-1, grad_queries.shape[-1]), grad_positive.reshape(-1), head_offset,
                        self.maths, mask, self.reg_weight / batch)
+        if self.relation_prediction > 0:
+            loss = loss + relation_prediction_(grad_rows, grad_relations, source, relations, ids.edges, plan.local,
+                                               self.maths, self.relation_prediction)
         return grad_rows, grad_relations, loss
 
     def dropout_mask(self, rows: int, dim: int, like: torch.Tensor, generator: torch.Generator | None):
