@@ -54,3 +54,23 @@ def test_triton_kernel_matches_autograd(candidates, rows):
     bf16 = grads(lambda *a: shared_negative_softmax_ce(*a, score_dtype=torch.bfloat16), case)
     for got, want in zip(bf16, expected):
         torch.testing.assert_close(got, want, rtol=5e-2, atol=5e-3)
+
+
+@pytest.mark.parametrize("tile_columns", [1, 3, 7, 50])
+def test_tiled_score_block_equals_the_whole_block(monkeypatch, tile_columns):
+    """Over the byte budget, the block is computed in candidate tiles: same loss and gradients (float64)."""
+    from marius_py.step import fused_loss
+    generator = torch.Generator().manual_seed(tile_columns)
+    groups, rows, num_candidates, dim = 2, 5, 11, 4
+    queries = torch.randn(groups, rows, dim, generator=generator, dtype=torch.float64)
+    candidates = torch.randn(groups, num_candidates, dim, generator=generator, dtype=torch.float64)
+    positive = torch.randn(groups, rows, generator=generator, dtype=torch.float64)
+    candidate_ids = torch.randint(20, (groups, num_candidates), generator=generator)
+    target_ids = candidate_ids[:, :rows].clone()  # every row has its target among the candidates: masked
+    weight = torch.rand(groups, rows, generator=generator, dtype=torch.float64)
+    args = (queries, candidates, positive, target_ids, candidate_ids, weight, torch.float64)
+    whole = fused_loss.softmax_ce_gradients(*args)
+    monkeypatch.setattr(fused_loss, "SCORE_BLOCK_BYTES", groups * rows * 8 * tile_columns)
+    tiled = fused_loss.softmax_ce_gradients(*args)
+    for got, expected in zip(tiled, whole):
+        torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-14)

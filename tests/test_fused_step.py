@@ -163,3 +163,20 @@ def test_triton_kernels_match_torch_versions(dim):
         outputs.append([t.cpu() for t in (queries, positive, grad_rows, grad_relations, n, state, gathered)])
     for got, expected in zip(outputs[1], outputs[0]):
         torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_fused_one_vs_all_step_in_candidate_tiles_equals_autograd_step(monkeypatch):
+    """1-vs-all (every node a candidate): the fused step with its score block in tiles of 7 candidates equals
+    the autograd step with the whole block."""
+    from marius_py.step import fused_loss
+    extra = ["training.num_negatives=-1", "model.regularizer=n3", "model.reg_weight=0.05"]
+    tables = make_tables("full", "cpu", torch.float64)
+    results = []
+    for step, budget in ((autograd_step, fused_loss.SCORE_BLOCK_BYTES), (fused_step, 2 * 23 * 8 * 7)):
+        monkeypatch.setattr(fused_loss, "SCORE_BLOCK_BYTES", budget)  # 2 directions x 23 queries x float64
+        model = make_model("complex", "full", "cpu", True, extra)
+        nodes, state, edges = (t.clone() for t in tables)
+        losses = [step(model, nodes, state, edges, seed) for seed in (11, 12)]
+        results.append((torch.stack(losses), nodes, state, model.decoder.relations.detach()))
+    for expected, got in zip(*results):
+        torch.testing.assert_close(got, expected, rtol=1e-9, atol=1e-12)

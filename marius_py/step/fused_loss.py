@@ -23,6 +23,10 @@ SCORE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}  # trainin
 # program's candidate ids; bench/kernels.py measured 218 us for 2 x 8 and 223 us for 1 x 4 (H100, issue block).
 SOFTMAX_TILES = ((2, 8), (1, 4))
 
+# A [G, M, N] score block larger than this (1-vs-all over many nodes) is computed in candidate tiles, twice
+# (the row statistics, then the gradients), instead of being held whole.
+SCORE_BLOCK_BYTES = 2 << 30
+
 try:  # Triton ships with CUDA builds of torch; CPU builds use the torch-ops path below.
     import triton
     import triton.language as tl
@@ -69,12 +73,46 @@ def softmax_ce_gradients(queries: torch.Tensor, candidates: torch.Tensor, positi
     float64 scores).
     """
     q, c = queries.to(score_dtype), candidates.to(score_dtype)
-    scores = torch.bmm(q, c.transpose(1, 2))
     exact = torch.float64 if score_dtype == torch.float64 else torch.float32
+    row_bytes = q.shape[0] * q.shape[1] * q.element_size()  # of one candidate column of the block
+    if row_bytes * c.shape[1] > SCORE_BLOCK_BYTES:
+        return _tiled_softmax_ce_gradients(q, c, positive.to(exact), target_ids, candidate_ids, weight.to(exact),
+                                           max(1, SCORE_BLOCK_BYTES // row_bytes))
+    scores = torch.bmm(q, c.transpose(1, 2))
     loss_rows, grad_positive = softmax_rows_(scores, positive.to(exact), target_ids, candidate_ids,
                                              weight.to(exact))
     loss = (loss_rows * weight.to(loss_rows.dtype)).sum()
     return loss, torch.bmm(scores, c), torch.bmm(scores.transpose(1, 2), q), grad_positive
+
+
+def _tiled_softmax_ce_gradients(q, c, positive, target_ids, candidate_ids, weight, tile: int):
+    """``softmax_ce_gradients`` over candidate tiles of ``tile``: no [G, M, N] block is ever held.
+
+    Pass 1 keeps per row the running max and sum of exponentials (the positive
+    column included, candidates equal to the target masked); pass 2 recomputes
+    each tile's scores and turns them into the weighted softmax, adding
+    P C to d/d queries and writing P^T Q, the tile's d/d candidates.
+    """
+    def tile_scores(start):
+        ids = candidate_ids[:, start:start + tile]
+        s = torch.bmm(q, c[:, start:start + tile].transpose(1, 2)).to(positive.dtype)
+        return s.masked_fill(target_ids[:, :, None] == ids[:, None, :], float("-inf"))
+
+    top, total = positive.clone(), torch.ones_like(positive)
+    for start in range(0, c.shape[1], tile):
+        s = tile_scores(start)
+        new_top = torch.maximum(top, s.amax(-1))
+        total = total * torch.exp(top - new_top) + torch.exp(s - new_top[..., None]).sum(-1)
+        top = new_top
+    log_total = top + torch.log(total)
+    grad_queries = torch.zeros_like(q)
+    grad_candidates = torch.empty_like(c)
+    for start in range(0, c.shape[1], tile):
+        p = (torch.exp(tile_scores(start) - log_total[..., None]) * weight[..., None]).to(q.dtype)
+        grad_queries += torch.bmm(p, c[:, start:start + tile])
+        grad_candidates[:, start:start + tile] = torch.bmm(p.transpose(1, 2), q)
+    loss = ((log_total - positive) * weight).sum()
+    return loss, grad_queries, grad_candidates, (torch.exp(positive - log_total) - 1) * weight
 
 
 def softmax_rows_(scores: torch.Tensor, positive: torch.Tensor, target_ids: torch.Tensor,
