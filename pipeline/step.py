@@ -59,7 +59,7 @@ class GraphableBatchStep(BatchStep, Protocol):
 
 
 class FusedBatchStep(Protocol):
-    """A step that updates the node tables in place (``marius_py.fused_step.FusedStep``)."""
+    """A step that updates the node tables in place (``marius_py.step.fused.FusedStep``)."""
 
     def run(self, plan, nodes: torch.Tensor, state: torch.Tensor, loss_sum: torch.Tensor,
             generator: torch.Generator | None = None) -> None: ...

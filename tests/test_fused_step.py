@@ -1,4 +1,4 @@
-"""The fused Dot/DistMult step against the autograd step (Model.compute + SparseAdagrad.apply)."""
+"""The fused Dot/DistMult/ComplEx step against the autograd step (Model.compute + SparseAdagrad.apply)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from marius_py.config import load_config
-from marius_py.step.edge_kernels import edge_backward_, edge_queries
+from marius_py.step.edge_kernels import EdgeMaths, edge_backward_, edge_queries
 from marius_py.step.fused import FusedStep, supports_fused_step
 from pipeline.row_kernels import gather_rows, scatter_add_rows_, sparse_adagrad_
 from marius_py.optim import SparseAdagrad
@@ -139,6 +139,41 @@ def test_fused_relation_prediction_matches_autograd_on_gpu(decoder):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("operator", ["identity", "diagonal", "complex"])
+@pytest.mark.parametrize("regularizer", ["none", "n3", "l2"])
+@pytest.mark.parametrize("dropout", [False, True])
+def test_edge_kernels_match_torch_versions(operator, regularizer, dropout):
+    """Every per-edge kernel variant against its torch version, with query rows padded past d (bf16 scores)."""
+    dim, width, batch = 100, 104, 333
+    generator = torch.Generator().manual_seed(7)
+    nodes = torch.randn(500, dim, generator=generator)
+    relations = None if operator == "identity" else torch.randn(2 * 9, dim, generator=generator)
+    edges = torch.stack([torch.randint(500, (batch,), generator=generator),
+                         torch.randint(9, (batch,), generator=generator),
+                         torch.randint(500, (batch,), generator=generator)], dim=1)
+    local = torch.randint(40, (2 * batch,), generator=generator)
+    mask = (torch.rand(2 * batch, dim, generator=generator) > 0.3).float() / 0.7 if dropout else None
+    grad_q = torch.randn(2 * 340, width, generator=generator)
+    grad_pos = torch.randn(2 * 340, generator=generator)
+    maths = EdgeMaths(operator, regularizer, operator != "identity")
+    outputs = []
+    for device in ("cpu", "cuda"):
+        to = (lambda t: None if t is None else t.to(device))
+        queries, positive, reg = edge_queries(to(nodes), to(relations), to(edges), torch.bfloat16, width, maths,
+                                              to(mask))
+        grad_rows = torch.zeros(40, dim, device=device)
+        grad_relations = None if relations is None else torch.zeros_like(to(relations))
+        edge_backward_(grad_rows, grad_relations, to(nodes), to(relations), to(edges), to(local), to(grad_q),
+                       to(grad_pos), 340, maths, to(mask), 0.07)
+        outputs.append([queries.float().cpu(), positive.cpu(), None if reg is None else reg.sum().cpu(),
+                        grad_rows.cpu(), None if grad_relations is None else grad_relations.cpu()])
+    for got, expected in zip(outputs[1], outputs[0]):
+        if expected is not None:
+            torch.testing.assert_close(got, expected, rtol=1e-2, atol=1e-2)  # bf16 queries; float32 the rest
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("dim", [7, 100, 400])
 def test_triton_kernels_match_torch_versions(dim):
     generator = torch.Generator().manual_seed(dim)
@@ -152,9 +187,9 @@ def test_triton_kernels_match_torch_versions(dim):
     outputs = []
     for device in ("cpu", "cuda"):
         n, r, e, lo, gq, gp = (t.to(device).clone() for t in (nodes, relations, edges, local, grad_q, grad_pos))
-        queries, positive, _ = edge_queries(n, r, e, torch.float32, width=dim + 5)
+        queries, positive, _ = edge_queries(n, r, e, torch.float32, dim + 5, EdgeMaths("diagonal"))
         grad_rows, grad_relations = torch.zeros(40, dim, device=device), torch.zeros_like(r)
-        edge_backward_(grad_rows, grad_relations, n, r, e, lo, gq, gp, head_offset=340)
+        edge_backward_(grad_rows, grad_relations, n, r, e, lo, gq, gp, 340, EdgeMaths("diagonal"))
         state = torch.rand(500, dim, generator=torch.Generator().manual_seed(1)).to(device)
         sparse_adagrad_(n, state, torch.randperm(500, generator=torch.Generator().manual_seed(2))[:40].to(device),
                         grad_rows, torch.tensor([37], device=device), lr=0.1, eps=1e-10)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 from torch.nn import functional as F
 
-from marius_py.models import complex_product
+from marius_py.models import complex_product, regularization
 from pipeline.row_kernels import tile_shape, triton, use_triton
 
 if triton is not None:
@@ -39,9 +39,9 @@ _REGULARIZER_CODE = {"none": 0, "n3": 1, "l2": 2}
 class EdgeMaths:
     """What the fused step computes per edge besides the softmax: the operator and the regulariser."""
 
-    operator: str = "diagonal"      # identity (Dot), diagonal (DistMult), complex (ComplEx)
+    operator: str                   # identity (Dot), diagonal (DistMult), complex (ComplEx)
     regularizer: str = "none"       # none, n3, l2
-    reg_relations: bool = True      # whether the relation rows are regularised too
+    reg_relations: bool = False     # whether the relation rows are regularised too (not with identity)
 
     @classmethod
     def of(cls, model) -> "EdgeMaths":
@@ -56,14 +56,14 @@ class EdgeMaths:
 
 
 def edge_queries(nodes: torch.Tensor, relations: torch.Tensor | None, edges: torch.Tensor,
-                 score_dtype: torch.dtype, width: int | None = None, maths: EdgeMaths = EdgeMaths(),
+                 score_dtype: torch.dtype, width: int | None, maths: EdgeMaths,
                  mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """([2B, width] queries q_t of every edge then q_h, scaled by ``mask`` ([2B, d]) and zero beyond d;
-    [2B] positive scores; [B] regulariser sums per edge, or None).
+    [2B] positive scores; the regulariser's sums, per edge (Triton) or in one (torch), or None).
 
     ``relations`` is [2R, d] (forward then inverse vectors) or None (Dot).
     """
-    batch, dim = len(edges), nodes.shape[1]
+    dim = nodes.shape[1]
     width = width or dim
     if use_triton(nodes):
         return _edge_queries_triton(nodes, relations, edges, score_dtype, width, maths, mask)
@@ -74,14 +74,15 @@ def edge_queries(nodes: torch.Tensor, relations: torch.Tensor | None, edges: tor
         queries = queries * mask
     positive = (queries * torch.cat([tails, heads])).sum(-1)
     regularised = [heads, tails] + ([forward, inverse] if maths.reg_relations and forward is not None else [])
-    reg = None if maths.regularizer == "none" else sum(_reg_value(x, maths) for x in regularised)
+    reg = None if maths.regularizer == "none" else \
+        regularization(maths.regularizer, regularised, maths.complex, 1).reshape(1)  # the batch's sum
     return F.pad(queries.to(score_dtype), (0, width - dim)), positive, reg
 
 
 def edge_backward_(grad_rows: torch.Tensor, grad_relations: torch.Tensor | None, nodes: torch.Tensor,
                    relations: torch.Tensor | None, edges: torch.Tensor, local: torch.Tensor,
                    grad_queries: torch.Tensor, grad_positive: torch.Tensor, head_offset: int,
-                   maths: EdgeMaths = EdgeMaths(), mask: torch.Tensor | None = None,
+                   maths: EdgeMaths, mask: torch.Tensor | None = None,
                    reg_scale: float = 0.0) -> None:
     """Add each edge's gradients of h, t (into ``grad_rows`` at ``local``) and of its relation vectors.
 
@@ -123,25 +124,27 @@ def edge_backward_(grad_rows: torch.Tensor, grad_relations: torch.Tensor | None,
 
 def relation_prediction_(grad_rows: torch.Tensor, grad_relations: torch.Tensor, nodes: torch.Tensor,
                          relations: torch.Tensor, edges: torch.Tensor, local: torch.Tensor, maths: EdgeMaths,
-                         weight: float) -> torch.Tensor:
+                         weight: float, features) -> torch.Tensor:
     """The relation-prediction objective (``Model.relation_prediction_loss``) times ``weight``: returns it and
     adds its gradients into ``grad_rows`` (at ``local``) and ``grad_relations``.
 
-    Logits [2B, 2R] = phi @ relations^T with phi = phi(h, t) for the tail
-    direction and phi(t, h) for the head one; d logits = weight (softmax - onehot) / B.
+    Logits [2B, 2R] = phi @ relations^T with phi = ``features(h, t)``
+    (``Decoder.relation_features``) for the tail direction and phi(t, h) for
+    the head one; d logits = weight (softmax - onehot) / B. Torch operations
+    (two small matmuls), on every device.
     """
     batch = len(edges)
     heads, tails = nodes[edges[:, 0]], nodes[edges[:, 2]]
-    features = torch.cat([_relation_features(heads, tails, maths), _relation_features(tails, heads, maths)])
-    logits = features @ relations.T.to(features.dtype)
+    phi = torch.cat([features(heads, tails), features(tails, heads)])
+    logits = phi @ relations.T.to(phi.dtype)
     targets = torch.cat([edges[:, 1], edges[:, 1] + len(relations) // 2])
     log_norm = torch.logsumexp(logits, 1)
     loss = (log_norm - logits.gather(1, targets[:, None]).squeeze(1)).sum() * (weight / batch)
     grad_logits = torch.softmax(logits, 1)
     grad_logits[torch.arange(2 * batch, device=logits.device), targets] -= 1
     grad_logits *= weight / batch
-    grad_relations.add_((grad_logits.T @ features).to(grad_relations.dtype))
-    grad_features = grad_logits @ relations.to(features.dtype)
+    grad_relations.add_((grad_logits.T @ phi).to(grad_relations.dtype))
+    grad_features = grad_logits @ relations.to(phi.dtype)
     grad_heads, grad_tails = _relation_features_backward(grad_features[:batch], heads, tails, maths)
     grad_tails_2, grad_heads_2 = _relation_features_backward(grad_features[batch:], tails, heads, maths)
     grad_rows.index_add_(0, local[:batch], (grad_heads + grad_heads_2).to(grad_rows.dtype))
@@ -149,15 +152,9 @@ def relation_prediction_(grad_rows: torch.Tensor, grad_relations: torch.Tensor, 
     return loss
 
 
-def _relation_features(heads: torch.Tensor, tails: torch.Tensor, maths: EdgeMaths) -> torch.Tensor:
-    """phi(h, t) of ``Decoder.relation_features``: h * t, or for ComplEx conj(h) * t."""
-    if not maths.complex:
-        return heads * tails
-    return complex_product(_conjugate(heads), tails)
-
-
 def _relation_features_backward(grad: torch.Tensor, heads: torch.Tensor, tails: torch.Tensor, maths: EdgeMaths):
-    """(d/d h, d/d t) of ``_relation_features`` given d/d phi (for ComplEx: conj(grad * conj(t)), grad * h)."""
+    """(d/d h, d/d t) of ``Decoder.relation_features`` given d/d phi (ComplEx's phi = conj(h) * t:
+    conj(grad * conj(t)) and grad * h)."""
     if not maths.complex:
         return grad * tails, grad * heads
     return _conjugate(complex_product(grad, _conjugate(tails))), complex_product(grad, heads)
@@ -189,16 +186,6 @@ def _operator_backward(grad: torch.Tensor, nodes: torch.Tensor, relations: torch
     if maths.complex:
         return complex_product(grad, _conjugate(relations)), complex_product(grad, _conjugate(nodes))
     return grad * relations, grad * nodes
-
-
-def _reg_value(x: torch.Tensor, maths: EdgeMaths) -> torch.Tensor:
-    """Per row: N3 (sum |x|^3, or of complex moduli cubed) or L2 (sum x^2)."""
-    if maths.regularizer == "l2":
-        return (x * x).sum(-1)
-    if maths.complex:
-        real, imaginary = x.chunk(2, dim=-1)
-        return (real * real + imaginary * imaginary).pow(1.5).sum(-1)
-    return x.abs().pow(3).sum(-1)
 
 
 def _reg_gradient(x: torch.Tensor, maths: EdgeMaths) -> torch.Tensor:
@@ -238,7 +225,7 @@ def _edge_backward_triton(grad_rows, grad_relations, nodes, relations, edges, lo
 def _launch(complex_kernel, real_kernel, args, batch: int, width: int, maths: EdgeMaths, mask, relations) -> None:
     """One program per block of edges: the complex kernel over [re | im] halves, the real one over rows of ``width``."""
     flags = dict(DROPOUT=mask is not None, REG=_REGULARIZER_CODE[maths.regularizer],
-                 REG_RELATIONS=maths.reg_relations and relations is not None)
+                 REG_RELATIONS=maths.reg_relations and relations is not None and maths.operator != "identity")
     if maths.complex:
         block_e, block_h = tile_shape(args[0].shape[1] // 2)  # args[0]: the node table
         complex_kernel[(triton.cdiv(batch, block_e),)](*args, **flags, BLOCK_E=block_e, BLOCK_H=block_h)

@@ -12,12 +12,15 @@ makes ~20 passes over [batch, d] tensors (per-edge maths: ``edge_kernels.py``):
 3. ``edge_backward_``: per edge, the gradients of h, t and both relation
    vectors (the regulariser's included), added (atomically) into a gradient per
    touched row and per relation.
-4. ``sparse_adagrad_``: Adagrad on the touched rows, in place in the tables.
+4. With ``training.relation_prediction``, ``relation_prediction_``: the
+   softmax over relation vectors and its gradients (torch operations).
+5. ``sparse_adagrad_``: Adagrad on the touched rows, in place in the tables.
 
 It computes what ``Model.compute`` + ``SparseAdagrad.apply`` compute (tests
-compare them), in place, so it serves only the synchronous ``device``
-placement. Each function has a Triton kernel for float32 CUDA tables and a
-torch version (CPU, float64) that the tests use as reference.
+compare them), in place in GPU memory or pinned host tables; several devices
+use its gradients alone (``gradients``). The per-edge and row functions have
+Triton kernels for float32 CUDA tables and torch versions (CPU, float64) that
+the tests use as reference.
 """
 
 from __future__ import annotations
@@ -127,17 +130,17 @@ class FusedStep:
                        self.maths, mask, self.reg_weight / batch)
         if self.relation_prediction > 0:
             loss = loss + relation_prediction_(grad_rows, grad_relations, source, relations, ids.edges, plan.local,
-                                               self.maths, self.relation_prediction)
+                                               self.maths, self.relation_prediction,
+                                               self.model.decoder.relation_features)
         return grad_rows, grad_relations, loss
 
     def dropout_mask(self, rows: int, dim: int, like: torch.Tensor, generator: torch.Generator | None):
-        """keep / (1 - rate) for the [2B, d] queries, drawn as ``Model._dropout`` draws it; None without dropout."""
+        """The [2B, d] queries' dropout mask, drawn as the autograd step draws it; None without dropout."""
         if self.dropout == 0:
             return None
         if generator is None:
             raise ValueError("the model has dropout: the fused step needs its generator")
-        keep = torch.rand((rows, dim), generator=generator, device=like.device) >= self.dropout
-        return keep.to(like.dtype) / (1 - self.dropout)
+        return self.model.dropout_mask((rows, dim), like, generator)
 
     def relation_gradients(self, gradients) -> list[torch.Tensor]:
         """The relation gradients of ``gradients()``'s result as a list (empty without relations)."""

@@ -74,10 +74,12 @@ def softmax_ce_gradients(queries: torch.Tensor, candidates: torch.Tensor, positi
     """
     q, c = queries.to(score_dtype), candidates.to(score_dtype)
     exact = torch.float64 if score_dtype == torch.float64 else torch.float32
-    row_bytes = q.shape[0] * q.shape[1] * q.element_size()  # of one candidate column of the block
-    if row_bytes * c.shape[1] > SCORE_BLOCK_BYTES:
+    column_bytes = q.shape[0] * q.shape[1] * q.element_size()  # one candidate's column of the block
+    if column_bytes * c.shape[1] > SCORE_BLOCK_BYTES:
+        # A tile lives as scores, their float32 copy and its exponentials at once.
+        tile = SCORE_BLOCK_BYTES // (q.shape[0] * q.shape[1] * (q.element_size() + 2 * exact.itemsize))
         return _tiled_softmax_ce_gradients(q, c, positive.to(exact), target_ids, candidate_ids, weight.to(exact),
-                                           max(1, SCORE_BLOCK_BYTES // row_bytes))
+                                           max(1, tile))
     scores = torch.bmm(q, c.transpose(1, 2))
     loss_rows, grad_positive = softmax_rows_(scores, positive.to(exact), target_ids, candidate_ids,
                                              weight.to(exact))
@@ -86,7 +88,8 @@ def softmax_ce_gradients(queries: torch.Tensor, candidates: torch.Tensor, positi
 
 
 def _tiled_softmax_ce_gradients(q, c, positive, target_ids, candidate_ids, weight, tile: int):
-    """``softmax_ce_gradients`` over candidate tiles of ``tile``: no [G, M, N] block is ever held.
+    """``softmax_ce_gradients`` over candidate tiles of ``tile``: no [G, M, N] block is ever held
+    (d/d queries comes in float32: a sum over tiles).
 
     Pass 1 keeps per row the running max and sum of exponentials (the positive
     column included, candidates equal to the target masked); pass 2 recomputes
@@ -105,11 +108,11 @@ def _tiled_softmax_ce_gradients(q, c, positive, target_ids, candidate_ids, weigh
         total = total * torch.exp(top - new_top) + torch.exp(s - new_top[..., None]).sum(-1)
         top = new_top
     log_total = top + torch.log(total)
-    grad_queries = torch.zeros_like(q)
+    grad_queries = torch.zeros(q.shape, dtype=positive.dtype, device=q.device)  # summed over tiles in float32
     grad_candidates = torch.empty_like(c)
     for start in range(0, c.shape[1], tile):
         p = (torch.exp(tile_scores(start) - log_total[..., None]) * weight[..., None]).to(q.dtype)
-        grad_queries += torch.bmm(p, c[:, start:start + tile])
+        grad_queries += torch.bmm(p, c[:, start:start + tile]).to(grad_queries.dtype)
         grad_candidates[:, start:start + tile] = torch.bmm(p.transpose(1, 2), q)
     loss = ((log_total - positive) * weight).sum()
     return loss, grad_queries, grad_candidates, (torch.exp(positive - log_total) - 1) * weight

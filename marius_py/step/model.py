@@ -61,11 +61,15 @@ class Model:
             self.relation_optimizer.load_state_dict(state["relation_optimizer"])
 
     def _dropout(self, queries: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-        rate = self.config.model.dropout
-        if rate == 0:
+        if self.config.model.dropout == 0:
             return queries
-        keep = torch.rand(queries.shape, generator=generator, device=queries.device) >= rate
-        return queries * keep / (1 - rate)
+        return queries * self.dropout_mask(queries.shape, queries, generator)
+
+    def dropout_mask(self, shape, like: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        """keep / (1 - rate), keep drawn uniformly per element from ``generator`` (the fused step draws the same)."""
+        rate = self.config.model.dropout
+        keep = torch.rand(shape, generator=generator, device=like.device) >= rate
+        return keep.to(like.dtype) / (1 - rate)
 
     def negative_draws(self, num_edges: int, candidates: CandidateRows | None, generator: torch.Generator,
                        out: list | None = None) -> list:
