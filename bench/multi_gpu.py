@@ -47,7 +47,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from throughput import STEP_SETTINGS, UtilisationSampler, measure_disk, measure_step, power_law_edges  # noqa: E402
+from throughput import (STEP_SETTINGS, UtilisationSampler, measure_disk, measure_step, power_law_edges,  # noqa: E402
+                        row_recorder)
 
 from marius_py.config import load_config  # noqa: E402
 from marius_py.step.runners import build_multi_device_runner  # noqa: E402
@@ -323,15 +324,7 @@ def main() -> None:
     parser.add_argument("--trace", help="step: write a Chrome trace of ten two-GPU host steps here")
     args = parser.parse_args()
     Path(args.workdir).mkdir(parents=True, exist_ok=True)
-    rows = []
-
-    def record(row: dict) -> None:
-        rows.append(row)
-        print_row(row)
-        if args.json:
-            names = [torch.cuda.get_device_name(g) for g in range(torch.cuda.device_count())] \
-                if torch.cuda.is_available() else ["cpu"]
-            Path(args.json).write_text(json.dumps({"devices": names, "rows": rows}, indent=1))
+    record = row_recorder(args.json, print_row)
 
     if "peaks" in args.parts:
         record(measure_peaks())

@@ -262,6 +262,21 @@ def print_row(row: dict) -> None:
           f"{row['edges_per_s'] / 1e6:8.3f} M edges/s  GPU {util}{extra}", flush=True)
 
 
+def row_recorder(json_path: str | None, print_row):
+    """A function that prints each row as it completes and rewrites ``json_path`` with the device names and
+    every row so far (a run cut short keeps what it measured)."""
+    rows = []
+    names = [torch.cuda.get_device_name(g) for g in range(torch.cuda.device_count())] \
+        if torch.cuda.is_available() else ["cpu"]
+
+    def record(row: dict) -> None:
+        rows.append(row)
+        print_row(row)
+        if json_path:
+            Path(json_path).write_text(json.dumps({"devices": names, "rows": rows}, indent=1))
+    return record
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--parts", nargs="+", default=["step", "disk", "fb15k", "stale"],
@@ -294,15 +309,7 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="print the top GPU kernels of each step row")
     args = parser.parse_args()
     Path(args.workdir).mkdir(parents=True, exist_ok=True)
-    rows = []
-
-    def record(row: dict) -> None:
-        rows.append(row)
-        print_row(row)
-        if args.json:
-            name = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-            Path(args.json).write_text(json.dumps({"device": name, "rows": rows},
-                                                  indent=1))
+    record = row_recorder(args.json, print_row)
 
     for dim in args.dims:
         if "step" in args.parts:
