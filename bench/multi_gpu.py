@@ -334,7 +334,7 @@ def main() -> None:
         for row in transfer_bytes("fb15k-237", shuffled, nodes, relations, args):
             record(row)
         edges = power_law_edges(args.nodes, 50_000 * args.bytes_batches, args.relations)
-        for row in transfer_bytes("power-law-1M", edges, args.nodes, args.relations, args):
+        for row in transfer_bytes(f"power-law-{args.nodes // 1000}k", edges, args.nodes, args.relations, args):
             record(row)
     for dim in args.dims:
         if "step" in args.parts:
