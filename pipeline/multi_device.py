@@ -32,105 +32,27 @@ devices by events; a step's loads may run while up to ``staleness_bound - 1`` ea
 steps still compute (a load may then read rows they have not updated yet, but
 every update is a read-modify-write of the current row, so none is lost). On
 CUDA with the fused step, full steps are replayed as one CUDA graph per phase
-and device (``_PhaseGraphs``): a step then costs the host a few launches. On a
+and device (``PhaseGraphs``): a step then costs the host a few launches. On a
 CPU the same code runs inline, so G simulated devices test the routing.
 """
 
 from __future__ import annotations
 
-import contextlib
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from pipeline.device_cache import RowCache, endpoint_degree, hot_rows
-from pipeline.routing import (CACHE_HITS, DEVICE_ROWS, RECEIVED_ROWS, UNION_ROWS, GroupedRows, OwnerRows,
-                              TransferCounters, group_by_owner, union_of_requests)
+from pipeline.lanes import Lanes, StepState, enable_peer_access, on, put, record, wait
+from pipeline.phase_graphs import GRAPH_STALENESS, PhaseGraphs
+from pipeline.routing import (CACHE_HITS, DEVICE_ROWS, RECEIVED_ROWS, UNION_ROWS, TransferCounters,
+                              group_by_owner, group_steps_by_head, union_of_requests)
 from pipeline.row_kernels import gather_rows, move_rows, triton_available
 from pipeline.step import BatchStep
 
 DEFAULT_STALENESS = 2  # steps in flight: the next step's reads overlap this one's compute
-GRAPH_STALENESS = 2  # graphed steps alternate between two sets of static tensors
-
-
-LOAD_PRIORITY = -1  # CUDA stream priority of the load lanes (lower is higher; compute runs at 0)
-
-
-@dataclass
-class _Lanes:
-    """A device's streams: load (plan, host reads), compute (gradients, relation step) and update (the node
-    rows' read-modify-write, which overlaps the next step's compute); None on a CPU.
-
-    The load stream has the higher priority: its small kernels (sorts, the
-    PCIe gather) otherwise wait for SMs behind the compute stream's large ones,
-    and the next step's compute waits for them (measured: ~370 us of idle per
-    step on two H200s at d=100).
-    """
-
-    load: torch.cuda.Stream | None
-    compute: torch.cuda.Stream | None
-    update: torch.cuda.Stream | None
-
-    @classmethod
-    def for_device(cls, device: torch.device) -> "_Lanes":
-        if device.type != "cuda":
-            return cls(None, None, None)
-        return cls(torch.cuda.Stream(device, priority=LOAD_PRIORITY), torch.cuda.Stream(device),
-                   torch.cuda.Stream(device))
-
-
-def _on(*streams: torch.cuda.Stream | None):
-    """Make each stream current on its device (nothing for CPU lanes); the last one's device is current."""
-    stack = contextlib.ExitStack()
-    for stream in streams:
-        if stream is not None:
-            stack.enter_context(torch.cuda.stream(stream))
-    return stack
-
-
-def _record(stream: torch.cuda.Stream | None) -> torch.cuda.Event | None:
-    if stream is None:
-        return None
-    event = torch.cuda.Event()
-    event.record(stream)
-    return event
-
-
-def _wait(stream: torch.cuda.Stream | None, events) -> None:
-    if stream is not None:
-        for event in events:
-            if event is not None:
-                stream.wait_event(event)
-
-
-@dataclass
-class _StepState:
-    """One step's tensors, per device: made fresh (eager), or static and rewritten by graph replays."""
-
-    edges: list                                     # per active device: [B, 3]
-    draws: list = field(default_factory=list)       # per active device: negative draws
-    plans: list = field(default_factory=list)       # per active device: the plan, rows grouped by owner
-    grouped: list[GroupedRows] = field(default_factory=list)
-    owners: list[OwnerRows] = field(default_factory=list)   # per owner: the union of the requests
-    read: list = field(default_factory=list)        # per owner: its union's rows
-    inputs: list = field(default_factory=list)      # per active device: its rows, grouped by owner
-    grads: list = field(default_factory=list)       # per active device
-    relation_grads: list = field(default_factory=list)
-    index: int = 0
-    planned: list = field(default_factory=list)     # events of the phases, per device
-    loaded: list = field(default_factory=list)
-    computed: list = field(default_factory=list)
-    updated: list = field(default_factory=list)
-
-    @property
-    def active(self) -> int:
-        """Devices with a batch in this step (the span's last step may not fill them all)."""
-        return len(self.edges)
-
-    def clear_events(self) -> None:
-        self.planned, self.loaded, self.computed, self.updated = [], [], [], []
 
 
 class MultiDeviceRunner:
@@ -144,20 +66,20 @@ class MultiDeviceRunner:
         ``cache_rows``: rows each owner keeps per span (its hottest); ``cache_all``: all it owns (tables
         split across the devices' memory, kept there across spans of the same tables). ``grouping_window``:
         steps whose edges ``group_steps_by_head`` reorders together (0: the span's order). ``graphs``:
-        replay full steps as CUDA graphs where ``_PhaseGraphs.supported``."""
+        replay full steps as CUDA graphs where ``PhaseGraphs.supported``."""
         if len(steps) != len(devices) or len(devices) < 2:
             raise ValueError("a multi-device runner needs one step per device and at least two devices")
         self.steps, self.node_update, self.devices = steps, node_update, devices
         self.batch_size, self.staleness_bound = batch_size, max(1, staleness_bound)
         self.dedup, self.cache_rows, self.cache_all = dedup, cache_rows, cache_all
         self.shared_negatives, self.grouping_window = shared_negatives, grouping_window
-        self.lanes = [_Lanes.for_device(d) for d in devices]
-        _enable_peer_access(devices)
+        self.lanes = [Lanes.for_device(d) for d in devices]
+        enable_peer_access(devices)
         self.counters = TransferCounters(devices, dedup)
         self.losses = [torch.zeros((), device=d) for d in devices]
         self.caches: list[RowCache | None] = [None] * len(devices)
         self._cached_tables = None  # (nodes, state) whose rows the caches hold across spans (cache_all)
-        self.graphs = _PhaseGraphs(self) if graphs and _PhaseGraphs.supported(self) else None
+        self.graphs = PhaseGraphs(self) if graphs and PhaseGraphs.supported(self) else None
         self.max_in_flight = 0
 
     @property
@@ -215,8 +137,8 @@ class MultiDeviceRunner:
 
     def _run_steps(self, edges: torch.Tensor, step_edges: int, context, on_batch) -> None:
         bound = self.effective_staleness
-        in_flight: deque[_StepState] = deque()
-        done: deque[_StepState] = deque()
+        in_flight: deque[StepState] = deque()
+        done: deque[StepState] = deque()
         self._last_update = []  # the baseline chains every update after the previous one, across steps too
         for index, start in enumerate(range(0, len(edges), step_edges)):
             batches = [edges[s:s + self.batch_size] for s in range(start, min(start + step_edges, len(edges)),
@@ -281,42 +203,42 @@ class MultiDeviceRunner:
         self._cached_tables = None
 
     # ---- a step: load (plan + owners' reads) and finish (compute + update) ----
-    def _load(self, index: int, batches: list[torch.Tensor], context, reads_after) -> _StepState:
+    def _load(self, index: int, batches: list[torch.Tensor], context, reads_after) -> StepState:
         full = len(batches) == self.num_devices and all(len(b) == self.batch_size for b in batches)
         if self.graphs is not None and full and self.graphs.ready_for(context):
             step = self.graphs.state_for(index)
         else:
-            step = _StepState([None] * len(batches))
+            step = StepState([None] * len(batches))
         step.index = index
         step.clear_events()
         self.counters.steps += 1
         for g, batch in enumerate(batches):
             lanes = self.lanes[g]
-            with _on(self.lanes[0].load, lanes.load):  # device 0's too: shared draws are copied from there
-                _wait(lanes.load, reads_after)  # the bound: and static tensors are free again
+            with on(self.lanes[0].load, lanes.load):  # device 0's too: shared draws are copied from there
+                wait(lanes.load, reads_after)  # the bound: and static tensors are free again
                 self._inputs(step, g, batch, context)
         if self.graphs is not None and self.graphs.replays(step, "load", context):
             return step
-        self._phase(range(step.active), "load", [], lambda g: self._plan(step, g, context), step.planned)
-        read = self._read_union if self.dedup else self._read_own
-        self._phase(range(self.num_devices if self.dedup else step.active), "load", step.planned + reads_after,
+        self.run_phase(range(step.active), "load", [], lambda g: self.plan_phase(step, g, context), step.planned)
+        read = self.read_phase if self.dedup else self.read_own_phase
+        self.run_phase(range(self.num_devices if self.dedup else step.active), "load", step.planned + reads_after,
                     lambda d: read(step, d, context), step.loaded)
         return step
 
-    def _finish(self, step: _StepState, context, on_batch) -> _StepState:
+    def _finish(self, step: StepState, context, on_batch) -> StepState:
         if self.graphs is None or not self.graphs.replays(step, "finish", context):
-            self._phase(range(step.active), "compute", step.loaded, lambda g: self._compute(step, g, context),
+            self.run_phase(range(step.active), "compute", step.loaded, lambda g: self.compute_phase(step, g, context),
                         step.computed)
             # Relations(i) on device d precede compute(i+1) on d, which relations(i+1) on every device waits
             # for before its compute(i+2) rewrites the gradients read here: no event is needed.
-            self._phase(range(self.num_devices), "compute", step.computed, lambda d: self._step_relations(step, d),
+            self.run_phase(range(self.num_devices), "compute", step.computed, lambda d: self.relations_phase(step, d),
                         [])
             if self.dedup:  # one owner per row: its updates are ordered on its own stream
-                self._phase(range(self.num_devices), "update", step.computed,
-                            lambda d: self._update_nodes(step, d, context), step.updated)
+                self.run_phase(range(self.num_devices), "update", step.computed,
+                            lambda d: self.update_phase(step, d, context), step.updated)
             else:  # every device updates any row: one chain, in device order, across steps
-                self._phase(range(self.num_devices), "update", step.computed + self._last_update,
-                            lambda d: self._update_nodes(step, d, context), step.updated, in_order=True)
+                self.run_phase(range(self.num_devices), "update", step.computed + self._last_update,
+                            lambda d: self.update_phase(step, d, context), step.updated, in_order=True)
                 self._last_update = step.updated[-1:]
             if self.graphs is not None and step.active == self.num_devices:
                 self.graphs.warmed_up = True
@@ -324,19 +246,19 @@ class MultiDeviceRunner:
         on_batch(step.active)
         return step
 
-    def _phase(self, devices, lane: str, waits: list, run: Callable[[int], None], events: list,
+    def run_phase(self, devices, lane: str, waits: list, run: Callable[[int], None], events: list,
                in_order: bool = False) -> None:
         """``run(d)`` on each device's ``lane`` stream once ``waits`` are done; an event per device into
         ``events``. ``in_order``: each device also waits for the one before it."""
         for d in devices:
             stream = getattr(self.lanes[d], lane)
-            with _on(stream):
-                _wait(stream, waits + (events[-1:] if in_order else []))
+            with on(stream):
+                wait(stream, waits + (events[-1:] if in_order else []))
                 run(d)
-                events.append(_record(stream))
+                events.append(record(stream))
 
-    # ---- the phases (eager here; captured into graphs by _PhaseGraphs) ----
-    def _inputs(self, step: _StepState, g: int, batch: torch.Tensor, context) -> None:
+    # ---- the phases (eager here; captured into graphs by PhaseGraphs) ----
+    def _inputs(self, step: StepState, g: int, batch: torch.Tensor, context) -> None:
         """A batch and its negative draws on device g (into the static tensors of a graphed step)."""
         device, model, static = self.devices[g], self.steps[g], step.edges[g] is not None
         if static:
@@ -348,7 +270,7 @@ class MultiDeviceRunner:
         if self.shared_negatives and g > 0:
             self._share_uniform_draws(step, g, static)
 
-    def _share_uniform_draws(self, step: _StepState, g: int, static: bool) -> None:
+    def _share_uniform_draws(self, step: StepState, g: int, static: bool) -> None:
         """The step's first device draws the uniform negatives every device of the step uses."""
         for direction, (uniform, picks) in enumerate(step.draws[g]):
             first = step.draws[0][direction][0]
@@ -359,16 +281,16 @@ class MultiDeviceRunner:
             else:
                 step.draws[g][direction] = (first.to(self.devices[g], non_blocking=True), picks)
 
-    def _plan(self, step: _StepState, g: int, context) -> None:
+    def plan_phase(self, step: StepState, g: int, context) -> None:
         model = self.steps[g]
         plan = model.plan_batch(step.edges[g], None, context.candidates[g], defer_count=True, draws=step.draws[g],
                                 table_rows=len(context.nodes))
         grouped = group_by_owner(plan.rows, plan.local, plan.unique_count, self.num_devices)
-        _put(step.plans, g, plan.routed(grouped.rows, grouped.local))
-        _put(step.grouped, g, grouped)
+        put(step.plans, g, plan.routed(grouped.rows, grouped.local))
+        put(step.grouped, g, grouped)
         self.counters.on_device[g][DEVICE_ROWS:DEVICE_ROWS + 1].add_(grouped.count)
 
-    def _read_union(self, step: _StepState, owner: int, context) -> None:
+    def read_phase(self, step: StepState, owner: int, context) -> None:
         """Owner: the union of the rows every device requests from it, read once (cache or host)."""
         nodes, device = context.nodes, self.devices[owner]
         lengths = [len(step.grouped[g].rows) for g in range(step.active)]
@@ -390,17 +312,17 @@ class MultiDeviceRunner:
             real = torch.arange(len(union.rows), device=device) < union.count
             hits = (cache.slot_of[union.rows.clamp(max=sentinel - 1)] >= 0) & real
             counts[CACHE_HITS:CACHE_HITS + 1].add_(hits.sum())
-        _put(step.owners, owner, union)
-        _put(step.read, owner, read)
+        put(step.owners, owner, union)
+        put(step.read, owner, read)
 
-    def _read_own(self, step: _StepState, g: int, context) -> None:
+    def read_own_phase(self, step: StepState, g: int, context) -> None:
         """Baseline: device g reads all its rows from the host."""
         nodes, grouped = context.nodes, step.grouped[g]
-        _put(step.inputs, g, gather_rows(nodes, grouped.rows, torch.empty(len(grouped.rows), nodes.shape[1],
+        put(step.inputs, g, gather_rows(nodes, grouped.rows, torch.empty(len(grouped.rows), nodes.shape[1],
                                                                           dtype=nodes.dtype,
                                                                           device=self.devices[g]), grouped.count))
 
-    def _compute(self, step: _StepState, g: int, context) -> None:
+    def compute_phase(self, step: StepState, g: int, context) -> None:
         grouped = step.grouped[g]
         if self.dedup:  # pull each owner's rows over NVLink, in grouped order
             inputs = torch.empty(len(grouped.rows), context.nodes.shape[1], dtype=context.nodes.dtype,
@@ -410,14 +332,14 @@ class MultiDeviceRunner:
                           source_rows=step.owners[owner].positions[g], target_start=grouped.offsets[owner:owner + 1])
             received = grouped.count - grouped.per_owner[g:g + 1]
             self.counters.on_device[g][RECEIVED_ROWS:RECEIVED_ROWS + 1].add_(received)
-            _put(step.inputs, g, inputs)
+            put(step.inputs, g, inputs)
         plan = step.plans[g]
         grad, relation_grads, loss = self.steps[g].gradients(plan, step.inputs[g], context.dropout[g])
         self.losses[g].add_(loss * len(plan.edges))
-        _put(step.grads, g, grad)
-        _put(step.relation_grads, g, relation_grads)
+        put(step.grads, g, grad)
+        put(step.relation_grads, g, relation_grads)
 
-    def _update_nodes(self, step: _StepState, d: int, context) -> None:
+    def update_phase(self, step: StepState, d: int, context) -> None:
         """Device d: the node update of its rows (owner) or of its batch's rows (baseline)."""
         nodes, state = context.nodes, context.state
         if self.dedup:
@@ -432,7 +354,7 @@ class MultiDeviceRunner:
             grouped = step.grouped[d]
             self.node_update(nodes, state, grouped.rows, step.grads[d], grouped.count, cache=None)
 
-    def _step_relations(self, step: _StepState, d: int, count: bool = True) -> None:
+    def relations_phase(self, step: StepState, d: int, count: bool = True) -> None:
         """All-reduce: replica d sums the devices' relation gradients in device order and takes one step."""
         summed = None
         for h in range(step.active):
@@ -448,28 +370,11 @@ class MultiDeviceRunner:
         else:
             self.steps[d].apply_relation_gradients([summed])
 
-    def _relation_bytes(self, step: _StepState) -> int:
+    def _relation_bytes(self, step: StepState) -> int:
         if not step.relation_grads or step.relation_grads[0] is None:
             return 0
         one = sum(g.numel() * g.element_size() for g in step.relation_grads[0])
         return one * step.active * (self.num_devices - 1)
-
-
-def _enable_peer_access(devices: list[torch.device]) -> None:
-    """Let every GPU read the others' memory (``move_rows`` does): torch enables peer access on a copy."""
-    cuda = [d for d in devices if d.type == "cuda"]
-    for source in cuda:
-        for target in cuda:
-            if source != target:
-                torch.zeros(1, device=source).to(target)
-
-
-def _put(items: list, index: int, value) -> None:
-    """``items[index] = value``, appending when the list is that short (fresh states grow in device order)."""
-    if index < len(items):
-        items[index] = value
-    else:
-        items.append(value)
 
 
 @dataclass
@@ -479,123 +384,3 @@ class _SpanContext:
     candidates: list
     sampling: list
     dropout: list
-
-
-class _PhaseGraphs:
-    """The phases of full steps as CUDA graphs: per device and phase (plan, read, compute, relations,
-    update), over two alternating sets of static tensors. Captured once a full eager step has finished
-    (kernels compiled, library handles made); captured again when the tables, caches or relation tensors
-    change. Each graph reads other devices' static tensors through peer access."""
-
-    def __init__(self, runner: MultiDeviceRunner):
-        self.runner = runner
-        self.states: list[_StepState | None] = [None, None]
-        self.graphs: list[dict | None] = [None, None]
-        self.key = None
-        self.warmed_up = False  # a full step has finished eagerly: kernels compiled, library handles made
-
-    @staticmethod
-    def supported(runner: MultiDeviceRunner) -> bool:
-        """CUDA with Triton, deduplication, steps that can apply relation gradients without host work."""
-        return (runner.dedup and triton_available() and all(d.type == "cuda" for d in runner.devices)
-                and all(getattr(s, "graphable", False) for s in runner.steps))
-
-    def ready_for(self, context) -> bool:
-        """Whether this step may use graphs: in-memory candidates, and a full eager step already finished
-        (capturing cannot compile kernels or create cuBLAS handles)."""
-        if any(c is not None and not c.is_identity for c in context.candidates):
-            return False
-        key = (context.nodes.data_ptr(), context.state.data_ptr(),
-               *[(c.slot_of.data_ptr(), c.embeddings.data_ptr()) if c is not None else None
-                 for c in self.runner.caches],
-               *[t.data_ptr() for step in self.runner.steps for t in step.relation_tensors()])
-        if key != self.key:
-            self.key, self.graphs, self.states = key, [None, None], [None, None]
-        return self.warmed_up
-
-    def state_for(self, index: int) -> _StepState:
-        parity = index % 2
-        if self.states[parity] is None:
-            runner = self.runner
-            throwaway = [torch.Generator(d).manual_seed(0) for d in runner.devices]
-            state = _StepState([torch.empty(runner.batch_size, 3, dtype=torch.long, device=d)
-                                for d in runner.devices])
-            state.draws = [step.negative_draws(runner.batch_size, None, generator)
-                           for step, generator in zip(runner.steps, throwaway)]
-            self.states[parity] = state
-        return self.states[parity]
-
-    def replays(self, step: _StepState, half: str, context) -> bool:
-        """Run a half of a graphed step (``load`` or ``finish``): capture it first if needed."""
-        parity = step.index % 2
-        if step is not self.states[parity]:
-            return False
-        if self.graphs[parity] is None:
-            self.graphs[parity] = self._capture(step, context)
-        runner, graphs = self.runner, self.graphs[parity]
-        devices = range(runner.num_devices)
-        if half == "load":
-            runner._phase(devices, "load", [], lambda g: graphs["plan"][g].replay(), step.planned)
-            runner._phase(devices, "load", step.planned, lambda g: graphs["read"][g].replay(), step.loaded)
-        else:
-            runner._phase(devices, "compute", step.loaded, lambda g: graphs["compute"][g].replay(), step.computed)
-            runner._phase(devices, "compute", step.computed, lambda g: graphs["relations"][g].replay(), [])
-            runner._phase(devices, "update", step.computed, lambda g: graphs["update"][g].replay(), step.updated)
-            for model in runner.steps:
-                model.count_relation_step()
-        return True
-
-    def _capture(self, step: _StepState, context) -> dict:
-        """Capture the five phases on every device, in phase order (each reads what the last one made)."""
-        runner = self.runner
-        phases = {"plan": lambda g: runner._plan(step, g, context),
-                  "read": lambda g: runner._read_union(step, g, context),
-                  "compute": lambda g: runner._compute(step, g, context),
-                  "relations": lambda g: runner._step_relations(step, g, count=False),
-                  "update": lambda g: runner._update_nodes(step, g, context)}
-        graphs = {}
-        for name, phase in phases.items():
-            priority = LOAD_PRIORITY if name in ("plan", "read") else 0  # kernels keep their stream's priority
-            graphs[name] = [self._graph_of(phase, g, device, priority) for g, device in enumerate(runner.devices)]
-        return graphs
-
-    @staticmethod
-    def _graph_of(phase: Callable, g: int, device: torch.device, priority: int):
-        """A phase captured on its device; on a CPU (tests of the static tensors) the phase itself."""
-        if device.type != "cuda":
-            return _Replayed(lambda: phase(g))
-        torch.cuda.synchronize(device)
-        graph = torch.cuda.CUDAGraph()
-        stream = torch.cuda.Stream(device, priority=priority)
-        with torch.cuda.device(device), torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local"):
-            phase(g)
-        return graph
-
-
-@dataclass
-class _Replayed:
-    """A phase run again at each replay (CPU devices have no graphs)."""
-
-    run: Callable
-
-    def replay(self) -> None:
-        self.run()
-
-
-def group_steps_by_head(edges: torch.Tensor, step_edges: int, num_devices: int, window_steps: int) -> torch.Tensor:
-    """Step grouping (HongTu's chunk reorganisation in spirit): batches that run together share rows.
-
-    Each window of ``window_steps`` steps is sorted by head, so a step's edges
-    have few distinct heads, and every step's edges are dealt round-robin to
-    its devices, so those heads are shared by all of them: a step reads fewer
-    rows, and more of them serve several devices. Steps stop being uniform
-    samples of the span: measure accuracy (bench/multi_gpu.py).
-    """
-    parts = []
-    for start in range(0, len(edges), window_steps * step_edges):
-        window = edges[start:start + window_steps * step_edges]
-        window = window[torch.sort(window[:, 0], stable=True).indices]
-        for first in range(0, len(window), step_edges):
-            step = window[first:first + step_edges]
-            parts.append(step[torch.cat([torch.arange(g, len(step), num_devices) for g in range(num_devices)])])
-    return torch.cat(parts) if parts else edges

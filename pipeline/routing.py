@@ -124,3 +124,22 @@ class TransferCounters:
             "rho": device_rows / union if union else 1.0,
             "steps": self.steps,
         }
+
+
+def group_steps_by_head(edges: torch.Tensor, step_edges: int, num_devices: int, window_steps: int) -> torch.Tensor:
+    """Step grouping (HongTu's chunk reorganisation in spirit): batches that run together share rows.
+
+    Each window of ``window_steps`` steps is sorted by head, so a step's edges
+    have few distinct heads, and every step's edges are dealt round-robin to
+    its devices, so those heads are shared by all of them: a step reads fewer
+    rows, and more of them serve several devices. Steps stop being uniform
+    samples of the span: measure accuracy (bench/multi_gpu.py).
+    """
+    parts = []
+    for start in range(0, len(edges), window_steps * step_edges):
+        window = edges[start:start + window_steps * step_edges]
+        window = window[torch.sort(window[:, 0], stable=True).indices]
+        for first in range(0, len(window), step_edges):
+            step = window[first:first + step_edges]
+            parts.append(step[torch.cat([torch.arange(g, len(step), num_devices) for g in range(num_devices)])])
+    return torch.cat(parts) if parts else edges

@@ -20,7 +20,7 @@ from marius_py.step.runners import build_multi_device_runner
 from marius_py.step.model import Model
 from marius_py.trainer import Trainer, epoch_generator
 from pipeline.device_cache import RowCache, endpoint_degree, hot_rows
-from pipeline.multi_device import group_steps_by_head
+from pipeline.routing import group_steps_by_head
 from pipeline.routing import group_by_owner, union_of_requests
 from pipeline.row_kernels import gather_rows, sparse_adagrad_
 
@@ -165,7 +165,7 @@ def test_deduplicated_training_equals_every_device_reading_its_own_rows(small_co
 def test_replayed_static_steps_equal_eager_steps(small_config, shared):
     """The graphed runner's static tensors, alternating per step, train exactly like fresh ones (CPU:
     each 'graph' replays its phase eagerly into the static state)."""
-    from pipeline.multi_device import _PhaseGraphs
+    from pipeline.phase_graphs import PhaseGraphs
     results = []
     for graphed in (False, True):
         config, replicas, nodes, state, edges = setup(small_config, ["cpu", "cpu"], "model.decoder=distmult",
@@ -175,7 +175,7 @@ def test_replayed_static_steps_equal_eager_steps(small_config, shared):
                                            2 * config.model.dim * 4)
         if graphed:
             assert all(step.graphable for step in runner.steps)
-            runner.graphs = _PhaseGraphs(runner)
+            runner.graphs = PhaseGraphs(runner)
         loss = torch.zeros(())
         runner.staleness_bound = 2
         runner.run(edges, nodes, state, None, [epoch_generator(0, 1, "cpu", stream=2 + g) for g in range(2)],
