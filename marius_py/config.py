@@ -80,6 +80,9 @@ class TrainingConfig:
                                        "(chunk c of every device), so each negative row is read from the host "
                                        "once per step; degree-based negatives stay per device")
     num_threads: int = _f(0, "torch CPU threads (0: leave torch's default)")
+    checkpoint_interval: float = _f(0.0, "seconds: an epoch commits a checkpoint only when this long has passed "
+                                         "since the last commit, or validation found a new best, or it is the "
+                                         "last epoch (a crash loses at most this much work); 0: every epoch")
     score_dtype: str = _f("float32", "precision of the [batch x negatives] score block of dot-product decoders "
                                      "with softmax_ce: float32 or bfloat16 (half the memory traffic; reductions "
                                      "stay float32)")
@@ -206,6 +209,7 @@ def validate(config: Config, origins: dict | None = None) -> Config:
     _check(config.pipeline.cache_rows >= -1, "pipeline.cache_rows", "expected >= -1", config.pipeline.cache_rows)
     nonnegative = [("model.reg_weight", m.reg_weight), ("training.num_threads", t.num_threads),
                    ("evaluation.every", e.every), ("training.seed", t.seed),
+                   ("training.checkpoint_interval", t.checkpoint_interval),
                    ("evaluation.early_stopping_patience", e.early_stopping_patience),
                    ("pipeline.staleness_bound", config.pipeline.staleness_bound),
                    ("pipeline.queue_size", config.pipeline.queue_size)]

@@ -146,6 +146,7 @@ class Trainer:
         # Records of epochs whose checkpoint never committed are replayed, not duplicated.
         self.run.truncate_metrics(self.state.epoch)
         self._known = None
+        self._last_commit = time.monotonic()
 
     @property
     def multi_device(self) -> bool:
@@ -411,9 +412,22 @@ class Trainer:
             on_schedule = e.every > 0 and self.state.epoch % e.every == 0
             if self.dataset.metadata.num_valid > 0 and (on_schedule or self.state.epoch == t.epochs):
                 self._validate(counts=on_schedule)
-            self.save_checkpoint(is_best=self.state.best_epoch != previous_best)
-            self.run.log(record)  # after the commit: a crash before it replays this epoch
+            is_best = self.state.best_epoch != previous_best
+            if self._commit_due(is_best):
+                self.save_checkpoint(is_best=is_best)
+            self.run.log(record)  # after the commit: a crash before the next commit replays this epoch
         return self.state
+
+    def _commit_due(self, is_best: bool) -> bool:
+        """Whether this epoch commits: every epoch, or per ``training.checkpoint_interval`` (a new best and the
+        last epoch always commit: the best version is what testing loads)."""
+        t = self.config.training
+        last = self.state.epoch >= t.epochs or self.state.stopped_early
+        now = time.monotonic()
+        if is_best or last or now - self._last_commit >= t.checkpoint_interval:
+            self._last_commit = now
+            return True
+        return False
 
     def load_best(self) -> None:
         """Make the best-validation checkpoint the live state, if there is one."""

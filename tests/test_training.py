@@ -101,6 +101,26 @@ def test_checkpoint_versions_and_best_pointer(small_config, tmp_path):
     assert state["epoch"] == 3 and state["best_epoch"] == best["epoch"]
 
 
+def test_checkpoint_interval_commits_new_bests_and_the_last_epoch(small_config, tmp_path, monkeypatch):
+    """With a long interval only epochs with a new best and the last one commit; a resume from there equals
+    the uninterrupted run."""
+    commits = []
+    original = mp.trainer.Trainer._commit
+    monkeypatch.setattr(mp.trainer.Trainer, "_commit",
+                        lambda self, is_best: (commits.append(self.state.epoch), original(self, is_best))[1])
+    interval = ("training.checkpoint_interval=1e9", "evaluation.every=2")
+    mp.train(small_config("training.epochs=5", *interval), tmp_path / "full", progress=False)
+    bests = {r["epoch"] for r in RunDirectory(tmp_path / "full").read_metrics()
+             if r["event"] == "eval" and r["split"] == "valid" and r["epoch"] in (2, 4)}
+    assert commits[0] == 0 and commits[-1] == 5 and set(commits[1:-1]) <= bests and 3 not in commits
+
+    mp.train(small_config("training.epochs=3", *interval), tmp_path / "split", progress=False)
+    resumed = mp.api.load_run_config(tmp_path / "split", ["training.epochs=5"])
+    mp.train(resumed, tmp_path / "split", progress=False, resume=True)
+    np.testing.assert_allclose(latest_nodes(tmp_path / "split"), latest_nodes(tmp_path / "full"),
+                               rtol=1e-5, atol=1e-7)
+
+
 def test_interrupted_commit_leaves_previous_checkpoint(small_config, tmp_path, monkeypatch):
     """A crash after the new version is written but before LATEST moves keeps the old one."""
     mp.train(small_config("training.epochs=1"), tmp_path / "run", progress=False)

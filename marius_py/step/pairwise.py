@@ -1,0 +1,337 @@
+"""Score block and its backward for distance decoders: TransE with L1 distance and RotatE.
+
+Dot-product decoders score G chunks of M queries against N shared candidates with one matmul, S = Q C^T,
+and get their gradients from two more. Distance scores have no matmul form: S[g, i, j] = -dist(q_i, c_j)
+needs every (query, candidate, coordinate) triple. Autograd of the broadcast formula would hold a
+[G, M, N, dim] tensor (tens of GB for a training batch); here the block and the gradients of
+sum(weights * S) are computed directly, tile by tile, with explicit formulas:
+
+- ``l1``: dist = sum_k |q_k - c_k|; dS/dq_k = -sign(q_k - c_k), dS/dc_k = +sign(q_k - c_k);
+- ``modulus`` (RotatE): columns [0, dim/2) hold real parts, [dim/2, dim) imaginary parts;
+  dist = sum_k m_k with m_k = sqrt(re_k^2 + im_k^2 + eps) of the difference q - c;
+  dS/dq = -(q - c) / m per part, dS/dc = +(q - c) / m.
+
+Each function has Triton kernels for float32 CUDA inputs and a torch version (CPU, float64, CUDA without
+Triton) that the tests use as reference. Columns past ``dim`` (row padding) are ignored and get zero
+gradients.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from pipeline.row_kernels import use_triton
+
+try:  # Triton ships with CUDA builds of torch; CPU builds use the torch versions.
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - depends on the torch build
+    triton = None
+
+KINDS = ("l1", "modulus")
+MODULUS_EPS = 1e-12  # as RotatE.distance in marius_py/models.py: keeps d m / d diff finite at diff = 0
+
+# The torch version builds [G, m, n, dim] tiles of at most this many elements.
+BROADCAST_ELEMENTS = 1 << 24
+
+# (BM queries, BN candidates, BK coordinates, warps) of the Triton programs: a [BM, BN, BK] tile of about 8k
+# elements (re and im parts each for modulus) keeps the broadcast difference in registers with 4 warps.
+SCORE_TILE = (32, 32, 8, 4)
+GRAD_TILE = (32, 32, 8, 4)
+
+
+def pairwise_scores(queries: torch.Tensor, candidates: torch.Tensor, dim: int, kind: str) -> torch.Tensor:
+    """queries [G, M, w], candidates [G, N, w] (w >= dim; columns >= dim are ignored) ->
+    S [G, M, N] = -dist(q[g, i, :dim], c[g, j, :dim]), float32 (float64 for float64 inputs).
+
+    kind "l1": dist = sum_k |q_k - c_k| over k < dim.
+    kind "modulus": columns [0, dim/2) are real parts, [dim/2, dim) imaginary parts (dim even);
+        dist = sum_k sqrt((q_re_k - c_re_k)^2 + (q_im_k - c_im_k)^2 + 1e-12).
+    """
+    _check(queries, candidates, dim, kind)
+    if _triton_serves(queries, candidates):
+        return _scores_triton(queries, candidates, dim, kind)
+    return _scores_torch(queries, candidates, dim, kind)
+
+
+def pairwise_backward(weights: torch.Tensor, queries: torch.Tensor, candidates: torch.Tensor, dim: int,
+                      kind: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gradients of sum_{g,i,j} weights[g,i,j] * S[g,i,j] (S as ``pairwise_scores``) with respect to
+    queries and candidates: (grad_queries [G, M, w], grad_candidates [G, N, w]), columns >= dim zero,
+    float32 (float64 for float64 inputs)."""
+    _check(queries, candidates, dim, kind)
+    if weights.shape != (queries.shape[0], queries.shape[1], candidates.shape[1]):
+        raise ValueError(f"weights {tuple(weights.shape)} do not match queries {tuple(queries.shape)} "
+                         f"and candidates {tuple(candidates.shape)}")
+    if _triton_serves(queries, candidates):
+        return _backward_triton(weights, queries, candidates, dim, kind)
+    return _backward_torch(weights, queries, candidates, dim, kind)
+
+
+def _check(queries: torch.Tensor, candidates: torch.Tensor, dim: int, kind: str) -> None:
+    if kind not in KINDS:
+        raise ValueError(f"unknown pairwise distance {kind!r}; known: {', '.join(KINDS)}")
+    if queries.dim() != 3 or candidates.dim() != 3 or queries.shape[0] != candidates.shape[0]:
+        raise ValueError(f"expected queries [G, M, w] and candidates [G, N, w], got {tuple(queries.shape)} "
+                         f"and {tuple(candidates.shape)}")
+    if not 0 <= dim <= min(queries.shape[2], candidates.shape[2]):
+        raise ValueError(f"dim {dim} exceeds the row width of {tuple(queries.shape)} or {tuple(candidates.shape)}")
+    if kind == "modulus" and dim % 2:
+        raise ValueError(f"modulus distance needs an even dim (real and imaginary halves), got {dim}")
+
+
+def _triton_serves(queries: torch.Tensor, candidates: torch.Tensor) -> bool:
+    # Empty blocks would launch empty grids: the torch version returns them at no cost.
+    return use_triton(queries) and use_triton(candidates) and queries.numel() > 0 and candidates.numel() > 0
+
+
+def _result_dtype(*tensors: torch.Tensor) -> torch.dtype:
+    return torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
+
+
+# ---- torch version: explicit formulas over bounded [G, m, n, dim] tiles ----
+
+def _tiles(num_queries: int, num_candidates: int, elements_per_pair: int):
+    """(query slice, candidate slice) tiles of about BROADCAST_ELEMENTS pair coordinates each, near square."""
+    if num_queries == 0 or num_candidates == 0:
+        return
+    pairs = max(1, BROADCAST_ELEMENTS // max(1, elements_per_pair))
+    rows = min(num_queries, max(1, math.isqrt(pairs)))
+    cols = min(num_candidates, max(1, pairs // rows))
+    rows = min(num_queries, max(1, pairs // cols))  # few candidates: take more queries instead
+    for row in range(0, num_queries, rows):
+        for col in range(0, num_candidates, cols):
+            yield slice(row, row + rows), slice(col, col + cols)
+
+
+def _distance(q: torch.Tensor, c: torch.Tensor, kind: str) -> torch.Tensor:
+    """dist of every pair: q [G, m, dim], c [G, n, dim] -> [G, m, n]."""
+    diff = q[:, :, None, :] - c[:, None, :, :]
+    if kind == "l1":
+        return diff.abs().sum(-1)
+    re, im = diff.chunk(2, dim=-1)
+    return torch.sqrt(re * re + im * im + MODULUS_EPS).sum(-1)
+
+
+def _direction(q: torch.Tensor, c: torch.Tensor, kind: str) -> torch.Tensor:
+    """d dist / d q of every pair, [G, m, n, dim] (d dist / d c is its negative)."""
+    diff = q[:, :, None, :] - c[:, None, :, :]
+    if kind == "l1":
+        return diff.sign()  # sign(0) = 0, as the gradient of torch.abs
+    re, im = diff.chunk(2, dim=-1)
+    modulus = torch.sqrt(re * re + im * im + MODULUS_EPS)
+    return diff / torch.cat([modulus, modulus], dim=-1)
+
+
+def _scores_torch(queries, candidates, dim, kind):
+    dtype = _result_dtype(queries, candidates)
+    q, c = queries[..., :dim].to(dtype), candidates[..., :dim].to(dtype)
+    groups, num_queries, num_candidates = q.shape[0], q.shape[1], c.shape[1]
+    scores = torch.empty(groups, num_queries, num_candidates, dtype=dtype, device=q.device)
+    for rows, cols in _tiles(num_queries, num_candidates, groups * dim):
+        scores[:, rows, cols] = -_distance(q[:, rows], c[:, cols], kind)
+    return scores
+
+
+def _backward_torch(weights, queries, candidates, dim, kind):
+    dtype = _result_dtype(queries, candidates)
+    q, c, w = queries[..., :dim].to(dtype), candidates[..., :dim].to(dtype), weights.to(dtype)
+    grad_queries = torch.zeros(queries.shape, dtype=dtype, device=q.device)
+    grad_candidates = torch.zeros(candidates.shape, dtype=dtype, device=q.device)
+    for rows, cols in _tiles(q.shape[1], c.shape[1], q.shape[0] * dim):
+        direction = _direction(q[:, rows], c[:, cols], kind)
+        tile_weights = w[:, rows, cols]
+        grad_queries[:, rows, :dim] -= torch.einsum("gmn,gmnk->gmk", tile_weights, direction)
+        grad_candidates[:, cols, :dim] += torch.einsum("gmn,gmnk->gnk", tile_weights, direction)
+    return grad_queries, grad_candidates
+
+
+# ---- Triton version ----
+
+def _rows_contiguous(tensor: torch.Tensor) -> torch.Tensor:
+    """The kernels take group and row strides but need unit stride along a row."""
+    return tensor if tensor.stride(-1) == 1 else tensor.contiguous()
+
+
+def _coordinates(dim: int, kind: str) -> tuple[int, int]:
+    """(coordinates the kernels loop over, column offset of the imaginary parts): complex ones for modulus."""
+    return (dim // 2, dim // 2) if kind == "modulus" else (dim, 0)
+
+
+def _scores_triton(queries, candidates, dim, kind):
+    q, c = _rows_contiguous(queries), _rows_contiguous(candidates)
+    groups, num_queries, num_candidates = q.shape[0], q.shape[1], c.shape[1]
+    scores = torch.empty(groups, num_queries, num_candidates, dtype=torch.float32, device=q.device)
+    coordinates, imag_offset = _coordinates(dim, kind)
+    block_m, block_n, block_k, warps = SCORE_TILE
+    grid = (groups * triton.cdiv(num_queries, block_m) * triton.cdiv(num_candidates, block_n),)
+    _scores_kernel[grid](q, c, scores, num_queries, num_candidates, coordinates, imag_offset,
+                         q.stride(0), q.stride(1), c.stride(0), c.stride(1),
+                         MODULUS=kind == "modulus", BM=block_m, BN=block_n, BK=block_k, num_warps=warps)
+    return scores
+
+
+def _backward_triton(weights, queries, candidates, dim, kind):
+    q, c, w = _rows_contiguous(queries), _rows_contiguous(candidates), _rows_contiguous(weights)
+    groups, num_queries, num_candidates = q.shape[0], q.shape[1], c.shape[1]
+    grad_queries = torch.empty(q.shape, dtype=torch.float32, device=q.device)
+    grad_candidates = torch.empty(c.shape, dtype=torch.float32, device=q.device)
+    grad_queries[..., dim:].zero_()  # the kernels write columns < dim only
+    grad_candidates[..., dim:].zero_()
+    coordinates, imag_offset = _coordinates(dim, kind)
+    if coordinates == 0:
+        return grad_queries.zero_(), grad_candidates.zero_()
+    block_m, block_n, block_k, warps = GRAD_TILE
+    k_blocks = triton.cdiv(coordinates, block_k)
+    shape_args = (num_queries, num_candidates, coordinates, imag_offset, w.stride(0), w.stride(1),
+                  q.stride(0), q.stride(1), c.stride(0), c.stride(1))
+    meta = {"MODULUS": kind == "modulus", "BM": block_m, "BN": block_n, "BK": block_k, "num_warps": warps}
+    _grad_queries_kernel[(groups * triton.cdiv(num_queries, block_m) * k_blocks,)](
+        w, q, c, grad_queries, *shape_args, grad_queries.stride(0), grad_queries.stride(1), **meta)
+    _grad_candidates_kernel[(groups * triton.cdiv(num_candidates, block_n) * k_blocks,)](
+        w, q, c, grad_candidates, *shape_args, grad_candidates.stride(0), grad_candidates.stride(1), **meta)
+    return grad_queries, grad_candidates
+
+
+if triton is not None:
+    @triton.jit
+    def _row_pointers(base, group, group_stride, index, count, row_stride):
+        """[len(index), 1] pointers to the rows ``index`` of one group; indices past ``count`` read the last
+        row, so that loads need no row mask (their results are masked out or never stored)."""
+        rows = tl.minimum(index, count - 1).to(tl.int64)
+        return base + group * group_stride + rows[:, None] * row_stride
+
+    @triton.jit
+    def _load_chunk(rows, k, imag_offset, inside, MODULUS: tl.constexpr):
+        """(real or only part, imaginary part or None) of coordinates ``k`` of the rows, as [rows, BK]."""
+        real = tl.load(rows + k[None, :], mask=inside, other=0.0)
+        if MODULUS:
+            imag = tl.load(rows + imag_offset + k[None, :], mask=inside, other=0.0)
+        else:
+            imag = real
+        return real, imag
+
+    @triton.jit
+    def _scores_kernel(queries, candidates, scores, num_queries, num_candidates, coordinates, imag_offset,
+                       q_group_stride, q_row_stride, c_group_stride, c_row_stride,
+                       MODULUS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+        # Programs of one query block are adjacent: they sweep the group's candidates, which stay in L2.
+        query_blocks, candidate_blocks = tl.cdiv(num_queries, BM), tl.cdiv(num_candidates, BN)
+        pid = tl.program_id(0)
+        candidate_block = pid % candidate_blocks
+        query_block = (pid // candidate_blocks) % query_blocks
+        group = (pid // (candidate_blocks * query_blocks)).to(tl.int64)
+        rows = query_block * BM + tl.arange(0, BM)
+        cols = candidate_block * BN + tl.arange(0, BN)
+        q_rows = _row_pointers(queries, group, q_group_stride, rows, num_queries, q_row_stride)
+        c_rows = _row_pointers(candidates, group, c_group_stride, cols, num_candidates, c_row_stride)
+        total = tl.zeros((BM, BN), tl.float32)
+        for start in range(0, coordinates, BK):
+            k = start + tl.arange(0, BK)
+            inside = (k < coordinates)[None, :]
+            q_re, q_im = _load_chunk(q_rows, k, imag_offset, inside, MODULUS)
+            c_re, c_im = _load_chunk(c_rows, k, imag_offset, inside, MODULUS)
+            diff = q_re[:, None, :] - c_re[None, :, :]
+            if MODULUS:
+                diff_im = q_im[:, None, :] - c_im[None, :, :]
+                total += tl.sum(tl.sqrt(diff * diff + diff_im * diff_im + 1e-12), axis=2)
+            else:
+                total += tl.sum(tl.abs(diff), axis=2)
+        if MODULUS:  # each padded coordinate of the last chunk added sqrt(eps) = 1e-6
+            total -= (tl.cdiv(coordinates, BK) * BK - coordinates) * 1e-6
+        out = scores + group * num_queries * num_candidates + rows.to(tl.int64)[:, None] * num_candidates
+        inside = (rows < num_queries)[:, None] & (cols < num_candidates)[None, :]
+        tl.store(out + cols[None, :], -total, mask=inside)
+
+    @triton.jit
+    def _weighted_direction(weight, diff, diff_im, MODULUS: tl.constexpr):
+        """(weight * d dist / d q) of the real (or only) and imaginary parts, [BM, BN, BK] each."""
+        weight = weight[:, :, None]
+        if MODULUS:
+            scale = weight * tl.rsqrt(diff * diff + diff_im * diff_im + 1e-12)
+            real, imag = scale * diff, scale * diff_im
+        else:
+            real = tl.where(diff > 0, weight, tl.where(diff < 0, -weight, 0.0))
+            imag = real
+        return real, imag
+
+    @triton.jit
+    def _store_grad(grad, group, group_stride, index, count, row_stride, k, coordinates, imag_offset,
+                    real, imag, MODULUS: tl.constexpr):
+        rows = grad + group * group_stride + index.to(tl.int64)[:, None] * row_stride + k[None, :]
+        inside = (index < count)[:, None] & (k < coordinates)[None, :]
+        tl.store(rows, real, mask=inside)
+        if MODULUS:
+            tl.store(rows + imag_offset, imag, mask=inside)
+
+    @triton.jit
+    def _grad_queries_kernel(weights, queries, candidates, grad, num_queries, num_candidates, coordinates,
+                             imag_offset, w_group_stride, w_row_stride, q_group_stride, q_row_stride,
+                             c_group_stride, c_row_stride, g_group_stride, g_row_stride,
+                             MODULUS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+        # grad_q[i, k] = -sum_j w[i, j] * d dist / d q_k, over all candidate blocks. Programs of one query
+        # block (all its coordinate blocks) are adjacent: they read the same weight tiles, from L2.
+        k_blocks, query_blocks = tl.cdiv(coordinates, BK), tl.cdiv(num_queries, BM)
+        pid = tl.program_id(0)
+        k_block = pid % k_blocks
+        query_block = (pid // k_blocks) % query_blocks
+        group = (pid // (k_blocks * query_blocks)).to(tl.int64)
+        rows = query_block * BM + tl.arange(0, BM)
+        k = k_block * BK + tl.arange(0, BK)
+        k_inside = (k < coordinates)[None, :]
+        q_re, q_im = _load_chunk(_row_pointers(queries, group, q_group_stride, rows, num_queries, q_row_stride),
+                                 k, imag_offset, k_inside, MODULUS)
+        w_rows = weights + group * w_group_stride + rows.to(tl.int64)[:, None] * w_row_stride
+        row_inside = (rows < num_queries)[:, None]
+        total_re = tl.zeros((BM, BK), tl.float32)
+        total_im = tl.zeros((BM, BK), tl.float32)
+        for start in range(0, num_candidates, BN):
+            cols = start + tl.arange(0, BN)
+            # Zero weights outside the block: those pairs add nothing.
+            weight = tl.load(w_rows + cols[None, :], mask=row_inside & (cols < num_candidates)[None, :],
+                             other=0.0).to(tl.float32)
+            c_rows = _row_pointers(candidates, group, c_group_stride, cols, num_candidates, c_row_stride)
+            c_re, c_im = _load_chunk(c_rows, k, imag_offset, k_inside, MODULUS)
+            part_re, part_im = _weighted_direction(weight, q_re[:, None, :] - c_re[None, :, :],
+                                                   q_im[:, None, :] - c_im[None, :, :], MODULUS)
+            total_re += tl.sum(part_re, axis=1)
+            if MODULUS:
+                total_im += tl.sum(part_im, axis=1)
+        _store_grad(grad, group, g_group_stride, rows, num_queries, g_row_stride, k, coordinates, imag_offset,
+                    -total_re, -total_im, MODULUS)
+
+    @triton.jit
+    def _grad_candidates_kernel(weights, queries, candidates, grad, num_queries, num_candidates, coordinates,
+                                imag_offset, w_group_stride, w_row_stride, q_group_stride, q_row_stride,
+                                c_group_stride, c_row_stride, g_group_stride, g_row_stride,
+                                MODULUS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+        # grad_c[j, k] = +sum_i w[i, j] * d dist / d q_k, over all query blocks (same tile as the queries').
+        k_blocks, candidate_blocks = tl.cdiv(coordinates, BK), tl.cdiv(num_candidates, BN)
+        pid = tl.program_id(0)
+        k_block = pid % k_blocks
+        candidate_block = (pid // k_blocks) % candidate_blocks
+        group = (pid // (k_blocks * candidate_blocks)).to(tl.int64)
+        cols = candidate_block * BN + tl.arange(0, BN)
+        k = k_block * BK + tl.arange(0, BK)
+        k_inside = (k < coordinates)[None, :]
+        c_rows = _row_pointers(candidates, group, c_group_stride, cols, num_candidates, c_row_stride)
+        c_re, c_im = _load_chunk(c_rows, k, imag_offset, k_inside, MODULUS)
+        w_cols = weights + group * w_group_stride + cols[None, :]
+        col_inside = (cols < num_candidates)[None, :]
+        total_re = tl.zeros((BN, BK), tl.float32)
+        total_im = tl.zeros((BN, BK), tl.float32)
+        for start in range(0, num_queries, BM):
+            rows = start + tl.arange(0, BM)
+            weight = tl.load(w_cols + rows.to(tl.int64)[:, None] * w_row_stride,
+                             mask=(rows < num_queries)[:, None] & col_inside, other=0.0).to(tl.float32)
+            q_rows = _row_pointers(queries, group, q_group_stride, rows, num_queries, q_row_stride)
+            q_re, q_im = _load_chunk(q_rows, k, imag_offset, k_inside, MODULUS)
+            part_re, part_im = _weighted_direction(weight, q_re[:, None, :] - c_re[None, :, :],
+                                                   q_im[:, None, :] - c_im[None, :, :], MODULUS)
+            total_re += tl.sum(part_re, axis=0)
+            if MODULUS:
+                total_im += tl.sum(part_im, axis=0)
+        _store_grad(grad, group, g_group_stride, cols, num_candidates, g_row_stride, k, coordinates, imag_offset,
+                    total_re, total_im, MODULUS)

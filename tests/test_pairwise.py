@@ -1,0 +1,99 @@
+"""Distance score blocks (marius_py/step/pairwise.py) against autograd of the naive broadcast formula."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from marius_py.step import pairwise
+from marius_py.step.pairwise import pairwise_backward, pairwise_scores
+
+# G, M, N, row width w, dim: padding (w > dim), sizes that fill no tile evenly, one pair, G = 1.
+SHAPES = [(2, 7, 5, 10, 8), (3, 11, 13, 6, 6), (1, 1, 1, 4, 2), (2, 9, 1, 12, 10)]
+
+
+def naive_scores(queries: torch.Tensor, candidates: torch.Tensor, dim: int, kind: str) -> torch.Tensor:
+    diff = queries[:, :, None, :dim] - candidates[:, None, :, :dim]
+    if kind == "l1":
+        return -diff.abs().sum(-1)
+    half = dim // 2
+    re, im = diff[..., :half], diff[..., half:]
+    return -torch.sqrt(re * re + im * im + 1e-12).sum(-1)
+
+
+def naive_gradients(weights, queries, candidates, dim, kind):
+    q, c = queries.clone().requires_grad_(), candidates.clone().requires_grad_()
+    (weights * naive_scores(q, c, dim, kind)).sum().backward()
+    return q.grad, c.grad
+
+
+def random_inputs(shape, integers=False, dtype=torch.float64, device="cpu"):
+    """queries, candidates, weights; ``integers``: small integers, with many exact ties q_k == c_k."""
+    groups, num_queries, num_candidates, width, _ = shape
+    generator = torch.Generator().manual_seed(sum(shape))
+
+    def make(*size):
+        if integers:
+            return torch.randint(-2, 3, size, generator=generator).to(dtype)
+        return torch.randn(*size, generator=generator, dtype=dtype)
+
+    tensors = make(groups, num_queries, width), make(groups, num_candidates, width), \
+        torch.randn(groups, num_queries, num_candidates, generator=generator, dtype=dtype)
+    return tuple(t.to(device) for t in tensors)
+
+
+@pytest.mark.parametrize("kind", ["l1", "modulus"])
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("integers", [False, True])
+def test_torch_version_matches_autograd(monkeypatch, kind, shape, integers):
+    monkeypatch.setattr(pairwise, "BROADCAST_ELEMENTS", 64)  # many tiles, ragged at the edges
+    queries, candidates, weights = random_inputs(shape, integers)
+    dim = shape[4]
+    scores = pairwise_scores(queries, candidates, dim, kind)
+    grad_queries, grad_candidates = pairwise_backward(weights, queries, candidates, dim, kind)
+    expected_queries, expected_candidates = naive_gradients(weights, queries, candidates, dim, kind)
+    assert scores.dtype == grad_queries.dtype == grad_candidates.dtype == torch.float64
+    torch.testing.assert_close(scores, naive_scores(queries, candidates, dim, kind), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(grad_queries, expected_queries, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(grad_candidates, expected_candidates, rtol=1e-12, atol=1e-12)
+    assert not grad_queries[..., dim:].any() and not grad_candidates[..., dim:].any()
+
+
+def test_float32_inputs_give_float32_and_empty_blocks_work():
+    queries, candidates, weights = (t.float() for t in random_inputs((2, 3, 4, 6, 4)))
+    assert pairwise_scores(queries, candidates, 4, "l1").dtype == torch.float32
+    assert all(g.dtype == torch.float32 for g in pairwise_backward(weights, queries, candidates, 4, "modulus"))
+    assert pairwise_scores(queries, candidates[:, :0], 4, "l1").shape == (2, 3, 0)
+    grad_queries, grad_candidates = pairwise_backward(weights[:, :, :0], queries, candidates[:, :0], 4, "modulus")
+    assert not grad_queries.any() and grad_candidates.shape == (2, 0, 6)
+
+
+def test_rejects_bad_arguments():
+    queries, candidates, _ = random_inputs((1, 2, 3, 6, 6))
+    with pytest.raises(ValueError, match="unknown"):
+        pairwise_scores(queries, candidates, 6, "l2")
+    with pytest.raises(ValueError, match="even"):
+        pairwise_scores(queries, candidates, 5, "modulus")
+    with pytest.raises(ValueError, match="exceeds"):
+        pairwise_scores(queries, candidates, 7, "l1")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("kind", ["l1", "modulus"])
+@pytest.mark.parametrize("shape", [(3, 517, 301, 136, 130), (1, 70, 1500, 100, 100), (2, 33, 31, 8, 6)])
+def test_triton_version_matches_torch_version_on_gpu(kind, shape):
+    if not pairwise.use_triton(torch.empty(1, device="cuda")):
+        pytest.skip("needs Triton")
+    queries, candidates, weights = random_inputs(shape, dtype=torch.float32, device="cuda")
+    queries = torch.nn.functional.pad(queries, (0, 5))[..., :shape[3]]  # rows strided wider than w
+    dim = shape[4]
+    results = pairwise_scores(queries, candidates, dim, kind), *pairwise_backward(weights, queries, candidates,
+                                                                                   dim, kind)
+    expected = pairwise._scores_torch(queries, candidates, dim, kind), \
+        *pairwise._backward_torch(weights, queries, candidates, dim, kind)
+    for result, reference in zip(results, expected):
+        assert result.dtype == torch.float32 and result.shape == reference.shape
+        scale = reference.abs().max().item()
+        torch.testing.assert_close(result, reference, rtol=1e-4, atol=1e-4 * max(1.0, scale))
+    assert not results[1][..., dim:].any() and not results[2][..., dim:].any()
