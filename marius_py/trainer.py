@@ -318,6 +318,9 @@ class Trainer:
             self.runner.run(span.edges[order], nodes, node_state, span.candidates, sampling, dropout,
                             total_loss, bar.update)
         bar.close()
+        for device in self.devices:  # CUDA graphs and streams return before the GPU is done: time the GPU work
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
         seconds = time.perf_counter() - started
         if not torch.isfinite(total_loss):
             raise MariusInputError(f"training diverged: the loss of epoch {epoch} is not finite",
