@@ -46,6 +46,9 @@ from marius_py.trainer import epoch_generator, tf32_matmuls
 
 STEP_SETTINGS = ["model.decoder=distmult", "model.loss=softmax_ce", "training.batch_size=50000",
                  "training.num_chunks=10", "training.num_negatives=1000", "model.reg_weight=0"]
+# --decoders names beyond the decoders' own: TransE's two distances.
+DECODER_SETTINGS = {"transe-l1": ["model.decoder=transe", "model.transe_norm=1"],
+                    "transe-l2": ["model.decoder=transe", "model.transe_norm=2"]}
 
 
 class UtilisationSampler:
@@ -95,7 +98,8 @@ STEP_VARIANTS = {"graph": ["training.fused_step=true", "training.cuda_graphs=tru
 def measure_step(dim: int, placement: str, score_dtype: str, args, step: str = "graph",
                  decoder: str = "distmult") -> dict:
     device = torch.device("cuda")
-    config = load_config(None, [*STEP_SETTINGS, f"model.decoder={decoder}", f"model.dim={dim}", *STEP_VARIANTS[step],
+    decoder_settings = DECODER_SETTINGS.get(decoder, [f"model.decoder={decoder}"])
+    config = load_config(None, [*STEP_SETTINGS, *decoder_settings, f"model.dim={dim}", *STEP_VARIANTS[step],
                                 f"pipeline.placement={placement}", "training.device=cuda",
                                 f"training.score_dtype={score_dtype}", f"pipeline.load_threads={args.load_threads}"])
     model = Model(config, args.nodes, args.relations, device)
@@ -296,7 +300,11 @@ def main() -> None:
                         help="step: the device placement's step (fused: hand-written gradients; graph: fused and "
                              "replayed as a CUDA graph; autograd)")
     parser.add_argument("--score-dtypes", nargs="+", default=["float32"], choices=["float32", "bfloat16"])
-    parser.add_argument("--decoders", nargs="+", default=["distmult"], help="step: decoders to time side by side")
+    parser.add_argument("--decoders", nargs="+", default=["distmult"],
+                        help="step: decoders to time side by side (dot, distmult, complex, transe-l1, transe-l2, "
+                             "rotate)")
+    parser.add_argument("--fb15k-set", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="fb15k: config overrides for every --fb15k-configs run")
     parser.add_argument("--nodes", type=int, default=1_000_000)
     parser.add_argument("--relations", type=int, default=100)
     parser.add_argument("--seconds", type=float, default=5.0)
@@ -325,7 +333,7 @@ def main() -> None:
             record(measure_disk(dim, disk_args))
     if "fb15k" in args.parts:
         for name in args.fb15k_configs:
-            record(train_for_budget(name, args, [], args.budget, eval_every=args.eval_every))
+            record(train_for_budget(name, args, args.fb15k_set, args.budget, eval_every=args.eval_every))
         for row in measure_peers(args):
             record(row)
     if "stale" in args.parts:

@@ -87,7 +87,7 @@ class TrainingConfig:
                                      "with softmax_ce: float32 or bfloat16 (half the memory traffic; reductions "
                                      "stay float32)")
     tf32: bool = _f(True, "CUDA: TF32 matmuls while training (scores; evaluation stays float32)")
-    fused_step: bool = _f(True, "on CUDA, Dot/DistMult/ComplEx with softmax_ce (N3/L2 and dropout included): a "
+    fused_step: bool = _f(True, "on CUDA, every decoder with softmax_ce (N3/L2 and dropout included): a "
                                 "step with hand-written gradients (marius_py/step/fused.py, edge_kernels.py) "
                                 "instead of autograd; same results, several times fewer kernels")
     cuda_graphs: bool = _f(True, "with the fused step on CUDA: replay each full batch as one CUDA graph "

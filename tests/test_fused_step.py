@@ -1,4 +1,4 @@
-"""The fused Dot/DistMult/ComplEx step against the autograd step (Model.compute + SparseAdagrad.apply)."""
+"""The fused step of every decoder against the autograd step (Model.compute + SparseAdagrad.apply)."""
 
 from __future__ import annotations
 
@@ -81,6 +81,25 @@ def test_fused_step_with_regulariser_and_dropout_equals_autograd_step(decoder, r
                    f"model.dropout={dropout}"])
 
 
+DISTANCE_DECODERS = {"transe-l1": ["model.decoder=transe", "model.transe_norm=1"],
+                     "transe-l2": ["model.decoder=transe", "model.transe_norm=2"],
+                     "rotate": ["model.decoder=rotate"]}
+
+
+@pytest.mark.parametrize("decoder", list(DISTANCE_DECODERS))
+@pytest.mark.parametrize("regularizer", ["none", "n3", "l2"])
+@pytest.mark.parametrize("dropout", [0.0, 0.3])
+def test_fused_distance_step_equals_autograd_step(decoder, regularizer, dropout):
+    """TransE (translation; L1 or L2 distance) and RotatE (rotation by phases; sum of complex moduli): loss,
+    rows and relations after two steps against autograd in float64."""
+    # L1: where a query coordinate exceeds every candidate's, its gradient is sum(P) - (1 - p_pos) = 0 up to
+    # rounding, which the relations' first Adagrad step (zero state) scales by lr / eps: ~1e-7.
+    tolerance = {"rtol": 1e-9, "atol": 1e-6 if decoder == "transe-l1" else 1e-12}
+    compare_steps(DISTANCE_DECODERS[decoder][0].split("=")[1], "full", "cpu", torch.float64, tolerance,
+                  [*DISTANCE_DECODERS[decoder][1:], f"model.regularizer={regularizer}",
+                   f"model.reg_weight={0 if regularizer == 'none' else 0.05}", f"model.dropout={dropout}"])
+
+
 @pytest.mark.parametrize("decoder", ["distmult", "complex"])
 def test_fused_step_with_relation_prediction_equals_autograd_step(decoder):
     compare_steps(decoder, "full", "cpu", torch.float64, {"rtol": 1e-9, "atol": 1e-12},
@@ -101,11 +120,9 @@ def test_fused_step_with_adam_relations_equals_autograd_step():
 
 
 def test_supported_models_only():
-    for decoder in ("dot", "distmult", "complex"):
+    for decoder in ("dot", "distmult", "complex", "transe", "rotate"):
         assert supports_fused_step(make_model(decoder, "full", "cpu", False, ["model.dropout=0.1",
                                                                              "model.reg_weight=0.1"]))
-    for decoder in ("transe", "rotate"):
-        assert not supports_fused_step(make_model(decoder, "full", "cpu", False))
     assert not supports_fused_step(make_model("distmult", "full", "cpu", False, ["model.loss=logistic"]))
 
 
@@ -127,6 +144,16 @@ def test_adagrad_skips_padding_rows():
                                    ["model.regularizer=l2", "model.reg_weight=0.05"]])
 def test_fused_step_kernels_match_autograd_on_gpu(decoder, variant, extra):
     compare_steps(decoder, variant, "cuda", torch.float32, {"rtol": 1e-4, "atol": 1e-5}, extra)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("decoder", list(DISTANCE_DECODERS))
+@pytest.mark.parametrize("extra", [[], ["model.regularizer=n3", "model.reg_weight=0.05", "model.dropout=0.3"]])
+def test_fused_distance_step_matches_autograd_on_gpu(decoder, extra):
+    name, *options = DISTANCE_DECODERS[decoder]
+    compare_steps(name.split("=")[1], "full", "cuda", torch.float32, {"rtol": 1e-4, "atol": 1e-5},
+                  [*options, *extra])
 
 
 @pytest.mark.gpu
@@ -200,16 +227,19 @@ def test_triton_kernels_match_torch_versions(dim):
         torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
 
 
-def test_fused_one_vs_all_step_in_candidate_tiles_equals_autograd_step(monkeypatch):
+@pytest.mark.parametrize("decoder", ["complex", "transe-l2", "rotate"])
+def test_fused_one_vs_all_step_in_candidate_tiles_equals_autograd_step(monkeypatch, decoder):
     """1-vs-all (every node a candidate): the fused step with its score block in tiles of 7 candidates equals
     the autograd step with the whole block."""
     from marius_py.step import fused_loss
-    extra = ["training.num_negatives=-1", "model.regularizer=n3", "model.reg_weight=0.05"]
+    name, *options = DISTANCE_DECODERS.get(decoder, [f"model.decoder={decoder}"])
+    decoder = name.split("=")[1]
+    extra = ["training.num_negatives=-1", "model.regularizer=n3", "model.reg_weight=0.05", *options]
     tables = make_tables("full", "cpu", torch.float64)
     results = []
     for step, budget in ((autograd_step, fused_loss.SCORE_BLOCK_BYTES), (fused_step, 2 * 23 * 8 * 7)):
         monkeypatch.setattr(fused_loss, "SCORE_BLOCK_BYTES", budget)  # 2 directions x 23 queries x float64
-        model = make_model("complex", "full", "cpu", True, extra)
+        model = make_model(decoder, "full", "cpu", True, extra)
         nodes, state, edges = (t.clone() for t in tables)
         losses = [step(model, nodes, state, edges, seed) for seed in (11, 12)]
         results.append((torch.stack(losses), nodes, state, model.decoder.relations.detach()))

@@ -9,10 +9,17 @@ of [re | im] halves (ComplEx), whose backward is dh = dq * conj(r),
 dr = dq * conj(h). N3 (sum of |x|^3, or of the complex moduli cubed) and L2
 regularise the batch's h, t and relation rows, as ``models.regularization``.
 
+The distance decoders have the same structure with other parts: TransE's
+operator is a translation (h + r), RotatE's a rotation by relation phases
+(h * e^{i phi}, whose phase gradient is Im(conj(q) dq)); their positive
+scores and candidates are compared by -||q - t|| (L2, L1, or RotatE's sum of
+complex moduli: ``EdgeMaths.comparator``).
+
 ``edge_queries`` computes the forward part, ``edge_backward_`` adds each
 edge's gradients of h, t (into per-row gradients) and of its relation
-vectors. Each has Triton kernels for float32 CUDA tables and a torch version
-(CPU, float64) that the tests compare with autograd.
+vectors. For dot-product decoders each has Triton kernels for float32 CUDA
+tables; the torch versions (CPU, float64, and the distance decoders, whose
+time goes to the score block) are what the tests compare with autograd.
 """
 
 from __future__ import annotations
@@ -30,7 +37,9 @@ if triton is not None:
 
     from pipeline.row_kernels import load_rows
 
-OPERATORS = {"dot": "identity", "distmult": "diagonal", "complex": "complex"}  # decoders with a fused step
+# Decoders with a fused step: their operator (and comparator, when not a dot product).
+OPERATORS = {"dot": "identity", "distmult": "diagonal", "complex": "complex", "transe": "translation",
+             "rotate": "rotation"}
 _OPERATOR_CODE = {"identity": 0, "diagonal": 1}
 _REGULARIZER_CODE = {"none": 0, "n3": 1, "l2": 2}
 
@@ -39,20 +48,42 @@ _REGULARIZER_CODE = {"none": 0, "n3": 1, "l2": 2}
 class EdgeMaths:
     """What the fused step computes per edge besides the softmax: the operator and the regulariser."""
 
-    operator: str                   # identity (Dot), diagonal (DistMult), complex (ComplEx)
+    operator: str                   # identity (Dot), diagonal (DistMult), complex (ComplEx), translation
+                                    # (TransE), rotation (RotatE)
     regularizer: str = "none"       # none, n3, l2
     reg_relations: bool = False     # whether the relation rows are regularised too (not with identity)
+    comparator: str = "dot"         # dot, l2, l1 (TransE), modulus (RotatE: sum of complex moduli)
 
     @classmethod
     def of(cls, model) -> "EdgeMaths":
         m = model.config.model
         regularizer = m.regularizer if m.reg_weight > 0 else "none"
         operator = OPERATORS[model.decoder.name]
-        return cls(operator, regularizer, operator != "identity" and model.decoder.regularize_relations)
+        return cls(operator, regularizer, operator != "identity" and model.decoder.regularize_relations,
+                   comparator_of(model.decoder))
 
     @property
     def complex(self) -> bool:
+        """ComplEx's complex product (the Triton kernels' complex form)."""
         return self.operator == "complex"
+
+    @property
+    def complex_moduli(self) -> bool:
+        """Rows are [re | im] complex vectors: N3 regularises the moduli."""
+        return self.operator in ("complex", "rotation")
+
+
+def comparator_of(decoder) -> str:
+    """How a decoder compares queries with targets: dot, l2, l1 or modulus."""
+    if decoder.name == "rotate":
+        return "modulus"
+    if decoder.name == "transe":
+        return "l1" if decoder.norm == 1 else "l2"
+    return "dot"
+
+
+def _on_triton(nodes: torch.Tensor, maths: EdgeMaths) -> bool:
+    return use_triton(nodes) and maths.comparator == "dot"
 
 
 def edge_queries(nodes: torch.Tensor, relations: torch.Tensor | None, edges: torch.Tensor,
@@ -65,17 +96,17 @@ def edge_queries(nodes: torch.Tensor, relations: torch.Tensor | None, edges: tor
     """
     dim = nodes.shape[1]
     width = width or dim
-    if use_triton(nodes):
+    if _on_triton(nodes, maths):
         return _edge_queries_triton(nodes, relations, edges, score_dtype, width, maths, mask)
     heads, tails = nodes[edges[:, 0]], nodes[edges[:, 2]]
     forward, inverse = _relation_rows(relations, edges[:, 1])
     queries = torch.cat([_operator(heads, forward, maths), _operator(tails, inverse, maths)])
     if mask is not None:
         queries = queries * mask
-    positive = (queries * torch.cat([tails, heads])).sum(-1)
+    positive = _pair_scores(queries, torch.cat([tails, heads]), maths)
     regularised = [heads, tails] + ([forward, inverse] if maths.reg_relations and forward is not None else [])
     reg = None if maths.regularizer == "none" else \
-        regularization(maths.regularizer, regularised, maths.complex, 1).reshape(1)  # the batch's sum
+        regularization(maths.regularizer, regularised, maths.complex_moduli, 1).reshape(1)  # the batch's sum
     return F.pad(queries.to(score_dtype), (0, width - dim)), positive, reg
 
 
@@ -92,7 +123,7 @@ def edge_backward_(grad_rows: torch.Tensor, grad_relations: torch.Tensor | None,
     ignored). ``reg_scale``: the regulariser's weight over the batch size.
     """
     batch, dim = len(edges), nodes.shape[1]
-    if use_triton(nodes):
+    if _on_triton(nodes, maths):
         _edge_backward_triton(grad_rows, grad_relations, nodes, relations, edges, local, grad_queries,
                               grad_positive, head_offset, maths, mask, reg_scale)
         return
@@ -102,13 +133,17 @@ def edge_backward_(grad_rows: torch.Tensor, grad_relations: torch.Tensor | None,
     mask_tail, mask_head = (ones, ones) if mask is None else (mask[:batch], mask[batch:2 * batch])
     pos_tail = grad_positive[:batch, None].to(nodes.dtype)
     pos_head = grad_positive[head_offset:head_offset + batch, None].to(nodes.dtype)
+    # the positive scores' gradients: d/d (dropped query) and d/d its target
+    by_query_tail, by_target_tail = _pair_gradients(_operator(heads, forward, maths) * mask_tail, tails, maths)
+    by_query_head, by_target_head = _pair_gradients(_operator(tails, inverse, maths) * mask_head, heads, maths)
     # d loss / d (dropped query): the softmax's part plus the positive score's
-    grad_tail_q = (grad_queries[:batch, :dim].to(nodes.dtype) + pos_tail * tails) * mask_tail
-    grad_head_q = (grad_queries[head_offset:head_offset + batch, :dim].to(nodes.dtype) + pos_head * heads) * mask_head
+    grad_tail_q = (grad_queries[:batch, :dim].to(nodes.dtype) + pos_tail * by_query_tail) * mask_tail
+    grad_head_q = (grad_queries[head_offset:head_offset + batch, :dim].to(nodes.dtype)
+                   + pos_head * by_query_head) * mask_head
     grad_heads, grad_forward = _operator_backward(grad_tail_q, heads, forward, maths)
     grad_tails, grad_inverse = _operator_backward(grad_head_q, tails, inverse, maths)
-    grad_heads = grad_heads + pos_head * _operator(tails, inverse, maths) * mask_head
-    grad_tails = grad_tails + pos_tail * _operator(heads, forward, maths) * mask_tail
+    grad_heads = grad_heads + pos_head * by_target_head
+    grad_tails = grad_tails + pos_tail * by_target_tail
     if maths.regularizer != "none":
         grad_heads = grad_heads + reg_scale * _reg_gradient(heads, maths)
         grad_tails = grad_tails + reg_scale * _reg_gradient(tails, maths)
@@ -171,9 +206,17 @@ def _conjugate(x: torch.Tensor) -> torch.Tensor:
     return torch.cat([real, -imaginary], dim=-1)
 
 
+def _rotation(phases: torch.Tensor) -> torch.Tensor:
+    return torch.cat([torch.cos(phases), torch.sin(phases)], dim=-1)
+
+
 def _operator(nodes: torch.Tensor, relations: torch.Tensor | None, maths: EdgeMaths) -> torch.Tensor:
     if maths.operator == "identity":
         return nodes
+    if maths.operator == "translation":
+        return nodes + relations
+    if maths.operator == "rotation":
+        return complex_product(nodes, _rotation(relations))
     if maths.complex:
         return complex_product(nodes, relations)
     return nodes * relations
@@ -183,15 +226,59 @@ def _operator_backward(grad: torch.Tensor, nodes: torch.Tensor, relations: torch
     """(d/d nodes, d/d relations) of ``_operator`` given d/d its output."""
     if maths.operator == "identity":
         return grad, None
+    if maths.operator == "translation":
+        return grad, grad
+    if maths.operator == "rotation":  # q = h e^{i phi}: d q / d phi = i q, so d phi = Im(conj(q) dq) per coordinate
+        rotation = _rotation(relations)
+        q_re, q_im = complex_product(nodes, rotation).chunk(2, dim=-1)
+        g_re, g_im = grad.chunk(2, dim=-1)
+        return complex_product(grad, _conjugate(rotation)), g_im * q_re - g_re * q_im
     if maths.complex:
         return complex_product(grad, _conjugate(relations)), complex_product(grad, _conjugate(nodes))
     return grad * relations, grad * nodes
 
 
+def _pair_scores(queries: torch.Tensor, targets: torch.Tensor, maths: EdgeMaths) -> torch.Tensor:
+    """Each query's score against its own target (``Decoder.compare_pairs``)."""
+    if maths.comparator == "dot":
+        return (queries * targets).sum(-1)
+    return -_distance(queries - targets, maths.comparator)
+
+
+def _distance(difference: torch.Tensor, comparator: str) -> torch.Tensor:
+    if comparator == "l2":
+        return torch.linalg.vector_norm(difference, dim=-1)
+    if comparator == "l1":
+        return difference.abs().sum(-1)
+    return _moduli(difference).sum(-1) / 2  # the moduli come twice, once per half
+
+
+def _moduli(x: torch.Tensor) -> torch.Tensor:
+    """Each complex coordinate's modulus, for both halves (RotatE's distance, with its 1e-12)."""
+    real, imaginary = x.chunk(2, dim=-1)
+    modulus = torch.sqrt(real * real + imaginary * imaginary + 1e-12)
+    return torch.cat([modulus, modulus], dim=-1)
+
+
+def _pair_gradients(queries: torch.Tensor, targets: torch.Tensor, maths: EdgeMaths):
+    """(d score / d query, d score / d target) of ``_pair_scores`` (0 at distance 0, as autograd's norms)."""
+    if maths.comparator == "dot":
+        return targets, queries
+    difference = queries - targets
+    if maths.comparator == "l1":
+        by_query = -torch.sign(difference)
+    elif maths.comparator == "l2":
+        norm = torch.linalg.vector_norm(difference, dim=-1, keepdim=True)
+        by_query = -difference / torch.where(norm > 0, norm, torch.ones_like(norm))
+    else:
+        by_query = -difference / _moduli(difference)
+    return by_query, -by_query
+
+
 def _reg_gradient(x: torch.Tensor, maths: EdgeMaths) -> torch.Tensor:
     if maths.regularizer == "l2":
         return 2 * x
-    if maths.complex:
+    if maths.complex_moduli:
         real, imaginary = x.chunk(2, dim=-1)
         modulus = torch.sqrt(real * real + imaginary * imaginary)
         return 3 * x * torch.cat([modulus, modulus], dim=-1)

@@ -1,4 +1,5 @@
-"""The training step of Dot, DistMult and ComplEx with softmax cross-entropy, with hand-written gradients.
+"""The training step of Dot, DistMult, ComplEx, TransE and RotatE with softmax cross-entropy, by hand-written
+gradients.
 
 For these decoders every gradient is a product of rows the step already
 reads, so a batch needs a handful of kernels where autograd launches ~90 and
@@ -30,13 +31,13 @@ import contextlib
 import torch
 
 from marius_py.step.edge_kernels import OPERATORS, EdgeMaths, edge_backward_, edge_queries, relation_prediction_
-from marius_py.step.fused_loss import SCORE_DTYPES, softmax_ce_gradients
+from marius_py.step.fused_loss import SCORE_DTYPES, score_form, softmax_ce_gradients
 from marius_py.negatives import by_chunk, chunk_row_weights
 from pipeline.row_kernels import gather_rows, scatter_add_rows_, sparse_adagrad_
 
 
 def supports_fused_step(model) -> bool:
-    """Whether ``FusedStep`` computes this model's step: Dot, DistMult or ComplEx with softmax CE."""
+    """Whether ``FusedStep`` computes this model's step: Dot, DistMult, ComplEx, TransE or RotatE with softmax CE."""
     return model.decoder.name in OPERATORS and model.config.model.loss == "softmax_ce"
 
 
@@ -50,7 +51,10 @@ class FusedStep:
         self.reg_weight = m.reg_weight if self.maths.regularizer != "none" else 0.0
         self.dropout = m.dropout
         self.relation_prediction = model.config.training.relation_prediction
-        self.score_dtype = SCORE_DTYPES[model.config.training.score_dtype]
+        # Distance blocks stay float32: the L2 expansion cancels in bfloat16, the pairwise kernels gain nothing.
+        self.score_dtype = SCORE_DTYPES[model.config.training.score_dtype] if self.maths.comparator == "dot" \
+            else torch.float32
+        self.score_form = score_form(self.maths.comparator, model.config.model.dim)
         self.adagrad = model.node_optimizer
         self.relations = model.decoder.relations if model.decoder.relations.numel() else None
         optimizer = model.relation_optimizer
@@ -177,7 +181,8 @@ class FusedStep:
         self.constants_used = weights  # cached outside any graph: a graph that captured it keeps it alive
         loss, *gradients = softmax_ce_gradients(
             stacked, candidates.reshape(2 * num_chunks, num_candidates, width), by_chunk(positive, batch, num_chunks),
-            by_chunk(torch.cat([edges[:, 2], edges[:, 0]]), batch, num_chunks), candidate_ids, weights, score_dtype)
+            by_chunk(torch.cat([edges[:, 2], edges[:, 0]]), batch, num_chunks), candidate_ids, weights, score_dtype,
+            self.score_form)
         if reg is not None:
             loss = loss + self.reg_weight * reg.sum().to(loss.dtype) / batch
         return (loss, *gradients, stacked.shape[1] * num_chunks)

@@ -11,6 +11,13 @@ dQ = P C and dC = P^T Q are two more matmuls. The block never exists twice.
 
 Scores may be computed and held in bfloat16 (``score_dtype``), halving the
 memory traffic of the block; the per-row reductions run in float32.
+
+Distance decoders (TransE, RotatE) score -dist(q, c) instead (``ScoreForm``):
+the L2 distance expands into the same matmul (|q|^2 + |c|^2 - 2 q.c, turned
+into -dist by the row kernel, whose output is then d loss / d squared
+distance); L1 and RotatE's sum of complex moduli have no matmul form and take
+the pairwise kernels of ``pairwise.py``. Their blocks are float32: the
+expansion cancels in bfloat16.
 """
 
 from __future__ import annotations
@@ -32,6 +39,58 @@ try:  # Triton ships with CUDA builds of torch; CPU builds use the torch-ops pat
     import triton.language as tl
 except ImportError:  # pragma: no cover - depends on the torch build
     triton = None
+
+
+class ScoreForm:
+    """How a [G, M, N] block of scores of queries against candidates is made and differentiated: <q, c>."""
+
+    squared_l2 = False  # the block holds squared distances that the row kernel turns into -distance
+
+    def scores(self, q: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        return torch.bmm(q, c.transpose(1, 2))
+
+    def backward(self, grad: torch.Tensor, q: torch.Tensor, c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(d/d q, d/d c) given d loss / d (the block ``scores`` made)."""
+        return torch.bmm(grad, c), torch.bmm(grad.transpose(1, 2), q)
+
+
+class SquaredL2Form(ScoreForm):
+    """-||q - c||_2 through one matmul: the block holds |q|^2 + |c|^2 - 2 <q, c>."""
+
+    squared_l2 = True
+
+    def scores(self, q, c):
+        norms = (q * q).sum(-1)[:, :, None] + (c * c).sum(-1)[:, None, :]
+        return torch.baddbmm(norms, q, c.transpose(1, 2), alpha=-2)
+
+    def backward(self, grad, q, c):
+        grad_q = 2 * (q * grad.sum(2, keepdim=True).to(q.dtype) - torch.bmm(grad, c))
+        grad_c = 2 * (c * grad.sum(1)[:, :, None].to(c.dtype) - torch.bmm(grad.transpose(1, 2), q))
+        return grad_q, grad_c
+
+
+class PairwiseForm(ScoreForm):
+    """-dist(q, c) without a matmul form: L1 (``l1``) or the sum of complex moduli (``modulus``, RotatE)."""
+
+    def __init__(self, kind: str, dim: int):
+        self.kind, self.dim = kind, dim
+
+    def scores(self, q, c):
+        from marius_py.step.pairwise import pairwise_scores
+        return pairwise_scores(q, c, self.dim, self.kind)
+
+    def backward(self, grad, q, c):
+        from marius_py.step.pairwise import pairwise_backward
+        return pairwise_backward(grad, q, c, self.dim, self.kind)
+
+
+def score_form(comparator: str, dim: int) -> ScoreForm:
+    """The ``ScoreForm`` of a comparator: dot, l2, l1 or modulus."""
+    if comparator == "dot":
+        return ScoreForm()
+    if comparator == "l2":
+        return SquaredL2Form()
+    return PairwiseForm(comparator, dim)
 
 
 def shared_negative_softmax_ce(queries: torch.Tensor, candidates: torch.Tensor, positive: torch.Tensor,
@@ -66,12 +125,14 @@ class _SharedNegativeSoftmaxCE(torch.autograd.Function):
 
 def softmax_ce_gradients(queries: torch.Tensor, candidates: torch.Tensor, positive: torch.Tensor,
                          target_ids: torch.Tensor, candidate_ids: torch.Tensor, weight: torch.Tensor,
-                         score_dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
-    """(loss, d loss/d queries, d loss/d candidates, d loss/d positive) of ``shared_negative_softmax_ce``.
+                         score_dtype: torch.dtype, form: ScoreForm | None = None) -> tuple[torch.Tensor, ...]:
+    """(loss, d loss/d queries, d loss/d candidates, d loss/d positive) of ``shared_negative_softmax_ce``,
+    with the scores of ``form`` (default: dot products).
 
     The two matrix gradients come in ``score_dtype``; the loss and the positive's in float32 (float64 for
     float64 scores).
     """
+    form = form or ScoreForm()
     q, c = queries.to(score_dtype), candidates.to(score_dtype)
     exact = torch.float64 if score_dtype == torch.float64 else torch.float32
     column_bytes = q.shape[0] * q.shape[1] * q.element_size()  # one candidate's column of the block
@@ -79,26 +140,31 @@ def softmax_ce_gradients(queries: torch.Tensor, candidates: torch.Tensor, positi
         # A tile lives as scores, their float32 copy and its exponentials at once.
         tile = SCORE_BLOCK_BYTES // (q.shape[0] * q.shape[1] * (q.element_size() + 2 * exact.itemsize))
         return _tiled_softmax_ce_gradients(q, c, positive.to(exact), target_ids, candidate_ids, weight.to(exact),
-                                           max(1, tile))
-    scores = torch.bmm(q, c.transpose(1, 2))
+                                           max(1, tile), form)
+    scores = form.scores(q, c)
     loss_rows, grad_positive = softmax_rows_(scores, positive.to(exact), target_ids, candidate_ids,
-                                             weight.to(exact))
+                                             weight.to(exact), form.squared_l2)
     loss = (loss_rows * weight.to(loss_rows.dtype)).sum()
-    return loss, torch.bmm(scores, c), torch.bmm(scores.transpose(1, 2), q), grad_positive
+    return (loss, *form.backward(scores, q, c), grad_positive)
 
 
-def _tiled_softmax_ce_gradients(q, c, positive, target_ids, candidate_ids, weight, tile: int):
+def _tiled_softmax_ce_gradients(q, c, positive, target_ids, candidate_ids, weight, tile: int, form: ScoreForm):
     """``softmax_ce_gradients`` over candidate tiles of ``tile``: no [G, M, N] block is ever held
     (d/d queries comes in float32: a sum over tiles).
 
     Pass 1 keeps per row the running max and sum of exponentials (the positive
     column included, candidates equal to the target masked); pass 2 recomputes
     each tile's scores and turns them into the weighted softmax, adding
-    P C to d/d queries and writing P^T Q, the tile's d/d candidates.
+    its d/d queries (P C for dot products) and writing the tile's d/d candidates.
     """
-    def tile_scores(start):
+    def raw_scores(start):
+        return form.scores(q, c[:, start:start + tile]).to(positive.dtype)
+
+    def tile_scores(start, raw=None):
         ids = candidate_ids[:, start:start + tile]
-        s = torch.bmm(q, c[:, start:start + tile].transpose(1, 2)).to(positive.dtype)
+        s = raw_scores(start) if raw is None else raw
+        if form.squared_l2:
+            s = -s.clamp_min(0).sqrt()
         return s.masked_fill(target_ids[:, :, None] == ids[:, None, :], float("-inf"))
 
     top, total = positive.clone(), torch.ones_like(positive)
@@ -111,33 +177,63 @@ def _tiled_softmax_ce_gradients(q, c, positive, target_ids, candidate_ids, weigh
     grad_queries = torch.zeros(q.shape, dtype=positive.dtype, device=q.device)  # summed over tiles in float32
     grad_candidates = torch.empty_like(c)
     for start in range(0, c.shape[1], tile):
-        p = (torch.exp(tile_scores(start) - log_total[..., None]) * weight[..., None]).to(q.dtype)
-        grad_queries += torch.bmm(p, c[:, start:start + tile]).to(grad_queries.dtype)
-        grad_candidates[:, start:start + tile] = torch.bmm(p.transpose(1, 2), q)
+        s = tile_scores(start)
+        p = torch.exp(s - log_total[..., None]) * weight[..., None]
+        if form.squared_l2:  # d loss / d squared distance
+            p = p * _squared_l2_gradient(s)
+        tile_q, tile_c = form.backward(p.to(q.dtype), q, c[:, start:start + tile])
+        grad_queries += tile_q.to(grad_queries.dtype)
+        grad_candidates[:, start:start + tile] = tile_c
     loss = ((log_total - positive) * weight).sum()
     return loss, grad_queries, grad_candidates, (torch.exp(positive - log_total) - 1) * weight
 
 
 def softmax_rows_(scores: torch.Tensor, positive: torch.Tensor, target_ids: torch.Tensor,
-                  candidate_ids: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per row: loss, and d loss / d positive; ``scores`` becomes weight * d loss / d scores in place."""
+                  candidate_ids: torch.Tensor, weight: torch.Tensor,
+                  squared_l2: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row: loss, and d loss / d positive; ``scores`` becomes weight * d loss / d scores in place.
+
+    ``squared_l2``: ``scores`` holds squared distances, scored as -distance;
+    it becomes d loss / d squared distance."""
     if scores.is_cuda and triton is not None and scores.dtype != torch.float64:
-        return _softmax_rows_triton(scores, positive, target_ids, candidate_ids, weight)
+        return _softmax_rows_triton(scores, positive, target_ids, candidate_ids, weight, squared_l2=squared_l2)
     valid = target_ids[:, :, None] != candidate_ids[:, None, :]
-    masked = scores.to(positive.dtype).masked_fill(~valid, float("-inf"))
+    s = scores.to(positive.dtype)
+    if squared_l2:
+        s = -s.clamp_min(0).sqrt()
+    masked = s.masked_fill(~valid, float("-inf"))
     top = torch.maximum(masked.amax(-1), positive)
     exp = torch.exp(masked - top[..., None])
     total = exp.sum(-1) + torch.exp(positive - top)
     log_total = top + torch.log(total)
-    scores.copy_(exp * (weight / total)[..., None])
+    grad = exp * (weight / total)[..., None]
+    scores.copy_(grad * _squared_l2_gradient(s) if squared_l2 else grad)
     return log_total - positive, (torch.exp(positive - log_total) - 1) * weight
+
+
+def _squared_l2_gradient(scores: torch.Tensor) -> torch.Tensor:
+    """d (-sqrt(x)) / d x = 1 / (2 score) for scores -sqrt(x); 0 at distance 0, as autograd's norm."""
+    return torch.where(scores < 0, 0.5 / scores, torch.zeros_like(scores))
 
 
 if triton is not None:
     @triton.jit
+    def _scores_of(loaded, SQUARED_L2: tl.constexpr):
+        """float32 scores of a loaded tile: as stored, or -sqrt of stored squared distances."""
+        s = loaded.to(tl.float32)
+        if SQUARED_L2:
+            s = tl.where(s == float("-inf"), s, -tl.sqrt(tl.maximum(s, 0.0)))  # padding stays -inf
+        return s
+
+    @triton.jit
+    def _squared_l2_factor(s):
+        """d (-sqrt(x)) / d x for scores s = -sqrt(x): 1 / (2 s), 0 at distance 0."""
+        return tl.where(s < 0.0, 0.5 / tl.minimum(s, -1e-30), 0.0)
+
+    @triton.jit
     def _softmax_rows_kernel(scores, positive, target_ids, candidate_ids, weight, loss, grad_positive,
                              num_candidates, rows_per_group, ROWS: tl.constexpr, BLOCK: tl.constexpr,
-                             ONE_BLOCK: tl.constexpr, VECTOR: tl.constexpr):
+                             ONE_BLOCK: tl.constexpr, VECTOR: tl.constexpr, SQUARED_L2: tl.constexpr):
         # ROWS rows of one group per program: they share the group's candidate ids, loaded once.
         row = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
         group = (tl.program_id(0).to(tl.int64) * ROWS) // rows_per_group
@@ -151,7 +247,8 @@ if triton is not None:
         cols = tl.arange(0, BLOCK)
         if ONE_BLOCK:  # the whole row in registers: one read and one write of the scores
             inside = cols < num_candidates
-            s = tl.load(row_scores + cols[None, :], mask=inside[None, :], other=float("-inf")).to(tl.float32)
+            s = _scores_of(tl.load(row_scores + cols[None, :], mask=inside[None, :], other=float("-inf")),
+                           SQUARED_L2)
             ids = tl.load(group_ids + cols, mask=inside, other=-1)[None, :]
             s = tl.where(ids == target, float("-inf"), s)
             top = tl.maximum(tl.max(s, 1), pos)
@@ -161,8 +258,8 @@ if triton is not None:
             total = tl.full((ROWS,), 1.0, tl.float32)
             for start in range(0, num_candidates, BLOCK):
                 inside = start + cols < num_candidates
-                s = tl.load(row_scores + start + cols[None, :], mask=inside[None, :],
-                            other=float("-inf")).to(tl.float32)
+                s = _scores_of(tl.load(row_scores + start + cols[None, :], mask=inside[None, :],
+                                       other=float("-inf")), SQUARED_L2)
                 ids = tl.load(group_ids + start + cols, mask=inside, other=-1)[None, :]
                 s = tl.where(ids == target, float("-inf"), s)
                 new_top = tl.maximum(top, tl.max(s, 1))
@@ -172,20 +269,25 @@ if triton is not None:
         w = tl.load(weight + row)
         if ONE_BLOCK:
             p = tl.exp(s - log_total[:, None]) * w[:, None]  # masked candidates: exp(-inf) = 0
+            if SQUARED_L2:
+                p = p * _squared_l2_factor(s)
             tl.store(row_scores + cols[None, :], p.to(scores.dtype.element_ty), mask=inside[None, :])
         else:  # pass 2: the weighted softmax of every candidate, in place
             for start in range(0, num_candidates, BLOCK):
                 inside = start + cols < num_candidates
-                s = tl.load(row_scores + start + cols[None, :], mask=inside[None, :],
-                            other=float("-inf")).to(tl.float32)
+                s = _scores_of(tl.load(row_scores + start + cols[None, :], mask=inside[None, :],
+                                       other=float("-inf")), SQUARED_L2)
                 ids = tl.load(group_ids + start + cols, mask=inside, other=-1)[None, :]
                 p = tl.where(ids == target, 0.0, tl.exp(s - log_total[:, None])) * w[:, None]
+                if SQUARED_L2:
+                    p = p * _squared_l2_factor(s)
                 tl.store(row_scores + start + cols[None, :], p.to(scores.dtype.element_ty), mask=inside[None, :])
         tl.store(loss + row, log_total - pos)
         tl.store(grad_positive + row, (tl.exp(pos - log_total) - 1.0) * w)
 
 
-def _softmax_rows_triton(scores, positive, target_ids, candidate_ids, weight, rows=None, num_warps=None):
+def _softmax_rows_triton(scores, positive, target_ids, candidate_ids, weight, rows=None, num_warps=None,
+                         squared_l2=False):
     """``rows`` (rows per program) and ``num_warps`` override the tuned choice (bench/kernels.py sweeps them)."""
     groups, rows_per_group, num_candidates = scores.shape
     loss = torch.empty(groups, rows_per_group, device=scores.device, dtype=torch.float32)
@@ -199,6 +301,6 @@ def _softmax_rows_triton(scores, positive, target_ids, candidate_ids, weight, ro
         loss, grad_positive, num_candidates, rows_per_group, ROWS=rows, BLOCK=block,
         # (Triton 3 fails to compile the alignment hint on a [1, 1] tensor: no hint for one row per program.)
         ONE_BLOCK=num_candidates <= block,
-        VECTOR=per_16_bytes if num_candidates % per_16_bytes == 0 and rows > 1 else 1,
+        VECTOR=per_16_bytes if num_candidates % per_16_bytes == 0 and rows > 1 else 1, SQUARED_L2=squared_l2,
         num_warps=num_warps or 4)
     return loss, grad_positive

@@ -36,10 +36,12 @@ MODULUS_EPS = 1e-12  # as RotatE.distance in marius_py/models.py: keeps d m / d 
 # The torch version builds [G, m, n, dim] tiles of at most this many elements.
 BROADCAST_ELEMENTS = 1 << 24
 
-# (BM queries, BN candidates, BK coordinates, warps) of the Triton programs: a [BM, BN, BK] tile of about 8k
-# elements (re and im parts each for modulus) keeps the broadcast difference in registers with 4 warps.
+# (BM queries, BN candidates, BK coordinates, warps) of the Triton programs. Each keeps a [BM, BN, BK]
+# accumulator in registers (two for modulus) and reduces it once, after its loop. Measured on an H100 at
+# G=10, M=10000, N=1000, dim=200: scores 2.7 ms (l1) / 4.4 ms (modulus) with 32 x 32 x 8; the gradient
+# kernels 13.6 / 12.2 ms with 16 x 32 x 8, against 17.6 / 13.5 ms with 32 x 32 x 8 (4 warps all).
 SCORE_TILE = (32, 32, 8, 4)
-GRAD_TILE = (32, 32, 8, 4)
+GRAD_TILE = (16, 32, 8, 4)
 
 
 def pairwise_scores(queries: torch.Tensor, candidates: torch.Tensor, dim: int, kind: str) -> torch.Tensor:
@@ -227,7 +229,8 @@ if triton is not None:
         cols = candidate_block * BN + tl.arange(0, BN)
         q_rows = _row_pointers(queries, group, q_group_stride, rows, num_queries, q_row_stride)
         c_rows = _row_pointers(candidates, group, c_group_stride, cols, num_candidates, c_row_stride)
-        total = tl.zeros((BM, BN), tl.float32)
+        # Per-coordinate partial sums, reduced once after the loop: no cross-thread reduction per chunk.
+        total = tl.zeros((BM, BN, BK), tl.float32)
         for start in range(0, coordinates, BK):
             k = start + tl.arange(0, BK)
             inside = (k < coordinates)[None, :]
@@ -236,14 +239,15 @@ if triton is not None:
             diff = q_re[:, None, :] - c_re[None, :, :]
             if MODULUS:
                 diff_im = q_im[:, None, :] - c_im[None, :, :]
-                total += tl.sum(tl.sqrt(diff * diff + diff_im * diff_im + 1e-12), axis=2)
+                total += tl.sqrt(diff * diff + diff_im * diff_im + 1e-12)
             else:
-                total += tl.sum(tl.abs(diff), axis=2)
+                total += tl.abs(diff)
+        distance = tl.sum(total, axis=2)
         if MODULUS:  # each padded coordinate of the last chunk added sqrt(eps) = 1e-6
-            total -= (tl.cdiv(coordinates, BK) * BK - coordinates) * 1e-6
+            distance -= (tl.cdiv(coordinates, BK) * BK - coordinates) * 1e-6
         out = scores + group * num_queries * num_candidates + rows.to(tl.int64)[:, None] * num_candidates
         inside = (rows < num_queries)[:, None] & (cols < num_candidates)[None, :]
-        tl.store(out + cols[None, :], -total, mask=inside)
+        tl.store(out + cols[None, :], -distance, mask=inside)
 
     @triton.jit
     def _weighted_direction(weight, diff, diff_im, MODULUS: tl.constexpr):
@@ -285,8 +289,9 @@ if triton is not None:
                                  k, imag_offset, k_inside, MODULUS)
         w_rows = weights + group * w_group_stride + rows.to(tl.int64)[:, None] * w_row_stride
         row_inside = (rows < num_queries)[:, None]
-        total_re = tl.zeros((BM, BK), tl.float32)
-        total_im = tl.zeros((BM, BK), tl.float32)
+        # Partial sums per (query, candidate lane, coordinate), reduced once after the loop.
+        total_re = tl.zeros((BM, BN, BK), tl.float32)
+        total_im = tl.zeros((BM, BN, BK), tl.float32)
         for start in range(0, num_candidates, BN):
             cols = start + tl.arange(0, BN)
             # Zero weights outside the block: those pairs add nothing.
@@ -296,11 +301,11 @@ if triton is not None:
             c_re, c_im = _load_chunk(c_rows, k, imag_offset, k_inside, MODULUS)
             part_re, part_im = _weighted_direction(weight, q_re[:, None, :] - c_re[None, :, :],
                                                    q_im[:, None, :] - c_im[None, :, :], MODULUS)
-            total_re += tl.sum(part_re, axis=1)
+            total_re += part_re
             if MODULUS:
-                total_im += tl.sum(part_im, axis=1)
+                total_im += part_im
         _store_grad(grad, group, g_group_stride, rows, num_queries, g_row_stride, k, coordinates, imag_offset,
-                    -total_re, -total_im, MODULUS)
+                    -tl.sum(total_re, axis=1), -tl.sum(total_im, axis=1), MODULUS)
 
     @triton.jit
     def _grad_candidates_kernel(weights, queries, candidates, grad, num_queries, num_candidates, coordinates,
@@ -320,8 +325,8 @@ if triton is not None:
         c_re, c_im = _load_chunk(c_rows, k, imag_offset, k_inside, MODULUS)
         w_cols = weights + group * w_group_stride + cols[None, :]
         col_inside = (cols < num_candidates)[None, :]
-        total_re = tl.zeros((BN, BK), tl.float32)
-        total_im = tl.zeros((BN, BK), tl.float32)
+        total_re = tl.zeros((BM, BN, BK), tl.float32)  # reduced over queries after the loop
+        total_im = tl.zeros((BM, BN, BK), tl.float32)
         for start in range(0, num_queries, BM):
             rows = start + tl.arange(0, BM)
             weight = tl.load(w_cols + rows.to(tl.int64)[:, None] * w_row_stride,
@@ -330,8 +335,8 @@ if triton is not None:
             q_re, q_im = _load_chunk(q_rows, k, imag_offset, k_inside, MODULUS)
             part_re, part_im = _weighted_direction(weight, q_re[:, None, :] - c_re[None, :, :],
                                                    q_im[:, None, :] - c_im[None, :, :], MODULUS)
-            total_re += tl.sum(part_re, axis=0)
+            total_re += part_re
             if MODULUS:
-                total_im += tl.sum(part_im, axis=0)
+                total_im += part_im
         _store_grad(grad, group, g_group_stride, cols, num_candidates, g_row_stride, k, coordinates, imag_offset,
-                    total_re, total_im, MODULUS)
+                    tl.sum(total_re, axis=0), tl.sum(total_im, axis=0), MODULUS)
