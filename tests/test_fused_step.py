@@ -175,10 +175,11 @@ def test_fused_relation_prediction_matches_autograd_on_gpu(decoder):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("operator", ["identity", "diagonal", "complex"])
+@pytest.mark.parametrize("operator, comparator", [("identity", "dot"), ("diagonal", "dot"), ("complex", "dot"),
+                                                  ("translation", "l2"), ("translation", "l1")])
 @pytest.mark.parametrize("regularizer", ["none", "n3", "l2"])
 @pytest.mark.parametrize("dropout", [False, True])
-def test_edge_kernels_match_torch_versions(operator, regularizer, dropout):
+def test_edge_kernels_match_torch_versions(operator, comparator, regularizer, dropout):
     """Every per-edge kernel variant against its torch version, with query rows padded past d (bf16 scores)."""
     dim, width, batch = 100, 104, 333
     generator = torch.Generator().manual_seed(7)
@@ -191,7 +192,7 @@ def test_edge_kernels_match_torch_versions(operator, regularizer, dropout):
     mask = (torch.rand(2 * batch, dim, generator=generator) > 0.3).float() / 0.7 if dropout else None
     grad_q = torch.randn(2 * 340, width, generator=generator)
     grad_pos = torch.randn(2 * 340, generator=generator)
-    maths = EdgeMaths(operator, regularizer, operator != "identity")
+    maths = EdgeMaths(operator, regularizer, operator != "identity", comparator)
     outputs = []
     for device in ("cpu", "cuda"):
         to = (lambda t: None if t is None else t.to(device))

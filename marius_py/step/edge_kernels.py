@@ -40,7 +40,8 @@ if triton is not None:
 # Decoders with a fused step: their operator (and comparator, when not a dot product).
 OPERATORS = {"dot": "identity", "distmult": "diagonal", "complex": "complex", "transe": "translation",
              "rotate": "rotation"}
-_OPERATOR_CODE = {"identity": 0, "diagonal": 1}
+_OPERATOR_CODE = {"identity": 0, "diagonal": 1, "translation": 2}
+_COMPARATOR_CODE = {"dot": 0, "l2": 1, "l1": 2}
 _REGULARIZER_CODE = {"none": 0, "n3": 1, "l2": 2}
 
 
@@ -83,7 +84,9 @@ def comparator_of(decoder) -> str:
 
 
 def _on_triton(nodes: torch.Tensor, maths: EdgeMaths) -> bool:
-    return use_triton(nodes) and maths.comparator == "dot"
+    """Triton serves the dot-product decoders and TransE; RotatE's per-edge part stays in torch (its
+    pairwise score block is most of its step)."""
+    return use_triton(nodes) and maths.operator != "rotation"
 
 
 def edge_queries(nodes: torch.Tensor, relations: torch.Tensor | None, edges: torch.Tensor,
@@ -318,7 +321,8 @@ def _launch(complex_kernel, real_kernel, args, batch: int, width: int, maths: Ed
         complex_kernel[(triton.cdiv(batch, block_e),)](*args, **flags, BLOCK_E=block_e, BLOCK_H=block_h)
     else:
         block_e, block_d = tile_shape(width)
-        real_kernel[(triton.cdiv(batch, block_e),)](*args, OPERATOR=_OPERATOR_CODE[maths.operator], **flags,
+        real_kernel[(triton.cdiv(batch, block_e),)](*args, OPERATOR=_OPERATOR_CODE[maths.operator],
+                                                    COMPARATOR=_COMPARATOR_CODE[maths.comparator], **flags,
                                                     BLOCK_E=block_e, BLOCK_D=block_d)
 
 
@@ -347,6 +351,37 @@ if triton is not None:
         return 2.0 * x
 
     @triton.jit
+    def _tile_pair_score(q, target, COMPARATOR: tl.constexpr):
+        """Per row: <q, target>, -||q - target||_2 or -||q - target||_1 (columns past d are 0 in both)."""
+        if COMPARATOR == 0:
+            return tl.sum(q * target, 1)
+        difference = q - target
+        if COMPARATOR == 1:
+            return -tl.sqrt(tl.sum(difference * difference, 1))
+        return -tl.sum(tl.abs(difference), 1)
+
+    @triton.jit
+    def _tile_pair_gradients(q, target, COMPARATOR: tl.constexpr):
+        """(d score / d q, d score / d target) of ``_tile_pair_score``; 0 at distance 0, as autograd's norms."""
+        if COMPARATOR == 0:
+            return target, q
+        difference = q - target
+        if COMPARATOR == 1:
+            norm = tl.sqrt(tl.sum(difference * difference, 1))[:, None]
+            by_q = -difference / tl.where(norm > 0, norm, 1.0)
+        else:
+            by_q = tl.where(difference > 0, -1.0, tl.where(difference < 0, 1.0, 0.0))
+        return by_q, -by_q
+
+    @triton.jit
+    def _real_operator(nodes, relations, OPERATOR: tl.constexpr):
+        if OPERATOR == 1:
+            return nodes * relations
+        if OPERATOR == 2:
+            return nodes + relations
+        return nodes
+
+    @triton.jit
     def _real_edges(nodes, edges, num_edges, dim, BLOCK_E: tl.constexpr, BLOCK_D: tl.constexpr):
         """This program's edges and the rows of their h and t."""
         e, inside, heads, rels, tails = _load_edges(edges, tl.program_id(0) * BLOCK_E, num_edges, BLOCK_E)
@@ -358,14 +393,15 @@ if triton is not None:
 
     @triton.jit
     def _real_queries_kernel(nodes, relations, edges, mask, queries, positive, reg_out, num_edges, num_relations,
-                             dim, width, OPERATOR: tl.constexpr, DROPOUT: tl.constexpr, REG: tl.constexpr,
-                             REG_RELATIONS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_D: tl.constexpr):
+                             dim, width, OPERATOR: tl.constexpr, COMPARATOR: tl.constexpr, DROPOUT: tl.constexpr,
+                             REG: tl.constexpr, REG_RELATIONS: tl.constexpr, BLOCK_E: tl.constexpr,
+                             BLOCK_D: tl.constexpr):
         e, inside, rels, cols, mask_cols, h, t = _real_edges(nodes, edges, num_edges, dim, BLOCK_E, BLOCK_D)
         tail_q, head_q = h, t
-        if OPERATOR == 1:
+        if OPERATOR != 0:
             forward = load_rows(relations, rels, cols, mask_cols, dim)
             inverse = load_rows(relations, rels + num_relations, cols, mask_cols, dim)
-            tail_q, head_q = h * forward, t * inverse
+            tail_q, head_q = _real_operator(h, forward, OPERATOR), _real_operator(t, inverse, OPERATOR)
         if DROPOUT:
             tail_q = tail_q * load_rows(mask, e, cols, mask_cols, dim)
             head_q = head_q * load_rows(mask, e + num_edges, cols, mask_cols, dim)
@@ -373,8 +409,8 @@ if triton is not None:
         tl.store(queries + e[:, None] * width + cols[None, :], tail_q.to(queries.dtype.element_ty), mask=out_mask)
         tl.store(queries + (e + num_edges)[:, None] * width + cols[None, :], head_q.to(queries.dtype.element_ty),
                  mask=out_mask)
-        tl.store(positive + e, tl.sum(tail_q * t, 1), mask=inside)
-        tl.store(positive + num_edges + e, tl.sum(head_q * h, 1), mask=inside)
+        tl.store(positive + e, _tile_pair_score(tail_q, t, COMPARATOR), mask=inside)
+        tl.store(positive + num_edges + e, _tile_pair_score(head_q, h, COMPARATOR), mask=inside)
         if REG != 0:
             value = _reg_sum(h, REG) + _reg_sum(t, REG)
             if REG_RELATIONS:
@@ -384,28 +420,40 @@ if triton is not None:
     @triton.jit
     def _real_backward_kernel(nodes, relations, edges, local, mask, grad_queries, grad_positive, grad_rows,
                               grad_relations, num_edges, num_relations, dim, grad_stride, head_offset, reg_scale,
-                              OPERATOR: tl.constexpr, DROPOUT: tl.constexpr, REG: tl.constexpr,
-                              REG_RELATIONS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_D: tl.constexpr):
+                              OPERATOR: tl.constexpr, COMPARATOR: tl.constexpr, DROPOUT: tl.constexpr,
+                              REG: tl.constexpr, REG_RELATIONS: tl.constexpr, BLOCK_E: tl.constexpr,
+                              BLOCK_D: tl.constexpr):
         e, inside, rels, cols, mask_cols, h, t = _real_edges(nodes, edges, num_edges, dim, BLOCK_E, BLOCK_D)
         pos_tail = tl.load(grad_positive + e, mask=inside, other=0.0)[:, None]
         pos_head = tl.load(grad_positive + head_offset + e, mask=inside, other=0.0)[:, None]
-        grad_tail_q = load_rows(grad_queries, e, cols, mask_cols, grad_stride).to(tl.float32) + pos_tail * t
-        grad_head_q = load_rows(grad_queries, e + head_offset, cols, mask_cols, grad_stride).to(tl.float32) \
-            + pos_head * h
         keep_tail = 1.0
         keep_head = 1.0
         if DROPOUT:
             keep_tail = load_rows(mask, e, cols, mask_cols, dim)
             keep_head = load_rows(mask, e + num_edges, cols, mask_cols, dim)
-            grad_tail_q = grad_tail_q * keep_tail
-            grad_head_q = grad_head_q * keep_head
-        if OPERATOR == 1:
+        forward = h  # unused unless OPERATOR != 0
+        inverse = t
+        if OPERATOR != 0:
             forward = load_rows(relations, rels, cols, mask_cols, dim)
             inverse = load_rows(relations, rels + num_relations, cols, mask_cols, dim)
-            grad_h = grad_tail_q * forward + pos_head * (t * inverse * keep_head)
-            grad_t = grad_head_q * inverse + pos_tail * (h * forward * keep_tail)
-            grad_forward = grad_tail_q * h
-            grad_inverse = grad_head_q * t
+        # the positive scores' gradients: d/d (dropped query) and d/d its target
+        by_query_tail, by_target_tail = _tile_pair_gradients(_real_operator(h, forward, OPERATOR) * keep_tail, t,
+                                                        COMPARATOR)
+        by_query_head, by_target_head = _tile_pair_gradients(_real_operator(t, inverse, OPERATOR) * keep_head, h,
+                                                        COMPARATOR)
+        grad_tail_q = (load_rows(grad_queries, e, cols, mask_cols, grad_stride).to(tl.float32)
+                       + pos_tail * by_query_tail) * keep_tail
+        grad_head_q = (load_rows(grad_queries, e + head_offset, cols, mask_cols, grad_stride).to(tl.float32)
+                       + pos_head * by_query_head) * keep_head
+        if OPERATOR != 0:
+            if OPERATOR == 1:
+                grad_h, grad_t = grad_tail_q * forward, grad_head_q * inverse
+                grad_forward, grad_inverse = grad_tail_q * h, grad_head_q * t
+            else:  # translation: the query's gradient, to the node and to the relation
+                grad_h, grad_t = grad_tail_q, grad_head_q
+                grad_forward, grad_inverse = grad_tail_q, grad_head_q
+            grad_h += pos_head * by_target_head
+            grad_t += pos_tail * by_target_tail
             if REG != 0 and REG_RELATIONS:
                 grad_forward += reg_scale * _reg_grad(forward, REG)
                 grad_inverse += reg_scale * _reg_grad(inverse, REG)
@@ -414,8 +462,8 @@ if triton is not None:
             tl.atomic_add(grad_relations + (rels + num_relations)[:, None] * dim + cols[None, :], grad_inverse,
                           mask=mask_cols, sem="relaxed")
         else:
-            grad_h = grad_tail_q + pos_head * (t * keep_head)
-            grad_t = grad_head_q + pos_tail * (h * keep_tail)
+            grad_h = grad_tail_q + pos_head * by_target_head
+            grad_t = grad_head_q + pos_tail * by_target_tail
         if REG != 0:
             grad_h += reg_scale * _reg_grad(h, REG)
             grad_t += reg_scale * _reg_grad(t, REG)
