@@ -261,7 +261,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"marius-py: error: {error}", file=sys.stderr)
         return EXIT_USER_ERROR
     except KeyboardInterrupt:
-        print("marius-py: interrupted; the last committed checkpoint is intact", file=sys.stderr)
+        print("marius-py: interrupted; the last committed checkpoint is intact (--resume continues from it; "
+              "epochs after it are trained again)", file=sys.stderr)
         return 130
     return 0
 

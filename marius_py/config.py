@@ -85,7 +85,7 @@ class TrainingConfig:
                                          "last epoch (a crash loses at most this much work); 0: every epoch")
     score_dtype: str = _f("float32", "precision of the [batch x negatives] score block of dot-product decoders "
                                      "with softmax_ce: float32 or bfloat16 (half the memory traffic; reductions "
-                                     "stay float32)")
+                                     "stay float32); TransE and RotatE blocks stay float32")
     tf32: bool = _f(True, "CUDA: TF32 matmuls while training (scores; evaluation stays float32)")
     fused_step: bool = _f(True, "on CUDA, every decoder with softmax_ce (N3/L2 and dropout included): a "
                                 "step with hand-written gradients (marius_py/step/fused.py, edge_kernels.py) "

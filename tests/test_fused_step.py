@@ -237,21 +237,51 @@ def test_triton_kernels_match_torch_versions(dim):
         torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("decoder", ["complex", "transe-l2", "rotate"])
-def test_fused_one_vs_all_step_in_candidate_tiles_equals_autograd_step(monkeypatch, decoder):
-    """1-vs-all (every node a candidate): the fused step with its score block in tiles of 7 candidates equals
-    the autograd step with the whole block."""
+@pytest.mark.parametrize("decoder", ["complex", "transe-l2", "transe-l1", "rotate"])
+@pytest.mark.parametrize("dropout", [0.0, 0.2])
+def test_fused_one_vs_all_step_in_candidate_tiles_equals_autograd_step(monkeypatch, decoder, dropout):
+    """1-vs-all (every node a candidate): the fused step with its score block in tiles of 7 candidates (the
+    last of 60 holds 4) equals the autograd step with the whole block."""
     from marius_py.step import fused_loss
     name, *options = DISTANCE_DECODERS.get(decoder, [f"model.decoder={decoder}"])
     decoder = name.split("=")[1]
-    extra = ["training.num_negatives=-1", "model.regularizer=n3", "model.reg_weight=0.05", *options]
+    extra = ["training.num_negatives=-1", "model.regularizer=n3", "model.reg_weight=0.05",
+             f"model.dropout={dropout}", *options]
     tables = make_tables("full", "cpu", torch.float64)
+    # A tile costs 2 directions x 23 queries x (float64 scores + two float64 copies) per candidate.
+    tiles_of_7 = 2 * 23 * (8 + 2 * 8) * 7
     results = []
-    for step, budget in ((autograd_step, fused_loss.SCORE_BLOCK_BYTES), (fused_step, 2 * 23 * 8 * 7)):
-        monkeypatch.setattr(fused_loss, "SCORE_BLOCK_BYTES", budget)  # 2 directions x 23 queries x float64
+    for step, budget in ((autograd_step, fused_loss.SCORE_BLOCK_BYTES), (fused_step, tiles_of_7)):
+        monkeypatch.setattr(fused_loss, "SCORE_BLOCK_BYTES", budget)
         model = make_model(decoder, "full", "cpu", True, extra)
+        warm_relation_state(model)
         nodes, state, edges = (t.clone() for t in tables)
         losses = [step(model, nodes, state, edges, seed) for seed in (11, 12)]
         results.append((torch.stack(losses), nodes, state, model.decoder.relations.detach()))
     for expected, got in zip(*results):
         torch.testing.assert_close(got, expected, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("num_candidates", [37, 1500])  # one block per row, and the two-pass kernel
+@pytest.mark.parametrize("squared_l2", [False, True])
+def test_softmax_row_kernel_matches_torch_version(num_candidates, squared_l2):
+    from marius_py.step import fused_loss
+    generator = torch.Generator().manual_seed(num_candidates)
+    raw = torch.randn(3, 6, num_candidates, generator=generator)
+    if squared_l2:  # squared distances, one of them 0
+        raw = raw.abs() * 3
+        raw[0, 0, 0] = 0.0
+    positive = torch.randn(3, 6, generator=generator)
+    target_ids = torch.randint(50, (3, 6), generator=generator)
+    candidate_ids = torch.randint(50, (3, num_candidates), generator=generator)
+    weight = torch.rand(3, 6, generator=generator)
+    outputs = []
+    for device in ("cpu", "cuda"):
+        scores = raw.to(device)
+        loss, grad_positive = fused_loss.softmax_rows_(scores, positive.to(device), target_ids.to(device),
+                                                       candidate_ids.to(device), weight.to(device), squared_l2)
+        outputs.append([t.cpu() for t in (scores, loss, grad_positive)])
+    for got, expected in zip(outputs[1], outputs[0]):
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-6)

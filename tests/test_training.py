@@ -102,23 +102,37 @@ def test_checkpoint_versions_and_best_pointer(small_config, tmp_path):
 
 
 def test_checkpoint_interval_commits_new_bests_and_the_last_epoch(small_config, tmp_path, monkeypatch):
-    """With a long interval only epochs with a new best and the last one commit; a resume from there equals
-    the uninterrupted run."""
+    """With a long interval only the initial state, epochs with a new best validation and the last epoch
+    commit; a run killed between commits resumes from the last one and ends with the uninterrupted model."""
     commits = []
-    original = mp.trainer.Trainer._commit
+    original_commit = mp.trainer.Trainer._commit
     monkeypatch.setattr(mp.trainer.Trainer, "_commit",
-                        lambda self, is_best: (commits.append(self.state.epoch), original(self, is_best))[1])
+                        lambda self, is_best: (commits.append(self.state.epoch), original_commit(self, is_best))[1])
     interval = ("training.checkpoint_interval=1e9", "evaluation.every=2")
     mp.train(small_config("training.epochs=5", *interval), tmp_path / "full", progress=False)
-    bests = {r["epoch"] for r in RunDirectory(tmp_path / "full").read_metrics()
-             if r["event"] == "eval" and r["split"] == "valid" and r["epoch"] in (2, 4)}
-    assert commits[0] == 0 and commits[-1] == 5 and set(commits[1:-1]) <= bests and 3 not in commits
+    validations = [r for r in RunDirectory(tmp_path / "full").read_metrics()
+                   if r["event"] == "eval" and r["split"] == "valid" and r["epoch"] in (2, 4)]
+    new_bests = [r["epoch"] for i, r in enumerate(validations)
+                 if all(r["mrr"] > earlier["mrr"] for earlier in validations[:i])]
+    assert commits == [0, *new_bests, 5]
 
-    mp.train(small_config("training.epochs=3", *interval), tmp_path / "split", progress=False)
-    resumed = mp.api.load_run_config(tmp_path / "split", ["training.epochs=5"])
-    mp.train(resumed, tmp_path / "split", progress=False, resume=True)
+    original_epoch = mp.trainer.Trainer.train_epoch
+
+    def killed_at_epoch_4(self, epoch):
+        if epoch == 4:
+            raise KeyboardInterrupt
+        return original_epoch(self, epoch)
+
+    monkeypatch.setattr(mp.trainer.Trainer, "train_epoch", killed_at_epoch_4)
+    with pytest.raises(KeyboardInterrupt):
+        mp.train(small_config("training.epochs=5", *interval), tmp_path / "split", progress=False)
+    assert RunDirectory(tmp_path / "split").latest_version().name == "v000002"  # epoch 3 did not commit
+    monkeypatch.setattr(mp.trainer.Trainer, "train_epoch", original_epoch)
+    mp.train(mp.api.load_run_config(tmp_path / "split", []), tmp_path / "split", progress=False, resume=True)
     np.testing.assert_allclose(latest_nodes(tmp_path / "split"), latest_nodes(tmp_path / "full"),
                                rtol=1e-5, atol=1e-7)
+    epochs = [r["epoch"] for r in RunDirectory(tmp_path / "split").read_metrics() if r["event"] == "epoch"]
+    assert epochs == [1, 2, 3, 4, 5]
 
 
 def test_interrupted_commit_leaves_previous_checkpoint(small_config, tmp_path, monkeypatch):

@@ -37,7 +37,7 @@ if triton is not None:
 
     from pipeline.row_kernels import load_rows
 
-# Decoders with a fused step: their operator (and comparator, when not a dot product).
+# Decoders with a fused step and their operator (their comparator: ``comparator_of``).
 OPERATORS = {"dot": "identity", "distmult": "diagonal", "complex": "complex", "transe": "translation",
              "rotate": "rotation"}
 _OPERATOR_CODE = {"identity": 0, "diagonal": 1, "translation": 2}

@@ -1,9 +1,10 @@
 """The training step of Dot, DistMult, ComplEx, TransE and RotatE with softmax cross-entropy, by hand-written
 gradients.
 
-For these decoders every gradient is a product of rows the step already
-reads, so a batch needs a handful of kernels where autograd launches ~90 and
-makes ~20 passes over [batch, d] tensors (per-edge maths: ``edge_kernels.py``):
+For these decoders every gradient is a closed form in the rows the step
+already reads, so a batch needs a handful of kernels where autograd launches
+~90 and makes ~20 passes over [batch, d] tensors (per-edge maths:
+``edge_kernels.py``; distance score blocks: ``fused_loss.ScoreForm``):
 
 1. ``edge_queries``: per edge, the queries op(h, r_fwd) and op(t, r_inv) (in
    the score dtype, with the query dropout applied), the positive scores and
@@ -20,8 +21,8 @@ makes ~20 passes over [batch, d] tensors (per-edge maths: ``edge_kernels.py``):
 It computes what ``Model.compute`` + ``SparseAdagrad.apply`` compute (tests
 compare them), in place in GPU memory or pinned host tables; several devices
 use its gradients alone (``gradients``). The per-edge and row functions have
-Triton kernels for float32 CUDA tables and torch versions (CPU, float64) that
-the tests use as reference.
+Triton kernels for float32 CUDA tables (RotatE's per-edge part excepted: torch
+operations) and torch versions (CPU, float64) that the tests use as reference.
 """
 
 from __future__ import annotations

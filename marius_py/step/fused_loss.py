@@ -160,9 +160,9 @@ def _tiled_softmax_ce_gradients(q, c, positive, target_ids, candidate_ids, weigh
     def raw_scores(start):
         return form.scores(q, c[:, start:start + tile]).to(positive.dtype)
 
-    def tile_scores(start, raw=None):
+    def tile_scores(start):
         ids = candidate_ids[:, start:start + tile]
-        s = raw_scores(start) if raw is None else raw
+        s = raw_scores(start)
         if form.squared_l2:
             s = -s.clamp_min(0).sqrt()
         return s.masked_fill(target_ids[:, :, None] == ids[:, None, :], float("-inf"))

@@ -1,7 +1,7 @@
 """Which training step each placement gets, handed to the pipeline as objects.
 
 The pipeline (``pipeline/``) moves batches and rows; this module decides what a
-batch computes there: the fused Dot/DistMult/ComplEx step with hand-written gradients
+batch computes there: the fused step with hand-written gradients (every decoder with softmax CE)
 (``fused.py``), replayed as a CUDA graph (``graph.py``) where it can, or the
 autograd step of ``model.Model``.
 """
