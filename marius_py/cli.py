@@ -144,7 +144,7 @@ def cmd_predict(args) -> None:
 
 
 def cmd_ordering(args) -> None:
-    from orderings import compare_orderings, format_table
+    from orderings import compare_orderings, default_group_size, format_table
     from storage.partitioning import partition_size
     num_nodes = args.nodes
     if args.dataset:
@@ -156,10 +156,13 @@ def cmd_ordering(args) -> None:
     state_dim = 1 if args.rowwise else args.dim
     rows = partition_size(num_nodes, args.partitions) if num_nodes else 0
     partition_bytes = rows * (args.dim + state_dim) * 4
-    print(format_table(compare_orderings(args.partitions, args.buffer, partition_bytes, seed=args.seed)))
+    group = args.group_size or default_group_size(args.partitions, args.buffer)
+    print(format_table(compare_orderings(args.partitions, args.buffer, partition_bytes, seed=args.seed,
+                                         group_size=group)))
+    print(f"comet (training's default ordering): BETA over {args.partitions // group} logical partitions of "
+          f"{group} physical ones, regrouped at random every epoch (storage.comet_group_size={group})")
     if num_nodes:
-        print(f"partition = {rows:,} rows x (dim {args.dim} + optimizer state {state_dim}) x 4 B; "
-              f"comet regroups the same table into {args.partitions} x 4 physical partitions")
+        print(f"partition = {rows:,} rows x (dim {args.dim} + optimizer state {state_dim}) x 4 B")
     else:
         print("bytes are 0: give --dataset DIR or --nodes N (and --dim) to size the partitions")
 
@@ -245,6 +248,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dim", type=int, default=100)
     p.add_argument("--rowwise", action="store_true", help="row-wise Adagrad state (one value per row)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--group-size", type=int, default=0,
+                   help="comet: physical partitions per logical one (0: as training picks it)")
     p.set_defaults(func=cmd_ordering)
 
     p = sub.add_parser("info", help="describe a dataset directory or a run directory")

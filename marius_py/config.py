@@ -17,7 +17,7 @@ from pathlib import Path
 import yaml
 
 from marius_py import models
-from orderings import ORDERINGS
+from orderings import ORDERINGS, default_group_size
 from marius_py.errors import MariusInputError
 
 DECODERS = tuple(models.DECODER_CLASSES)
@@ -110,13 +110,17 @@ class StorageConfig:
     num_partitions: int = _f(1, "node partitions on disk (1: embeddings wholly in memory)")
     buffer_capacity: int = _f(0, "partitions held in memory at once when num_partitions > 1 "
                                  "(0: all of them)")
-    ordering: str = _f("beta", f"order of buffer states and buckets, one of {ORDERING_NAMES}")
+    ordering: str = _f("comet", f"order of buffer states and buckets, one of {ORDERING_NAMES}. comet: BETA's "
+                                f"states over logical partitions of storage.comet_group_size physical ones, "
+                                f"regrouped at random every epoch (accuracy near in-memory training); beta: "
+                                f"plain BETA over the physical partitions (least IO)")
     edge_assignment: str = _f("bucket", "which state trains an edge: 'bucket' (the ordering's bucket "
                                         "assignment) or 'edge' (each edge to a random state holding its bucket)")
     lookahead: int = _f(2, "buffer states whose admitted partitions are read ahead; each costs one more "
                            "partition of memory (a group with comet)")
-    comet_group_size: int = _f(8, "comet ordering: physical partitions per logical one, regrouped "
-                                  "at random every epoch")
+    comet_group_size: int = _f(0, "comet ordering: physical partitions per logical one, regrouped at "
+                                  "random every epoch (0: the largest k <= 8 dividing num_partitions and "
+                                  "buffer_capacity that leaves >= 2 groups in the buffer, 1 if none)")
 
 
 @dataclass
@@ -264,6 +268,8 @@ def _check_storage(s: StorageConfig, _check) -> None:
     if s.num_partitions > 1:
         _check(2 <= s.buffer_capacity <= s.num_partitions, "storage.buffer_capacity",
                f"expected between 2 and storage.num_partitions ({s.num_partitions})", s.buffer_capacity)
+    if s.comet_group_size == 0:  # automatic: every valid partitions/buffer pair gets a group size
+        s.comet_group_size = default_group_size(s.num_partitions, s.buffer_capacity)
     if s.ordering == "comet" and s.num_partitions > 1:
         k = s.comet_group_size
         _check(k >= 1 and s.num_partitions % k == 0 and s.buffer_capacity % k == 0

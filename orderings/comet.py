@@ -43,6 +43,14 @@ def random_groups(num_groups: int, group_size: int, rng: np.random.Generator
                  for g in range(num_groups))
 
 
+def default_group_size(num_physical: int, capacity: int, largest: int = 8) -> int:
+    """The group size k that training uses unless told: the largest k <= ``largest`` dividing both the
+    physical partition count and the buffer's physical slots that leaves at least two groups in the
+    buffer (BETA needs two logical slots); 1 (plain BETA over randomly relabelled partitions) if none."""
+    return max((k for k in range(1, largest + 1)
+                if num_physical % k == 0 and capacity % k == 0 and capacity // k >= 2), default=1)
+
+
 def build_comet(num_partitions: int, capacity: int, rng: np.random.Generator,
                 group_size: int = 4) -> Ordering:
     """Two-level ordering: random groups of ``group_size`` physical partitions, BETA over groups."""

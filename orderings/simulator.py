@@ -95,7 +95,8 @@ def split_evenly(total: int, parts: int) -> list[int]:
 
 
 def compare_orderings(num_partitions: int, capacity: int, partition_bytes: PartitionBytes, seed: int = 0,
-                      epoch: int = 0, physical_partition_bytes: PartitionBytes | None = None) -> list[IOStats]:
+                      epoch: int = 0, physical_partition_bytes: PartitionBytes | None = None,
+                      group_size: int | None = None) -> list[IOStats]:
     """``simulate`` every registered ordering (default options), in registry order.
 
     ``partition_bytes`` sizes the ``p`` partitions of one-level orderings. For
@@ -103,11 +104,19 @@ def compare_orderings(num_partitions: int, capacity: int, partition_bytes: Parti
     storage partitions: pass their sizes as ``physical_partition_bytes``, or by
     default the total of ``partition_bytes`` is split evenly among them, so every
     row moves the same table and its bytes compare directly.
+
+    ``group_size`` k: two-level orderings as training runs them, over the same
+    ``p`` partitions and ``capacity`` slots, grouped k to a logical partition.
     """
     p = num_partitions
     total = sum(storage_sizes(partition_bytes, p))
     rows = []
     for name in ORDERINGS:
+        if group_size is not None and ORDERINGS[name].options == ("group_size",):
+            ordering = build_ordering(name, p // group_size, capacity // group_size, seed=seed, epoch=epoch,
+                                      group_size=group_size)
+            rows.append(simulate(ordering, physical_partition_bytes or partition_bytes))
+            continue
         ordering = build_ordering(name, p, capacity, seed=seed, epoch=epoch)
         if ordering.groups is None:
             sizes: PartitionBytes = partition_bytes
@@ -133,7 +142,13 @@ def format_table(rows: list[IOStats]) -> str:
     """One line per ordering: swaps, partitions and bytes read/written, swaps / lower bound."""
     header = ("ordering", "swaps", "partitions read", "partitions written", "bytes read", "bytes written",
               "swaps/lower bound")
-    lines = [header] + [(r.ordering, str(r.swaps), str(r.partitions_read), str(r.partitions_written),
+    first = (rows[0].num_partitions, rows[0].capacity) if rows else None
+
+    def label(r: IOStats) -> str:  # rows over other sizes (two-level orderings' groups) say so
+        same = (r.num_partitions, r.capacity) == first
+        return r.ordering if same else f"{r.ordering} ({r.num_partitions} groups, buffer {r.capacity})"
+
+    lines = [header] + [(label(r), str(r.swaps), str(r.partitions_read), str(r.partitions_written),
                          format_bytes(r.bytes_read), format_bytes(r.bytes_written),
                          f"{r.ratio_to_lower_bound:.3f}") for r in rows]
     widths = [max(len(line[col]) for line in lines) for col in range(len(header))]
@@ -143,8 +158,9 @@ def format_table(rows: list[IOStats]) -> str:
         out.append("  ".join(cells).rstrip())
         if n == 0:
             out.append("  ".join("-" * w for w in widths))
-    if rows and len({(r.num_partitions, r.capacity, r.lower_bound_swaps) for r in rows}) == 1:
-        r = rows[0]
+    same_size = [r for r in rows if (r.num_partitions, r.capacity) == first]
+    if same_size and len({r.lower_bound_swaps for r in same_size}) == 1:
+        r = same_size[0]
         out.append(f"p={r.num_partitions} partitions, buffer c={r.capacity}: "
-                   f"no ordering needs fewer than {r.lower_bound_swaps} swaps")
+                   f"no ordering over them needs fewer than {r.lower_bound_swaps} swaps")
     return "\n".join(out)

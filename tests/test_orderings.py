@@ -12,6 +12,7 @@ from dataclasses import replace
 import pytest
 
 from orderings import (ORDERINGS, Ordering, Swap, beta_swap_count, build_ordering, compare_orderings,
+                       default_group_size,
                        format_table, simulate, swap_lower_bound)
 from orderings.beta import beta_states
 from orderings.visits import hilbert_index, hilbert_visits
@@ -265,6 +266,25 @@ def test_compare_orderings_and_table():
     assert "bytes read" in lines[0] and "swaps/lower bound" in lines[0]
     assert len(lines) == 2 + len(rows) + 1
     assert "184.0 MiB" in lines[2] and "1.105" in lines[2]
+
+
+@pytest.mark.parametrize("partitions, capacity, expected", [(16, 4, 2), (8, 2, 1), (64, 16, 8), (32, 8, 4),
+                                                            (12, 6, 3), (9, 3, 1), (7, 7, 1)])
+def test_default_group_size_leaves_two_groups_in_the_buffer(partitions, capacity, expected):
+    k = default_group_size(partitions, capacity)
+    assert k == expected
+    assert partitions % k == 0 and capacity % k == 0 and (k == 1 or capacity // k >= 2)
+
+
+def test_compare_orderings_over_training_partitions():
+    """With group_size, comet's row is what training runs on the same 16 partitions and 4 slots: groups of
+    2, reading those partitions' bytes (BETA over 8 groups with 2 slots reads each group ~3.6 times)."""
+    rows = {r.ordering: r for r in compare_orderings(16, 4, 4 * 2**20, group_size=2)}
+    comet = rows["comet"]
+    assert (comet.num_partitions, comet.capacity) == (8, 2)
+    assert comet.physical_partitions_read == 2 * comet.partitions_read
+    assert comet.bytes_read == comet.physical_partitions_read * 4 * 2**20
+    assert rows["beta"].bytes_read == 46 * 4 * 2**20
 
 
 # ----------------------------------------------------------------- registry

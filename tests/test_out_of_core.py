@@ -17,7 +17,7 @@ from marius_py.config import load_config
 from marius_py.errors import MariusInputError
 from marius_py.evaluation import InMemoryNodes, StoredNodes, build_known_answers, filtered_ranks
 from marius_py.preprocess import PreprocessOptions, preprocess
-from orderings import ORDERINGS, build_ordering, simulate
+from orderings import ORDERINGS, build_ordering, default_group_size, simulate
 from storage.embedding_store import EmbeddingStore
 
 UMLS_RAW = Path(__file__).parent / "data" / "umls"
@@ -304,3 +304,25 @@ def test_every_edge_trained_once_per_epoch(datasets, tmp_path, monkeypatch, assi
     assert torch.equal(torch.bincount(relations, minlength=dataset.num_relations),
                        torch.bincount(torch.from_numpy(dataset.train[:, 1]), minlength=dataset.num_relations))
     trainer.close()
+
+
+def test_default_ordering_is_comet_and_accepts_every_partitions_buffer_pair(datasets):
+    """The default is the two-level ordering; its group size follows P and C, so no pair 2 <= C <= P is
+    refused, and the epoch ordering covers every physical partition with the buffer's slots."""
+    from marius_py.trainer import epoch_ordering
+    assert config_for(datasets[8]).storage.ordering == "comet"
+    for partitions in range(2, 17):
+        for capacity in range(2, partitions + 1):
+            config = config_for(datasets[8], f"storage.num_partitions={partitions}",
+                                f"storage.buffer_capacity={capacity}")
+            k = config.storage.comet_group_size
+            assert k == default_group_size(partitions, capacity)
+            ordering = epoch_ordering(config, epoch=1)
+            assert ordering.num_physical_partitions == partitions
+            assert max(len(ordering.resident(t)) for t in range(ordering.num_states)) == capacity
+
+
+def test_explicit_group_size_that_leaves_one_group_is_refused(datasets):
+    with pytest.raises(MariusInputError, match="comet_group_size"):
+        config_for(datasets[8], "storage.num_partitions=16", "storage.buffer_capacity=4",
+                   "storage.comet_group_size=4")
