@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import shutil
 import time
 from pathlib import Path
 
@@ -148,6 +149,22 @@ def _open_dataset(config: Config, progress: bool) -> Dataset:
     return Dataset(path)
 
 
+def _start(config: Config, run_dir: Path, progress: bool, resume: bool) -> tuple[Trainer, Dataset]:
+    """The trainer of a run. A new run's directory and config come first, so a run killed while the dataset
+    is prepared or the store initialised can be resumed; a user error before its first checkpoint removes
+    the directory it created."""
+    created = not resume and not run_dir.exists()
+    if not resume:
+        RunDirectory(run_dir).create(config)
+    try:
+        dataset = _open_dataset(config, progress)
+        return Trainer(config, dataset, run_dir, progress=progress), dataset
+    except MariusInputError:
+        if created and not RunDirectory(run_dir).has_checkpoint():
+            shutil.rmtree(run_dir, ignore_errors=True)
+        raise
+
+
 def train(config: Config, run_dir: str | Path | None = None, progress: bool = True,
           resume: bool = False) -> TrainedModel:
     """Train (or resume) a run and return its best (or last) model with test metrics."""
@@ -155,8 +172,7 @@ def train(config: Config, run_dir: str | Path | None = None, progress: bool = Tr
     if not resume and RunDirectory(run_dir).has_checkpoint():
         raise MariusInputError("run directory already holds a run", path=run_dir,
                                expected="a new directory, or --resume to continue it")
-    dataset = _open_dataset(config, progress)
-    trainer = Trainer(config, dataset, run_dir, progress=progress)
+    trainer, dataset = _start(config, run_dir, progress, resume)
     try:
         trainer.train()
         if config.evaluation.select_best:

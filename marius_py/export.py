@@ -48,7 +48,11 @@ def export_embeddings(output: str | Path, fmt: str, node_names: list[str], node_
                                expected="a new path, or --overwrite to replace an earlier export")
     tmp = output.with_name(f".{output.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    try:
+        tmp.mkdir(parents=True)
+    except OSError as error:
+        raise MariusInputError(f"cannot create the output directory: {error.strerror}", path=output,
+                               expected="a path in a writable directory") from None
     num_nodes = len(node_names)
     try:
         if fmt == "npy":

@@ -70,9 +70,10 @@ from tqdm import tqdm
 from marius_py.dataset import (METADATA_FILE, NODES_FILE, RELATIONS_FILE, DatasetMetadata,
                                write_metadata, write_names)
 from marius_py.errors import MariusInputError
+from marius_py.resources import available_memory
 from storage.durable import fsync_directory
 from storage.edge_store import EDGE_FILE, SPLITS, EdgeStoreWriter
-from storage.partitioning import bucket_of
+from storage.partitioning import bucket_of, partitions_filled
 
 PAIRS_RELATION = "__edge__"
 UNSEEN_POLICIES = ("drop", "error")
@@ -177,6 +178,20 @@ def _validate_options(options: PreprocessOptions) -> None:
                              "(valid, test) fractions in [0, 1) that sum to less than 1")
     if options.unseen_policy not in UNSEEN_POLICIES:
         raise _options_error("unseen_policy", options.unseen_policy, " or ".join(UNSEEN_POLICIES))
+
+
+def _check_partition_count(num_nodes: int, num_partitions: int) -> None:
+    """Every partition holds nodes, and the p x p bucket counts fit in memory (before they are allocated)."""
+    if num_partitions > 1 and partitions_filled(num_nodes, num_partitions) < num_partitions:
+        valid = max(q for q in range(1, num_partitions) if partitions_filled(num_nodes, q) == q)
+        raise _options_error("num_partitions", num_partitions,
+                             f"at most {valid} partitions for {num_nodes:,} nodes (more would leave some empty)")
+    needed = 3 * 8 * num_partitions ** 2  # per-run bucket counts, their sum and the offsets, int64
+    available = available_memory()
+    if available is not None and needed > available:
+        raise _options_error("num_partitions", num_partitions,
+                             f"fewer partitions: {num_partitions} x {num_partitions} bucket counts need "
+                             f"{needed / 2**30:.1f} GiB, {available / 2**30:.1f} GiB is available")
 
 
 def _valid_fractions(value: object) -> bool:
@@ -642,6 +657,7 @@ def _write_edges(staging: Path, inputs: list[_Input], options: PreprocessOptions
     dropped = [0] * len(SPLITS)
     # valid and test first: their errors (unseen names) surface before the long train work
     ordered = sorted(inputs, key=lambda item: item.split not in (VALID, TEST))
+    _check_partition_count(len(nodes), options.num_partitions)
     with closing(_EdgeWriter(staging, len(nodes), options)) as writer:
         for block in _edge_blocks(ordered, options, split_seed, "edges", progress):
             _write_block(block, _map_ids(block, nodes, relations), writer, options, dropped)

@@ -162,6 +162,16 @@ def test_export_overwrite_never_replaces_other_directories(trained_run, capsys):
     assert (data / "metadata.json").exists()
 
 
+def test_export_into_an_unwritable_place_is_a_clean_error(trained_run, tmp_path, capsys):
+    _, run = trained_run
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    assert main(["export", str(run), "-o", str(blocker / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "cannot create the output directory" in err and "Traceback" not in err
+    assert blocker.read_text() == "not a directory"
+
+
 @pytest.mark.parametrize("args, needle", [
     (["--columns", "0,x,2"], "--columns: cannot read '0,x,2'"),
     (["--split", "a,b"], "--split: cannot read 'a,b'"),

@@ -129,6 +129,7 @@ def test_crlf_is_accepted(tmp_path):
 
 BAD_OPTIONS = {
     "num_partitions": {"num_partitions": 0},
+    "more_partitions_than_nodes": {"num_partitions": 100_000},  # 3 nodes; p x p counts would need 75 GiB
     "fractions_sum": {"split_fractions": (0.6, 0.5)},
     "negative_fraction": {"split_fractions": (-0.1, 0.1)},
     "unseen_policy": {"unseen_policy": "keep"},
@@ -163,4 +164,16 @@ def test_valid_without_test(tmp_path):
     paths = _write(tmp_path, Case(splits(), None, None))
     with pytest.raises(MariusInputError) as caught:
         preprocess(tmp_path / "out", paths["train"], paths["valid"], progress=False)
+    assert_clean_failure(tmp_path, caught.value, None, None)
+
+
+def test_bucket_counts_larger_than_memory_are_refused(tmp_path, monkeypatch):
+    """Refused before the p x p bucket counts are allocated, with the memory they need."""
+    from marius_py import preprocess as module
+    monkeypatch.setattr(module, "available_memory", lambda: 100)  # 3 x 3 counts: 216 B
+    paths = _write(tmp_path, Case(splits(), None, None))
+    with pytest.raises(MariusInputError) as caught:
+        preprocess(tmp_path / "out", paths["train"], paths["valid"], paths["test"],
+                   PreprocessOptions(num_partitions=3), progress=False)
+    assert "3 x 3 bucket counts need" in str(caught.value)
     assert_clean_failure(tmp_path, caught.value, None, None)

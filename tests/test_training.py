@@ -135,6 +135,27 @@ def test_checkpoint_interval_commits_new_bests_and_the_last_epoch(small_config, 
     assert epochs == [1, 2, 3, 4, 5]
 
 
+def test_run_killed_before_its_first_checkpoint_resumes(small_config, tmp_path, monkeypatch):
+    """A kill while the dataset is prepared leaves a run directory that --resume accepts; the resumed run
+    equals an uninterrupted one."""
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt
+    original = mp.api._open_dataset
+    monkeypatch.setattr(mp.api, "_open_dataset", killed)
+    with pytest.raises(KeyboardInterrupt):
+        mp.train(small_config(), tmp_path / "killed", progress=False)
+    monkeypatch.setattr(mp.api, "_open_dataset", original)
+    mp.train(mp.api.load_run_config(tmp_path / "killed", []), tmp_path / "killed", progress=False, resume=True)
+    mp.train(small_config(), tmp_path / "full", progress=False)
+    np.testing.assert_array_equal(latest_nodes(tmp_path / "killed"), latest_nodes(tmp_path / "full"))
+
+
+def test_user_error_before_the_first_checkpoint_leaves_no_run_directory(small_config, tmp_path):
+    with pytest.raises(mp.MariusInputError):
+        mp.train(small_config(f"dataset.path={tmp_path / 'missing'}"), tmp_path / "run", progress=False)
+    assert not (tmp_path / "run").exists()
+
+
 def test_interrupted_commit_leaves_previous_checkpoint(small_config, tmp_path, monkeypatch):
     """A crash after the new version is written but before LATEST moves keeps the old one."""
     mp.train(small_config("training.epochs=1"), tmp_path / "run", progress=False)
