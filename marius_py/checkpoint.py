@@ -10,13 +10,16 @@
                                links to the live store's files at the time of the commit
           model.pt             relation parameters and their optimizer state
           state.json           epoch, best validation MRR, config fingerprint
+          MANIFEST.json        size and checksum of every file above (storage/manifest.py)
         POINTERS.json          {"latest": newest committed version, "best": best validation MRR}
 
 Commit: the version is written under a temporary name, every file is fsynced,
 the directory is renamed into place, and only then is the one pointer file
 replaced atomically (write, fsync, rename), so "latest" and "best" always move
 together. A kill at any instant leaves the previous pointers naming complete
-versions. Versions no pointer names are deleted after the bump.
+versions. Versions no pointer names are deleted after the bump. Loading a
+version first checks its files against its manifest and names any file that
+changed after the commit.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from marius_py.errors import MariusInputError
 from storage import durable
 from storage.durable import fsync_directory, fsync_tree
 from storage.embedding_store import EmbeddingStore
+from storage.manifest import has_manifest, verify_manifest, write_manifest
 
 CONFIG_FILE = "config.yaml"
 METRICS_FILE = "metrics.jsonl"
@@ -132,7 +136,9 @@ class RunDirectory:
         return tmp
 
     def commit_version(self, tmp: Path, epoch: int, is_best: bool) -> Path:
-        """fsync ``tmp``, rename it to its final name, then replace the pointer file atomically."""
+        """Checksum and fsync ``tmp``, rename it to its final name, then replace the pointer file atomically."""
+        previous = self._pointers().get("latest")
+        write_manifest(tmp, None if previous is None else self.checkpoints / previous)
         fsync_tree(tmp)
         final = self.checkpoints / f"v{epoch:06d}"
         pointers = self._pointers()
@@ -147,6 +153,10 @@ class RunDirectory:
         durable.write_text_atomic(self.checkpoints / POINTERS, json.dumps(pointers) + "\n")
         self._delete_unreferenced(set(pointers.values()))
         return final
+
+    def committed_versions(self) -> list[Path]:
+        """The versions the pointers name (latest, best), oldest first."""
+        return [self.checkpoints / name for name in sorted(set(self._pointers().values()))]
 
     def _delete_unreferenced(self, keep: set[str]) -> None:
         for child in self.checkpoints.iterdir():
@@ -167,6 +177,7 @@ def load_version(directory: Path, fingerprint: str | None = None, with_nodes: bo
     With ``fingerprint``, refuse a version written for another model or dataset;
     without ``with_nodes`` the (possibly larger than memory) node arrays are not read.
     """
+    check_version(directory)
     try:
         training_state = TrainingState(**json.loads((directory / STATE_FILE).read_text(encoding="utf-8")))
         if fingerprint is not None and training_state.config_fingerprint != fingerprint:
@@ -179,3 +190,15 @@ def load_version(directory: Path, fingerprint: str | None = None, with_nodes: bo
         raise MariusInputError(f"checkpoint version is missing or damaged ({type(error).__name__}: {error})",
                                path=directory, expected="a version committed by `marius-py train`") from None
     return nodes, state, model_state, training_state
+
+
+def check_version(directory: Path) -> None:
+    """Refuse a version whose files differ from its manifest (versions from before manifests pass)."""
+    if not has_manifest(directory):
+        return
+    problems = verify_manifest(directory)
+    if problems:
+        more = f" and {len(problems) - 1} more" if len(problems) > 1 else ""
+        raise MariusInputError(f"checkpoint is corrupt: {problems[0]}{more}", path=directory,
+                               expected="intact files: `marius-py verify RUN_DIR` lists every problem and "
+                                        "the versions that are intact")

@@ -1,4 +1,4 @@
-"""The ``marius-py`` command: preprocess | train | eval | export | predict | ordering | info.
+"""The ``marius-py`` command: preprocess | train | eval | export | predict | ordering | verify | info.
 
 A thin entry point: parse arguments, call the library, print results. User
 mistakes (``MariusInputError``) print one line and exit with status 2.
@@ -167,6 +167,23 @@ def cmd_ordering(args) -> None:
         print("bytes are 0: give --dataset DIR or --nodes N (and --dim) to size the partitions")
 
 
+def cmd_verify(args) -> None:
+    from marius_py.checkpoint import RunDirectory
+    from storage.manifest import verify_manifest
+    run = RunDirectory(args.run_dir)
+    run.latest_version()  # a clear error when there is no committed checkpoint
+    corrupt = 0
+    for version in run.committed_versions():
+        problems = verify_manifest(version)
+        corrupt += bool(problems) and not problems[0].endswith("not checked")
+        print(f"{version.name}: intact" if not problems else f"{version.name}:")
+        for problem in problems:
+            print(f"  {problem}")
+    if corrupt:
+        raise MariusInputError(f"{corrupt} committed version(s) differ from their manifest", path=args.run_dir,
+                               expected="restore the files listed above from a copy")
+
+
 def cmd_info(args) -> None:
     from dataclasses import asdict
     from marius_py.checkpoint import CONFIG_FILE, RunDirectory
@@ -251,6 +268,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--group-size", type=int, default=0,
                    help="comet: physical partitions per logical one (0: as training picks it)")
     p.set_defaults(func=cmd_ordering)
+
+    p = sub.add_parser("verify", help="check every committed checkpoint of a run against its checksums")
+    p.add_argument("run_dir")
+    p.set_defaults(func=cmd_verify)
 
     p = sub.add_parser("info", help="describe a dataset directory or a run directory")
     p.add_argument("path")

@@ -1,0 +1,80 @@
+"""Checksums of every file of a committed directory (a checkpoint version), and their verification.
+
+A version's ``MANIFEST.json`` maps each file's path (relative, '/'-separated)
+to its size and BLAKE2b digest (hashlib: no extra dependency). It is written
+before the version is fsynced and renamed into place, so a committed version
+always carries it. Files a version shares with the previous one by hard link
+(partitions training did not touch) have the same inode: their digest is taken
+from the previous manifest instead of being read again. The previous version's
+links keep those inodes alive, so an inode number cannot have been reused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+MANIFEST_FILE = "MANIFEST.json"
+_READ_BYTES = 1 << 22
+
+
+def file_digest(path: Path) -> str:
+    digest = hashlib.blake2b(digest_size=16)
+    with open(path, "rb") as handle:
+        while block := handle.read(_READ_BYTES):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _files(root: Path) -> list[Path]:
+    return sorted(p for p in root.rglob("*") if p.is_file() and p.name != MANIFEST_FILE)
+
+
+def write_manifest(root: Path, previous: Path | None = None) -> None:
+    """Write ``root/MANIFEST.json`` for every file below ``root``, reusing ``previous``'s digests of files
+    that are hard links of the same inode."""
+    known = {}
+    if previous is not None and (previous / MANIFEST_FILE).exists():
+        entries = json.loads((previous / MANIFEST_FILE).read_text(encoding="utf-8"))["files"]
+        for relative, entry in entries.items():
+            try:
+                stat = (previous / relative).stat()
+            except OSError:
+                continue
+            known[(stat.st_dev, stat.st_ino, stat.st_size)] = entry["blake2b"]
+    files = {}
+    for path in _files(root):
+        stat = path.stat()
+        digest = known.get((stat.st_dev, stat.st_ino, stat.st_size)) or file_digest(path)
+        files[path.relative_to(root).as_posix()] = {"bytes": stat.st_size, "blake2b": digest}
+    (root / MANIFEST_FILE).write_text(json.dumps({"files": files}, indent=1) + "\n", encoding="utf-8")
+
+
+def verify_manifest(root: Path) -> list[str]:
+    """Problems of ``root`` against its manifest, one line each (empty: intact). A directory without a
+    manifest (written before manifests existed) reports that it cannot be checked."""
+    path = root / MANIFEST_FILE
+    if not path.exists():
+        return [f"{root}: no {MANIFEST_FILE} (written before checksums existed): not checked"]
+    try:
+        files = json.loads(path.read_text(encoding="utf-8"))["files"]
+    except (OSError, ValueError, KeyError) as error:
+        return [f"{path}: unreadable manifest ({type(error).__name__})"]
+    problems = []
+    for relative, entry in files.items():
+        file = root / relative
+        if not file.is_file():
+            problems.append(f"{file}: missing")
+        elif file.stat().st_size != entry["bytes"]:
+            problems.append(f"{file}: {file.stat().st_size} bytes, the manifest says {entry['bytes']}")
+        elif file_digest(file) != entry["blake2b"]:
+            problems.append(f"{file}: checksum mismatch (the file changed after it was committed)")
+    listed = set(files)
+    problems += [f"{p}: not in the manifest" for p in _files(root) if p.relative_to(root).as_posix() not in listed]
+    return problems
+
+
+def has_manifest(root: Path) -> bool:
+    return os.path.exists(root / MANIFEST_FILE)

@@ -1,0 +1,75 @@
+"""Checkpoint integrity: every committed file is checksummed; a changed byte is found and named."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+import marius_py as mp
+from marius_py.checkpoint import RunDirectory
+from marius_py.cli import main
+from storage.manifest import MANIFEST_FILE, file_digest, verify_manifest, write_manifest
+
+
+def flip_byte(path, offset=0):
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 1
+    path.write_bytes(bytes(data))
+
+
+def test_manifest_finds_changed_missing_and_extra_files(tmp_path):
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "a").write_bytes(b"alpha")
+    (tmp_path / "sub" / "b").write_bytes(b"beta")
+    write_manifest(tmp_path)
+    assert verify_manifest(tmp_path) == []
+    flip_byte(tmp_path / "a")
+    (tmp_path / "sub" / "b").unlink()
+    (tmp_path / "c").write_bytes(b"new")
+    problems = verify_manifest(tmp_path)
+    assert any("/a: checksum mismatch" in p for p in problems)
+    assert any("sub/b: missing" in p for p in problems)
+    assert any("/c: not in the manifest" in p for p in problems)
+
+
+def test_manifest_reuses_digests_of_hard_linked_files(tmp_path, monkeypatch):
+    """Partitions a commit shares with the previous version by hard link are not read again."""
+    old, new = tmp_path / "old", tmp_path / "new"
+    old.mkdir(), new.mkdir()
+    (old / "shared").write_bytes(b"unchanged partition")
+    write_manifest(old)
+    os.link(old / "shared", new / "shared")
+    (new / "changed").write_bytes(b"rewritten partition")
+    read = []
+    monkeypatch.setattr("storage.manifest.file_digest", lambda path: read.append(path.name) or file_digest(path))
+    write_manifest(new, previous=old)
+    assert read == ["changed"]
+    monkeypatch.undo()
+    assert verify_manifest(new) == []
+
+
+@pytest.fixture
+def run(small_config, tmp_path):
+    mp.train(small_config("training.epochs=2"), tmp_path / "run", progress=False)
+    return tmp_path / "run"
+
+
+def test_committed_versions_carry_manifests_and_verify(run, capsys):
+    for version in RunDirectory(run).committed_versions():
+        assert (version / MANIFEST_FILE).exists() and verify_manifest(version) == []
+    assert main(["verify", str(run)]) == 0
+    assert "intact" in capsys.readouterr().out
+
+
+def test_a_flipped_byte_is_named_on_load_and_by_verify(run, capsys):
+    version = RunDirectory(run).latest_version()
+    chunk = next(p for p in sorted((version / "nodes").rglob("*")) if p.is_file() and p.stat().st_size > 100)
+    flip_byte(chunk, 50)
+    with pytest.raises(mp.MariusInputError, match="checkpoint is corrupt") as caught:
+        mp.load_checkpoint(run, device="cpu")
+    assert str(chunk) in str(caught.value)
+    assert main(["verify", str(run)]) == 2
+    captured = capsys.readouterr()
+    assert f"{chunk}: checksum mismatch" in captured.out and "differ from their manifest" in captured.err
+    assert main(["train", "--resume", str(run), "training.epochs=3", "--quiet"]) == 2  # never trains on it
