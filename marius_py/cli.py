@@ -7,6 +7,7 @@ mistakes (``MariusInputError``) print one line and exit with status 2.
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import sys
 from pathlib import Path
@@ -285,6 +286,14 @@ def main(argv: list[str] | None = None) -> int:
         args.func(args)
     except MariusInputError as error:
         print(f"marius-py: error: {error}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except OSError as error:
+        if error.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        where = f"{error.filename}: " if error.filename else ""
+        print(f"marius-py: error: {where}no space left on the device; nothing half-written was committed (a "
+              "run's last committed checkpoint is intact): free space, then run again (--resume for a run)",
+              file=sys.stderr)
         return EXIT_USER_ERROR
     except KeyboardInterrupt:
         print("marius-py: interrupted; the last committed checkpoint is intact (--resume continues from it; "

@@ -114,6 +114,11 @@ class ChunkFiles:
             finally:
                 os.close(descriptor)
             os.replace(tmp, target)
+        except OSError as error:
+            tmp.unlink(missing_ok=True)
+            if error.filename is None:  # pwritev and ftruncate name no file: say which one failed
+                raise OSError(error.errno, error.strerror, str(target)) from error
+            raise
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
