@@ -73,7 +73,7 @@ from marius_py.errors import MariusInputError
 from marius_py.resources import available_memory
 from storage.durable import fsync_directory
 from storage.edge_store import EDGE_FILE, SPLITS, EdgeStoreWriter
-from storage.partitioning import bucket_of, partitions_filled
+from storage.partitioning import bucket_of, most_partitions_filled, partitions_filled
 
 PAIRS_RELATION = "__edge__"
 UNSEEN_POLICIES = ("drop", "error")
@@ -183,7 +183,7 @@ def _validate_options(options: PreprocessOptions) -> None:
 def _check_partition_count(num_nodes: int, num_partitions: int) -> None:
     """Every partition holds nodes, and the p x p bucket counts fit in memory (before they are allocated)."""
     if num_partitions > 1 and partitions_filled(num_nodes, num_partitions) < num_partitions:
-        valid = max(q for q in range(1, num_partitions) if partitions_filled(num_nodes, q) == q)
+        valid = most_partitions_filled(num_nodes, num_partitions)
         raise _options_error("num_partitions", num_partitions,
                              f"at most {valid} partitions for {num_nodes:,} nodes (more would leave some empty)")
     needed = 3 * 8 * num_partitions ** 2  # per-run bucket counts, their sum and the offsets, int64

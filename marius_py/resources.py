@@ -7,7 +7,7 @@ from pathlib import Path
 from marius_py.config import Config
 from marius_py.dataset import Dataset
 from marius_py.errors import MariusInputError
-from storage.partitioning import partition_size, partitions_filled
+from storage.partitioning import most_partitions_filled, partition_size, partitions_filled
 
 
 def available_memory() -> int | None:
@@ -34,7 +34,7 @@ def check_partitioning(config: Config, dataset: Dataset) -> None:
     """Out-of-core training reads edge buckets: the dataset must be bucketed for the same p."""
     p, n = config.storage.num_partitions, dataset.num_nodes
     if p > 1 and partitions_filled(n, p) < p:
-        valid = max(q for q in range(1, p) if partitions_filled(n, q) == q)
+        valid = most_partitions_filled(n, p)
         raise MariusInputError(f"storage.num_partitions is {p} but {n} nodes in partitions of "
                                f"{partition_size(n, p)} rows fill only {partitions_filled(n, p)}: the last "
                                "would be empty", path=dataset.directory,

@@ -22,6 +22,12 @@ def partitions_filled(num_nodes: int, num_partitions: int) -> int:
     return max(1, -(-num_nodes // partition_size(num_nodes, num_partitions)))
 
 
+def most_partitions_filled(num_nodes: int, below: int) -> int:
+    """The largest partition count under ``below`` whose partitions all hold nodes (what to suggest
+    instead of a count that leaves some empty)."""
+    return max((q for q in range(1, below) if partitions_filled(num_nodes, q) == q), default=1)
+
+
 def partition_bounds(num_nodes: int, num_partitions: int, partition: int) -> tuple[int, int]:
     """Half-open id range ``[start, end)`` of one partition."""
     size = partition_size(num_nodes, num_partitions)
