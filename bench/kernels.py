@@ -6,7 +6,8 @@ The softmax row kernel of the fused loss over the issue's score block
 (2 x 10 chunks x 5,000 queries x 1,000 candidates, bfloat16) for each
 rows-per-program and warp count; and the batch's unique-row sort on 64- and
 32-bit keys. Each row prints the achieved bandwidth against the bytes the
-kernel must move.
+kernel must move. ``--edge``: the per-edge backward kernel's tile and warps;
+``--zero-copy``: rows read from pinned host memory.
 """
 
 from __future__ import annotations
@@ -70,6 +71,37 @@ def zero_copy_gather(args) -> list[dict]:
     return results
 
 
+def edge_backward(args) -> list[dict]:
+    """The per-edge backward kernel (gradients of h, t and relations) for each elements-per-program tile and
+    warp count: B edges over ``--unique-rows`` gathered rows and 2 x 100 relation vectors."""
+    from marius_py.step.edge_kernels import EdgeMaths, _edge_backward_triton
+    results = []
+    for operator, comparator in (("diagonal", "dot"), ("complex", "dot"), ("translation", "l2")):
+        maths = EdgeMaths(operator, "n3", True, comparator)
+        for dim in (100, 400):
+            rows = torch.randn(args.unique_rows, dim, device="cuda")
+            relations = torch.randn(200, dim, device="cuda")
+            edges = torch.stack([torch.randint(args.unique_rows, (args.batch,)), torch.randint(100, (args.batch,)),
+                                 torch.randint(args.unique_rows, (args.batch,))], 1).cuda()
+            local = torch.cat([edges[:, 0], edges[:, 2]])
+            grad_queries = torch.randn(2 * args.batch, dim, device="cuda")
+            grad_positive = torch.randn(2 * args.batch, device="cuda")
+            grad_rows, grad_relations = torch.zeros_like(rows), torch.zeros_like(relations)
+            # rows + relations read, the two query gradients read, the h/t/relation gradients added
+            bytes_moved = 4 * args.batch * dim * 4 + 2 * args.batch * dim * 4 + 4 * args.batch * dim * 4
+            for tile in (1024, 2048, 4096):
+                for warps in (2, 4, 8):
+                    def work():
+                        _edge_backward_triton(grad_rows, grad_relations, rows, relations, edges, local, grad_queries,
+                                              grad_positive, args.batch, maths, None, 1e-3, tile=tile,
+                                              num_warps=warps)
+                    ms = time_ms(work)
+                    results.append({"kernel": "edge_backward", "operator": operator, "dim": dim, "tile": tile,
+                                    "warps": warps, "ms": ms, "gb_per_s": bytes_moved / ms / 1e6})
+                    print(results[-1], flush=True)
+    return results
+
+
 def unique_sort(args) -> list[dict]:
     ids = torch.randint(args.nodes, (2 * args.batch + 2 * args.chunks * args.candidates,), device="cuda")
     results = []
@@ -90,9 +122,15 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=1_000_000)
     parser.add_argument("--unique-rows", type=int, default=80_000)
     parser.add_argument("--zero-copy", action="store_true", help="only the pinned-host row gather")
+    parser.add_argument("--edge", action="store_true", help="only the per-edge backward kernel")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
-    rows = zero_copy_gather(args) if args.zero_copy else softmax_rows(args) + unique_sort(args)
+    if args.zero_copy:
+        rows = zero_copy_gather(args)
+    elif args.edge:
+        rows = edge_backward(args)
+    else:
+        rows = softmax_rows(args) + unique_sort(args)
     for row in rows:
         settings = "  ".join(f"{k}={v}" for k, v in row.items() if k not in ("kernel", "ms", "gb_per_s"))
         print(f"{row['kernel']:<13} {settings:<28} {row['ms'] * 1e3:8.1f} us  {row['gb_per_s']:7.0f} GB/s")

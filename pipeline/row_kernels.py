@@ -44,10 +44,10 @@ def use_triton(tensor: torch.Tensor) -> bool:
     return tensor.is_cuda and triton is not None and tensor.dtype == torch.float32
 
 
-def tile_shape(dim: int) -> tuple[int, int]:
-    """(rows per program, padded d) of a [rows, d] tile."""
+def tile_shape(dim: int, tile: int | None = None) -> tuple[int, int]:
+    """(rows per program, padded d) of a [rows, d] tile of about ``tile`` (default TILE) elements."""
     block_d = triton.next_power_of_2(dim)
-    return max(1, TILE // block_d), block_d
+    return max(1, (tile or TILE) // block_d), block_d
 
 
 def _host_count(count: torch.Tensor | int | None, default: int) -> int:

@@ -279,7 +279,7 @@ def test_softmax_row_kernel_matches_torch_version(num_candidates, squared_l2):
     weight = torch.rand(3, 6, generator=generator)
     outputs = []
     for device in ("cpu", "cuda"):
-        scores = raw.to(device)
+        scores = raw.to(device, copy=True)  # softmax_rows_ works in place: each device gets its own copy
         loss, grad_positive = fused_loss.softmax_rows_(scores, positive.to(device), target_ids.to(device),
                                                        candidate_ids.to(device), weight.to(device), squared_l2)
         outputs.append([t.cpu() for t in (scores, loss, grad_positive)])

@@ -43,6 +43,10 @@ OPERATORS = {"dot": "identity", "distmult": "diagonal", "complex": "complex", "t
 _OPERATOR_CODE = {"identity": 0, "diagonal": 1, "translation": 2}
 _COMPARATOR_CODE = {"dot": 0, "l2": 1, "l1": 2}
 _REGULARIZER_CODE = {"none": 0, "n3": 1, "l2": 2}
+# Elements of one [edges, d] tile per program. The backward kernels hold ~20 such tiles live; at 4096 they
+# spill registers: ComplEx with N3 took 1.25 ms (d=100) and 3.2 ms (d=400) for 50k edges against ~0.09 and
+# 0.28 ms at 1024, where every operator moves ~2.8 TB/s on an H100 (bench/kernels.py --edge, RESULTS).
+EDGE_TILE = 1024
 
 
 @dataclass(frozen=True)
@@ -303,24 +307,35 @@ def _edge_queries_triton(nodes, relations, edges, score_dtype, width, maths, mas
 
 
 def _edge_backward_triton(grad_rows, grad_relations, nodes, relations, edges, local, grad_queries, grad_positive,
-                          head_offset, maths, mask, reg_scale):
+                          head_offset, maths, mask, reg_scale, tile=None, num_warps=None):
+    """``tile`` (elements per program) and ``num_warps`` override the defaults (bench/kernels.py sweeps them)."""
     batch, dim = len(edges), nodes.shape[1]
     common = (nodes, nodes if relations is None else relations, edges, local,
               grad_queries if mask is None else mask, grad_queries, grad_positive, grad_rows,
               grad_rows if grad_relations is None else grad_relations, batch,
               0 if relations is None else len(relations) // 2, dim, grad_queries.stride(0), head_offset, reg_scale)
-    _launch(_complex_backward_kernel, _real_backward_kernel, common, batch, dim, maths, mask, relations)
+    _launch(_complex_backward_kernel, _real_backward_kernel, common, batch, dim, maths, mask, relations, tile,
+            num_warps)
 
 
-def _launch(complex_kernel, real_kernel, args, batch: int, width: int, maths: EdgeMaths, mask, relations) -> None:
+def _warps_for(elements: int) -> int:
+    """At most 8 elements of a tile per thread (wide rows make tiles past EDGE_TILE): 4 to 16 warps."""
+    return max(4, min(16, elements // 256))
+
+
+def _launch(complex_kernel, real_kernel, args, batch: int, width: int, maths: EdgeMaths, mask, relations,
+            tile=None, num_warps=None) -> None:
     """One program per block of edges: the complex kernel over [re | im] halves, the real one over rows of ``width``."""
     flags = dict(DROPOUT=mask is not None, REG=_REGULARIZER_CODE[maths.regularizer],
                  REG_RELATIONS=maths.reg_relations and relations is not None and maths.operator != "identity")
+    tile = tile or EDGE_TILE
     if maths.complex:
-        block_e, block_h = tile_shape(args[0].shape[1] // 2)  # args[0]: the node table
+        block_e, block_h = tile_shape(args[0].shape[1] // 2, tile)  # args[0]: the node table
+        flags["num_warps"] = num_warps or _warps_for(block_e * block_h)
         complex_kernel[(triton.cdiv(batch, block_e),)](*args, **flags, BLOCK_E=block_e, BLOCK_H=block_h)
     else:
-        block_e, block_d = tile_shape(width)
+        block_e, block_d = tile_shape(width, tile)
+        flags["num_warps"] = num_warps or _warps_for(block_e * block_d)
         real_kernel[(triton.cdiv(batch, block_e),)](*args, OPERATOR=_OPERATOR_CODE[maths.operator],
                                                     COMPARATOR=_COMPARATOR_CODE[maths.comparator], **flags,
                                                     BLOCK_E=block_e, BLOCK_D=block_d)
