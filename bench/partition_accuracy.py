@@ -27,6 +27,7 @@ from quality import machine, run_one  # noqa: E402
 import marius_py as mp  # noqa: E402
 from marius_py.trainer import epoch_ordering  # noqa: E402
 from orderings import simulate  # noqa: E402
+from storage.negative_cache import cache_bytes_per_epoch  # noqa: E402
 from storage.partitioning import partition_size  # noqa: E402
 
 
@@ -46,13 +47,16 @@ def predicted_io(config: dict, num_nodes: int) -> dict:
     s, dim = resolved.storage, resolved.model.dim
     state_dim = 1 if resolved.training.adagrad_variant == "rowwise" else dim
     chunk_bytes = partition_size(num_nodes, s.num_partitions) * (dim + state_dim) * 4
-    totals = {"partitions_read": 0, "partitions_written": 0, "bytes_read": 0, "bytes_written": 0}
+    cache_bytes = cache_bytes_per_epoch(num_nodes, s.num_partitions, s.negative_cache, (dim + state_dim) * 4)
+    totals = {"partitions_read": 0, "partitions_written": 0, "bytes_read": 0, "bytes_written": 0,
+              "cache_bytes_read": 0}
     for epoch in range(1, resolved.training.epochs + 1):
-        stats = simulate(epoch_ordering(resolved, epoch), chunk_bytes)
+        stats = simulate(epoch_ordering(resolved, epoch), chunk_bytes, cache_bytes)
         totals["partitions_read"] += stats.physical_partitions_read
         totals["partitions_written"] += stats.physical_partitions_written
         totals["bytes_read"] += stats.bytes_read
         totals["bytes_written"] += stats.bytes_written
+        totals["cache_bytes_read"] += stats.cache_bytes_read
     return totals
 
 

@@ -19,6 +19,7 @@ import yaml
 from marius_py import models
 from orderings import ORDERINGS, default_group_size
 from marius_py.errors import MariusInputError
+from storage.negative_cache import GRADIENT_POLICIES, REFRESH_POLICIES
 
 DECODERS = tuple(models.DECODER_CLASSES)
 LOSSES = tuple(models.LOSSES)
@@ -121,6 +122,17 @@ class StorageConfig:
     comet_group_size: int = _f(0, "comet ordering: physical partitions per logical one, regrouped at "
                                   "random every epoch (0: the largest k <= 8 dividing num_partitions and "
                                   "buffer_capacity that leaves >= 2 groups in the buffer, 1 if none)")
+    negative_cache: float = _f(0.0, "fraction of every partition's rows kept in the buffer as negatives while "
+                                    "their partition is not resident (0: negatives from resident partitions "
+                                    "only); costs that fraction of the table in memory, and reading it once "
+                                    "an epoch")
+    negative_cache_refresh: str = _f("evict", f"one of {REFRESH_POLICIES}: when the cached rows are refreshed: "
+                                              "'evict' (read at the epoch's start, then copied from every "
+                                              "evicted partition, no IO) or 'epoch' (only read at the start)")
+    negative_cache_gradients: str = _f("drop", f"one of {GRADIENT_POLICIES}: what happens to the updates of "
+                                               "cached rows: 'drop' (they stay in the cached copy) or 'defer' "
+                                               "(added to the partition's rows when it is next admitted "
+                                               "within the epoch)")
 
 
 @dataclass
@@ -263,6 +275,12 @@ def _check_storage(s: StorageConfig, _check) -> None:
     _check(s.lookahead >= 1, "storage.lookahead", "expected >= 1", s.lookahead)
     _check(s.edge_assignment in ("bucket", "edge"), "storage.edge_assignment", "expected bucket or edge",
            s.edge_assignment)
+    _check(0.0 <= s.negative_cache <= 1.0, "storage.negative_cache", "expected a fraction in [0, 1]",
+           s.negative_cache)
+    _check(s.negative_cache_refresh in REFRESH_POLICIES, "storage.negative_cache_refresh",
+           f"expected one of {', '.join(REFRESH_POLICIES)}", s.negative_cache_refresh)
+    _check(s.negative_cache_gradients in GRADIENT_POLICIES, "storage.negative_cache_gradients",
+           f"expected one of {', '.join(GRADIENT_POLICIES)}", s.negative_cache_gradients)
     if s.buffer_capacity == 0:
         s.buffer_capacity = s.num_partitions
     if s.num_partitions > 1:

@@ -42,6 +42,7 @@ from pipeline.row_kernels import zero_copy_available
 from storage.buffer import PartitionBuffer
 from storage.durable import fsync_tree
 from storage.embedding_store import EmbeddingStore, link_tree
+from storage.negative_cache import NegativeCache, cached_rows
 from storage.partitioning import partition_size
 
 
@@ -226,15 +227,21 @@ class Trainer:
         cols = (dim, self.model.node_optimizer.state_dim(dim))
         rows = partition_size(self.dataset.num_nodes, self.config.storage.num_partitions)
         s = self.config.storage
-        return PartitionBuffer.bytes_needed(rows, cols, s.buffer_capacity, self._swap_size(), s.lookahead)
+        return PartitionBuffer.bytes_needed(rows, cols, s.buffer_capacity, self._swap_size(), s.lookahead,
+                                            cached_rows(rows, s.negative_cache) * s.num_partitions)
 
     def partition_buffer(self) -> PartitionBuffer:
         """The partition buffer, allocated on first use (evaluation and export never need it)."""
         if self.buffer is None:
             s = self.config.storage
+            cache = None
+            if s.negative_cache > 0:
+                cache = NegativeCache(self.store.num_nodes, self.store.num_partitions, self.store.rows_per_partition,
+                                      s.negative_cache, s.negative_cache_refresh, s.negative_cache_gradients,
+                                      self.config.training.seed)
             self.buffer = PartitionBuffer(self.store, s.buffer_capacity, self.table_device,
                                           swap_size=self._swap_size(), lookahead=s.lookahead,
-                                          pin_memory=self._zero_copy_tables())
+                                          pin_memory=self._zero_copy_tables(), cache=cache)
         return self.buffer
 
     def _commit(self, is_best: bool) -> None:
@@ -265,13 +272,13 @@ class Trainer:
         state_edges = self._edges_by_edge(states, epoch) if self.config.storage.edge_assignment == "edge" \
             else lambda k: self.dataset.edges.buckets(ordering.buckets[k])
         buffer = self.partition_buffer()
-        for view in buffer.walk(states):
+        for view in buffer.walk(states, epoch):
             parts = state_edges(view.index)
             edges = torch.from_numpy(np.concatenate(parts)) if parts else torch.empty(0, 3, dtype=torch.long)
             local = edges.clone()
             local[:, 0] = view.local_ids(edges[:, 0])  # on the host: the runner moves edges once
             local[:, 2] = view.local_ids(edges[:, 2])
-            candidates = CandidateRows(view.resident_ranges, self.table_device)
+            candidates = CandidateRows(view.candidate_ranges, self.table_device)
             yield TrainingSpan(local, candidates), buffer.embeddings, buffer.state
         buffer.flush()
 

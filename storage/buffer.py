@@ -12,7 +12,8 @@ own partition's last eviction. No slot is ever touched by two threads at once.
 With a CUDA device the slots live in GPU memory and as many pinned host slots
 stage the swaps (disk -> pinned host -> GPU, and back). Host memory:
 ``(c + L) x partition bytes`` (embeddings + optimizer state; slots are padded
-to whole pages for O_DIRECT), ``(c + L k)`` with groups of k.
+to whole pages for O_DIRECT), ``(c + L k)`` with groups of k. A negative cache
+(``storage.negative_cache``) adds its rows after the slots of the tables.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import torch
 
 from storage.chunk_files import page_aligned_empty, slot_rows
 from storage.embedding_store import EmbeddingStore
+from storage.negative_cache import NegativeCache
 from storage.partitioning import partition_bounds
 
 
@@ -37,6 +39,7 @@ class IOCounters:
     partitions_written: int = 0
     bytes_read: int = 0
     bytes_written: int = 0
+    cache_bytes_read: int = 0        # the negative cache's reads (storage.negative_cache)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def add_read(self, nbytes: int) -> None:
@@ -49,10 +52,15 @@ class IOCounters:
             self.partitions_written += 1
             self.bytes_written += nbytes
 
+    def add_cache_read(self, nbytes: int) -> None:
+        with self._lock:
+            self.cache_bytes_read += nbytes
+
     def snapshot(self) -> dict:
         with self._lock:
             return {"partitions_read": self.partitions_read, "partitions_written": self.partitions_written,
-                    "bytes_read": self.bytes_read, "bytes_written": self.bytes_written}
+                    "bytes_read": self.bytes_read, "bytes_written": self.bytes_written,
+                    "cache_bytes_read": self.cache_bytes_read}
 
 
 @dataclass
@@ -65,6 +73,7 @@ class BufferView:
     rows_per_partition: int
     rows_per_slot: int               # >= rows_per_partition: slots are padded to whole pages
     resident_ranges: list[tuple[int, int]]  # (first local row, valid rows) per resident partition
+    candidate_ranges: list[tuple[int, int]]  # negatives' rows: the resident ones and the negative cache's
 
     def local_ids(self, global_ids: torch.Tensor) -> torch.Tensor:
         """Buffer-local row of each global node id (all must be resident)."""
@@ -83,7 +92,9 @@ class PartitionBuffer:
     """
 
     def __init__(self, store: EmbeddingStore, capacity: int, device: torch.device | str = "cpu",
-                 swap_size: int = 1, lookahead: int = 2, pin_memory: bool = False):
+                 swap_size: int = 1, lookahead: int = 2, pin_memory: bool = False,
+                 cache: NegativeCache | None = None):
+        """``cache``: a negative cache, placed in the tables after the slots."""
         self.store = store
         self.capacity = capacity
         self.swap_size = swap_size
@@ -94,10 +105,18 @@ class PartitionBuffer:
         self.stride = slot_rows(self.rows, *(f.cols for f in self.files))
         self.num_partitions = store.num_partitions
         self.num_slots = capacity + swap_size * lookahead
+        self.cache = cache
+        slot_rows_total = self.num_slots * self.stride
+        table_rows = slot_rows_total + (cache.num_rows if cache else 0)
+        if cache:
+            cache.base = slot_rows_total
         pin = self.device.type == "cuda" or pin_memory  # host slots that GPU kernels read in place are pinned too
-        self._host = [page_aligned_empty(self.num_slots * self.stride, f.cols, pin) for f in self.files]
-        self.tables = self._host if self.device.type == "cpu" else \
-            [torch.empty(self.num_slots * self.stride, f.cols, device=self.device) for f in self.files]
+        if self.device.type == "cpu":  # the host slots are the tables
+            self._host = [page_aligned_empty(table_rows, f.cols, pin) for f in self.files]
+            self.tables = self._host
+        else:
+            self._host = [page_aligned_empty(slot_rows_total, f.cols, pin) for f in self.files]
+            self.tables = [torch.empty(table_rows, f.cols, device=self.device) for f in self.files]
         self.counters = IOCounters()
         self._slot_of: dict[int, int] = {}                   # resident partition -> slot
         self._free: list[int] = []
@@ -109,9 +128,11 @@ class PartitionBuffer:
 
     @staticmethod
     def bytes_needed(rows_per_partition: int, cols: tuple[int, ...], capacity: int, swap_size: int = 1,
-                     lookahead: int = 2) -> int:
-        """Host memory the slots take (``cols``: widths of the embedding and optimizer-state tables)."""
-        return (capacity + swap_size * lookahead) * slot_rows(rows_per_partition, *cols) * 4 * sum(cols)
+                     lookahead: int = 2, cache_rows: int = 0) -> int:
+        """Memory of the tables (``cols``: widths of the embedding and optimizer-state tables): the slots and
+        ``cache_rows`` rows of negative cache."""
+        slots = (capacity + swap_size * lookahead) * slot_rows(rows_per_partition, *cols)
+        return (slots + cache_rows) * 4 * sum(cols)
 
     @property
     def embeddings(self) -> torch.Tensor:
@@ -147,6 +168,8 @@ class PartitionBuffer:
 
     def _evict(self, partition: int) -> None:
         slot = self._slot_of.pop(partition)
+        if self.cache:
+            self.cache.evicted(partition, self.tables, slot * self.stride)
         future = self._writer.submit(self._write, partition, slot)
         self._slot_writes[slot] = self._partition_writes[partition] = future
         self._free.append(slot)
@@ -160,14 +183,19 @@ class PartitionBuffer:
             slot_of[partition] = slot
             start, end = partition_bounds(self.store.num_nodes, self.num_partitions, partition)
             ranges.append((slot * self.stride, end - start))
-        return BufferView(index, tuple(partitions), slot_of, self.rows, self.stride, ranges)
+        candidates = ranges + (self.cache.ranges(partitions) if self.cache else [])
+        return BufferView(index, tuple(partitions), slot_of, self.rows, self.stride, ranges, candidates)
 
-    def walk(self, states: Sequence[Sequence[int]]) -> Iterator[BufferView]:
+    def walk(self, states: Sequence[Sequence[int]], epoch: int = 0) -> Iterator[BufferView]:
         """Yield a view per state (the storage partitions resident in it).
 
         Admissions of the next states are read while this one trains;
         evictions are written back behind. Call ``flush()`` after the last state.
+        ``epoch`` seeds the negative cache's blocks, read before the first state.
         """
+        if self.cache:
+            self.flush()  # the store is current before the cache reads it
+            self.counters.add_cache_read(self.cache.fill(epoch, self.files, self.tables))
         self._fill(sorted(states[0]))
         self._schedule(states, 0)
         yield self._view(0, states[0])
@@ -191,6 +219,8 @@ class PartitionBuffer:
         else:
             future.result()
         self._slot_of[partition] = slot
+        if self.cache:
+            self.cache.admitted(partition, self.tables, slot * self.stride)
 
     def _schedule(self, states: Sequence[Sequence[int]], index: int) -> None:
         """Read ahead the admissions of states ``index + 1 .. index + lookahead`` into free slots.

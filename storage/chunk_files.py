@@ -95,6 +95,27 @@ class ChunkFiles:
             os.close(descriptor)
         return self.chunk_bytes
 
+    def read_rows(self, chunk: int, first: int, count: int, out: np.ndarray) -> int:
+        """Rows ``[first, first + count)`` of chunk ``chunk`` into ``out`` (through the page cache)."""
+        nbytes = count * self.cols * 4
+        view = memoryview(_checked(out, nbytes)).cast("B")
+        try:
+            descriptor = os.open(self.chunk_path(chunk), os.O_RDONLY)
+        except FileNotFoundError:  # never written: zarr's fill value
+            out.reshape(-1)[:nbytes // 4] = 0.0
+            return nbytes
+        try:
+            filled, offset = 0, first * self.cols * 4
+            while filled < nbytes:
+                got = os.preadv(descriptor, [view[filled:nbytes]], offset + filled)
+                if not got:
+                    raise OSError(f"{self.chunk_path(chunk)}: chunk file is truncated (rows {first}-"
+                                  f"{first + count} of a {self.rows_per_chunk}-row chunk)")
+                filled += got
+        finally:
+            os.close(descriptor)
+        return nbytes
+
     def write(self, chunk: int, data: np.ndarray) -> int:
         """Replace chunk ``chunk`` atomically with the first ``chunk_bytes`` of ``data``."""
         view = memoryview(_checked(data, self.chunk_bytes)).cast("B")

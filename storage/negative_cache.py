@@ -1,0 +1,134 @@
+"""Negatives from outside the buffer: a few rows of every partition kept next to the buffer's slots.
+
+Out of core, an edge's negatives come from the partitions resident with it;
+with a fixed ordering an edge of bucket (i, j) at c=2 never meets a node of
+any other partition (bench/RESULTS.md, "Why BETA misses"). The cache holds,
+for every storage partition p, a block of ``rows(p)`` of its rows; while p is
+not resident those rows join the candidates negatives are drawn from.
+
+Layout: the cache is a region of the buffer's own tables after the slots
+(row ``base + p * block`` onward for partition p), so a cached row is a
+candidate like a resident one and the training step needs nothing new. The
+block of p is a contiguous run of its rows starting at an offset drawn per
+(seed, epoch, p): node ids are a seeded random permutation (preprocessing),
+so a run is a uniform sample, and a run is one read.
+
+Refresh (``refresh``):
+- ``evict`` (default): at the start of every epoch the whole cache is read
+  from the store (the only extra IO: ``rows x (d + state) x 4`` bytes per
+  partition and epoch), and whenever a partition is evicted its block is
+  copied from the slot, the freshest values, at no IO.
+- ``epoch``: only the read at the start of the epoch.
+
+Gradients (``gradients``): the step updates a cached row in place like any
+candidate, embedding and optimizer state.
+- ``drop`` (default): the cached copy keeps its updates until its next refresh; the
+  partition's own rows never see them.
+- ``defer``: when the partition is next admitted in the same epoch, the
+  cached rows' change since their last refresh (or last admission) is added
+  to the partition's rows, embedding and state. Changes still pending when the
+  epoch ends are dropped, so an epoch starts from the store alone and a
+  resumed run equals an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from storage.partitioning import partition_bounds
+
+REFRESH_POLICIES = ("evict", "epoch")
+GRADIENT_POLICIES = ("drop", "defer")
+
+
+def cached_rows(rows_per_partition: int, fraction: float) -> int:
+    """Rows cached per partition: ``fraction`` of a partition, at least 1 (0 when the cache is off)."""
+    return max(1, round(fraction * rows_per_partition)) if fraction > 0 else 0
+
+
+def cache_bytes_per_epoch(num_nodes: int, num_partitions: int, fraction: float, row_bytes: int) -> int:
+    """Bytes the cache reads from the store per epoch (every partition's block, embedding and state)."""
+    rows = partition_bounds(num_nodes, num_partitions, 0)[1]  # the first partition is the largest
+    block = cached_rows(rows, fraction)
+    return sum(min(block, end - start) for start, end in
+               (partition_bounds(num_nodes, num_partitions, p) for p in range(num_partitions))) * row_bytes
+
+
+class NegativeCache:
+    """Blocks of every partition's rows in a region of the buffer tables (module docstring)."""
+
+    def __init__(self, num_nodes: int, num_partitions: int, rows_per_partition: int, fraction: float,
+                 refresh: str = "evict", gradients: str = "drop", seed: int = 0):
+        if refresh not in REFRESH_POLICIES or gradients not in GRADIENT_POLICIES:
+            raise ValueError(f"refresh {refresh!r} / gradients {gradients!r}: expected one of "
+                             f"{REFRESH_POLICIES} / {GRADIENT_POLICIES}")
+        self.block = cached_rows(rows_per_partition, fraction)
+        self.base = 0  # the first table row of the cache: set by the PartitionBuffer that holds it
+        self.refresh, self.gradients, self.seed = refresh, gradients, seed
+        self.valid = [end - start for start, end in
+                      (partition_bounds(num_nodes, num_partitions, p) for p in range(num_partitions))]
+        self.counts = [min(self.block, valid) for valid in self.valid]
+        self.offsets = [0] * num_partitions
+        self.num_rows = self.block * num_partitions
+        self._snapshot: list[torch.Tensor] | None = None  # defer: the cache at its last refresh or admission
+
+    def region(self, partition: int) -> slice:
+        """The table rows of ``partition``'s block."""
+        start = self.base + partition * self.block
+        return slice(start, start + self.counts[partition])
+
+    def rows_in_partition(self, partition: int) -> np.ndarray:
+        """Which of the partition's rows its block holds (a run from this epoch's offset, wrapping)."""
+        return (self.offsets[partition] + np.arange(self.counts[partition])) % max(1, self.valid[partition])
+
+    def ranges(self, resident) -> list[tuple[int, int]]:
+        """(first table row, rows) of the blocks of every partition not in ``resident``."""
+        resident = set(resident)
+        return [(self.region(p).start, self.counts[p]) for p in range(len(self.valid))
+                if p not in resident and self.counts[p]]
+
+    def fill(self, epoch: int, files, tables: list[torch.Tensor]) -> int:
+        """Draw this epoch's blocks and read them from the store into ``tables``; the bytes read."""
+        rng = np.random.default_rng([self.seed, epoch, 0xCAC4E])
+        self.offsets = [int(rng.integers(max(1, valid))) for valid in self.valid]
+        nbytes = 0
+        for chunk_files, table in zip(files, tables):
+            region = torch.empty(self.num_rows, table.shape[1], dtype=table.dtype)
+            for p in range(len(self.valid)):
+                first, count = self.offsets[p], self.counts[p]
+                head = min(count, self.valid[p] - first)
+                block = region[p * self.block:p * self.block + count].numpy()
+                nbytes += chunk_files.read_rows(p, first, head, block[:head])
+                if count > head:  # the run wraps to the partition's first rows
+                    nbytes += chunk_files.read_rows(p, 0, count - head, block[head:])
+            table[self.base:self.base + self.num_rows].copy_(region)
+        self._remember(tables)
+        return nbytes
+
+    def evicted(self, partition: int, tables: list[torch.Tensor], slot_start: int) -> None:
+        """``partition`` leaves the buffer from the slot at ``slot_start``: refresh its block from there."""
+        if self.refresh != "evict" or not self.counts[partition]:
+            return
+        rows = slot_start + torch.from_numpy(self.rows_in_partition(partition)).to(tables[0].device)
+        region = self.region(partition)
+        for table in tables:
+            table[region] = table[rows]
+        if self._snapshot is not None:
+            for table, snapshot in zip(tables, self._snapshot):
+                snapshot[region.start - self.base:region.stop - self.base] = table[region]
+
+    def admitted(self, partition: int, tables: list[torch.Tensor], slot_start: int) -> None:
+        """``partition`` enters the slot at ``slot_start``: with ``defer``, add its block's pending change."""
+        if self._snapshot is None or not self.counts[partition]:
+            return
+        rows = slot_start + torch.from_numpy(self.rows_in_partition(partition)).to(tables[0].device)
+        region = self.region(partition)
+        local = slice(region.start - self.base, region.stop - self.base)
+        for table, snapshot in zip(tables, self._snapshot):
+            table.index_add_(0, rows, table[region] - snapshot[local])
+            snapshot[local] = table[region]
+
+    def _remember(self, tables: list[torch.Tensor]) -> None:
+        if self.gradients == "defer":
+            self._snapshot = [table[self.base:self.base + self.num_rows].clone() for table in tables]

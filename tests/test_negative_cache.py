@@ -1,0 +1,180 @@
+"""The negative cache (storage.negative_cache): blocks of non-resident partitions as negatives.
+
+Stores here encode each row's global id (``test_buffer``), so a cached row
+holding the wrong node, or a stale copy, is caught exactly.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from test_buffer import DIM, HAND_STATES, STATE_DIM, expected_tables, make_store
+
+import marius_py as mp
+from marius_py.config import load_config
+from marius_py.errors import MariusInputError
+from marius_py.preprocess import PreprocessOptions, preprocess
+from orderings import build_ordering, simulate
+from storage.buffer import PartitionBuffer
+from storage.negative_cache import NegativeCache, cache_bytes_per_epoch, cached_rows
+
+NUM_NODES, NUM_PARTITIONS = 19, 5  # 4 rows per partition, the last has 3
+UMLS_RAW = Path(__file__).parent / "data" / "umls"
+
+
+def make_buffer(tmp_path, refresh="evict", gradients="drop", fraction=0.5):
+    store = make_store(tmp_path / "s", NUM_NODES, NUM_PARTITIONS)
+    cache = NegativeCache(NUM_NODES, NUM_PARTITIONS, store.rows_per_partition, fraction, refresh, gradients, seed=1)
+    return store, PartitionBuffer(store, capacity=2, cache=cache)
+
+
+def block_ids(buffer: PartitionBuffer, partition: int) -> np.ndarray:
+    """Global node ids of the rows ``partition``'s block holds."""
+    return buffer.store.bounds(partition)[0] + buffer.cache.rows_in_partition(partition)
+
+
+def cached(buffer: PartitionBuffer, partition: int) -> tuple[np.ndarray, np.ndarray]:
+    region = buffer.cache.region(partition)
+    return buffer.embeddings[region].numpy().copy(), buffer.state[region].numpy().copy()
+
+
+def test_cached_rows_rounds_a_fraction_of_a_partition():
+    assert cached_rows(1000, 0.0) == 0
+    assert cached_rows(1000, 0.05) == 50
+    assert cached_rows(3, 0.01) == 1  # at least one row
+    # the last partition may be short: the block is cut to its rows
+    assert cache_bytes_per_epoch(NUM_NODES, NUM_PARTITIONS, 1.0, 20) == NUM_NODES * 20
+
+
+def test_candidates_are_resident_rows_and_blocks_of_the_others(tmp_path):
+    store, buffer = make_buffer(tmp_path)
+    emb, state = expected_tables(NUM_NODES)
+    try:
+        for view in buffer.walk(HAND_STATES, epoch=3):
+            outside = [p for p in range(NUM_PARTITIONS) if p not in view.partitions]
+            assert view.candidate_ranges == view.resident_ranges + [
+                (buffer.cache.region(p).start, buffer.cache.counts[p]) for p in outside]
+            for p in outside:  # no updates in this walk: every block equals the store's rows
+                np.testing.assert_array_equal(cached(buffer, p)[0], emb[block_ids(buffer, p)])
+                np.testing.assert_array_equal(cached(buffer, p)[1], state[block_ids(buffer, p)])
+        buffer.flush()
+        assert buffer.counters.cache_bytes_read == cache_bytes_per_epoch(NUM_NODES, NUM_PARTITIONS, 0.5,
+                                                                         (DIM + STATE_DIM) * 4)
+        assert buffer.cache.counts == [2, 2, 2, 2, 2]
+        offsets = list(buffer.cache.offsets)
+        list(buffer.walk(HAND_STATES, epoch=3))
+        assert buffer.cache.offsets == offsets  # the blocks are seeded by the epoch
+        list(buffer.walk(HAND_STATES, epoch=4))
+        assert buffer.cache.offsets != offsets
+    finally:
+        buffer.close()
+
+
+def walk_updating_cache(buffer, refresh, gradients, resident_delta, cache_delta):
+    """Walk HAND_STATES adding ``resident_delta`` to resident rows and ``cache_delta`` to every cached block at
+    each state; return the tables the store must hold, tracking what each policy does."""
+    emb, state = expected_tables(NUM_NODES)
+    pending = {p: 0.0 for p in range(NUM_PARTITIONS)}  # cache change since the block's refresh or admission
+    previous = set()
+    for k, view in enumerate(buffer.walk(HAND_STATES, epoch=1)):
+        current = set(view.partitions)
+        for p in sorted(current - previous):  # admitted
+            if gradients == "defer" and previous:
+                ids = block_ids(buffer, p)
+                emb[ids] += pending[p]
+                state[ids] += pending[p]
+            pending[p] = 0.0
+        for p in sorted(previous - current):  # evicted: its block now holds the slot's rows
+            if refresh == "evict":
+                np.testing.assert_array_equal(cached(buffer, p)[0], emb[block_ids(buffer, p)],
+                                              err_msg=f"state {k}: block of evicted partition {p}")
+        for p in current:
+            start, end = buffer.store.bounds(p)
+            local = view.local_ids(torch.arange(start, end))
+            buffer.embeddings[local] += resident_delta
+            buffer.state[local] += resident_delta
+            emb[start:end] += resident_delta
+            state[start:end] += resident_delta
+        for p in range(NUM_PARTITIONS):
+            if p not in current:
+                region = buffer.cache.region(p)
+                buffer.embeddings[region] += cache_delta
+                buffer.state[region] += cache_delta
+                pending[p] += cache_delta
+        previous = current
+    buffer.flush()  # changes pending at the epoch's end are dropped
+    return emb, state
+
+
+@pytest.mark.parametrize("refresh", ["evict", "epoch"])
+@pytest.mark.parametrize("gradients", ["drop", "defer"])
+def test_refresh_and_gradient_policies(tmp_path, refresh, gradients):
+    store, buffer = make_buffer(tmp_path, refresh, gradients)
+    try:
+        emb, state = walk_updating_cache(buffer, refresh, gradients, resident_delta=1.0, cache_delta=1000.0)
+    finally:
+        buffer.close()
+    stored_emb, stored_state = store.read_all()
+    np.testing.assert_array_equal(stored_emb, emb)
+    np.testing.assert_array_equal(stored_state, state)
+    changed = (stored_emb[:, 0] - expected_tables(NUM_NODES)[0][:, 0]) >= 1000
+    assert changed.any() == (gradients == "defer")  # deferred updates reached the store, dropped ones did not
+
+
+def test_policies_are_validated():
+    with pytest.raises(MariusInputError, match="storage.negative_cache_gradients"):
+        load_config(None, ["storage.negative_cache_gradients=later"])
+    with pytest.raises(MariusInputError, match="storage.negative_cache"):
+        load_config(None, ["storage.negative_cache=1.5"])
+
+
+# --------------------------------------------------------------------------- training with the cache
+
+@pytest.fixture(scope="module")
+def umls_p8(tmp_path_factory):
+    out = tmp_path_factory.mktemp("cache-umls") / "umls-p8"
+    preprocess(out, UMLS_RAW / "train.txt", UMLS_RAW / "valid.txt", UMLS_RAW / "test.txt",
+               PreprocessOptions(num_partitions=8), progress=False)
+    return out
+
+
+def cache_config(dataset, *overrides):
+    return load_config(None, [f"dataset.path={dataset}", "training.device=cpu", "model.dim=16",
+                              "training.batch_size=512", "training.num_negatives=64", "training.num_chunks=2",
+                              "training.seed=3", "evaluation.every=0", "storage.num_partitions=8",
+                              "storage.buffer_capacity=2", "storage.ordering=beta", "storage.negative_cache=0.25",
+                              *overrides])
+
+
+def test_training_with_the_cache_learns_and_reads_what_the_simulator_says(umls_p8, tmp_path):
+    model = mp.train(cache_config(umls_p8, "training.epochs=3", "storage.negative_cache_gradients=defer"),
+                     tmp_path / "run", progress=False)
+    assert model.test_metrics["mrr"] > 0.3, model.test_metrics
+    records = [r for r in mp.checkpoint.RunDirectory(tmp_path / "run").read_metrics() if r["event"] == "epoch"]
+    store = mp.checkpoint.RunDirectory(tmp_path / "run").path / mp.checkpoint.LIVE_STORE
+    from storage.embedding_store import EmbeddingStore
+    store = EmbeddingStore(store, mode="r")
+    row_bytes = (16 + 16) * 4
+    cache_bytes = cache_bytes_per_epoch(store.num_nodes, 8, 0.25, row_bytes)
+    assert cache_bytes > 0
+    for record in records:
+        stats = simulate(build_ordering("beta", 8, 2, seed=3, epoch=record["epoch"]),
+                         store.rows_per_partition * row_bytes, cache_bytes)
+        assert record["io"]["bytes_read"] == stats.bytes_read
+        assert record["io"]["cache_bytes_read"] == stats.cache_bytes_read == cache_bytes
+
+
+@pytest.mark.parametrize("gradients", ["drop", "defer"])
+def test_resume_with_the_cache_equals_uninterrupted(umls_p8, tmp_path, gradients):
+    policy = f"storage.negative_cache_gradients={gradients}"
+    mp.train(cache_config(umls_p8, "training.epochs=3", policy), tmp_path / "full", progress=False)
+    mp.train(cache_config(umls_p8, "training.epochs=1", policy), tmp_path / "split", progress=False)
+    resumed = mp.api.load_run_config(tmp_path / "split", ["training.epochs=3"])
+    mp.train(resumed, tmp_path / "split", progress=False, resume=True)
+    full, split = (mp.checkpoint.load_version(mp.checkpoint.RunDirectory(tmp_path / name).latest_version())
+                   for name in ("full", "split"))
+    np.testing.assert_allclose(split[0], full[0], rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(split[1], full[1], rtol=1e-5, atol=1e-7)
