@@ -8,8 +8,10 @@ everything else equal, and prints test MRR and its difference to p = 1.
 
 A variant ``ORDERING:P:C`` trains with P partitions and a buffer of C (for
 ``comet``, P and C count logical partitions of ``--group-size`` physical ones,
-or of K with ``comet:P:C:K``); ``+key=value`` suffixes override that variant's
-config only, e.g. ``beta:16:4+storage.edge_assignment=edge``.
+or of K with ``comet:P:C:K``; ``default:P:C`` is the default ordering over P
+physical partitions, its group size chosen as training does); ``+key=value``
+suffixes override that variant's config only, e.g.
+``beta:16:4+storage.negative_cache=0.1``.
 """
 
 from __future__ import annotations
@@ -27,14 +29,19 @@ from quality import machine, run_one  # noqa: E402
 import marius_py as mp  # noqa: E402
 from marius_py.trainer import epoch_ordering  # noqa: E402
 from orderings import simulate  # noqa: E402
+from orderings.simulator import format_bytes  # noqa: E402
 from storage.negative_cache import cache_bytes_per_epoch  # noqa: E402
 from storage.partitioning import partition_size  # noqa: E402
 
 
 def variant_overrides(spec: str, group_size: int) -> list[str]:
-    """``ORDERING:P:C`` or ``comet:P:C:K`` (K physical partitions per logical one), then any ``+key=value``."""
+    """``ORDERING:P:C`` or ``comet:P:C:K`` (K physical partitions per logical one), then any ``+key=value``.
+    ``default:P:C``: the default ordering as a user gets it, P physical partitions and a buffer of C."""
     layout, *extra = spec.split("+")
     ordering, p, c, *k = layout.split(":")
+    if ordering == "default":
+        return [f"storage.num_partitions={p}", f"storage.buffer_capacity={c}", "storage.comet_group_size=0",
+                *extra]
     k = int(k[0]) if k else (group_size if ordering == "comet" else 1)
     return [f"storage.ordering={ordering}", f"storage.num_partitions={int(p) * k}",
             f"storage.buffer_capacity={int(c) * k}", f"storage.comet_group_size={k}", *extra]
@@ -76,8 +83,10 @@ def main() -> None:
             result["variant"] = label
             io_match = ""
             if result["io"] is not None:
+                io = result["io"]
                 result["io_predicted"] = predicted_io(result["resolved_config"], result["num_nodes"])
-                io_match = "IO = simulator" if result["io"] == result["io_predicted"] else "IO MISMATCH"
+                io_match = (f"read {format_bytes(io['bytes_read'])} + cache {format_bytes(io['cache_bytes_read'])}, "
+                            + ("IO = simulator" if io == result["io_predicted"] else "IO MISMATCH"))
             results.append(result)
             baseline = results[0]["test"]["mrr"]
             t = result["test"]

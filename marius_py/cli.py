@@ -146,6 +146,7 @@ def cmd_predict(args) -> None:
 
 def cmd_ordering(args) -> None:
     from orderings import compare_orderings, default_group_size, format_table
+    from orderings.simulator import format_bytes
     from storage.partitioning import partition_size
     num_nodes = args.nodes
     if args.dataset:
@@ -158,13 +159,21 @@ def cmd_ordering(args) -> None:
     rows = partition_size(num_nodes, args.partitions) if num_nodes else 0
     partition_bytes = rows * (args.dim + state_dim) * 4
     group = args.group_size or default_group_size(args.partitions, args.buffer)
-    print(format_table(compare_orderings(args.partitions, args.buffer, partition_bytes, seed=args.seed,
-                                         group_size=group)))
+    table = compare_orderings(args.partitions, args.buffer, partition_bytes, seed=args.seed, group_size=group)
+    print(format_table(table))
     print(f"comet (training's default ordering): BETA over {args.partitions // group} logical partitions of "
           f"{group} physical ones, regrouped at random every epoch (storage.comet_group_size={group})")
     if num_nodes:
         print(f"partition = {rows:,} rows x (dim {args.dim} + optimizer state {state_dim}) x 4 B")
-    else:
+    if num_nodes and args.negative_cache:
+        from storage.negative_cache import cache_bytes_per_epoch, cached_rows
+        extra = cache_bytes_per_epoch(num_nodes, args.partitions, args.negative_cache, (args.dim + state_dim) * 4)
+        beta = next(r for r in table if r.ordering == "beta")
+        print(f"negative cache {args.negative_cache:g}: {cached_rows(rows, args.negative_cache):,} rows of every "
+              f"partition, read once an epoch: +{format_bytes(extra)} per epoch "
+              f"({100 * extra / beta.bytes_read:.1f}% of beta's reads), "
+              f"{format_bytes(extra)} more memory")
+    if not num_nodes:
         print("bytes are 0: give --dataset DIR or --nodes N (and --dim) to size the partitions")
 
 
@@ -268,6 +277,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--group-size", type=int, default=0,
                    help="comet: physical partitions per logical one (0: as training picks it)")
+    p.add_argument("--negative-cache", type=float, default=0.0, metavar="FRACTION",
+                   help="storage.negative_cache: the extra IO and memory of caching this fraction of every partition")
     p.set_defaults(func=cmd_ordering)
 
     p = sub.add_parser("verify", help="check every committed checkpoint of a run against its checksums")

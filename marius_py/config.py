@@ -19,7 +19,7 @@ import yaml
 from marius_py import models
 from orderings import ORDERINGS, default_group_size
 from marius_py.errors import MariusInputError
-from storage.negative_cache import GRADIENT_POLICIES, REFRESH_POLICIES
+from storage.negative_cache import DRAW_POLICIES, GRADIENT_POLICIES, REFRESH_POLICIES
 
 DECODERS = tuple(models.DECODER_CLASSES)
 LOSSES = tuple(models.LOSSES)
@@ -133,6 +133,9 @@ class StorageConfig:
                                                "cached rows: 'drop' (they stay in the cached copy) or 'defer' "
                                                "(added to the partition's rows when it is next admitted "
                                                "within the epoch)")
+    negative_cache_draws: str = _f("rows", f"one of {DRAW_POLICIES}: how often cached rows are drawn: 'rows' (as "
+                                           "often as a resident row) or 'partitions' (a partition's block as "
+                                           "often as its whole partition would be in memory)")
 
 
 @dataclass
@@ -281,6 +284,8 @@ def _check_storage(s: StorageConfig, _check) -> None:
            f"expected one of {', '.join(REFRESH_POLICIES)}", s.negative_cache_refresh)
     _check(s.negative_cache_gradients in GRADIENT_POLICIES, "storage.negative_cache_gradients",
            f"expected one of {', '.join(GRADIENT_POLICIES)}", s.negative_cache_gradients)
+    _check(s.negative_cache_draws in DRAW_POLICIES, "storage.negative_cache_draws",
+           f"expected one of {', '.join(DRAW_POLICIES)}", s.negative_cache_draws)
     if s.buffer_capacity == 0:
         s.buffer_capacity = s.num_partitions
     if s.num_partitions > 1:

@@ -18,25 +18,31 @@ class CandidateRows:
     """Rows uniform negatives are drawn from: a union of contiguous ranges of a node table.
 
     In memory that is ``[0, num_nodes)``; in a partition buffer, the valid rows
-    of each resident partition's slot.
+    of each resident partition's slot, and the blocks of a negative cache. A
+    range ``(start, count, span)`` is drawn as if it had ``span`` rows (its
+    rows repeated ``span / count`` times): a cached block stands for its whole
+    partition. ``(start, count)`` means ``span == count``.
     """
 
-    def __init__(self, ranges: list[tuple[int, int]], device: torch.device | str = "cpu"):
-        self.total = sum(count for _, count in ranges)  # on the host: no device synchronisation
-        self._identity = len(ranges) == 1 and ranges[0][0] == 0
+    def __init__(self, ranges: list[tuple[int, ...]], device: torch.device | str = "cpu"):
+        spans = [r[2] if len(r) > 2 else r[1] for r in ranges]
+        self.total = sum(spans)  # draw positions, on the host: no device synchronisation
+        self._identity = len(ranges) == 1 and ranges[0][0] == 0 and spans[0] == ranges[0][1]
+        self._weighted = any(span != r[1] for span, r in zip(spans, ranges))
         if not self._identity:
-            starts = torch.tensor([start for start, _ in ranges], dtype=torch.long, device=device)
-            counts = torch.tensor([count for _, count in ranges], dtype=torch.long, device=device)
-            self._ends = torch.cumsum(counts, 0)
-            self._offsets = starts - (self._ends - counts)  # local row = position + offset of its range
+            as_tensor = lambda values: torch.tensor(values, dtype=torch.long, device=device)  # noqa: E731
+            self._starts, self._counts = as_tensor([r[0] for r in ranges]), as_tensor([r[1] for r in ranges])
+            self._spans = as_tensor(spans)
+            self._ends = torch.cumsum(self._spans, 0)
+            self._offsets = self._starts - (self._ends - self._spans)  # row = position + offset of its range
 
     def to(self, device: torch.device | str) -> CandidateRows:
         """The same rows, their lookup tensors on ``device``."""
         if self._identity:
             return self
         moved = CandidateRows.__new__(CandidateRows)
-        moved.total, moved._identity = self.total, False
-        moved._ends, moved._offsets = self._ends.to(device), self._offsets.to(device)
+        moved.__dict__.update({key: value.to(device) if isinstance(value, torch.Tensor) else value
+                               for key, value in self.__dict__.items()})
         return moved
 
     @property
@@ -52,11 +58,20 @@ class CandidateRows:
         """The table row of each position in [0, total)."""
         if self._identity:
             return positions
-        ranges = torch.searchsorted(self._ends.to(positions.device), positions, right=True)
-        return positions + self._offsets.to(positions.device)[ranges]
+        device = positions.device
+        ranges = torch.searchsorted(self._ends.to(device), positions, right=True)
+        if not self._weighted:
+            return positions + self._offsets.to(device)[ranges]
+        within = positions - (self._ends - self._spans).to(device)[ranges]
+        return self._starts.to(device)[ranges] + within * self._counts.to(device)[ranges] // \
+            self._spans.to(device)[ranges]
 
     def all(self, device: torch.device) -> torch.Tensor:
-        return self.rows(torch.arange(self.total, device=device))
+        """Every row once (1-vs-all scoring)."""
+        if not self._weighted:
+            return self.rows(torch.arange(self.total, device=device))
+        return torch.cat([torch.arange(start, start + count, device=device)
+                          for start, count in zip(self._starts.tolist(), self._counts.tolist())])
 
 
 def sample_negatives(endpoints: torch.Tensor, candidates: CandidateRows | int, num_chunks: int,

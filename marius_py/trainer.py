@@ -238,7 +238,7 @@ class Trainer:
             if s.negative_cache > 0:
                 cache = NegativeCache(self.store.num_nodes, self.store.num_partitions, self.store.rows_per_partition,
                                       s.negative_cache, s.negative_cache_refresh, s.negative_cache_gradients,
-                                      self.config.training.seed)
+                                      self.config.training.seed, s.negative_cache_draws)
             self.buffer = PartitionBuffer(self.store, s.buffer_capacity, self.table_device,
                                           swap_size=self._swap_size(), lookahead=s.lookahead,
                                           pin_memory=self._zero_copy_tables(), cache=cache)

@@ -20,6 +20,11 @@ Refresh (``refresh``):
   copied from the slot, the freshest values, at no IO.
 - ``epoch``: only the read at the start of the epoch.
 
+Draws (``draws``): ``rows`` (default): a cached row is as likely a negative
+as a resident row; ``partitions``: a block is drawn as often as its whole
+partition would be in memory (its rows repeated), so negatives come from
+every partition in proportion to its size, as in memory.
+
 Gradients (``gradients``): the step updates a cached row in place like any
 candidate, embedding and optimizer state.
 - ``drop`` (default): the cached copy keeps its updates until its next refresh; the
@@ -40,6 +45,7 @@ from storage.partitioning import partition_bounds
 
 REFRESH_POLICIES = ("evict", "epoch")
 GRADIENT_POLICIES = ("drop", "defer")
+DRAW_POLICIES = ("rows", "partitions")
 
 
 def cached_rows(rows_per_partition: int, fraction: float) -> int:
@@ -59,10 +65,11 @@ class NegativeCache:
     """Blocks of every partition's rows in a region of the buffer tables (module docstring)."""
 
     def __init__(self, num_nodes: int, num_partitions: int, rows_per_partition: int, fraction: float,
-                 refresh: str = "evict", gradients: str = "drop", seed: int = 0):
-        if refresh not in REFRESH_POLICIES or gradients not in GRADIENT_POLICIES:
-            raise ValueError(f"refresh {refresh!r} / gradients {gradients!r}: expected one of "
-                             f"{REFRESH_POLICIES} / {GRADIENT_POLICIES}")
+                 refresh: str = "evict", gradients: str = "drop", seed: int = 0, draws: str = "rows"):
+        if refresh not in REFRESH_POLICIES or gradients not in GRADIENT_POLICIES or draws not in DRAW_POLICIES:
+            raise ValueError(f"refresh {refresh!r} / gradients {gradients!r} / draws {draws!r}: expected one of "
+                             f"{REFRESH_POLICIES} / {GRADIENT_POLICIES} / {DRAW_POLICIES}")
+        self.draws = draws
         self.block = cached_rows(rows_per_partition, fraction)
         self.base = 0  # the first table row of the cache: set by the PartitionBuffer that holds it
         self.refresh, self.gradients, self.seed = refresh, gradients, seed
@@ -82,11 +89,13 @@ class NegativeCache:
         """Which of the partition's rows its block holds (a run from this epoch's offset, wrapping)."""
         return (self.offsets[partition] + np.arange(self.counts[partition])) % max(1, self.valid[partition])
 
-    def ranges(self, resident) -> list[tuple[int, int]]:
-        """(first table row, rows) of the blocks of every partition not in ``resident``."""
+    def ranges(self, resident) -> list[tuple[int, int, int]]:
+        """(first table row, rows, draw span) of the blocks of every partition not in ``resident``: with
+        ``draws == "partitions"`` a block is drawn as often as its partition's rows would be."""
         resident = set(resident)
-        return [(self.region(p).start, self.counts[p]) for p in range(len(self.valid))
-                if p not in resident and self.counts[p]]
+        return [(self.region(p).start, self.counts[p],
+                 self.valid[p] if self.draws == "partitions" else self.counts[p])
+                for p in range(len(self.valid)) if p not in resident and self.counts[p]]
 
     def fill(self, epoch: int, files, tables: list[torch.Tensor]) -> int:
         """Draw this epoch's blocks and read them from the store into ``tables``; the bytes read."""

@@ -16,6 +16,7 @@ from test_buffer import DIM, HAND_STATES, STATE_DIM, expected_tables, make_store
 import marius_py as mp
 from marius_py.config import load_config
 from marius_py.errors import MariusInputError
+from marius_py.negatives import CandidateRows
 from marius_py.preprocess import PreprocessOptions, preprocess
 from orderings import build_ordering, simulate
 from storage.buffer import PartitionBuffer
@@ -56,7 +57,7 @@ def test_candidates_are_resident_rows_and_blocks_of_the_others(tmp_path):
         for view in buffer.walk(HAND_STATES, epoch=3):
             outside = [p for p in range(NUM_PARTITIONS) if p not in view.partitions]
             assert view.candidate_ranges == view.resident_ranges + [
-                (buffer.cache.region(p).start, buffer.cache.counts[p]) for p in outside]
+                (buffer.cache.region(p).start, buffer.cache.counts[p], buffer.cache.counts[p]) for p in outside]
             for p in outside:  # no updates in this walk: every block equals the store's rows
                 np.testing.assert_array_equal(cached(buffer, p)[0], emb[block_ids(buffer, p)])
                 np.testing.assert_array_equal(cached(buffer, p)[1], state[block_ids(buffer, p)])
@@ -124,6 +125,20 @@ def test_refresh_and_gradient_policies(tmp_path, refresh, gradients):
     assert changed.any() == (gradients == "defer")  # deferred updates reached the store, dropped ones did not
 
 
+def test_partition_draws_span_each_block_over_its_partition(tmp_path):
+    store = make_store(tmp_path / "s", NUM_NODES, NUM_PARTITIONS)
+    cache = NegativeCache(NUM_NODES, NUM_PARTITIONS, store.rows_per_partition, 0.5, draws="partitions")
+    buffer = PartitionBuffer(store, capacity=2, cache=cache)
+    try:
+        view = next(buffer.walk([(0, 1)]))
+        assert view.candidate_ranges[2:] == [(cache.region(p).start, 2, 3 if p == 4 else 4) for p in (2, 3, 4)]
+        candidates = CandidateRows(view.candidate_ranges)
+        assert candidates.total == NUM_NODES  # drawn as often as in memory
+        buffer.flush()
+    finally:
+        buffer.close()
+
+
 def test_policies_are_validated():
     with pytest.raises(MariusInputError, match="storage.negative_cache_gradients"):
         load_config(None, ["storage.negative_cache_gradients=later"])
@@ -149,9 +164,10 @@ def cache_config(dataset, *overrides):
                               *overrides])
 
 
-def test_training_with_the_cache_learns_and_reads_what_the_simulator_says(umls_p8, tmp_path):
-    model = mp.train(cache_config(umls_p8, "training.epochs=3", "storage.negative_cache_gradients=defer"),
-                     tmp_path / "run", progress=False)
+@pytest.mark.parametrize("draws", ["rows", "partitions"])
+def test_training_with_the_cache_learns_and_reads_what_the_simulator_says(umls_p8, tmp_path, draws):
+    model = mp.train(cache_config(umls_p8, "training.epochs=3", "storage.negative_cache_gradients=defer",
+                                  f"storage.negative_cache_draws={draws}"), tmp_path / "run", progress=False)
     assert model.test_metrics["mrr"] > 0.3, model.test_metrics
     records = [r for r in mp.checkpoint.RunDirectory(tmp_path / "run").read_metrics() if r["event"] == "epoch"]
     store = mp.checkpoint.RunDirectory(tmp_path / "run").path / mp.checkpoint.LIVE_STORE
@@ -178,3 +194,12 @@ def test_resume_with_the_cache_equals_uninterrupted(umls_p8, tmp_path, gradients
                    for name in ("full", "split"))
     np.testing.assert_allclose(split[0], full[0], rtol=1e-5, atol=1e-7)
     np.testing.assert_allclose(split[1], full[1], rtol=1e-5, atol=1e-7)
+
+
+def test_cli_ordering_reports_the_cache_io(capsys):
+    from marius_py.cli import main
+    assert main(["ordering", "-p", "16", "-c", "4", "--nodes", "1000000", "--dim", "100",
+                 "--negative-cache", "0.05"]) == 0
+    line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("negative cache"))
+    # 16 partitions x 3,125 rows x (100 + 100) x 4 B = 40,000,000 B; beta reads 2.1 GiB an epoch
+    assert "3,125 rows" in line and "+38.1 MiB per epoch" in line and "(1.7% of beta's reads)" in line

@@ -82,3 +82,15 @@ def test_chunk_without_padding_is_a_reshape():
 def test_chunk_more_chunks_than_rows():
     out = chunk(torch.tensor([5, 6]), 3)
     assert out.tolist() == [[5], [6], [6]]
+
+
+def test_candidate_ranges_with_a_span_repeat_their_rows():
+    from marius_py.negatives import CandidateRows
+    candidates = CandidateRows([(0, 4), (10, 2, 8), (20, 3)])
+    assert candidates.total == 15
+    assert candidates.rows(torch.arange(15)).tolist() == [0, 1, 2, 3] + [10] * 4 + [11] * 4 + [20, 21, 22]
+    assert candidates.all(torch.device("cpu")).tolist() == [0, 1, 2, 3, 10, 11, 20, 21, 22]  # each row once
+    moved = candidates.to("cpu")
+    assert moved.rows(torch.tensor([8, 14])).tolist() == [11, 22]
+    plain = CandidateRows([(0, 4), (10, 2)])
+    assert plain.rows(torch.arange(6)).tolist() == [0, 1, 2, 3, 10, 11]
