@@ -30,7 +30,7 @@ import marius_py as mp  # noqa: E402
 from marius_py.trainer import epoch_ordering  # noqa: E402
 from orderings import simulate  # noqa: E402
 from orderings.simulator import format_bytes  # noqa: E402
-from storage.negative_cache import cache_bytes_per_epoch  # noqa: E402
+from storage.negative_cache import cache_bytes_per_epoch, cache_row_bytes  # noqa: E402
 from storage.partitioning import partition_size  # noqa: E402
 
 
@@ -54,7 +54,8 @@ def predicted_io(config: dict, num_nodes: int) -> dict:
     s, dim = resolved.storage, resolved.model.dim
     state_dim = 1 if resolved.training.adagrad_variant == "rowwise" else dim
     chunk_bytes = partition_size(num_nodes, s.num_partitions) * (dim + state_dim) * 4
-    cache_bytes = cache_bytes_per_epoch(num_nodes, s.num_partitions, s.negative_cache, (dim + state_dim) * 4)
+    cache_bytes = cache_bytes_per_epoch(num_nodes, s.num_partitions, s.negative_cache,
+                                        cache_row_bytes(dim, state_dim, s.negative_cache_gradients))
     totals = {"partitions_read": 0, "partitions_written": 0, "bytes_read": 0, "bytes_written": 0,
               "cache_bytes_read": 0}
     for epoch in range(1, resolved.training.epochs + 1):

@@ -166,13 +166,15 @@ def cmd_ordering(args) -> None:
     if num_nodes:
         print(f"partition = {rows:,} rows x (dim {args.dim} + optimizer state {state_dim}) x 4 B")
     if num_nodes and args.negative_cache:
-        from storage.negative_cache import cache_bytes_per_epoch, cached_rows
-        extra = cache_bytes_per_epoch(num_nodes, args.partitions, args.negative_cache, (args.dim + state_dim) * 4)
+        from storage.negative_cache import cache_bytes_per_epoch, cache_row_bytes, cached_rows
+        extra = cache_bytes_per_epoch(num_nodes, args.partitions, args.negative_cache,
+                                      cache_row_bytes(args.dim, state_dim, args.negative_cache_gradients))
         beta = next(r for r in table if r.ordering == "beta")
         print(f"negative cache {args.negative_cache:g}: {cached_rows(rows, args.negative_cache):,} rows of every "
               f"partition, read once an epoch: +{format_bytes(extra)} per epoch "
               f"({100 * extra / beta.bytes_read:.1f}% of beta's reads), "
-              f"{format_bytes(extra)} more memory")
+              f"{format_bytes(cached_rows(rows, args.negative_cache) * args.partitions * (args.dim + state_dim) * 4)} "
+              f"more memory")
     if not num_nodes:
         print("bytes are 0: give --dataset DIR or --nodes N (and --dim) to size the partitions")
 
@@ -279,6 +281,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comet: physical partitions per logical one (0: as training picks it)")
     p.add_argument("--negative-cache", type=float, default=0.0, metavar="FRACTION",
                    help="storage.negative_cache: the extra IO and memory of caching this fraction of every partition")
+    p.add_argument("--negative-cache-gradients", choices=["drop", "defer"], default="drop",
+                   help="storage.negative_cache_gradients (defer also reads the optimizer state)")
     p.set_defaults(func=cmd_ordering)
 
     p = sub.add_parser("verify", help="check every committed checkpoint of a run against its checksums")

@@ -25,15 +25,17 @@ as a resident row; ``partitions``: a block is drawn as often as its whole
 partition would be in memory (its rows repeated), so negatives come from
 every partition in proportion to its size, as in memory.
 
-Gradients (``gradients``): the step updates a cached row in place like any
-candidate, embedding and optimizer state.
-- ``drop`` (default): the cached copy keeps its updates until its next refresh; the
-  partition's own rows never see them.
-- ``defer``: when the partition is next admitted in the same epoch, the
-  cached rows' change since their last refresh (or last admission) is added
-  to the partition's rows, embedding and state. Changes still pending when the
-  epoch ends are dropped, so an epoch starts from the store alone and a
-  resumed run equals an uninterrupted one.
+Gradients (``gradients``):
+- ``drop`` (default): cached rows are read-only. Their Adagrad accumulator in
+  the cache is +inf, so every update the step makes to them is exactly 0
+  (``-lr g / sqrt(inf)``) and no step needs to know which rows are cached;
+  only their embeddings are read from the store.
+- ``defer``: the step updates a cached row in place like any candidate
+  (embedding and accumulator, both read from the store). When the partition
+  is next admitted in the same epoch, the cached rows' change since their last
+  refresh (or last admission) is added to the partition's rows. Changes still
+  pending when the epoch ends are dropped, so an epoch starts from the store
+  alone and a resumed run equals an uninterrupted one.
 """
 
 from __future__ import annotations
@@ -53,8 +55,13 @@ def cached_rows(rows_per_partition: int, fraction: float) -> int:
     return max(1, round(fraction * rows_per_partition)) if fraction > 0 else 0
 
 
+def cache_row_bytes(dim: int, state_dim: int, gradients: str) -> int:
+    """Bytes the cache reads per row: the embedding, and with ``defer`` the optimizer state."""
+    return (dim + (state_dim if gradients == "defer" else 0)) * 4
+
+
 def cache_bytes_per_epoch(num_nodes: int, num_partitions: int, fraction: float, row_bytes: int) -> int:
-    """Bytes the cache reads from the store per epoch (every partition's block, embedding and state)."""
+    """Bytes the cache reads from the store per epoch: every partition's block of ``row_bytes`` rows."""
     rows = partition_bounds(num_nodes, num_partitions, 0)[1]  # the first partition is the largest
     block = cached_rows(rows, fraction)
     return sum(min(block, end - start) for start, end in
@@ -102,7 +109,7 @@ class NegativeCache:
         rng = np.random.default_rng([self.seed, epoch, 0xCAC4E])
         self.offsets = [int(rng.integers(max(1, valid))) for valid in self.valid]
         nbytes = 0
-        for chunk_files, table in zip(files, tables):
+        for chunk_files, table in zip(files, tables if self.gradients == "defer" else tables[:1]):
             region = torch.empty(self.num_rows, table.shape[1], dtype=table.dtype)
             for p in range(len(self.valid)):
                 first, count = self.offsets[p], self.counts[p]
@@ -112,6 +119,8 @@ class NegativeCache:
                 if count > head:  # the run wraps to the partition's first rows
                     nbytes += chunk_files.read_rows(p, 0, count - head, block[head:])
             table[self.base:self.base + self.num_rows].copy_(region)
+        if self.gradients == "drop":
+            tables[1][self.base:self.base + self.num_rows] = float("inf")  # read-only: every update is 0
         self._remember(tables)
         return nbytes
 
@@ -121,7 +130,7 @@ class NegativeCache:
             return
         rows = slot_start + torch.from_numpy(self.rows_in_partition(partition)).to(tables[0].device)
         region = self.region(partition)
-        for table in tables:
+        for table in tables if self.gradients == "defer" else tables[:1]:
             table[region] = table[rows]
         if self._snapshot is not None:
             for table, snapshot in zip(tables, self._snapshot):
