@@ -55,18 +55,40 @@ class ScoreForm:
 
 
 class SquaredL2Form(ScoreForm):
-    """-||q - c||_2 through one matmul: the block holds |q|^2 + |c|^2 - 2 <q, c>."""
+    """-||q - c||_2 through one matmul: the block holds |q|^2 + |c|^2 - 2 <q, c>.
+
+    The norms ride in extra columns of the matmul operands ([q, |q|^2, 1] x [-2c, 1, |c|^2]), and the
+    backward's row and column sums of the gradient in a column of ones ([c, 1], [q, 1]), so no pass over
+    the [G, M, N] block is made besides the matmuls and the row kernel (adding the norms as a broadcast
+    block, and reducing the gradient block twice, cost the step ~45% at d=100 on an H100).
+    """
 
     squared_l2 = True
 
     def scores(self, q, c):
-        norms = (q * q).sum(-1)[:, :, None] + (c * c).sum(-1)[:, None, :]
-        return torch.baddbmm(norms, q, c.transpose(1, 2), alpha=-2)
+        ones_q, ones_c = q.new_ones(q.shape[:2]), c.new_ones(c.shape[:2])
+        return torch.bmm(_widened(q, (q * q).sum(-1), ones_q), _widened(-2 * c, ones_c, (c * c).sum(-1))
+                         .transpose(1, 2))
 
     def backward(self, grad, q, c):
-        grad_q = 2 * (q * grad.sum(2, keepdim=True).to(q.dtype) - torch.bmm(grad, c))
-        grad_c = 2 * (c * grad.sum(1)[:, :, None].to(c.dtype) - torch.bmm(grad.transpose(1, 2), q))
+        dim = q.shape[-1]
+        by_c = torch.bmm(grad, _widened(c, c.new_ones(c.shape[:2])))
+        by_q = torch.bmm(grad.transpose(1, 2), _widened(q, q.new_ones(q.shape[:2])))
+        grad_q = 2 * (q * by_c[..., dim:dim + 1] - by_c[..., :dim])
+        grad_c = 2 * (c * by_q[..., dim:dim + 1] - by_q[..., :dim])
         return grad_q, grad_c
+
+
+def _widened(x: torch.Tensor, *columns: torch.Tensor) -> torch.Tensor:
+    """[G, R, d] ``x`` with ``columns`` ([G, R] each) appended, zero-padded to a multiple of 8 columns
+    (aligned rows for the tensor cores)."""
+    dim = x.shape[-1]
+    width = -(-(dim + len(columns)) // 8) * 8
+    out = x.new_zeros(*x.shape[:-1], width)
+    out[..., :dim] = x
+    for k, column in enumerate(columns):
+        out[..., dim + k] = column
+    return out
 
 
 class PairwiseForm(ScoreForm):
