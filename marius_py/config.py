@@ -123,9 +123,10 @@ class StorageConfig:
                                   "random every epoch (0: the largest k <= 8 dividing num_partitions and "
                                   "buffer_capacity that leaves >= 2 groups in the buffer, 1 if none)")
     negative_cache: float = _f(0.0, "fraction of every partition's rows kept in the buffer as negatives while "
-                                    "their partition is not resident (0: negatives from resident partitions "
-                                    "only); costs that fraction of the table in memory, and reading it once "
-                                    "an epoch")
+                                    "their partition is not resident (0: off, negatives from resident "
+                                    "partitions only; off by default: on CoDEx-M it did not bring BETA or comet "
+                                    "closer to in-memory accuracy, bench/RESULTS.md); costs that fraction of "
+                                    "the table in memory, and reading it once an epoch")
     negative_cache_refresh: str = _f("evict", f"one of {REFRESH_POLICIES}: when the cached rows are refreshed: "
                                               "'evict' (read at the epoch's start, then copied from every "
                                               "evicted partition, no IO) or 'epoch' (only read at the start)")
