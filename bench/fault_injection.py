@@ -56,7 +56,8 @@ def run_with_kills(settings: list[str], kills: int, workdir: Path, seed: int = 0
     log(f"reference: test MRR {reference:.4f} in {reference_seconds:.1f} s")
 
     rng = random.Random(seed)
-    counts = {"kills": 0, "resumes": 0, "fresh_starts": 0, "refused": 0, "refusals": [], "final_mrrs": []}
+    counts = {"kills": 0, "resumes": 0, "resumes_mid_epoch": 0, "fresh_starts": 0, "refused": 0, "refusals": [],
+              "final_mrrs": []}
     series = 0
     while counts["kills"] < kills:  # a series: one run killed until an attempt survives to the end
         series += 1
@@ -67,7 +68,8 @@ def run_with_kills(settings: list[str], kills: int, workdir: Path, seed: int = 0
         log(f"series {series}: {counts['kills']} kills so far; final test MRR {final}")
     mrrs = [m for m in counts["final_mrrs"] if m is not None]
     worst = max((abs(m - reference) for m in mrrs), default=None)
-    log(f"{counts['kills']} kills, {counts['resumes']} resumes from a run directory, {counts['fresh_starts']} "
+    log(f"{counts['kills']} kills, {counts['resumes']} resumes from a run directory "
+        f"({counts['resumes_mid_epoch']} from a mid-epoch checkpoint), {counts['fresh_starts']} "
         f"fresh starts, {counts['refused']} refused checkpoints; {len(mrrs)} runs completed, largest test MRR "
         f"difference from the reference {worst}")
     return {**counts, "series": series, "reference_mrr": reference, "largest_mrr_difference": worst,
@@ -82,6 +84,8 @@ def _killed_series(settings, run_dir: Path, environment, rng, reference_seconds:
         if not resume:
             shutil.rmtree(run_dir, ignore_errors=True)  # killed before the directory was made: start over
         counts["resumes" if resume else "fresh_starts"] += 1
+        if resume and RunDirectory(run_dir).has_checkpoint() and ".s" in RunDirectory(run_dir).latest_version().name:
+            counts["resumes_mid_epoch"] += 1  # from a version committed between two buffer states
         process = subprocess.Popen(train_command(run_dir, settings, resume), env=environment,
                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         if counts["kills"] < kills:
@@ -110,11 +114,13 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=6)
     parser.add_argument("--dim", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0, help="of the kill instants")
+    parser.add_argument("--checkpoint-interval", type=float, default=0.0,
+                        help="training.checkpoint_interval (> 0: commits between buffer states too)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     settings = [f"dataset.path={Path(args.dataset).resolve()}", "training.device=cpu", f"model.dim={args.dim}",
                 f"training.epochs={args.epochs}", "training.num_negatives=200", "evaluation.every=2",
-                "training.checkpoint_interval=0", f"storage.num_partitions={args.partitions}"]
+                f"training.checkpoint_interval={args.checkpoint_interval}", f"storage.num_partitions={args.partitions}"]
     if args.partitions > 1:
         settings.append(f"storage.buffer_capacity={args.buffer}")
     with tempfile.TemporaryDirectory() as workdir:

@@ -10,6 +10,8 @@
                                links to the live store's files at the time of the commit
           model.pt             relation parameters and their optimizer state
           state.json           epoch, best validation MRR, config fingerprint
+          position.pt          mid-epoch versions (v000003.s000012: 12 buffer states of epoch 4
+                               done) only: the epoch's random generator states
           MANIFEST.json        size and checksum of every file above (storage/manifest.py)
         POINTERS.json          {"latest": newest committed version, "best": best validation MRR}
 
@@ -50,6 +52,7 @@ LIVE_STORE = "store"
 NODES = "nodes"
 MODEL_FILE = "model.pt"
 STATE_FILE = "state.json"
+POSITION_FILE = "position.pt"
 
 
 @dataclass
@@ -57,6 +60,8 @@ class TrainingState:
     """Where training stands: the next epoch to run and the best validation so far."""
 
     epoch: int = 0                 # epochs completed
+    states_done: int = 0           # buffer states of the next epoch already trained (a mid-epoch version)
+    epoch_loss: float = 0.0        # their summed loss
     best_mrr: float = -1.0
     best_epoch: int = 0
     validations_without_improvement: int = 0
@@ -127,20 +132,20 @@ class RunDirectory:
     def has_checkpoint(self) -> bool:
         return "latest" in self._pointers()
 
-    def begin_version(self, epoch: int) -> Path:
-        """A fresh temporary directory to write version ``epoch`` into."""
-        tmp = self.checkpoints / f".v{epoch:06d}.tmp"
+    def begin_version(self, epoch: int, states_done: int = 0) -> Path:
+        """A fresh temporary directory to write version ``epoch`` (``states_done`` into the next) into."""
+        tmp = self.checkpoints / f".{version_name(epoch, states_done)}.tmp"
         if tmp.exists():
             shutil.rmtree(tmp)
         tmp.mkdir(parents=True)
         return tmp
 
-    def commit_version(self, tmp: Path, epoch: int, is_best: bool) -> Path:
+    def commit_version(self, tmp: Path, epoch: int, is_best: bool, states_done: int = 0) -> Path:
         """Checksum and fsync ``tmp``, rename it to its final name, then replace the pointer file atomically."""
         previous = self._pointers().get("latest")
         write_manifest(tmp, None if previous is None else self.checkpoints / previous)
         fsync_tree(tmp)
-        final = self.checkpoints / f"v{epoch:06d}"
+        final = self.checkpoints / version_name(epoch, states_done)
         pointers = self._pointers()
         if final.exists():  # never referenced: a leftover of a killed run
             assert final.name not in pointers.values(), f"{final} is committed"
@@ -164,10 +169,31 @@ class RunDirectory:
                 shutil.rmtree(child, ignore_errors=True)
 
 
-def write_version_state(directory: Path, model_state: dict, training_state: TrainingState) -> None:
-    """The non-embedding files of a version: model parameters and training position."""
+def version_name(epoch: int, states_done: int = 0) -> str:
+    """``v000003`` after epoch 3; ``v000003.s000012`` after 12 buffer states of epoch 4 (sorts between)."""
+    return f"v{epoch:06d}" + (f".s{states_done:06d}" if states_done else "")
+
+
+def write_version_state(directory: Path, model_state: dict, training_state: TrainingState,
+                        generator_states: list[torch.Tensor] | None = None) -> None:
+    """The non-embedding files of a version: model parameters, training position and, mid-epoch, the
+    epoch's random generator states."""
     torch.save(model_state, directory / MODEL_FILE)
     (directory / STATE_FILE).write_text(json.dumps(training_state.__dict__, indent=2), encoding="utf-8")
+    if generator_states is not None:
+        torch.save(generator_states, directory / POSITION_FILE)
+
+
+def load_generator_states(directory: Path) -> list[torch.Tensor] | None:
+    """The generator states a mid-epoch version saved, or None."""
+    path = directory / POSITION_FILE
+    if not path.exists():
+        return None
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except (OSError, RuntimeError, ValueError) as error:
+        raise MariusInputError(f"checkpoint position is damaged ({type(error).__name__}: {error})", path=path,
+                               expected="a version committed by `marius-py train`") from None
 
 
 def load_version(directory: Path, fingerprint: str | None = None, with_nodes: bool = True

@@ -198,13 +198,15 @@ def cmd_verify(args) -> None:
 
 def cmd_info(args) -> None:
     from dataclasses import asdict
-    from marius_py.checkpoint import CONFIG_FILE, RunDirectory
+    from marius_py.checkpoint import CONFIG_FILE, STATE_FILE, RunDirectory
     from marius_py.dataset import read_metadata
     path = Path(args.path)
     if (path / CONFIG_FILE).exists():
         run = RunDirectory(path)
-        print(json.dumps({"run": str(path), "latest": str(run.latest_version()),
-                          "best": str(run.best_version()), "metrics": run.read_metrics()[-3:]}, indent=2))
+        latest = run.latest_version()
+        committed = json.loads((latest / STATE_FILE).read_text(encoding="utf-8"))  # epoch, states_done, best
+        print(json.dumps({"run": str(path), "latest": str(latest), "best": str(run.best_version()),
+                          "committed": committed, "metrics": run.read_metrics()[-3:]}, indent=2))
     else:
         print(json.dumps(asdict(read_metadata(path)), indent=2))
 

@@ -83,7 +83,10 @@ class TrainingConfig:
     num_threads: int = _f(0, "torch CPU threads (0: leave torch's default)")
     checkpoint_interval: float = _f(0.0, "seconds: an epoch commits a checkpoint only when this long has passed "
                                          "since the last commit, or validation found a new best, or it is the "
-                                         "last epoch (a crash loses at most this much work); 0: every epoch")
+                                         "last epoch; out of core, a commit also happens between two buffer "
+                                         "states once this long has passed (a crash then loses at most this "
+                                         "long plus one state's work; --resume continues at the next state). "
+                                         "0: every epoch, never inside one")
     score_dtype: str = _f("float32", "precision of the [batch x negatives] score block of dot-product decoders "
                                      "with softmax_ce: float32 or bfloat16 (half the memory traffic; reductions "
                                      "stay float32); TransE and RotatE blocks stay float32")

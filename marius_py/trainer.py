@@ -26,7 +26,7 @@ import torch
 from tqdm import tqdm
 
 from marius_py.checkpoint import (LIVE_STORE, NODES, RunDirectory, TrainingState, config_fingerprint,
-                                  load_version, write_version_state)
+                                  load_generator_states, load_version, write_version_state)
 from marius_py.config import Config
 from marius_py.dataset import Dataset
 from marius_py.devices import resolve_devices
@@ -189,6 +189,7 @@ class Trainer:
     def restore(self, version: Path) -> None:
         """Make ``version`` the live state: store files, model parameters, position."""
         _, _, model_state, self.state = load_version(version, self.fingerprint, with_nodes=False)
+        self._generator_states = load_generator_states(version)
         for replica in self.replicas:  # each its own copy: same-device tensors would alias the optimizer state
             replica.load_state_dict(model_state if replica is self.model else copy.deepcopy(model_state))
         shutil.rmtree(self.live_store_path, ignore_errors=True)
@@ -244,13 +245,13 @@ class Trainer:
                                           pin_memory=self._zero_copy_tables(), cache=cache)
         return self.buffer
 
-    def _commit(self, is_best: bool) -> None:
+    def _commit(self, is_best: bool, generator_states: list[torch.Tensor] | None = None) -> None:
         """Snapshot the (flushed) live store and the model into a new committed version."""
         fsync_tree(self.live_store_path)
-        tmp = self.run.begin_version(self.state.epoch)
+        tmp = self.run.begin_version(self.state.epoch, self.state.states_done)
         link_tree(self.live_store_path, tmp / NODES)
-        write_version_state(tmp, self.model.state_dict(), self.state)
-        self.run.commit_version(tmp, self.state.epoch, is_best)
+        write_version_state(tmp, self.model.state_dict(), self.state, generator_states)
+        self.run.commit_version(tmp, self.state.epoch, is_best, self.state.states_done)
 
     def save_checkpoint(self, is_best: bool = False) -> None:
         if not self.partitioned:  # the buffer flushes itself at the end of every epoch
@@ -262,8 +263,8 @@ class Trainer:
         return StoredNodes(self.store, self.device) if self.partitioned else InMemoryNodes(self.nodes, self.device)
 
     # ---- training ----
-    def _spans(self, epoch: int) -> Iterator[tuple[TrainingSpan, torch.Tensor, torch.Tensor]]:
-        """(edges, embedding table, state table) of each buffer state of an epoch."""
+    def _spans(self, epoch: int, first_state: int = 0) -> Iterator[tuple[TrainingSpan, torch.Tensor, torch.Tensor]]:
+        """(edges, embedding table, state table) of each buffer state of an epoch, from ``first_state`` on."""
         if not self.partitioned:
             yield TrainingSpan(torch.from_numpy(self.dataset.train), None), self.nodes, self.node_state
             return
@@ -272,8 +273,8 @@ class Trainer:
         state_edges = self._edges_by_edge(states, epoch) if self.config.storage.edge_assignment == "edge" \
             else lambda k: self.dataset.edges.buckets(ordering.buckets[k])
         buffer = self.partition_buffer()
-        for view in buffer.walk(states, epoch):
-            parts = state_edges(view.index)
+        for view in buffer.walk(states[first_state:], epoch):
+            parts = state_edges(first_state + view.index)
             edges = torch.from_numpy(np.concatenate(parts)) if parts else torch.empty(0, 3, dtype=torch.long)
             local = edges.clone()
             local[:, 0] = view.local_ids(edges[:, 0])  # on the host: the runner moves edges once
@@ -311,8 +312,16 @@ class Trainer:
         t = self.config.training
         shuffling = epoch_generator(t.seed, epoch)
         sampling, dropout = self._epoch_generators(epoch, shuffling)
+        generators = _flat([shuffling, sampling, dropout])
+        first_state = self.state.states_done  # > 0: resuming inside this epoch
+        if first_state:
+            if self._generator_states is None or len(self._generator_states) != len(generators):
+                raise MariusInputError("a mid-epoch checkpoint lacks its random generator states",
+                                       path=self.run.checkpoints, expected="position.pt in the latest version")
+            for generator, saved in zip(generators, self._generator_states):
+                generator.set_state(saved)
         num_edges = self.dataset.metadata.num_train
-        total_loss = torch.zeros((), device=self.device)
+        total_loss = torch.full((), self.state.epoch_loss, device=self.device)
         self.runner.max_in_flight = 0  # per epoch
         if self.multi_device:
             self.runner.counters.reset()
@@ -320,14 +329,15 @@ class Trainer:
         started = time.perf_counter()
         bar = tqdm(total=-(-num_edges // t.batch_size), desc=f"epoch {epoch}/{t.epochs}", unit="batch",
                    disable=None if self.progress else True, leave=False, dynamic_ncols=True)
-        for span, nodes, node_state in self._spans(epoch):
+        for index, (span, nodes, node_state) in enumerate(self._spans(epoch, first_state), first_state + 1):
             order = torch.randperm(len(span.edges), generator=shuffling)
             self.runner.run(span.edges[order], nodes, node_state, span.candidates, sampling, dropout,
                             total_loss, bar.update)
+            if self._state_commit_due():
+                self._commit_between_states(index, total_loss, generators)
         bar.close()
-        for device in self.devices:  # CUDA graphs and streams return before the GPU is done: time the GPU work
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
+        self._synchronize()  # CUDA graphs and streams return before the GPU is done: time the GPU work
+        self.state.states_done, self.state.epoch_loss = 0, 0.0
         seconds = time.perf_counter() - started
         if not torch.isfinite(total_loss):
             raise MariusInputError(f"training diverged: the loss of epoch {epoch} is not finite",
@@ -344,6 +354,28 @@ class Trainer:
             after = self.buffer.counters.snapshot()
             record["io"] = {key: after[key] - io_before[key] for key in after}
         return record
+
+    def _synchronize(self) -> None:
+        for device in self.devices:
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+
+    def _state_commit_due(self) -> bool:
+        """Whether to commit between two buffer states: out of core, once ``training.checkpoint_interval``
+        seconds have passed (not with a negative cache, whose blocks are not part of a checkpoint)."""
+        interval = self.config.training.checkpoint_interval
+        return (self.partitioned and interval > 0 and self.config.storage.negative_cache == 0
+                and time.monotonic() - self._last_commit >= interval)
+
+    def _commit_between_states(self, states_done: int, total_loss: torch.Tensor,
+                               generators: list[torch.Generator]) -> None:
+        """Commit the first ``states_done`` buffer states of the running epoch: a resumed run restarts
+        at the next state with the same random draws, so a crash loses at most one state's work."""
+        self._synchronize()
+        self.partition_buffer().write_resident()
+        self.state.states_done, self.state.epoch_loss = states_done, float(total_loss)
+        self._commit(is_best=False, generator_states=[generator.get_state() for generator in generators])
+        self._last_commit = time.monotonic()
 
     def _epoch_generators(self, epoch: int, shuffling: torch.Generator):
         """(negatives, dropout) generators of an epoch: one each, or one per device for several devices.
@@ -453,3 +485,8 @@ class Trainer:
     def _say(self, text: str) -> None:
         if self.progress:
             tqdm.write(text)
+
+
+def _flat(items) -> list:
+    """Generators and lists of them (one per device), flattened in order."""
+    return [leaf for item in items for leaf in (_flat(item) if isinstance(item, (list, tuple)) else [item])]

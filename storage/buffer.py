@@ -245,6 +245,14 @@ class PartitionBuffer:
         for partition in partitions:
             self._admit(partition)
 
+    def write_resident(self) -> None:
+        """Write every resident partition to the store, keeping it resident, and wait for every write-back:
+        the store then holds the tables as they are (a checkpoint between two states)."""
+        pending = [self._writer.submit(self._write, partition, slot) for partition, slot in
+                   sorted(self._slot_of.items())]
+        for future in pending + list(self._slot_writes.values()):
+            future.result()
+
     def flush(self) -> None:
         """Write every resident partition back and wait for all IO (end of an epoch).
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -87,7 +88,9 @@ def test_info_describes_dataset_and_run(trained_run, capsys):
     assert main(["info", str(data)]) == 0
     assert '"num_nodes": 135' in capsys.readouterr().out
     assert main(["info", str(run)]) == 0
-    assert "v000002" in capsys.readouterr().out
+    info = json.loads(capsys.readouterr().out)
+    assert info["latest"].endswith("v000002")
+    assert info["committed"]["epoch"] == 2 and info["committed"]["states_done"] == 0
 
 
 # ---- user mistakes: one message naming file, line and expectation; exit 2; nothing left behind ----

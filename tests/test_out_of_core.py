@@ -166,6 +166,45 @@ def test_resume_with_partitions_equals_uninterrupted(datasets, tmp_path):
     assert [r["io"] for r in epoch_records(tmp_path / "split")] == [r["io"] for r in epoch_records(tmp_path / "full")]
 
 
+class SimulatedCrash(Exception):
+    pass
+
+
+@pytest.mark.parametrize("assignment", ["bucket", "edge"])
+def test_resume_between_buffer_states_equals_uninterrupted(datasets, tmp_path, monkeypatch, assignment):
+    """A run committing after every buffer state, crashed mid-epoch and resumed, ends with the uninterrupted
+    run's model: the resumed epoch restarts at the next state with the same random draws."""
+    overrides = ("storage.num_partitions=8", "storage.buffer_capacity=3", "storage.ordering=beta_random",
+                 f"storage.edge_assignment={assignment}", "training.epochs=3", "training.seed=5")
+    mp.train(config_for(datasets[8], *overrides), tmp_path / "full", progress=False)
+
+    from marius_py.trainer import Trainer
+    original, commits = Trainer._commit_between_states, []
+
+    def crash_after_the_fourth(self, *args):
+        original(self, *args)
+        commits.append(self.state.states_done)
+        if len(commits) == 4:  # epoch 1 has 12 states (beta_random 8:3): crash inside it
+            raise SimulatedCrash
+    monkeypatch.setattr(Trainer, "_commit_between_states", crash_after_the_fourth)
+    with pytest.raises(SimulatedCrash):
+        mp.train(config_for(datasets[8], *overrides, "training.checkpoint_interval=1e-9"), tmp_path / "split",
+                 progress=False)
+    assert commits == [1, 2, 3, 4]
+    run = RunDirectory(tmp_path / "split")
+    assert run.latest_version().name == "v000000.s000004"  # 4 states of epoch 1
+    monkeypatch.setattr(Trainer, "_commit_between_states", original)
+    mp.train(mp.api.load_run_config(tmp_path / "split"), tmp_path / "split", progress=False, resume=True)
+    full_nodes, full_state, full_model = latest(tmp_path / "full")
+    split_nodes, split_state, split_model = latest(tmp_path / "split")
+    np.testing.assert_allclose(split_nodes, full_nodes, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(split_state, full_state, rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(split_model["decoder"]["relations"], full_model["decoder"]["relations"])
+    assert run.latest_version().name == "v000003"
+    split_losses = [r["loss"] for r in epoch_records(tmp_path / "split")]
+    assert split_losses == pytest.approx([r["loss"] for r in epoch_records(tmp_path / "full")], rel=1e-5)
+
+
 # --------------------------------------------------------------------------- streamed evaluation and export
 
 
