@@ -75,43 +75,30 @@ class ChunkFiles:
 
     def read_into(self, chunk: int, out: np.ndarray) -> int:
         """Fill the first ``chunk_bytes`` of ``out`` (C-contiguous float32) with chunk ``chunk``."""
-        view = memoryview(_checked(out, self.chunk_bytes)).cast("B")
         direct = self._direct(out)
-        length = aligned(self.chunk_bytes) if direct else self.chunk_bytes
-        try:
-            descriptor = _open(self.chunk_path(chunk), os.O_RDONLY, direct)
-        except FileNotFoundError:  # never written: zarr's fill value
-            out.reshape(-1)[:self.chunk_bytes // 4] = 0.0
-            return self.chunk_bytes
-        try:
-            filled = 0
-            while filled < self.chunk_bytes:
-                count = os.preadv(descriptor, [view[filled:length]], filled)
-                if not count:
-                    raise OSError(f"{self.chunk_path(chunk)}: chunk file is truncated "
-                                  f"({filled} of {self.chunk_bytes} bytes)")
-                filled += count
-        finally:
-            os.close(descriptor)
-        return self.chunk_bytes
+        return self._read(chunk, out, 0, self.chunk_bytes, aligned(self.chunk_bytes) if direct else None, direct)
 
     def read_rows(self, chunk: int, first: int, count: int, out: np.ndarray) -> int:
         """Rows ``[first, first + count)`` of chunk ``chunk`` into ``out`` (through the page cache)."""
-        nbytes = count * self.cols * 4
+        return self._read(chunk, out, first * self.cols * 4, count * self.cols * 4, None, False)
+
+    def _read(self, chunk: int, out: np.ndarray, offset: int, nbytes: int, length: int | None, direct: bool) -> int:
+        """``nbytes`` of chunk ``chunk`` from byte ``offset`` into ``out``; O_DIRECT transfers ``length``
+        (whole pages) into a buffer that has room for them."""
         view = memoryview(_checked(out, nbytes)).cast("B")
         try:
-            descriptor = os.open(self.chunk_path(chunk), os.O_RDONLY)
+            descriptor = _open(self.chunk_path(chunk), os.O_RDONLY, direct)
         except FileNotFoundError:  # never written: zarr's fill value
             out.reshape(-1)[:nbytes // 4] = 0.0
             return nbytes
         try:
-            filled, offset = 0, first * self.cols * 4
+            filled = 0
             while filled < nbytes:
-                got = os.preadv(descriptor, [view[filled:nbytes]], offset + filled)
-                if not got:
-                    raise OSError(f"{self.chunk_path(chunk)}: chunk file is truncated (rows {first}-"
-                                  f"{first + count} of a {self.rows_per_chunk}-row chunk)")
-                filled += got
+                count = os.preadv(descriptor, [view[filled:length or nbytes]], offset + filled)
+                if not count:
+                    raise OSError(f"{self.chunk_path(chunk)}: chunk file is truncated ({offset + filled} of "
+                                  f"{offset + nbytes} bytes)")
+                filled += count
         finally:
             os.close(descriptor)
         return nbytes
