@@ -442,7 +442,7 @@ class Trainer:
         t, e = self.config.training, self.config.evaluation
         # A resumed run may have extended training.epochs: record what actually runs.
         self.run.write_config(self.config)
-        if len(self.dataset.train) == 0:
+        if self.dataset.metadata.num_train == 0:  # (not len(train): out of core, that would read every edge)
             raise MariusInputError("dataset has no training edges", path=self.dataset.directory)
         while self.state.epoch < t.epochs and not self.state.stopped_early:
             with tf32_matmuls(self.device.type == "cuda" and t.tf32):
