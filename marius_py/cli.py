@@ -1,4 +1,4 @@
-"""The ``marius-py`` command: preprocess | train | eval | export | predict | ordering | verify | info.
+"""The ``marius-py`` command: preprocess | train | eval | export | predict | ordering | verify | info | plot.
 
 A thin entry point: parse arguments, call the library, print results. User
 mistakes (``MariusInputError``) print one line and exit with status 2.
@@ -211,6 +211,12 @@ def cmd_info(args) -> None:
         print(json.dumps(asdict(read_metadata(path)), indent=2))
 
 
+def cmd_plot(args) -> None:
+    from marius_py.plot import plot_run
+    for path in plot_run(args.run_dir, args.output, args.epoch):
+        print(path)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="marius-py", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -286,6 +292,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--negative-cache-gradients", choices=["drop", "defer"], default="drop",
                    help="storage.negative_cache_gradients (defer also reads the optimizer state)")
     p.set_defaults(func=cmd_ordering)
+
+    p = sub.add_parser("plot", help="PNGs of a run: loss, validation MRR, edges/s, and out of core the "
+                                    "buffer states of an epoch (needs matplotlib: the plot extra)")
+    p.add_argument("run_dir")
+    p.add_argument("--output", "-o", help="folder for the PNGs (default RUN_DIR/plots)")
+    p.add_argument("--epoch", type=int, help="the epoch of the timeline (default the last)")
+    p.set_defaults(func=cmd_plot)
 
     p = sub.add_parser("verify", help="check every committed checkpoint of a run against its checksums")
     p.add_argument("run_dir")

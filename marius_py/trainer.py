@@ -31,6 +31,7 @@ from marius_py.config import Config
 from marius_py.dataset import Dataset
 from marius_py.devices import resolve_devices
 from marius_py.errors import MariusInputError
+from marius_py.timeline import StateTimeline
 from marius_py.evaluation import InMemoryNodes, NodeTable, StoredNodes, build_known_answers, evaluate_split
 from marius_py.negatives import CandidateRows
 from marius_py.resources import check_memory, check_partitioning
@@ -329,10 +330,15 @@ class Trainer:
         started = time.perf_counter()
         bar = tqdm(total=-(-num_edges // t.batch_size), desc=f"epoch {epoch}/{t.epochs}", unit="batch",
                    disable=None if self.progress else True, leave=False, dynamic_ncols=True)
+        timeline = StateTimeline(self.buffer.counters, self._synchronize) if self.partitioned else None
         for index, (span, nodes, node_state) in enumerate(self._spans(epoch, first_state), first_state + 1):
+            if timeline:
+                timeline.ready()
             order = torch.randperm(len(span.edges), generator=shuffling)
             self.runner.run(span.edges[order], nodes, node_state, span.candidates, sampling, dropout,
                             total_loss, bar.update)
+            if timeline:
+                timeline.trained(len(span.edges))
             if self._state_commit_due():
                 self._commit_between_states(index, total_loss, generators)
         bar.close()
@@ -353,6 +359,7 @@ class Trainer:
         if self.buffer is not None:
             after = self.buffer.counters.snapshot()
             record["io"] = {key: after[key] - io_before[key] for key in after}
+            record["states"] = timeline.rows
         return record
 
     def _synchronize(self) -> None:

@@ -1,0 +1,100 @@
+"""``marius-py plot RUN_DIR``: PNGs of a run's metrics log (matplotlib, the ``plot`` extra).
+
+- ``training.png``: loss and validation MRR per epoch;
+- ``throughput.png``: edges/s per epoch;
+- ``timeline.png`` (out of core): one epoch buffer state by buffer state, as Marius' utilisation
+  figure: time waiting for the buffer against time training, and the partition bytes read per state
+  (``marius_py.timeline`` records them).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from marius_py.checkpoint import RunDirectory
+from marius_py.errors import MariusInputError
+
+
+def _pyplot():
+    try:
+        import matplotlib
+    except ImportError:
+        raise MariusInputError("plotting needs matplotlib", path="command line",
+                               expected="pip install 'marius-py[plot]' (or matplotlib)") from None
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as pyplot
+    return pyplot
+
+
+def plot_run(run_dir: str | Path, out_dir: str | Path | None = None, epoch: int | None = None) -> list[Path]:
+    """Write the run's PNGs into ``out_dir`` (default ``RUN_DIR/plots``); return their paths."""
+    run = RunDirectory(run_dir)
+    records = run.read_metrics()
+    epochs = [r for r in records if r.get("event") == "epoch"]
+    if not epochs:
+        raise MariusInputError("no epoch in the metrics log", path=run.path / "metrics.jsonl",
+                               expected="a run directory with at least one trained epoch")
+    pyplot = _pyplot()
+    out = Path(out_dir) if out_dir else run.path / "plots"
+    out.mkdir(parents=True, exist_ok=True)
+    written = [_training(pyplot, epochs, [r for r in records if r.get("split") == "valid"], out / "training.png"),
+               _throughput(pyplot, epochs, out / "throughput.png")]
+    with_states = [r for r in epochs if r.get("states")]
+    if with_states:
+        chosen = with_states[-1] if epoch is None else next((r for r in with_states if r["epoch"] == epoch), None)
+        if chosen is None:
+            raise MariusInputError(f"epoch {epoch} has no buffer-state timeline", path=run.path / "metrics.jsonl",
+                                   expected=f"one of {[r['epoch'] for r in with_states]}")
+        written.append(_timeline(pyplot, chosen, out / "timeline.png"))
+    return written
+
+
+def _training(pyplot, epochs: list[dict], validations: list[dict], path: Path) -> Path:
+    figure, (loss_axis, mrr_axis) = pyplot.subplots(2, 1, figsize=(7, 6), sharex=True)
+    loss_axis.plot([r["epoch"] for r in epochs], [r["loss"] for r in epochs], marker=".")
+    loss_axis.set_ylabel("training loss")
+    if validations:
+        mrr_axis.plot([r["epoch"] for r in validations], [r["mrr"] for r in validations], marker="o", color="C1")
+    mrr_axis.set_ylabel("validation MRR")
+    mrr_axis.set_xlabel("epoch")
+    return _save(pyplot, figure, path)
+
+
+def _throughput(pyplot, epochs: list[dict], path: Path) -> Path:
+    figure, axis = pyplot.subplots(figsize=(7, 3.5))
+    axis.bar([r["epoch"] for r in epochs], [r["edges_per_s"] / 1e6 for r in epochs], color="C2")
+    axis.set_xlabel("epoch")
+    axis.set_ylabel("million edges / s")
+    return _save(pyplot, figure, path)
+
+
+def _timeline(pyplot, record: dict, path: Path) -> Path:
+    states = record["states"]
+    figure, (time_axis, io_axis) = pyplot.subplots(2, 1, figsize=(10, 6), sharex=True,
+                                                   gridspec_kw={"height_ratios": [1, 2]})
+    clock, middles = 0.0, []
+    for row in states:
+        time_axis.barh(0, row["wait"], left=clock, color="C3", height=0.8)
+        time_axis.barh(0, row["train"], left=clock + row["wait"], color="C0", height=0.8)
+        middles.append(clock + row["wait"] + row["train"] / 2)
+        clock += row["wait"] + row["train"]
+    waited = sum(row["wait"] for row in states)
+    time_axis.set_yticks([])
+    time_axis.set_title(f"epoch {record['epoch']}: {len(states)} buffer states, training "
+                        f"{100 * (1 - waited / clock) if clock else 0:.0f}% of the time "
+                        f"(red: waiting for the buffer, blue: training)")
+    widths = [max(row["wait"] + row["train"], 1e-9) * 0.8 for row in states]
+    io_axis.bar(middles, [row["read"] / 2**20 for row in states], width=widths, color="C3", label="read")
+    io_axis.bar(middles, [-row["written"] / 2**20 for row in states], width=widths, color="C4", label="written")
+    io_axis.axhline(0, color="black", linewidth=0.5)
+    io_axis.set_ylabel("partition MiB per state")
+    io_axis.set_xlabel("seconds into the epoch")
+    io_axis.legend(loc="upper right")
+    return _save(pyplot, figure, path)
+
+
+def _save(pyplot, figure, path: Path) -> Path:
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    pyplot.close(figure)
+    return path

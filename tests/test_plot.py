@@ -1,0 +1,56 @@
+"""marius-py plot: PNGs of a run's metrics, with the out-of-core buffer-state timeline."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+import marius_py as mp
+from marius_py.cli import main
+from marius_py.config import load_config
+from marius_py.preprocess import PreprocessOptions, preprocess
+from orderings import build_ordering
+
+UMLS_RAW = Path(__file__).parent / "data" / "umls"
+
+
+@pytest.fixture(scope="module")
+def partitioned_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("plot")
+    preprocess(root / "umls-p4", UMLS_RAW / "train.txt", UMLS_RAW / "valid.txt", UMLS_RAW / "test.txt",
+               PreprocessOptions(num_partitions=4), progress=False)
+    config = load_config(None, [f"dataset.path={root / 'umls-p4'}", "training.device=cpu", "model.dim=8",
+                                "training.epochs=2", "evaluation.every=1", "storage.num_partitions=4",
+                                "storage.buffer_capacity=2", "storage.ordering=beta", "training.num_negatives=32"])
+    mp.train(config, root / "run", progress=False)
+    return root / "run"
+
+
+def test_epoch_records_carry_the_buffer_states(partitioned_run):
+    epochs = [json.loads(line) for line in (partitioned_run / "metrics.jsonl").read_text().splitlines()
+              if json.loads(line).get("event") == "epoch"]
+    for record in epochs:
+        states = record["states"]
+        assert len(states) == build_ordering("beta", 4, 2, seed=0, epoch=record["epoch"]).num_states
+        assert sum(row["edges"] for row in states) > 0
+        assert sum(row["read"] for row in states) == record["io"]["bytes_read"]
+        assert all(row["wait"] >= 0 and row["train"] > 0 for row in states)
+
+
+def test_plot_writes_the_pngs(partitioned_run, tmp_path, capsys):
+    assert main(["plot", str(partitioned_run), "-o", str(tmp_path)]) == 0
+    written = capsys.readouterr().out.split()
+    assert sorted(Path(p).name for p in written) == ["throughput.png", "timeline.png", "training.png"]
+    for path in written:
+        assert Path(path).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and Path(path).stat().st_size > 5000
+    assert main(["plot", str(partitioned_run), "-o", str(tmp_path), "--epoch", "9"]) == 2
+    assert "epoch 9 has no buffer-state timeline" in capsys.readouterr().err
+
+
+def test_plot_without_matplotlib_says_how_to_get_it(partitioned_run, tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import fails as if not installed
+    assert main(["plot", str(partitioned_run), "-o", str(tmp_path / "none")]) == 2
+    assert "marius-py[plot]" in capsys.readouterr().err
