@@ -273,6 +273,8 @@ class Trainer:
         states = [ordering.resident(k) for k in range(ordering.num_states)]
         state_edges = self._edges_by_edge(states, epoch) if self.config.storage.edge_assignment == "edge" \
             else lambda k: self.dataset.edges.buckets(ordering.buckets[k])
+        if first_state >= len(states):  # resumed after the epoch's last state: its work is in the store
+            return
         buffer = self.partition_buffer()
         for view in buffer.walk(states[first_state:], epoch):
             parts = state_edges(first_state + view.index)

@@ -170,8 +170,9 @@ class SimulatedCrash(Exception):
     pass
 
 
-@pytest.mark.parametrize("assignment", ["bucket", "edge"])
-def test_resume_between_buffer_states_equals_uninterrupted(datasets, tmp_path, monkeypatch, assignment):
+@pytest.mark.parametrize("assignment, crash_after", [("bucket", 4), ("edge", 4), ("bucket", 15)])
+def test_resume_between_buffer_states_equals_uninterrupted(datasets, tmp_path, monkeypatch, assignment,
+                                                           crash_after):
     """A run committing after every buffer state, crashed mid-epoch and resumed, ends with the uninterrupted
     run's model: the resumed epoch restarts at the next state with the same random draws."""
     overrides = ("storage.num_partitions=8", "storage.buffer_capacity=3", "storage.ordering=beta_random",
@@ -181,18 +182,19 @@ def test_resume_between_buffer_states_equals_uninterrupted(datasets, tmp_path, m
     from marius_py.trainer import Trainer
     original, commits = Trainer._commit_between_states, []
 
-    def crash_after_the_fourth(self, *args):
+    def commit_then_crash(self, *args):
         original(self, *args)
         commits.append(self.state.states_done)
-        if len(commits) == 4:  # epoch 1 has 12 states (beta_random 8:3): crash inside it
+        if len(commits) == crash_after:  # epoch 1 has 15 states (beta_random 8:3): 4 is inside, 15 its last
             raise SimulatedCrash
-    monkeypatch.setattr(Trainer, "_commit_between_states", crash_after_the_fourth)
+    monkeypatch.setattr(Trainer, "_commit_between_states", commit_then_crash)
     with pytest.raises(SimulatedCrash):
         mp.train(config_for(datasets[8], *overrides, "training.checkpoint_interval=1e-9"), tmp_path / "split",
                  progress=False)
-    assert commits == [1, 2, 3, 4]
+    assert build_ordering("beta_random", 8, 3, seed=5, epoch=1).num_states == 15
+    assert commits == list(range(1, crash_after + 1))
     run = RunDirectory(tmp_path / "split")
-    assert run.latest_version().name == "v000000.s000004"  # 4 states of epoch 1
+    assert run.latest_version().name == f"v000000.s{crash_after:06d}"
     monkeypatch.setattr(Trainer, "_commit_between_states", original)
     mp.train(mp.api.load_run_config(tmp_path / "split"), tmp_path / "split", progress=False, resume=True)
     full_nodes, full_state, full_model = latest(tmp_path / "full")
