@@ -140,11 +140,13 @@ class Trainer:
         if self.partitioned:  # before anything is written
             check_memory(self._buffer_bytes(), "storage.buffer_capacity")
         self._build_runner()
-        if not self.run.has_checkpoint():
-            self.run.create(self.config)
-            self._create_store()
-            self._commit(is_best=False)
-        self.restore(self.run.latest_version())
+        if self.run.has_checkpoint():
+            self.restore(self.run.latest_version())
+        else:  # a new run (or one killed before its first commit): the seeded initial state, recreated
+            self.run.create(self.config)  # identically by a resume, so it is not committed as a version: the
+            self._create_store()          # first epoch's rewrites then need no second copy of the store on disk
+            self.state, self._generator_states = TrainingState(config_fingerprint=self.fingerprint), None
+            self._open_live(self.model.state_dict())
         # Records of epochs whose checkpoint never committed are replayed, not duplicated.
         self.run.truncate_metrics(self.state.epoch)
         self._known = None
@@ -191,10 +193,14 @@ class Trainer:
         """Make ``version`` the live state: store files, model parameters, position."""
         _, _, model_state, self.state = load_version(version, self.fingerprint, with_nodes=False)
         self._generator_states = load_generator_states(version)
-        for replica in self.replicas:  # each its own copy: same-device tensors would alias the optimizer state
-            replica.load_state_dict(model_state if replica is self.model else copy.deepcopy(model_state))
         shutil.rmtree(self.live_store_path, ignore_errors=True)
         link_tree(version / NODES, self.live_store_path)
+        self._open_live(model_state)
+
+    def _open_live(self, model_state: dict) -> None:
+        """Load ``model_state`` into the model and its replicas, and open the live store (in memory: load it)."""
+        for replica in self.replicas:  # each its own copy: same-device tensors would alias the optimizer state
+            replica.load_state_dict(model_state if replica is self.model else copy.deepcopy(model_state))
         self.store = EmbeddingStore(self.live_store_path)
         self.close()  # a buffer over the old files must not write them back
         if not self.partitioned:

@@ -102,8 +102,8 @@ def test_checkpoint_versions_and_best_pointer(small_config, tmp_path):
 
 
 def test_checkpoint_interval_commits_new_bests_and_the_last_epoch(small_config, tmp_path, monkeypatch):
-    """With a long interval only the initial state, epochs with a new best validation and the last epoch
-    commit; a run killed between commits resumes from the last one and ends with the uninterrupted model."""
+    """With a long interval only epochs with a new best validation and the last epoch commit; a run killed
+    between commits resumes from the last one and ends with the uninterrupted model."""
     commits = []
     original_commit = mp.trainer.Trainer._commit
     monkeypatch.setattr(mp.trainer.Trainer, "_commit",
@@ -114,7 +114,7 @@ def test_checkpoint_interval_commits_new_bests_and_the_last_epoch(small_config, 
                    if r["event"] == "eval" and r["split"] == "valid" and r["epoch"] in (2, 4)]
     new_bests = [r["epoch"] for i, r in enumerate(validations)
                  if all(r["mrr"] > earlier["mrr"] for earlier in validations[:i])]
-    assert commits == [0, *new_bests, 5]
+    assert commits == [*new_bests, 5]
 
     original_epoch = mp.trainer.Trainer.train_epoch
 
@@ -133,6 +133,24 @@ def test_checkpoint_interval_commits_new_bests_and_the_last_epoch(small_config, 
                                rtol=1e-5, atol=1e-7)
     epochs = [r["epoch"] for r in RunDirectory(tmp_path / "split").read_metrics() if r["event"] == "epoch"]
     assert epochs == [1, 2, 3, 4, 5]
+
+
+def test_a_new_run_commits_nothing_before_its_first_epoch(small_config, tmp_path, monkeypatch):
+    """The seeded initial state is not written as a version (a second copy of the store on disk while the
+    first epoch rewrites it); a run killed in its first epoch starts over from the same state."""
+    original_epoch = mp.trainer.Trainer.train_epoch
+
+    def killed_in_epoch_1(self, epoch):
+        assert not self.run.has_checkpoint() and not any(self.run.checkpoints.iterdir())
+        raise KeyboardInterrupt
+    monkeypatch.setattr(mp.trainer.Trainer, "train_epoch", killed_in_epoch_1)
+    with pytest.raises(KeyboardInterrupt):
+        mp.train(small_config("training.epochs=2"), tmp_path / "split", progress=False)
+    monkeypatch.setattr(mp.trainer.Trainer, "train_epoch", original_epoch)
+    mp.train(mp.api.load_run_config(tmp_path / "split", []), tmp_path / "split", progress=False, resume=True)
+    mp.train(small_config("training.epochs=2"), tmp_path / "full", progress=False)
+    np.testing.assert_allclose(latest_nodes(tmp_path / "split"), latest_nodes(tmp_path / "full"),
+                               rtol=1e-5, atol=1e-7)
 
 
 def test_run_killed_before_its_first_checkpoint_resumes(small_config, tmp_path, monkeypatch):
