@@ -155,10 +155,12 @@ class Dataset:
         return _lookup(self._relation_index, name, "relation", self.directory / RELATIONS_FILE)
 
     def degrees(self) -> np.ndarray:
-        """Train degree of every node (head + tail occurrences)."""
-        train = self.train
-        return (np.bincount(train[:, 0], minlength=self.num_nodes)
-                + np.bincount(train[:, 2], minlength=self.num_nodes))
+        """Train degree of every node (head + tail occurrences), read in chunks: memory O(nodes)."""
+        degrees = np.zeros(self.num_nodes, dtype=np.int64)
+        for chunk in self._edges.chunks("train"):
+            degrees += np.bincount(chunk[:, 0], minlength=self.num_nodes)
+            degrees += np.bincount(chunk[:, 2], minlength=self.num_nodes)
+        return degrees
 
     def close(self) -> None:
         self._edges.close()

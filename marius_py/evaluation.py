@@ -196,43 +196,56 @@ def build_known_answers(known_edges: np.ndarray, num_relations: int) -> tuple[Kn
 
 @torch.no_grad()
 def evaluate_sampled(decoder: Decoder, nodes: torch.Tensor | NodeTable, edges: np.ndarray,
-                     num_negatives: int, sampling: str, degree_pool: np.ndarray | None, seed: int,
+                     num_negatives: int, sampling: str, degrees: np.ndarray | None, seed: int,
                      batch_size: int = 1024) -> dict:
     """Rank each answer among ``num_negatives`` sampled nodes shared by a batch (unfiltered).
 
-    ``sampling='degree'`` draws negatives from ``degree_pool`` (the train edges'
-    endpoints), i.e. proportionally to train degree. Every needed row is
-    gathered in one pass, so out of core the store is read once.
+    ``sampling``: ``uniform``; ``degree`` (in proportion to ``degrees``, the train degree of every node);
+    ``mixed`` (half of each, as Marius evaluates Freebase86m: 1,000 + 1,000). Every needed row is
+    gathered in one pass; out of core the store is read once into host memory (at most the store's
+    embeddings) and each batch's rows go to the device.
     """
     table = nodes if isinstance(nodes, NodeTable) else InMemoryNodes(nodes)
     device = table.device
+    if isinstance(table, StoredNodes):
+        table = StoredNodes(table.store, "cpu")
     generator = torch.Generator().manual_seed(seed)
-    pool = torch.from_numpy(degree_pool) if sampling == "degree" else None
     edges_t = torch.from_numpy(edges)
     batches = [(inverse, start) for inverse in (False, True) for start in range(0, len(edges), batch_size)]
-    if pool is None:
-        negatives = torch.randint(table.num_nodes, (len(batches), num_negatives), generator=generator)
-    else:
-        negatives = pool[torch.randint(len(pool), (len(batches), num_negatives), generator=generator)]
+    negatives = _draw_negatives(len(batches), num_negatives, sampling, table.num_nodes, degrees, generator)
     needed, local = torch.unique(torch.cat([edges_t[:, 0], edges_t[:, 2], negatives.reshape(-1)]),
                                  return_inverse=True)
     rows = table.gather(needed)
-    heads, tails = local[:len(edges)].to(device), local[len(edges):2 * len(edges)].to(device)
-    negatives_local = local[2 * len(edges):].reshape(negatives.shape).to(device)
+    heads, tails = local[:len(edges)], local[len(edges):2 * len(edges)]
+    negatives_local = local[2 * len(edges):].reshape(negatives.shape)
     all_ranks = []
     for index, (inverse, start) in enumerate(batches):
         end = start + batch_size
         anchor, target = (tails[start:end], heads[start:end]) if inverse else (heads[start:end], tails[start:end])
-        queries = decoder.query(rows[anchor], edges_t[start:end, 1].to(device), inverse)
-        negative_scores = decoder.compare_all(queries[None], rows[negatives_local[index]][None])[0]
-        target_scores = decoder.compare_pairs(queries, rows[target])
+        queries = decoder.query(rows[anchor].to(device), edges_t[start:end, 1].to(device), inverse)
+        drawn = negatives_local[index].to(device)
+        negative_scores = decoder.compare_all(queries[None], rows[negatives_local[index]].to(device)[None])[0]
+        target = target.to(device)
+        target_scores = decoder.compare_pairs(queries, rows[target.cpu()].to(device))
         # A drawn copy of the answer is an exact tie, whatever the two kernels' rounding.
-        negative_scores = torch.where(negatives_local[index][None, :] == target[:, None],
-                                      target_scores[:, None], negative_scores)
+        negative_scores = torch.where(drawn[None, :] == target[:, None], target_scores[:, None], negative_scores)
         scores = torch.cat([target_scores[:, None], negative_scores], dim=1)
         all_ranks.append(realistic_ranks(scores, target_scores).cpu())
-    kind = "degree-based" if sampling == "degree" else "uniform"
+    kind = {"degree": "degree-based", "mixed": "half uniform, half degree-based"}.get(sampling, "uniform")
     return summarize(torch.cat(all_ranks), PROTOCOL_SAMPLED.format(n=num_negatives, kind=kind))
+
+
+def _draw_negatives(num_batches: int, num_negatives: int, sampling: str, num_nodes: int,
+                    degrees: np.ndarray | None, generator: torch.Generator) -> torch.Tensor:
+    """[batches, N] node ids: uniform, by degree (cumulative weights: memory O(nodes)), or half each."""
+    by_degree = {"uniform": 0, "degree": num_negatives, "mixed": num_negatives // 2}[sampling]
+    uniform = torch.randint(num_nodes, (num_batches, num_negatives - by_degree), generator=generator)
+    if not by_degree:
+        return uniform
+    cumulative = torch.from_numpy(np.cumsum(degrees, dtype=np.float64))
+    draws = torch.rand(num_batches, by_degree, generator=generator, dtype=torch.float64) * cumulative[-1]
+    weighted = torch.searchsorted(cumulative, draws, right=True).clamp_max(len(cumulative) - 1)
+    return torch.cat([uniform, weighted], dim=1)
 
 
 def evaluate_split(decoder: Decoder, nodes: torch.Tensor | NodeTable, dataset, split: str, config,
@@ -242,7 +255,6 @@ def evaluate_split(decoder: Decoder, nodes: torch.Tensor | NodeTable, dataset, s
     if config.protocol == "filtered":
         known = known or build_known_answers(dataset.all_known_edges(), dataset.num_relations)
         return evaluate_filtered(decoder, nodes, edges, known, config.batch_size)
-    # Only degree-based sampling needs the train endpoints (all train edges in memory).
-    pool = dataset.train[:, [0, 2]].reshape(-1) if config.negative_sampling == "degree" else None
+    degrees = dataset.degrees() if config.negative_sampling != "uniform" else None  # streamed: O(nodes)
     return evaluate_sampled(decoder, nodes, edges, config.num_negatives, config.negative_sampling,
-                            pool, seed, config.batch_size)
+                            degrees, seed, config.batch_size)

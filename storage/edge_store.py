@@ -35,6 +35,12 @@ class EdgeStore:
         """All edges of one split as an int64 [E, 3] array."""
         return self._file[name][:]
 
+    def chunks(self, name: str, rows: int = 1 << 22):
+        """The edges of one split, ``rows`` at a time (int64 [<= rows, 3] each)."""
+        data = self._file[name]
+        for start in range(0, data.shape[0], rows):
+            yield data[start:start + rows]
+
     def num_edges(self, name: str) -> int:
         return int(self._file[name].shape[0])
 

@@ -240,11 +240,11 @@ def _node_ids(candidates, nodes):
     return matches.int().argmax(1).tolist()
 
 
-@pytest.mark.parametrize("sampling", ["uniform", "degree"])
+@pytest.mark.parametrize("sampling", ["uniform", "degree", "mixed"])
 def test_evaluate_sampled_ranks_in_range_and_deterministic(sampling, captured_ranks):
     train, valid, test = random_graph(6)
     decoder, nodes = make_model("distmult", 1, 6)
-    pool = train[:, [0, 2]].reshape(-1)
+    pool = np.bincount(train[:, [0, 2]].reshape(-1), minlength=len(nodes))  # train degrees
     num_negatives = 7
     first = evaluate_sampled(decoder, nodes, test, num_negatives, sampling, pool, seed=13, batch_size=3)
     second = evaluate_sampled(decoder, nodes, test, num_negatives, sampling, pool, seed=13, batch_size=3)
@@ -285,7 +285,7 @@ def test_degree_sampling_draws_only_from_pool(monkeypatch):
     train, valid, test = random_graph(8)
     decoder, nodes = make_model("distmult", 1, 8)
     candidates = _record_candidates(monkeypatch, decoder)
-    pool = np.array([2, 2, 5, 9, 2])
+    pool = np.bincount([2, 2, 5, 9, 2], minlength=len(nodes))  # degrees 3, 1, 1
     evaluate_sampled(decoder, nodes, test, 50, "degree", pool, seed=0, batch_size=4)
     drawn = [n for cand in candidates for n in _node_ids(cand, nodes)]
     assert set(drawn) == {2, 5, 9}
@@ -295,6 +295,18 @@ def test_degree_sampling_draws_only_from_pool(monkeypatch):
     evaluate_sampled(decoder, nodes, test, 50, "uniform", pool, seed=0, batch_size=4)
     drawn = {n for cand in candidates for n in _node_ids(cand, nodes)}
     assert drawn - {2, 5, 9}
+
+
+def test_mixed_sampling_draws_half_by_degree(monkeypatch):
+    train, valid, test = random_graph(8)
+    decoder, nodes = make_model("distmult", 1, 8)
+    candidates = _record_candidates(monkeypatch, decoder)
+    degrees = np.bincount([5] * 7, minlength=len(nodes))  # every degree-based draw is node 5
+    evaluate_sampled(decoder, nodes, test, 40, "mixed", degrees, seed=0, batch_size=4)
+    for cand in candidates:
+        drawn = _node_ids(cand, nodes)
+        assert drawn[20:] == [5] * 20  # the second half: by degree
+        assert len(set(drawn[:20])) > 5  # the first half: uniform
 
 
 @pytest.mark.parametrize("case", [("dot", 1)] + CASES, ids=["dot"] + CASE_IDS)
@@ -312,7 +324,8 @@ def test_evaluate_sampled_tie_with_sampled_copy_of_target(case, captured_ranks):
     with torch.no_grad():
         decoder.relations.copy_(torch.randn(decoder.relations.shape, generator=g, dtype=torch.float64))
     for i in range(40):
-        evaluate_sampled(decoder, nodes, np.array([[i, i % 2, i]]), 4, "degree", np.array([i]), seed=0)
+        evaluate_sampled(decoder, nodes, np.array([[i, i % 2, i]]), 4, "degree", np.bincount([i], minlength=40),
+                         seed=0)
     ranks = torch.cat(captured_ranks)
     bad = int((ranks != 3.0).sum())
     assert bad == 0, f"{bad}/{len(ranks)} queries broke the tie with their own copy: {ranks.unique().tolist()}"

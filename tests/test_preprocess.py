@@ -328,3 +328,17 @@ def test_interrupt_leaves_nothing(tmp_path, kg, monkeypatch):
 def test_progress_output(tmp_path, kg, capsys):
     run(tmp_path / "out", kg["paths"], progress=True, num_partitions=2)
     assert capsys.readouterr().out == ""  # bars go to stderr; the caller prints the summary
+
+
+def test_degrees_are_counted_chunk_by_chunk(tmp_path):
+    from marius_py.dataset import Dataset
+    from marius_py.preprocess import PreprocessOptions, preprocess
+    umls = Path(__file__).parent / "data" / "umls"
+    preprocess(tmp_path / "d", umls / "train.txt", umls / "valid.txt", umls / "test.txt",
+               PreprocessOptions(num_partitions=4), progress=False)
+    dataset = Dataset.load(tmp_path / "d")
+    train = dataset.train
+    expected = np.bincount(train[:, 0], minlength=dataset.num_nodes) + np.bincount(train[:, 2],
+                                                                                  minlength=dataset.num_nodes)
+    assert sum(len(chunk) for chunk in dataset.edges.chunks("train", rows=1000)) == len(train)
+    np.testing.assert_array_equal(dataset.degrees(), expected)
