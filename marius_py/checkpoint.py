@@ -3,6 +3,7 @@
     RUN_DIR/
       config.yaml              resolved config of the run
       metrics.jsonl            one JSON object per epoch / evaluation
+      tensorboard/             the same metrics as TensorBoard events (training.tensorboard=true)
       store/                   the live EmbeddingStore training reads and writes
       checkpoints/
         v000003/               one version: a complete, consistent state
@@ -86,6 +87,7 @@ class RunDirectory:
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
         self.checkpoints = self.path / CHECKPOINTS
+        self.trackers: list = []  # objects with log(record), e.g. marius_py.trackers.TensorBoardTracker
 
     # ---- creation and logs ----
     def create(self, config: Config) -> None:
@@ -98,6 +100,8 @@ class RunDirectory:
     def log(self, record: dict) -> None:
         with open(self.path / METRICS_FILE, "a", encoding="utf-8") as handle:
             handle.write(json.dumps(record, sort_keys=True) + "\n")
+        for tracker in self.trackers:
+            tracker.log(record)
 
     def read_metrics(self) -> list[dict]:
         path = self.path / METRICS_FILE

@@ -81,6 +81,8 @@ class TrainingConfig:
                                        "(chunk c of every device), so each negative row is read from the host "
                                        "once per step; degree-based negatives stay per device")
     num_threads: int = _f(0, "torch CPU threads (0: leave torch's default)")
+    tensorboard: bool = _f(False, "also write the metrics as TensorBoard events to RUN_DIR/tensorboard (needs the "
+                                  "tensorboard package: the tensorboard extra)")
     checkpoint_interval: float = _f(0.0, "seconds: an epoch commits a checkpoint only when this long has passed "
                                          "since the last commit, or validation found a new best, or it is the "
                                          "last epoch; out of core, a commit also happens between two buffer "

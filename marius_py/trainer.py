@@ -32,6 +32,7 @@ from marius_py.dataset import Dataset
 from marius_py.devices import resolve_devices
 from marius_py.errors import MariusInputError
 from marius_py.timeline import StateTimeline
+from marius_py.trackers import TensorBoardTracker
 from marius_py.evaluation import InMemoryNodes, NodeTable, StoredNodes, build_known_answers, evaluate_split
 from marius_py.negatives import CandidateRows
 from marius_py.resources import check_memory, check_partitioning
@@ -122,6 +123,8 @@ class Trainer:
         self.config = config
         self.dataset = dataset
         self.run = RunDirectory(run_dir)
+        if config.training.tensorboard:
+            self.run.trackers.append(TensorBoardTracker(self.run.path / "tensorboard"))
         self.progress = progress
         self.devices = resolve_devices(config)
         self.device = self.devices[0]  # the model of record (checkpoints, evaluation) lives here
@@ -496,6 +499,8 @@ class Trainer:
         if self.buffer is not None:
             self.buffer.close()
             self.buffer = None
+        for tracker in self.run.trackers:  # (a writer closed here reopens if more is logged)
+            tracker.close()
 
     def _say(self, text: str) -> None:
         if self.progress:

@@ -54,3 +54,29 @@ def test_plot_without_matplotlib_says_how_to_get_it(partitioned_run, tmp_path, m
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import fails as if not installed
     assert main(["plot", str(partitioned_run), "-o", str(tmp_path / "none")]) == 2
     assert "marius-py[plot]" in capsys.readouterr().err
+
+
+def test_tensorboard_mirrors_the_metrics_log(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    config = load_config(None, [f"dataset.path={UMLS_RAW}", "training.device=cpu", "model.dim=8",
+                                "training.epochs=3", "evaluation.every=1", "training.tensorboard=true",
+                                "training.num_negatives=32"])
+    mp.train(config, tmp_path / "run", progress=False)
+    events = EventAccumulator(str(tmp_path / "run" / "tensorboard"))
+    events.Reload()
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    losses = [r["loss"] for r in records if r["event"] == "epoch"]
+    assert [e.value for e in events.Scalars("train/loss")] == pytest.approx(losses, rel=1e-6)
+    assert [e.step for e in events.Scalars("train/loss")] == [1, 2, 3]
+    valid = [r["mrr"] for r in records if r.get("split") == "valid"]
+    assert [e.value for e in events.Scalars("valid/mrr")] == pytest.approx(valid, rel=1e-6)
+    assert len(events.Scalars("test/hits@10")) == 1
+
+
+def test_tensorboard_without_the_package_says_how_to_get_it(tmp_path, monkeypatch):
+    from marius_py.errors import MariusInputError
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)
+    config = load_config(None, [f"dataset.path={UMLS_RAW}", "training.device=cpu", "training.tensorboard=true"])
+    with pytest.raises(MariusInputError, match="tensorboard"):
+        mp.train(config, tmp_path / "run", progress=False)
+    assert not (tmp_path / "run").exists()  # a user error before the first commit leaves nothing behind
