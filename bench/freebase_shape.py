@@ -6,9 +6,9 @@ Freebase86m as Marius trains it: 86,054,151 nodes, 14,824 relations, 304,727,650
 16,929,318 valid and 16,929,308 test edges (the defaults; ``--scale`` shrinks all counts).
 
 Shape: each endpoint is, with probability ``--uniform`` (0.5), a uniform node, otherwise a node of
-popularity rank r drawn with probability ~ 1 / (r + 10) (Zipf: the top node has ~1% of the
-endpoints, most nodes a handful, ~3% none); relations follow Zipf over their ranks (the top one
-~10% of the edges). Ranks map to ids through a seeded affine bijection, so popular nodes are
+popularity rank r drawn with probability ~ 1 / (r + 10) (Zipf: the top node has ~0.3% of the
+endpoints, most nodes a handful, a few percent none); relations follow Zipf over their ranks (the top
+one ~7% of the edges). Ranks map to ids through a seeded affine bijection, so popular nodes are
 spread over the partitions as preprocessing's random ids spread them.
 
 Output: the layout of ``marius-py preprocess`` (metadata.json, nodes.txt, relations.txt,
@@ -105,7 +105,7 @@ def write_chunk(shape: Shape, split: str, index: int, path: str, data_offset: in
     descriptor = os.open(path, os.O_WRONLY)
     try:
         if starts is None:
-            return os.pwrite(descriptor, edges.tobytes(), data_offset + index * shape.chunk * 24)
+            return _pwrite_all(descriptor, edges.tobytes(), data_offset + index * shape.chunk * 24)
         keys = shape.buckets(edges)
         order = np.argsort(keys, kind="stable")
         edges, keys = edges[order], keys[order]
@@ -113,10 +113,18 @@ def write_chunk(shape: Shape, split: str, index: int, path: str, data_offset: in
         written = 0
         for bucket in np.flatnonzero(np.diff(bounds)):
             block = edges[bounds[bucket]:bounds[bucket + 1]]
-            written += os.pwrite(descriptor, block.tobytes(), data_offset + int(starts[bucket]) * 24)
+            written += _pwrite_all(descriptor, block.tobytes(), data_offset + int(starts[bucket]) * 24)
         return written
     finally:
         os.close(descriptor)
+
+
+def _pwrite_all(descriptor: int, data: bytes, offset: int) -> int:
+    """``os.pwrite`` until every byte is written (one call writes at most ~2 GiB on Linux)."""
+    view, done = memoryview(data), 0
+    while done < len(view):
+        done += os.pwrite(descriptor, view[done:], offset + done)
+    return done
 
 
 def _contiguous_dataset(file: h5py.File, name: str, rows: int) -> int | None:
@@ -162,6 +170,8 @@ def generate(args, log=print) -> dict:
                                 starts[index] if split == "train" else None)
                     for split in SPLIT_CODES if shape.counts[split] for index in range(shape.chunks(split))]
             written = sum(job.result() for job in jobs)
+            if written != 24 * sum(shape.counts.values()):
+                raise RuntimeError(f"wrote {written:,} bytes of edges, expected {24 * sum(shape.counts.values()):,}")
             for job in names:
                 job.result()
         with open(path, "rb+") as handle:
@@ -205,6 +215,8 @@ def parse_args(argv=None):
     for name, value in FREEBASE86M.items():
         if getattr(args, name) is None:
             setattr(args, name, max(1, round(value * args.scale)))
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be at least 1")
     return args
 
 

@@ -87,7 +87,8 @@ def main() -> None:
                 io = result["io"]
                 result["io_predicted"] = predicted_io(result["resolved_config"], result["num_nodes"])
                 io_match = (f"read {format_bytes(io['bytes_read'])} + cache {format_bytes(io['cache_bytes_read'])}, "
-                            + ("IO = simulator" if io == result["io_predicted"] else "IO MISMATCH"))
+                            + ("IO = simulator" if all(io[k] == v for k, v in result["io_predicted"].items())
+                               else "IO MISMATCH"))
             results.append(result)
             baseline = results[0]["test"]["mrr"]
             t = result["test"]

@@ -151,8 +151,8 @@ def _open_dataset(config: Config, progress: bool) -> Dataset:
 
 def _start(config: Config, run_dir: Path, progress: bool, resume: bool) -> tuple[Trainer, Dataset]:
     """The trainer of a run. A new run's directory and config come first, so a run killed while the dataset
-    is prepared or the store initialised can be resumed; a user error before its first checkpoint removes
-    the directory it created."""
+    is prepared or the store initialised can be resumed; a user error while the dataset is opened or the
+    trainer set up removes the directory it created (errors during training leave it, to resume)."""
     created = not resume and not run_dir.exists()
     if not resume:
         RunDirectory(run_dir).create(config)
@@ -169,7 +169,8 @@ def train(config: Config, run_dir: str | Path | None = None, progress: bool = Tr
           resume: bool = False) -> TrainedModel:
     """Train (or resume) a run and return its best (or last) model with test metrics."""
     run_dir = Path(run_dir) if run_dir is not None else default_run_dir(config)
-    if not resume and RunDirectory(run_dir).has_checkpoint():
+    if not resume and (RunDirectory(run_dir).has_checkpoint() or (run_dir / CONFIG_FILE).exists()):
+        # (a run in its first epoch has committed nothing yet: its config says it is there)
         raise MariusInputError("run directory already holds a run", path=run_dir,
                                expected="a new directory, or --resume to continue it")
     trainer, dataset = _start(config, run_dir, progress, resume)
@@ -185,6 +186,7 @@ def train(config: Config, run_dir: str | Path | None = None, progress: bool = Tr
             trained.test_metrics = metrics
     finally:
         trainer.close()
+        trainer.run.close()
     return trained
 
 

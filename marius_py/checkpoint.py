@@ -10,9 +10,10 @@
           nodes/               EmbeddingStore (zarr): node embeddings + Adagrad state, hard
                                links to the live store's files at the time of the commit
           model.pt             relation parameters and their optimizer state
-          state.json           epoch, best validation MRR, config fingerprint
+          state.json           epoch (and buffer states of the next done), best validation MRR,
+                               config fingerprint
           position.pt          mid-epoch versions (v000003.s000012: 12 buffer states of epoch 4
-                               done) only: the epoch's random generator states
+                               done) only: the epoch's walk, generator devices and states
           MANIFEST.json        size and checksum of every file above (storage/manifest.py)
         POINTERS.json          {"latest": newest committed version, "best": best validation MRR}
 
@@ -62,7 +63,7 @@ class TrainingState:
 
     epoch: int = 0                 # epochs completed
     states_done: int = 0           # buffer states of the next epoch already trained (a mid-epoch version)
-    epoch_loss: float = 0.0        # their summed loss
+    partial_loss_sum: float = 0.0  # their summed loss (the epoch's loss x edges, so far)
     best_mrr: float = -1.0
     best_epoch: int = 0
     validations_without_improvement: int = 0
@@ -103,6 +104,11 @@ class RunDirectory:
         for tracker in self.trackers:
             tracker.log(record)
 
+    def close(self) -> None:
+        """Close the trackers (the metrics log itself is opened per record)."""
+        for tracker in self.trackers:
+            tracker.close()
+
     def read_metrics(self) -> list[dict]:
         path = self.path / METRICS_FILE
         if not path.exists():
@@ -126,7 +132,9 @@ class RunDirectory:
         name = self._pointers().get("latest")
         if name is None:
             raise MariusInputError("no committed checkpoint", path=self.path,
-                                   expected="a run directory written by `marius-py train`")
+                                   expected="a run that has committed: `marius-py train` commits after its first "
+                                            "epoch (or, out of core with training.checkpoint_interval, between "
+                                            "buffer states)")
         return self.checkpoints / name
 
     def best_version(self) -> Path | None:
@@ -179,17 +187,17 @@ def version_name(epoch: int, states_done: int = 0) -> str:
 
 
 def write_version_state(directory: Path, model_state: dict, training_state: TrainingState,
-                        generator_states: list[torch.Tensor] | None = None) -> None:
-    """The non-embedding files of a version: model parameters, training position and, mid-epoch, the
-    epoch's random generator states."""
+                        position: dict | None = None) -> None:
+    """The non-embedding files of a version: model parameters, training position and, mid-epoch, where in
+    the epoch (the walk it belongs to, the generators' devices and states)."""
     torch.save(model_state, directory / MODEL_FILE)
     (directory / STATE_FILE).write_text(json.dumps(training_state.__dict__, indent=2), encoding="utf-8")
-    if generator_states is not None:
-        torch.save(generator_states, directory / POSITION_FILE)
+    if position is not None:
+        torch.save(position, directory / POSITION_FILE)
 
 
-def load_generator_states(directory: Path) -> list[torch.Tensor] | None:
-    """The generator states a mid-epoch version saved, or None."""
+def load_position(directory: Path) -> dict | None:
+    """The position a mid-epoch version saved, or None."""
     path = directory / POSITION_FILE
     if not path.exists():
         return None

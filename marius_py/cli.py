@@ -203,9 +203,9 @@ def cmd_info(args) -> None:
     path = Path(args.path)
     if (path / CONFIG_FILE).exists():
         run = RunDirectory(path)
-        latest = run.latest_version()
-        committed = json.loads((latest / STATE_FILE).read_text(encoding="utf-8"))  # epoch, states_done, best
-        print(json.dumps({"run": str(path), "latest": str(latest), "best": str(run.best_version()),
+        latest = run.latest_version() if run.has_checkpoint() else None  # None: nothing committed yet
+        committed = json.loads((latest / STATE_FILE).read_text(encoding="utf-8")) if latest else None
+        print(json.dumps({"run": str(path), "latest": latest and str(latest), "best": str(run.best_version()),
                           "committed": committed, "metrics": run.read_metrics()[-3:]}, indent=2))
     else:
         print(json.dumps(asdict(read_metadata(path)), indent=2))

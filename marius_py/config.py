@@ -87,7 +87,8 @@ class TrainingConfig:
                                          "since the last commit, or validation found a new best, or it is the "
                                          "last epoch; out of core, a commit also happens between two buffer "
                                          "states once this long has passed (a crash then loses at most this "
-                                         "long plus one state's work; --resume continues at the next state). "
+                                         "long plus one state's work; --resume continues at the next state; "
+                                         "not with storage.negative_cache, whose blocks are not checkpointed). "
                                          "0: every epoch, never inside one")
     score_dtype: str = _f("float32", "precision of the [batch x negatives] score block of dot-product decoders "
                                      "with softmax_ce: float32 or bfloat16 (half the memory traffic; reductions "
@@ -106,8 +107,9 @@ class EvaluationConfig:
     every: int = _f(5, "validate every this many epochs (0: only at the end)")
     batch_size: int = _f(1024, "queries scored at once against all nodes (bounds memory)")
     num_negatives: int = _f(1000, "sampled protocol: negatives per query")
-    negative_sampling: str = _f("uniform", f"sampled protocol: one of {NEGATIVE_KINDS} (mixed: half uniform, half "
-                                           "by train degree, as Marius evaluates Freebase86m with 1,000 + 1,000)")
+    negative_sampling: str = _f("uniform", f"sampled protocol: one of {NEGATIVE_KINDS} (mixed: half of "
+                                           "num_negatives uniform, half by train degree; Marius evaluates "
+                                           "Freebase86m with num_negatives=2000 this way)")
     early_stopping_patience: int = _f(0, "stop after this many validations without improvement (0: never)")
     select_best: bool = _f(True, "test with the checkpoint of best validation MRR rather than the last")
 
@@ -137,7 +139,7 @@ class StorageConfig:
                                               "'evict' (read at the epoch's start, then copied from every "
                                               "evicted partition, no IO) or 'epoch' (only read at the start)")
     negative_cache_gradients: str = _f("drop", f"one of {GRADIENT_POLICIES}: what happens to the updates of "
-                                               "cached rows: 'drop' (they stay in the cached copy) or 'defer' "
+                                               "cached rows: 'drop' (cached rows are read-only) or 'defer' "
                                                "(added to the partition's rows when it is next admitted "
                                                "within the epoch)")
     negative_cache_draws: str = _f("rows", f"one of {DRAW_POLICIES}: how often cached rows are drawn: 'rows' (as "

@@ -93,6 +93,7 @@ class Dataset:
         self._relation_names: list[str] | None = None
         self._node_index: dict[str, int] | None = None
         self._relation_index: dict[str, int] | None = None
+        self._degrees: np.ndarray | None = None
 
     @classmethod
     def load(cls, directory: str | os.PathLike) -> "Dataset":
@@ -154,13 +155,16 @@ class Dataset:
             self._relation_index = {n: i for i, n in enumerate(self.relation_names)}
         return _lookup(self._relation_index, name, "relation", self.directory / RELATIONS_FILE)
 
-    def degrees(self) -> np.ndarray:
-        """Train degree of every node (head + tail occurrences), read in chunks: memory O(nodes)."""
-        degrees = np.zeros(self.num_nodes, dtype=np.int64)
-        for chunk in self._edges.chunks("train"):
-            degrees += np.bincount(chunk[:, 0], minlength=self.num_nodes)
-            degrees += np.bincount(chunk[:, 2], minlength=self.num_nodes)
-        return degrees
+    def degrees(self, chunk_rows: int = 1 << 22) -> np.ndarray:
+        """Train degree of every node (head + tail occurrences), read ``chunk_rows`` edges at a time: memory
+        O(nodes). Counted once per dataset (each validation would read every edge again)."""
+        if self._degrees is None:
+            degrees = np.zeros(self.num_nodes, dtype=np.int64)
+            for chunk in self._edges.chunks("train", chunk_rows):
+                degrees += np.bincount(chunk[:, 0], minlength=self.num_nodes)
+                degrees += np.bincount(chunk[:, 2], minlength=self.num_nodes)
+            self._degrees = degrees
+        return self._degrees
 
     def close(self) -> None:
         self._edges.close()

@@ -223,10 +223,10 @@ def evaluate_sampled(decoder: Decoder, nodes: torch.Tensor | NodeTable, edges: n
         end = start + batch_size
         anchor, target = (tails[start:end], heads[start:end]) if inverse else (heads[start:end], tails[start:end])
         queries = decoder.query(rows[anchor].to(device), edges_t[start:end, 1].to(device), inverse)
-        drawn = negatives_local[index].to(device)
-        negative_scores = decoder.compare_all(queries[None], rows[negatives_local[index]].to(device)[None])[0]
-        target = target.to(device)
-        target_scores = decoder.compare_pairs(queries, rows[target.cpu()].to(device))
+        drawn = negatives_local[index]
+        negative_scores = decoder.compare_all(queries[None], rows[drawn].to(device)[None])[0]
+        target_scores = decoder.compare_pairs(queries, rows[target].to(device))
+        drawn, target = drawn.to(device), target.to(device)
         # A drawn copy of the answer is an exact tie, whatever the two kernels' rounding.
         negative_scores = torch.where(drawn[None, :] == target[:, None], target_scores[:, None], negative_scores)
         scores = torch.cat([target_scores[:, None], negative_scores], dim=1)

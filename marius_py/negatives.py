@@ -19,9 +19,10 @@ class CandidateRows:
 
     In memory that is ``[0, num_nodes)``; in a partition buffer, the valid rows
     of each resident partition's slot, and the blocks of a negative cache. A
-    range ``(start, count, span)`` is drawn as if it had ``span`` rows (its
-    rows repeated ``span / count`` times): a cached block stands for its whole
-    partition. ``(start, count)`` means ``span == count``.
+    range ``(start, count, span)`` is drawn as if it had ``span`` rows, each
+    row about ``span / count`` times (floor or ceiling): a cached block stands
+    for its whole partition. ``(start, count)`` means ``span == count``.
+    ``all()`` lists every row once (1-vs-all ignores spans).
     """
 
     def __init__(self, ranges: list[tuple[int, ...]], device: torch.device | str = "cpu"):

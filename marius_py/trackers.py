@@ -3,7 +3,8 @@
 ``training.tensorboard=true`` writes TensorBoard event files to ``RUN_DIR/tensorboard``: per epoch
 ``train/loss``, ``train/edges_per_s``, ``train/seconds`` (and out of core ``train/buffer_wait_share``,
 the share of the epoch spent waiting for the buffer); per evaluation ``<split>/mrr``, ``hits@1/3/10``
-and ``mean_rank``, at the epoch they were taken.
+and ``mean_rank``, at the epoch they were taken. Event files are append-only: epochs a crash made a
+resumed run train again appear twice at their step (the metrics log keeps the last).
 """
 
 from __future__ import annotations

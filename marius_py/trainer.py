@@ -9,12 +9,16 @@ Randomness: every draw of epoch ``e`` comes from generators seeded with
 ``(seed, e)``, so resuming at an epoch boundary replays training exactly when
 training is synchronous (staleness bound 1, one load thread; the CPU default).
 With more batches in flight, what a batch reads depends on thread timing.
+Versions committed between buffer states (out of core, with
+``training.checkpoint_interval``) also keep the generators' states, so a
+resume continues the epoch at the next state with the same draws.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import json
 import shutil
 import time
 from dataclasses import dataclass
@@ -26,7 +30,7 @@ import torch
 from tqdm import tqdm
 
 from marius_py.checkpoint import (LIVE_STORE, NODES, RunDirectory, TrainingState, config_fingerprint,
-                                  load_generator_states, load_version, write_version_state)
+                                  load_position, load_version, write_version_state)
 from marius_py.config import Config
 from marius_py.dataset import Dataset
 from marius_py.devices import resolve_devices
@@ -148,7 +152,7 @@ class Trainer:
         else:  # a new run (or one killed before its first commit): the seeded initial state, recreated
             self.run.create(self.config)  # identically by a resume, so it is not committed as a version: the
             self._create_store()          # first epoch's rewrites then need no second copy of the store on disk
-            self.state, self._generator_states = TrainingState(config_fingerprint=self.fingerprint), None
+            self.state, self._position = TrainingState(config_fingerprint=self.fingerprint), None
             self._open_live(self.model.state_dict())
         # Records of epochs whose checkpoint never committed are replayed, not duplicated.
         self.run.truncate_metrics(self.state.epoch)
@@ -195,7 +199,7 @@ class Trainer:
     def restore(self, version: Path) -> None:
         """Make ``version`` the live state: store files, model parameters, position."""
         _, _, model_state, self.state = load_version(version, self.fingerprint, with_nodes=False)
-        self._generator_states = load_generator_states(version)
+        self._position = load_position(version)
         shutil.rmtree(self.live_store_path, ignore_errors=True)
         link_tree(version / NODES, self.live_store_path)
         self._open_live(model_state)
@@ -255,12 +259,13 @@ class Trainer:
                                           pin_memory=self._zero_copy_tables(), cache=cache)
         return self.buffer
 
-    def _commit(self, is_best: bool, generator_states: list[torch.Tensor] | None = None) -> None:
-        """Snapshot the (flushed) live store and the model into a new committed version."""
+    def _commit(self, is_best: bool, position: dict | None = None) -> None:
+        """Snapshot the (flushed) live store and the model into a new committed version (``position``: where
+        inside an epoch, for versions committed between buffer states)."""
         fsync_tree(self.live_store_path)
         tmp = self.run.begin_version(self.state.epoch, self.state.states_done)
         link_tree(self.live_store_path, tmp / NODES)
-        write_version_state(tmp, self.model.state_dict(), self.state, generator_states)
+        write_version_state(tmp, self.model.state_dict(), self.state, position)
         self.run.commit_version(tmp, self.state.epoch, is_best, self.state.states_done)
 
     def save_checkpoint(self, is_best: bool = False) -> None:
@@ -327,13 +332,10 @@ class Trainer:
         generators = _flat([shuffling, sampling, dropout])
         first_state = self.state.states_done  # > 0: resuming inside this epoch
         if first_state:
-            if self._generator_states is None or len(self._generator_states) != len(generators):
-                raise MariusInputError("a mid-epoch checkpoint lacks its random generator states",
-                                       path=self.run.checkpoints, expected="position.pt in the latest version")
-            for generator, saved in zip(generators, self._generator_states):
-                generator.set_state(saved)
+            self._restore_position(epoch, generators)
+        num_states = self.ordering(epoch).num_states if self.partitioned else 1
         num_edges = self.dataset.metadata.num_train
-        total_loss = torch.full((), self.state.epoch_loss, device=self.device)
+        total_loss = torch.full((), self.state.partial_loss_sum, device=self.device)
         self.runner.max_in_flight = 0  # per epoch
         if self.multi_device:
             self.runner.counters.reset()
@@ -342,26 +344,28 @@ class Trainer:
         bar = tqdm(total=-(-num_edges // t.batch_size), desc=f"epoch {epoch}/{t.epochs}", unit="batch",
                    disable=None if self.progress else True, leave=False, dynamic_ncols=True)
         timeline = StateTimeline(self.buffer.counters, self._synchronize) if self.partitioned else None
-        for index, (span, nodes, node_state) in enumerate(self._spans(epoch, first_state), first_state + 1):
+        trained_edges = 0
+        for states_done, (span, nodes, node_state) in enumerate(self._spans(epoch, first_state), first_state + 1):
             if timeline:
                 timeline.ready()
             order = torch.randperm(len(span.edges), generator=shuffling)
             self.runner.run(span.edges[order], nodes, node_state, span.candidates, sampling, dropout,
                             total_loss, bar.update)
+            trained_edges += len(span.edges)
             if timeline:
                 timeline.trained(len(span.edges))
-            if self._state_commit_due():
-                self._commit_between_states(index, total_loss, generators)
+            if states_done < num_states and self._state_commit_due():  # (after the last: the epoch commits)
+                self._commit_between_states(epoch, states_done, total_loss, generators)
         bar.close()
         self._synchronize()  # CUDA graphs and streams return before the GPU is done: time the GPU work
-        self.state.states_done, self.state.epoch_loss = 0, 0.0
+        self.state.states_done, self.state.partial_loss_sum = 0, 0.0
         seconds = time.perf_counter() - started
         if not torch.isfinite(total_loss):
             raise MariusInputError(f"training diverged: the loss of epoch {epoch} is not finite",
                                    path=self.run.path / "config.yaml",
                                    expected="a smaller training.lr or model.init_scale")
         record = {"event": "epoch", "epoch": epoch, "loss": float(total_loss) / num_edges,
-                  "seconds": seconds, "edges_per_s": num_edges / seconds,
+                  "seconds": seconds, "edges_per_s": trained_edges / seconds,
                   "pipeline": {"placement": self.placement, "staleness_bound": self.runner.effective_staleness,
                                "max_in_flight": self.runner.max_in_flight}}
         if self.multi_device:
@@ -371,6 +375,8 @@ class Trainer:
             after = self.buffer.counters.snapshot()
             record["io"] = {key: after[key] - io_before[key] for key in after}
             record["states"] = timeline.rows
+        if first_state:  # seconds, edges/s, io and states cover the states this process trained
+            record["resumed_at_state"] = first_state
         return record
 
     def _synchronize(self) -> None:
@@ -385,15 +391,50 @@ class Trainer:
         return (self.partitioned and interval > 0 and self.config.storage.negative_cache == 0
                 and time.monotonic() - self._last_commit >= interval)
 
-    def _commit_between_states(self, states_done: int, total_loss: torch.Tensor,
+    def _commit_between_states(self, epoch: int, states_done: int, total_loss: torch.Tensor,
                                generators: list[torch.Generator]) -> None:
         """Commit the first ``states_done`` buffer states of the running epoch: a resumed run restarts
         at the next state with the same random draws, so a crash loses at most one state's work."""
         self._synchronize()
         self.partition_buffer().write_resident()
-        self.state.states_done, self.state.epoch_loss = states_done, float(total_loss)
-        self._commit(is_best=False, generator_states=[generator.get_state() for generator in generators])
+        self.state.states_done, self.state.partial_loss_sum = states_done, float(total_loss)
+        self._commit(is_best=False, position={"walk": self._walk(epoch),
+                                              "devices": [str(g.device) for g in generators],
+                                              "generators": [g.get_state() for g in generators]})
         self._last_commit = time.monotonic()
+
+    def _walk(self, epoch: int) -> str:
+        """What decides which edges buffer state k of ``epoch`` trains: a resume inside the epoch must match."""
+        s = self.config.storage
+        return json.dumps({"epoch": epoch, "seed": self.config.training.seed, "ordering": s.ordering,
+                           "partitions": s.num_partitions, "buffer": s.buffer_capacity,
+                           "group_size": s.comet_group_size, "edge_assignment": s.edge_assignment,
+                           "states": self.ordering(epoch).num_states}, sort_keys=True)
+
+    def _check_position(self) -> None:
+        """A mid-epoch version resumes only with the walk and devices it was committed with (checked before
+        anything of the run is rewritten)."""
+        if self.state.states_done:
+            epoch = self.state.epoch + 1
+            shuffling = epoch_generator(self.config.training.seed, epoch)
+            self._restore_position(epoch, _flat([shuffling, *self._epoch_generators(epoch, shuffling)]))
+
+    def _restore_position(self, epoch: int, generators: list[torch.Generator]) -> None:
+        """Set the epoch's generators to a mid-epoch version's, refusing a walk or devices that differ."""
+        position = self._position
+        where = self.run.checkpoints
+        if position is None:
+            raise MariusInputError("a mid-epoch checkpoint lacks its position (position.pt)", path=where,
+                                   expected="a version committed by `marius-py train`")
+        if position["walk"] != self._walk(epoch):
+            raise MariusInputError(f"the run was checkpointed inside epoch {epoch} with other storage settings "
+                                   f"({position['walk']})", path=where,
+                                   expected="--resume with the run's storage.* settings and seed")
+        if position["devices"] != [str(g.device) for g in generators]:
+            raise MariusInputError(f"the run was checkpointed inside epoch {epoch} on {position['devices']}",
+                                   path=where, expected="--resume on the same devices (training.devices)")
+        for generator, saved in zip(generators, position["generators"]):
+            generator.set_state(saved)
 
     def _epoch_generators(self, epoch: int, shuffling: torch.Generator):
         """(negatives, dropout) generators of an epoch: one each, or one per device for several devices.
@@ -439,7 +480,7 @@ class Trainer:
             self._say(f"early stopping: no improvement in {patience} validations")
 
     def train(self) -> TrainingState:
-        """Run the epochs left until ``training.epochs``; checkpoint after each.
+        """Run the epochs left until ``training.epochs``, committing per ``training.checkpoint_interval``.
 
         On CPU, torch's deterministic algorithms are on while it runs: the
         parallel CPU kernel that accumulates gradients of repeated rows sums in
@@ -458,6 +499,7 @@ class Trainer:
 
     def _train(self) -> TrainingState:
         t, e = self.config.training, self.config.evaluation
+        self._check_position()
         # A resumed run may have extended training.epochs: record what actually runs.
         self.run.write_config(self.config)
         if self.dataset.metadata.num_train == 0:  # (not len(train): out of core, that would read every edge)
@@ -499,8 +541,6 @@ class Trainer:
         if self.buffer is not None:
             self.buffer.close()
             self.buffer = None
-        for tracker in self.run.trackers:  # (a writer closed here reopens if more is logged)
-            tracker.close()
 
     def _say(self, text: str) -> None:
         if self.progress:

@@ -40,6 +40,7 @@ class IOCounters:
     bytes_read: int = 0
     bytes_written: int = 0
     cache_bytes_read: int = 0        # the negative cache's reads (storage.negative_cache)
+    checkpoint_bytes_written: int = 0  # resident partitions written for a commit between states
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def add_read(self, nbytes: int) -> None:
@@ -56,11 +57,16 @@ class IOCounters:
         with self._lock:
             self.cache_bytes_read += nbytes
 
+    def add_checkpoint_write(self, nbytes: int) -> None:
+        with self._lock:
+            self.checkpoint_bytes_written += nbytes
+
     def snapshot(self) -> dict:
         with self._lock:
             return {"partitions_read": self.partitions_read, "partitions_written": self.partitions_written,
                     "bytes_read": self.bytes_read, "bytes_written": self.bytes_written,
-                    "cache_bytes_read": self.cache_bytes_read}
+                    "cache_bytes_read": self.cache_bytes_read,
+                    "checkpoint_bytes_written": self.checkpoint_bytes_written}
 
 
 @dataclass
@@ -73,7 +79,8 @@ class BufferView:
     rows_per_partition: int
     rows_per_slot: int               # >= rows_per_partition: slots are padded to whole pages
     resident_ranges: list[tuple[int, int]]  # (first local row, valid rows) per resident partition
-    candidate_ranges: list[tuple[int, int]]  # negatives' rows: the resident ones and the negative cache's
+    candidate_ranges: list[tuple[int, ...]]  # negatives' rows: the resident ones and the negative cache's
+                                             # blocks ((first row, rows, draw span): negatives.CandidateRows)
 
     def local_ids(self, global_ids: torch.Tensor) -> torch.Tensor:
         """Buffer-local row of each global node id (all must be resident)."""
@@ -158,13 +165,18 @@ class PartitionBuffer:
                 table[rows].copy_(host[rows])
         self.counters.add_read(nbytes)
 
-    def _write(self, partition: int, slot: int) -> None:
+    def _write(self, partition: int, slot: int, checkpoint: bool = False) -> None:
+        """Write a slot's partition (``checkpoint``: a resident one, for a commit; counted apart from the
+        ordering's write-backs, which the simulator predicts)."""
         rows, nbytes = self._slot_rows(slot), 0
         for files, host, table in zip(self.files, self._host, self.tables):
             if table is not host:
                 host[rows].copy_(table[rows])
             nbytes += files.write(partition, host[rows].numpy())
-        self.counters.add_write(nbytes)
+        if checkpoint:
+            self.counters.add_checkpoint_write(nbytes)
+        else:
+            self.counters.add_write(nbytes)
 
     def _evict(self, partition: int) -> None:
         slot = self._slot_of.pop(partition)
@@ -248,7 +260,7 @@ class PartitionBuffer:
     def write_resident(self) -> None:
         """Write every resident partition to the store, keeping it resident, and wait for every write-back:
         the store then holds the tables as they are (a checkpoint between two states)."""
-        pending = [self._writer.submit(self._write, partition, slot) for partition, slot in
+        pending = [self._writer.submit(self._write, partition, slot, True) for partition, slot in
                    sorted(self._slot_of.items())]
         for future in pending + list(self._slot_writes.values()):
             future.result()

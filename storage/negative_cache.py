@@ -15,15 +15,19 @@ so a run is a uniform sample, and a run is one read.
 
 Refresh (``refresh``):
 - ``evict`` (default): at the start of every epoch the whole cache is read
-  from the store (the only extra IO: ``rows x (d + state) x 4`` bytes per
-  partition and epoch), and whenever a partition is evicted its block is
-  copied from the slot, the freshest values, at no IO.
+  from the store (the only extra IO: ``rows x d x 4`` bytes per partition and
+  epoch, ``rows x (d + state) x 4`` with ``defer``), and whenever a partition
+  is evicted its block is copied from the slot, the freshest values, at no IO.
 - ``epoch``: only the read at the start of the epoch.
 
 Draws (``draws``): ``rows`` (default): a cached row is as likely a negative
 as a resident row; ``partitions``: a block is drawn as often as its whole
 partition would be in memory (its rows repeated), so negatives come from
-every partition in proportion to its size, as in memory.
+every partition in proportion to its size, as in memory. 1-vs-all scoring
+(``num_negatives=-1``) scores every candidate row once, whatever ``draws``.
+
+Mid-epoch commits (``training.checkpoint_interval``) are off with a cache:
+its blocks are not part of a checkpoint.
 
 Gradients (``gradients``):
 - ``drop`` (default): cached rows are read-only. Their Adagrad accumulator in
@@ -62,10 +66,14 @@ def cache_row_bytes(dim: int, state_dim: int, gradients: str) -> int:
 
 def cache_bytes_per_epoch(num_nodes: int, num_partitions: int, fraction: float, row_bytes: int) -> int:
     """Bytes the cache reads from the store per epoch: every partition's block of ``row_bytes`` rows."""
-    rows = partition_bounds(num_nodes, num_partitions, 0)[1]  # the first partition is the largest
-    block = cached_rows(rows, fraction)
-    return sum(min(block, end - start) for start, end in
-               (partition_bounds(num_nodes, num_partitions, p) for p in range(num_partitions))) * row_bytes
+    return sum(block_sizes(num_nodes, num_partitions, fraction)) * row_bytes
+
+
+def block_sizes(num_nodes: int, num_partitions: int, fraction: float) -> list[int]:
+    """Rows of every partition's block (a short last partition gives a shorter block)."""
+    block = cached_rows(partition_bounds(num_nodes, num_partitions, 0)[1], fraction)  # the first is the largest
+    return [min(block, end - start) for start, end in
+            (partition_bounds(num_nodes, num_partitions, p) for p in range(num_partitions))]
 
 
 class NegativeCache:
@@ -82,7 +90,7 @@ class NegativeCache:
         self.refresh, self.gradients, self.seed = refresh, gradients, seed
         self.valid = [end - start for start, end in
                       (partition_bounds(num_nodes, num_partitions, p) for p in range(num_partitions))]
-        self.counts = [min(self.block, valid) for valid in self.valid]
+        self.counts = block_sizes(num_nodes, num_partitions, fraction)
         self.offsets = [0] * num_partitions
         self.num_rows = self.block * num_partitions
         self._snapshot: list[torch.Tensor] | None = None  # defer: the cache at its last refresh or admission
@@ -124,11 +132,15 @@ class NegativeCache:
         self._remember(tables)
         return nbytes
 
+    def _slot_rows(self, partition: int, slot_start: int, device: torch.device) -> torch.Tensor:
+        """The table rows, in the slot at ``slot_start``, of the rows ``partition``'s block holds."""
+        return slot_start + torch.from_numpy(self.rows_in_partition(partition)).to(device)
+
     def evicted(self, partition: int, tables: list[torch.Tensor], slot_start: int) -> None:
         """``partition`` leaves the buffer from the slot at ``slot_start``: refresh its block from there."""
         if self.refresh != "evict" or not self.counts[partition]:
             return
-        rows = slot_start + torch.from_numpy(self.rows_in_partition(partition)).to(tables[0].device)
+        rows = self._slot_rows(partition, slot_start, tables[0].device)
         region = self.region(partition)
         for table in tables if self.gradients == "defer" else tables[:1]:
             table[region] = table[rows]
@@ -140,7 +152,7 @@ class NegativeCache:
         """``partition`` enters the slot at ``slot_start``: with ``defer``, add its block's pending change."""
         if self._snapshot is None or not self.counts[partition]:
             return
-        rows = slot_start + torch.from_numpy(self.rows_in_partition(partition)).to(tables[0].device)
+        rows = self._slot_rows(partition, slot_start, tables[0].device)
         region = self.region(partition)
         local = slice(region.start - self.base, region.stop - self.base)
         for table, snapshot in zip(tables, self._snapshot):

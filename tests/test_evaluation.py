@@ -244,10 +244,10 @@ def _node_ids(candidates, nodes):
 def test_evaluate_sampled_ranks_in_range_and_deterministic(sampling, captured_ranks):
     train, valid, test = random_graph(6)
     decoder, nodes = make_model("distmult", 1, 6)
-    pool = np.bincount(train[:, [0, 2]].reshape(-1), minlength=len(nodes))  # train degrees
+    degrees = np.bincount(train[:, [0, 2]].reshape(-1), minlength=len(nodes))
     num_negatives = 7
-    first = evaluate_sampled(decoder, nodes, test, num_negatives, sampling, pool, seed=13, batch_size=3)
-    second = evaluate_sampled(decoder, nodes, test, num_negatives, sampling, pool, seed=13, batch_size=3)
+    first = evaluate_sampled(decoder, nodes, test, num_negatives, sampling, degrees, seed=13, batch_size=3)
+    second = evaluate_sampled(decoder, nodes, test, num_negatives, sampling, degrees, seed=13, batch_size=3)
     assert first == second
     ranks = captured_ranks[0]
     assert torch.equal(ranks, captured_ranks[1])
@@ -281,18 +281,18 @@ def test_evaluate_sampled_matches_brute_force_on_drawn_negatives(monkeypatch, ca
     assert ranks == pytest.approx(expected, abs=1e-12)
 
 
-def test_degree_sampling_draws_only_from_pool(monkeypatch):
+def test_degree_sampling_draws_only_nodes_with_degree(monkeypatch):
     train, valid, test = random_graph(8)
     decoder, nodes = make_model("distmult", 1, 8)
     candidates = _record_candidates(monkeypatch, decoder)
-    pool = np.bincount([2, 2, 5, 9, 2], minlength=len(nodes))  # degrees 3, 1, 1
-    evaluate_sampled(decoder, nodes, test, 50, "degree", pool, seed=0, batch_size=4)
+    degrees = np.bincount([2, 2, 5, 9, 2], minlength=len(nodes))  # 3, 1, 1
+    evaluate_sampled(decoder, nodes, test, 50, "degree", degrees, seed=0, batch_size=4)
     drawn = [n for cand in candidates for n in _node_ids(cand, nodes)]
     assert set(drawn) == {2, 5, 9}
-    assert drawn.count(2) > drawn.count(5)  # proportional to multiplicity in the pool (3/5 vs 1/5)
-    # uniform sampling ignores the pool
+    assert drawn.count(2) > drawn.count(5)  # in proportion to degree (3/5 vs 1/5)
+    # uniform sampling ignores the degrees
     candidates.clear()
-    evaluate_sampled(decoder, nodes, test, 50, "uniform", pool, seed=0, batch_size=4)
+    evaluate_sampled(decoder, nodes, test, 50, "uniform", degrees, seed=0, batch_size=4)
     drawn = {n for cand in candidates for n in _node_ids(cand, nodes)}
     assert drawn - {2, 5, 9}
 

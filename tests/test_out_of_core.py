@@ -105,7 +105,8 @@ def test_io_counters_equal_simulator_every_epoch(beta_p8_run):
         assert record["io"] == {"partitions_read": stats.partitions_read,
                                 "partitions_written": stats.partitions_written,
                                 "bytes_read": stats.bytes_read, "bytes_written": stats.bytes_written,
-                                "cache_bytes_read": 0}, \
+                                "cache_bytes_read": 0,
+            "checkpoint_bytes_written": 0}, \
             f"epoch {record['epoch']}"
         assert stats.partitions_read == 3 + ordering.num_swaps
     # the epochs walk different buffer states (as sets), so each epoch is a separate check
@@ -170,7 +171,7 @@ class SimulatedCrash(Exception):
     pass
 
 
-@pytest.mark.parametrize("assignment, crash_after", [("bucket", 4), ("edge", 4), ("bucket", 15)])
+@pytest.mark.parametrize("assignment, crash_after", [("bucket", 4), ("edge", 4), ("bucket", 14)])
 def test_resume_between_buffer_states_equals_uninterrupted(datasets, tmp_path, monkeypatch, assignment,
                                                            crash_after):
     """A run committing after every buffer state, crashed mid-epoch and resumed, ends with the uninterrupted
@@ -185,7 +186,7 @@ def test_resume_between_buffer_states_equals_uninterrupted(datasets, tmp_path, m
     def commit_then_crash(self, *args):
         original(self, *args)
         commits.append(self.state.states_done)
-        if len(commits) == crash_after:  # epoch 1 has 15 states (beta_random 8:3): 4 is inside, 15 its last
+        if len(commits) == crash_after:  # epoch 1 has 15 states (beta_random 8:3): 14 commits, after all but the last
             raise SimulatedCrash
     monkeypatch.setattr(Trainer, "_commit_between_states", commit_then_crash)
     with pytest.raises(SimulatedCrash):
@@ -196,6 +197,9 @@ def test_resume_between_buffer_states_equals_uninterrupted(datasets, tmp_path, m
     run = RunDirectory(tmp_path / "split")
     assert run.latest_version().name == f"v000000.s{crash_after:06d}"
     monkeypatch.setattr(Trainer, "_commit_between_states", original)
+    with pytest.raises(MariusInputError, match="other storage settings"):  # another walk: refused
+        mp.train(mp.api.load_run_config(tmp_path / "split", ["storage.buffer_capacity=4"]), tmp_path / "split",
+                 progress=False, resume=True)
     mp.train(mp.api.load_run_config(tmp_path / "split"), tmp_path / "split", progress=False, resume=True)
     full_nodes, full_state, full_model = latest(tmp_path / "full")
     split_nodes, split_state, split_model = latest(tmp_path / "split")
@@ -203,8 +207,12 @@ def test_resume_between_buffer_states_equals_uninterrupted(datasets, tmp_path, m
     np.testing.assert_allclose(split_state, full_state, rtol=1e-5, atol=1e-7)
     torch.testing.assert_close(split_model["decoder"]["relations"], full_model["decoder"]["relations"])
     assert run.latest_version().name == "v000003"
-    split_losses = [r["loss"] for r in epoch_records(tmp_path / "split")]
-    assert split_losses == pytest.approx([r["loss"] for r in epoch_records(tmp_path / "full")], rel=1e-5)
+    split_records, full_records = epoch_records(tmp_path / "split"), epoch_records(tmp_path / "full")
+    assert [r["loss"] for r in split_records] == pytest.approx([r["loss"] for r in full_records], rel=1e-5)
+    resumed = split_records[0]  # epoch 1 again, from state crash_after on: its record covers those states
+    assert resumed["resumed_at_state"] == crash_after and len(resumed["states"]) == 15 - crash_after
+    assert sum(row["edges"] for row in resumed["states"]) < sum(row["edges"] for row in full_records[0]["states"])
+    assert all("resumed_at_state" not in r for r in split_records[1:])
 
 
 # --------------------------------------------------------------------------- streamed evaluation and export

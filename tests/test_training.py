@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import marius_py as mp
+from marius_py.cli import main as cli_main
 from marius_py.checkpoint import RunDirectory, load_version
 
 
@@ -135,7 +136,7 @@ def test_checkpoint_interval_commits_new_bests_and_the_last_epoch(small_config, 
     assert epochs == [1, 2, 3, 4, 5]
 
 
-def test_a_new_run_commits_nothing_before_its_first_epoch(small_config, tmp_path, monkeypatch):
+def test_a_new_run_commits_nothing_before_its_first_epoch(small_config, tmp_path, monkeypatch, capsys):
     """The seeded initial state is not written as a version (a second copy of the store on disk while the
     first epoch rewrites it); a run killed in its first epoch starts over from the same state."""
     original_epoch = mp.trainer.Trainer.train_epoch
@@ -147,6 +148,11 @@ def test_a_new_run_commits_nothing_before_its_first_epoch(small_config, tmp_path
     with pytest.raises(KeyboardInterrupt):
         mp.train(small_config("training.epochs=2"), tmp_path / "split", progress=False)
     monkeypatch.setattr(mp.trainer.Trainer, "train_epoch", original_epoch)
+    # nothing committed yet, but the directory holds a run: info says so, a fresh train is refused
+    assert cli_main(["info", str(tmp_path / "split")]) == 0
+    assert json.loads(capsys.readouterr().out)["latest"] is None
+    with pytest.raises(mp.MariusInputError, match="already holds a run"):
+        mp.train(small_config("training.epochs=2"), tmp_path / "split", progress=False)
     mp.train(mp.api.load_run_config(tmp_path / "split", []), tmp_path / "split", progress=False, resume=True)
     mp.train(small_config("training.epochs=2"), tmp_path / "full", progress=False)
     np.testing.assert_allclose(latest_nodes(tmp_path / "split"), latest_nodes(tmp_path / "full"),

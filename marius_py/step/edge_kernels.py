@@ -43,9 +43,11 @@ OPERATORS = {"dot": "identity", "distmult": "diagonal", "complex": "complex", "t
 _OPERATOR_CODE = {"identity": 0, "diagonal": 1, "translation": 2}
 _COMPARATOR_CODE = {"dot": 0, "l2": 1, "l1": 2}
 _REGULARIZER_CODE = {"none": 0, "n3": 1, "l2": 2}
-# Elements of one [edges, d] tile per program. The backward kernels hold ~20 such tiles live; at 4096 they
-# spill registers: ComplEx with N3 took 1.25 ms (d=100) and 3.2 ms (d=400) for 50k edges against ~0.09 and
-# 0.28 ms at 1024, where every operator moves ~2.8 TB/s on an H100 (bench/kernels.py --edge, RESULTS).
+# Elements of one [edges, d] tile per program, for the query and the backward kernels (``_launch``). The
+# backward kernels hold ~20 such tiles live; at 4096 they spilled registers: ComplEx with N3 took 1.25 ms
+# (d=100) and 3.2 ms (d=400) for 50k edges against ~0.09 and 0.28 ms at 1024, where every operator moves
+# ~2.8 TB/s on an H100 (bench/kernels.py --edge, RESULTS). The query kernels were measured only within
+# the step (bench/throughput.py --parts step).
 EDGE_TILE = 1024
 
 
@@ -319,7 +321,8 @@ def _edge_backward_triton(grad_rows, grad_relations, nodes, relations, edges, lo
 
 
 def _warps_for(elements: int) -> int:
-    """At most 8 elements of a tile per thread (wide rows make tiles past EDGE_TILE): 4 to 16 warps."""
+    """8 elements of a tile per thread up to 16 warps (wide rows make tiles past EDGE_TILE; past 4096
+    elements a thread holds more): 4 to 16 warps."""
     return max(4, min(16, elements // 256))
 
 
