@@ -67,8 +67,12 @@ class SquaredL2Form(ScoreForm):
 
     def scores(self, q, c):
         ones_q, ones_c = q.new_ones(q.shape[:2]), c.new_ones(c.shape[:2])
-        return torch.bmm(_widened(q, (q * q).sum(-1), ones_q), _widened(-2 * c, ones_c, (c * c).sum(-1))
-                         .transpose(1, 2))
+        # Each norm as two columns (the part a TF32 matmul keeps, and the rest), times 1: TF32 inputs carry
+        # 10 mantissa bits, so one column would add ~1e-3 of |q|^2 to distances that may be far smaller.
+        q_hi, q_lo = _tf32_split((q * q).sum(-1))
+        c_hi, c_lo = _tf32_split((c * c).sum(-1))
+        return torch.bmm(_widened(q, q_hi, q_lo, ones_q, ones_q),
+                         _widened(-2 * c, ones_c, ones_c, c_hi, c_lo).transpose(1, 2))
 
     def backward(self, grad, q, c):
         dim = q.shape[-1]
@@ -77,6 +81,14 @@ class SquaredL2Form(ScoreForm):
         grad_q = 2 * (q * by_c[..., dim:dim + 1] - by_c[..., :dim])
         grad_c = 2 * (c * by_q[..., dim:dim + 1] - by_q[..., :dim])
         return grad_q, grad_c
+
+
+def _tf32_split(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(hi, lo) with hi + lo == x and hi exact in TF32 (float32 with 10 mantissa bits); float64: (x, 0)."""
+    if x.dtype != torch.float32:
+        return x, torch.zeros_like(x)
+    hi = (x.view(torch.int32) & ~0x1FFF).view(torch.float32)
+    return hi, x - hi
 
 
 def _widened(x: torch.Tensor, *columns: torch.Tensor) -> torch.Tensor:
