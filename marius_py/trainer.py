@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+import os
 import shutil
 import time
 from dataclasses import dataclass
@@ -86,6 +87,7 @@ def epoch_ordering(config: Config, epoch: int) -> Ordering:
 
 
 _INIT_BLOCK = 1 << 16
+INIT_THREADS = 4  # partitions initialised at once when a store is created
 
 
 def init_rows(seed: int, init_scale: float, dim: int):
@@ -194,7 +196,8 @@ class Trainer:
         shutil.rmtree(self.live_store_path, ignore_errors=True)
         EmbeddingStore.create(self.live_store_path, self.dataset.num_nodes, c.model.dim, state_dim,
                               c.storage.num_partitions,
-                              init=init_rows(c.training.seed, c.model.init_scale, c.model.dim))
+                              init=init_rows(c.training.seed, c.model.init_scale, c.model.dim),
+                              threads=min(INIT_THREADS, os.cpu_count() or 1))  # memory: that many partitions
 
     def restore(self, version: Path) -> None:
         """Make ``version`` the live state: store files, model parameters, position."""
