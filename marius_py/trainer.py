@@ -87,7 +87,7 @@ def epoch_ordering(config: Config, epoch: int) -> Ordering:
 
 
 _INIT_BLOCK = 1 << 16
-INIT_THREADS = 4  # partitions initialised at once when a store is created
+INIT_THREADS = 8  # partitions initialised at once when a store is created (memory: 8 partitions)
 
 
 def init_rows(seed: int, init_scale: float, dim: int):
