@@ -197,7 +197,8 @@ class Trainer:
         EmbeddingStore.create(self.live_store_path, self.dataset.num_nodes, c.model.dim, state_dim,
                               c.storage.num_partitions,
                               init=init_rows(c.training.seed, c.model.init_scale, c.model.dim),
-                              threads=min(INIT_THREADS, os.cpu_count() or 1))  # memory: that many partitions
+                              # memory: that many partitions, no more than the buffer it was checked for
+                              threads=min(INIT_THREADS, os.cpu_count() or 1, c.storage.buffer_capacity or 1))
 
     def restore(self, version: Path) -> None:
         """Make ``version`` the live state: store files, model parameters, position."""
