@@ -1,0 +1,85 @@
+"""Bucket scheduling for several trainers sharing one partitioned store (issue 15's lock server).
+
+As PyTorch-BigGraph's lock server, rank 0 hands each trainer an edge bucket
+(i, j) whose partitions no other trainer holds, preferring buckets that share
+partitions with what the trainer holds already, so it swaps less. Every bucket
+is handed out exactly once per epoch; the epoch ends when all are done.
+
+Holding follows the store's consistency: a trainer that moves on from bucket
+(i, j) to (i, k) keeps i, and j stays locked until the trainer reports it
+written back (``written``): only then may another trainer read j from the
+shared store. Pure bookkeeping (no IO, no torch): the distributed trainer
+calls it through torch.distributed; tests drive it with simulated trainers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+
+@dataclass
+class Grant:
+    """The scheduler's answer to a trainer that has finished its bucket (or starts)."""
+
+    bucket: tuple[int, int] | None  # None: no bucket for now (``finished`` says whether ever again)
+    read: tuple[int, ...]           # partitions to load from the store (nobody holds them; written back)
+    write_back: tuple[int, ...]     # partitions to write back first, then report them ``written``
+    finished: bool = False          # no bucket is left this epoch
+
+
+@dataclass
+class BucketScheduler:
+    """Which trainer holds which partitions, and which buckets of the epoch are left."""
+
+    num_partitions: int
+    buckets: list[tuple[int, int]]
+    seed: int = 0
+    held: dict[int, set[int]] = field(default_factory=dict)          # trainer -> partitions it holds
+    releasing: dict[int, set[int]] = field(default_factory=dict)     # trainer -> partitions being written back
+    log: list[tuple[int, tuple[int, int]]] = field(default_factory=list)  # (trainer, bucket) in grant order
+
+    def __post_init__(self):
+        self._left = sorted(set(self.buckets))
+        self._rng = np.random.default_rng(self.seed)
+
+    @property
+    def done(self) -> bool:
+        """Every bucket handed out (trainers may still be training their last one)."""
+        return not self._left
+
+    def locked_by_others(self, trainer: int) -> set[int]:
+        return {p for other, parts in [*self.held.items(), *self.releasing.items()] if other != trainer
+                for p in parts}
+
+    def acquire(self, trainer: int) -> Grant:
+        """The trainer's next bucket, preferring ones that share its partitions.
+
+        With no bucket free of other trainers' partitions, it gets none for now and writes back all it holds
+        (two trainers each holding what the other needs would otherwise wait forever); it asks again after
+        another trainer reports a write-back. With none left, it writes back all it holds and is finished.
+        """
+        mine = self.held.pop(trainer, set())
+        blocked = self.locked_by_others(trainer)
+        free = [b for b in self._left if b[0] not in blocked and b[1] not in blocked]
+        if not free:
+            self._release(trainer, mine)
+            return Grant(None, (), tuple(sorted(mine)), finished=not self._left)
+        overlap = np.array([len(mine & set(b)) for b in free])
+        bucket = free[int(self._rng.choice(np.flatnonzero(overlap == overlap.max())))]
+        self._left.remove(bucket)
+        needed = set(bucket)
+        self._release(trainer, mine - needed)
+        self.held[trainer] = needed
+        self.log.append((trainer, bucket))
+        return Grant(bucket, tuple(sorted(needed - mine)), tuple(sorted(mine - needed)))
+
+    def _release(self, trainer: int, partitions: set[int]) -> None:
+        if partitions:
+            self.releasing[trainer] = self.releasing.get(trainer, set()) | partitions
+
+    def written(self, trainer: int, partitions) -> None:
+        """The trainer has written ``partitions`` back: other trainers may read them now."""
+        self.releasing[trainer] = self.releasing.get(trainer, set()) - set(partitions)
