@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from test_buffer import DIM, HAND_STATES, STATE_DIM, expected_tables, make_store
+from test_buffer import DIM, HAND_STATES, expected_tables, make_store
 
 import marius_py as mp
 from marius_py.config import load_config
