@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from marius_py.checkpoint import RunDirectory
+from marius_py.checkpoint import CONFIG_FILE, RunDirectory
 from marius_py.errors import MariusInputError
 
 
@@ -29,6 +29,9 @@ def _pyplot():
 def plot_run(run_dir: str | Path, out_dir: str | Path | None = None, epoch: int | None = None) -> list[Path]:
     """Write the run's PNGs into ``out_dir`` (default ``RUN_DIR/plots``); return their paths."""
     run = RunDirectory(run_dir)
+    if not (run.path / CONFIG_FILE).exists():
+        raise MariusInputError("not a run directory (no config.yaml)", path=run.path,
+                               expected="a directory written by `marius-py train`")
     records = run.read_metrics()
     epochs = [r for r in records if r.get("event") == "epoch"]
     if not epochs:

@@ -48,6 +48,8 @@ def test_plot_writes_the_pngs(partitioned_run, tmp_path, capsys):
         assert Path(path).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and Path(path).stat().st_size > 5000
     assert main(["plot", str(partitioned_run), "-o", str(tmp_path), "--epoch", "9"]) == 2
     assert "epoch 9 has no buffer-state timeline" in capsys.readouterr().err
+    assert main(["plot", str(tmp_path / "nowhere")]) == 2
+    assert "not a run directory" in capsys.readouterr().err
 
 
 def test_plot_without_matplotlib_says_how_to_get_it(partitioned_run, tmp_path, monkeypatch, capsys):
