@@ -17,7 +17,7 @@ holds the edge list: pass 1 counts each chunk's edges per bucket, pass 2 regener
 (seeded by its index), sorts it by bucket and writes each bucket's slice to its final place in
 the HDF5 file's contiguous datasets (``os.pwrite`` at the offset HDF5 allocated; workers write in
 parallel). Memory: ``--workers`` x one chunk (~100 bytes an edge) + p^2 counts per chunk. The
-directory appears (renamed from a hidden sibling) only when complete.
+directory appears (renamed from a hidden sibling, ``storage.durable.staged_directory``) only when complete.
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ import argparse
 import json
 import math
 import os
-import shutil
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -38,6 +37,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from marius_py.dataset import DatasetMetadata, write_metadata  # noqa: E402
+from storage.durable import staged_directory, staging_for  # noqa: E402
 from storage.edge_store import EDGE_FILE  # noqa: E402
 from storage.partitioning import partition_size  # noqa: E402
 
@@ -147,12 +147,11 @@ def _write_names(path: Path, prefix: str, count: int) -> None:
 def generate(args, log=print) -> dict:
     shape = Shape(args)
     out = Path(args.out)
-    staging = out.with_name(f".{out.name}.partial")
-    shutil.rmtree(staging, ignore_errors=True)
+    staging = staging_for(out)
     staging.mkdir(parents=True)
     timings, started = {}, time.perf_counter()
     p = shape.num_partitions
-    try:
+    with staged_directory(out, staging):
         with ProcessPoolExecutor(args.workers) as pool:
             names = [pool.submit(_write_names, staging / "nodes.txt", "n", shape.num_nodes),
                      pool.submit(_write_names, staging / "relations.txt", "r", shape.num_relations)]
@@ -184,12 +183,6 @@ def generate(args, log=print) -> dict:
                                             "settings": json.dumps({k: v for k, v in vars(args).items()
                                                                     if k not in ("out", "json", "workers")})})
         write_metadata(staging, metadata)  # last: marks the directory complete
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(staging, out)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     seconds = time.perf_counter() - started
     result = {"nodes": shape.num_nodes, "relations": shape.num_relations, **shape.counts, "partitions": p,
               "workers": args.workers, "seconds": seconds, "edge_bytes_written": written, **timings,

@@ -11,8 +11,6 @@ interrupted export never leaves a file that looks complete.
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from pathlib import Path
 
 import h5py
@@ -20,6 +18,7 @@ import numpy as np
 
 from marius_py.dataset import write_names
 from marius_py.errors import MariusInputError
+from storage.durable import staged_directory, staging_for
 
 FORMATS = ("npy", "tsv", "h5")
 MARKER = "export.json"  # marks a directory this module wrote, the only kind --overwrite replaces
@@ -46,15 +45,14 @@ def export_embeddings(output: str | Path, fmt: str, node_names: list[str], node_
     if output.exists() and not (overwrite and (output / MARKER).exists()):
         raise MariusInputError("output already exists", path=output,
                                expected="a new path, or --overwrite to replace an earlier export")
-    tmp = output.with_name(f".{output.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
+    tmp = staging_for(output)
     try:
         tmp.mkdir(parents=True)
     except OSError as error:
         raise MariusInputError(f"cannot create the output directory: {error.strerror}", path=output,
                                expected="a path in a writable directory") from None
     num_nodes = len(node_names)
-    try:
+    with staged_directory(output, tmp):
         if fmt == "npy":
             array = np.lib.format.open_memmap(tmp / "node_embeddings.npy", mode="w+", dtype=np.float32,
                                               shape=(num_nodes, dim))
@@ -79,12 +77,6 @@ def export_embeddings(output: str | Path, fmt: str, node_names: list[str], node_
                 handle.create_dataset("relation_names", data=np.array(relation_names, dtype=object),
                                       dtype=h5py.string_dtype())
         (tmp / MARKER).write_text(json.dumps({"format": fmt, "num_nodes": len(node_names)}) + "\n")
-        if output.exists():
-            shutil.rmtree(output)
-        os.replace(tmp, output)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return output
 
 
