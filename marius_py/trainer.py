@@ -282,12 +282,14 @@ class Trainer:
         return StoredNodes(self.store, self.device) if self.partitioned else InMemoryNodes(self.nodes, self.device)
 
     # ---- training ----
-    def _spans(self, epoch: int, first_state: int = 0) -> Iterator[tuple[TrainingSpan, torch.Tensor, torch.Tensor]]:
-        """(edges, embedding table, state table) of each buffer state of an epoch, from ``first_state`` on."""
+    def _spans(self, epoch: int, first_state: int = 0, ordering: Ordering | None = None,
+               ) -> Iterator[tuple[TrainingSpan, torch.Tensor, torch.Tensor]]:
+        """(edges, embedding table, state table) of each buffer state of an epoch (``ordering``: the epoch's,
+        if already built), from ``first_state`` on."""
         if not self.partitioned:
             yield TrainingSpan(torch.from_numpy(self.dataset.train), None), self.nodes, self.node_state
             return
-        ordering = self.ordering(epoch)
+        ordering = ordering or self.ordering(epoch)
         states = [ordering.resident(k) for k in range(ordering.num_states)]
         state_edges = self._edges_by_edge(states, epoch) if self.config.storage.edge_assignment == "edge" \
             else lambda k: self.dataset.edges.buckets(ordering.buckets[k])
@@ -337,7 +339,8 @@ class Trainer:
         first_state = self.state.states_done  # > 0: resuming inside this epoch
         if first_state:
             self._restore_position(epoch, generators)
-        num_states = self.ordering(epoch).num_states if self.partitioned else 1
+        ordering = self.ordering(epoch) if self.partitioned else None  # built once: spans and commits use it
+        num_states = ordering.num_states if ordering else 1
         num_edges = self.dataset.metadata.num_train
         total_loss = torch.full((), self.state.partial_loss_sum, device=self.device)
         self.runner.max_in_flight = 0  # per epoch
@@ -349,7 +352,8 @@ class Trainer:
                    disable=None if self.progress else True, leave=False, dynamic_ncols=True)
         timeline = StateTimeline(self.buffer.counters, self._synchronize) if self.partitioned else None
         trained_edges = 0
-        for states_done, (span, nodes, node_state) in enumerate(self._spans(epoch, first_state), first_state + 1):
+        for states_done, (span, nodes, node_state) in enumerate(self._spans(epoch, first_state, ordering),
+                                                                 first_state + 1):
             if timeline:
                 timeline.ready()
             order = torch.randperm(len(span.edges), generator=shuffling)
@@ -359,7 +363,7 @@ class Trainer:
             if timeline:
                 timeline.trained(len(span.edges))
             if states_done < num_states and self._state_commit_due():  # (after the last: the epoch commits)
-                self._commit_between_states(epoch, states_done, total_loss, generators)
+                self._commit_between_states(epoch, num_states, states_done, total_loss, generators)
         bar.close()
         self._synchronize()  # CUDA graphs and streams return before the GPU is done: time the GPU work
         self.state.states_done, self.state.partial_loss_sum = 0, 0.0
@@ -395,25 +399,25 @@ class Trainer:
         return (self.partitioned and interval > 0 and self.config.storage.negative_cache == 0
                 and time.monotonic() - self._last_commit >= interval)
 
-    def _commit_between_states(self, epoch: int, states_done: int, total_loss: torch.Tensor,
+    def _commit_between_states(self, epoch: int, num_states: int, states_done: int, total_loss: torch.Tensor,
                                generators: list[torch.Generator]) -> None:
         """Commit the first ``states_done`` buffer states of the running epoch: a resumed run restarts
         at the next state with the same random draws, so a crash loses at most one state's work."""
         self._synchronize()
         self.partition_buffer().write_resident()
         self.state.states_done, self.state.partial_loss_sum = states_done, float(total_loss)
-        self._commit(is_best=False, position={"walk": self._walk(epoch),
+        self._commit(is_best=False, position={"walk": self._walk(epoch, num_states),
                                               "devices": [str(g.device) for g in generators],
                                               "generators": [g.get_state() for g in generators]})
         self._last_commit = time.monotonic()
 
-    def _walk(self, epoch: int) -> str:
+    def _walk(self, epoch: int, num_states: int) -> str:
         """What decides which edges buffer state k of ``epoch`` trains: a resume inside the epoch must match."""
         s = self.config.storage
         return json.dumps({"epoch": epoch, "seed": self.config.training.seed, "ordering": s.ordering,
                            "partitions": s.num_partitions, "buffer": s.buffer_capacity,
                            "group_size": s.comet_group_size, "edge_assignment": s.edge_assignment,
-                           "states": self.ordering(epoch).num_states}, sort_keys=True)
+                           "states": num_states}, sort_keys=True)
 
     def _check_position(self) -> None:
         """A mid-epoch version resumes only with the walk and devices it was committed with (checked before
@@ -430,7 +434,7 @@ class Trainer:
         if position is None:
             raise MariusInputError("a mid-epoch checkpoint lacks its position (position.pt)", path=where,
                                    expected="a version committed by `marius-py train`")
-        if position["walk"] != self._walk(epoch):
+        if position["walk"] != self._walk(epoch, self.ordering(epoch).num_states):
             raise MariusInputError(f"the run was checkpointed inside epoch {epoch} with other storage settings "
                                    f"({position['walk']})", path=where,
                                    expected="--resume with the run's storage.* settings and seed")
