@@ -53,13 +53,18 @@ def run_one(dataset: Path, config_name: str, overrides: list[str], workdir: Path
     started = time.perf_counter()
     model = mp.train(config, run_dir, progress=False)
     seconds = time.perf_counter() - started
-    epochs = [r for r in RunDirectory(run_dir).read_metrics() if r.get("event") == "epoch"]
+    records = RunDirectory(run_dir).read_metrics()
+    epochs = [r for r in records if r.get("event") == "epoch"]
+    valid = [r for r in records if r.get("event") == "eval" and r.get("split") == "valid"]
+    best_valid = max(valid, key=lambda r: r["mrr"]) if valid else None
     train_seconds = sum(r["seconds"] for r in epochs)
     edges = sum(r["edges_per_s"] * r["seconds"] for r in epochs)
     io = {key: sum(r["io"][key] for r in epochs) for key in epochs[0]["io"]} if "io" in epochs[0] else None
     return {"dataset": dataset.name, "config": config_name, "overrides": overrides,
             "num_nodes": model.dataset.num_nodes,
-            "test": model.test_metrics, "wall_seconds": seconds, "train_seconds": train_seconds,
+            "test": model.test_metrics,
+            "best_valid": {"epoch": best_valid["epoch"], "mrr": best_valid["mrr"]} if best_valid else None,
+            "wall_seconds": seconds, "train_seconds": train_seconds,
             "edges_per_s": edges / max(train_seconds, 1e-9), "device": config.training.device, "io": io,
             "resolved_config": config.to_dict()}
 
@@ -72,6 +77,8 @@ def main() -> None:
     parser.add_argument("--out", default="bench/results/quality.json")
     args = parser.parse_args()
     results = []
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as workdir:
         for spec in args.runs:
             dataset_name, config_name = spec.split(":", 1)
@@ -79,17 +86,19 @@ def main() -> None:
                 result = run_one(Path(args.datasets_root) / dataset_name, config_name, overrides,
                                  Path(workdir))
                 results.append(result)
-                t = result["test"]
+                write_results(out, results)  # after every run: a sweep cut short keeps what finished
+                t, v = result["test"], result["best_valid"]
                 print(f"{dataset_name:10s} {config_name:12s} {' '.join(overrides):50s} "
-                      f"MRR {t['mrr']:.4f} H@1 {t['hits@1']:.3f} H@10 {t['hits@10']:.3f} "
+                      f"valid {v['mrr'] if v else float('nan'):.4f} MRR {t['mrr']:.4f} H@1 {t['hits@1']:.3f} H@10 {t['hits@10']:.3f} "
                       f"train {result['train_seconds']:7.1f}s wall {result['wall_seconds']:7.1f}s "
                       f"{result['edges_per_s']:12,.0f} edges/s", flush=True)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    print(f"wrote {out}")
+
+
+def write_results(out: Path, results: list[dict]) -> None:
     payload = {"machine": machine(), "date": time.strftime("%Y-%m-%d"), "command": " ".join(sys.argv),
                "results": results}
     out.write_text(json.dumps(payload, indent=2))
-    print(f"wrote {out}")
 
 
 if __name__ == "__main__":
