@@ -32,8 +32,34 @@ GiB = 1 << 30
 
 
 def run_json(command: list[str]) -> dict:
-    result = subprocess.run(command, check=True, capture_output=True, text=True)
+    result = subprocess.run(command, check=True, stdout=subprocess.PIPE, text=True)  # progress on stderr
     return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def dd_bandwidth(directory: Path, gib: int) -> dict:
+    """Sequential O_DIRECT write then read of ``gib`` GiB with dd, in bytes/s (the disk's own figure)."""
+    target = directory / "dd.bin"
+    rates = {}
+    for name, command in (("write", ["dd", "if=/dev/zero", f"of={target}", "bs=64M", f"count={gib * 16}",
+                                     "oflag=direct", "conv=fsync"]),
+                          ("read", ["dd", f"if={target}", "of=/dev/null", "bs=64M", "iflag=direct"])):
+        started = time.perf_counter()
+        subprocess.run(command, check=True, capture_output=True)
+        rates[f"{name}_bytes_per_s"] = gib * GiB / (time.perf_counter() - started)
+    target.unlink()
+    return rates
+
+
+def report_states(buffer) -> None:
+    """Print each buffer state's start to stderr: a pass cut short by a time limit still shows its pace."""
+    walk, started = buffer.walk, time.perf_counter()
+
+    def timed_walk(states, *args, **kwargs):
+        for index, view in enumerate(walk(states, *args, **kwargs)):
+            print(f"  state {index + 1}/{len(states)} at {time.perf_counter() - started:7.1f} s",
+                  file=sys.stderr, flush=True)
+            yield view
+    buffer.walk = timed_walk
 
 
 def config_overrides(dataset: Path, args) -> list[str]:
@@ -59,6 +85,7 @@ def measure(args) -> None:
     setup_seconds = time.perf_counter() - started
     ordering = trainer.ordering(1)
     states = [ordering.resident(k) for k in range(ordering.num_states)]
+    report_states(trainer.partition_buffer())
     if args.mode == "compute":
         for table in trainer.partition_buffer().tables:
             table.zero_()
@@ -115,6 +142,8 @@ def main() -> None:
     parser.add_argument("--ordering", default="beta", help="storage.ordering (comet: the default's k)")
     parser.add_argument("--graph", choices=("rmat", "freebase"), default="rmat")
     parser.add_argument("--scale", type=float, default=1.0, help="--graph freebase: of Freebase86m's counts")
+    parser.add_argument("--passes", default="io,compute,full", help="which passes, in this order")
+    parser.add_argument("--dd-gib", type=int, default=0, help="first measure the disk with dd (O_DIRECT), GiB")
     parser.add_argument("--out", default="bench/results/larger_than_memory.json")
     parser.add_argument("--mode", choices=("io", "compute", "full"), help=argparse.SUPPRESS)
     parser.add_argument("--dataset", help=argparse.SUPPRESS)
@@ -148,11 +177,22 @@ def main() -> None:
             str(args.buffer), "--batch-size", str(args.batch_size), "--negatives", str(args.negatives),
             "--degree-fraction", str(args.degree_fraction), "--decoder", args.decoder, "--adagrad", args.adagrad,
             "--device", args.device, "--ordering", args.ordering]
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if args.dd_gib:
+        steps["dd"] = dd_bandwidth(work, args.dd_gib)
+        print(f"dd O_DIRECT: write {steps['dd']['write_bytes_per_s'] / GiB:.2f} GiB/s, "
+              f"read {steps['dd']['read_bytes_per_s'] / GiB:.2f} GiB/s", flush=True)
     passes = {}
-    for mode in ("io", "compute", "full"):
+    for mode in args.passes.split(","):
         passes[mode] = run_json(base + ["--mode", mode])
-        print(f"{mode:8s} {passes[mode]['seconds']:8.1f} s  peak RSS {passes[mode]['peak_rss_bytes'] / GiB:6.2f} GiB",
-              flush=True)
+        passes[mode]["disk_bytes_per_s"] = (passes[mode]["counters"]["bytes_read"]
+                                            + passes[mode]["counters"]["bytes_written"]) / passes[mode]["seconds"]
+        print(f"{mode:8s} {passes[mode]['seconds']:8.1f} s  peak RSS {passes[mode]['peak_rss_bytes'] / GiB:6.2f} GiB"
+              f"  partition IO {passes[mode]['disk_bytes_per_s'] / GiB:.2f} GiB/s", flush=True)
+        write_report(out, steps, passes, {})  # after every pass: a run cut short keeps what finished
+    if set(passes) != {"io", "compute", "full"}:
+        return
     full = passes["full"]
     ram = memory_total()
     bound = full["buffer_bytes"] + GiB + 200 * full["max_state_edges"]
@@ -173,11 +213,17 @@ def main() -> None:
           f"{full['buffer_bytes'] / GiB:.2f} + 1 GiB + 200 B x {full['max_state_edges']:,} edges of the largest state)")
     print(f"IO counters {full['counters']} vs simulator {full['predicted']}: "
           f"{'match' if summary['counters_match_simulator'] else 'MISMATCH'}")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    if "dd" in steps:
+        disk = steps["dd"]["read_bytes_per_s"] + steps["dd"]["write_bytes_per_s"]
+        summary["io_pass_over_dd"] = passes["io"]["disk_bytes_per_s"] * 2 / disk
+        print(f"partition IO of the IO-only pass {summary['io_pass_over_dd']:.0%} of dd's (mean of read and write)")
+    write_report(out, steps, passes, summary)
+    print(f"wrote {out}")
+
+
+def write_report(out: Path, steps: dict, passes: dict, summary: dict) -> None:
     out.write_text(json.dumps({"date": time.strftime("%Y-%m-%d"), "command": " ".join(sys.argv),
                                "steps": steps, "passes": passes, "summary": summary}, indent=2))
-    print(f"wrote {out}")
 
 
 if __name__ == "__main__":
