@@ -21,8 +21,10 @@ the simulator's prediction.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import resource
+import signal
 import subprocess
 import sys
 import time
@@ -68,11 +70,15 @@ def config_overrides(dataset: Path, args) -> list[str]:
             "training.num_chunks=10", f"training.num_negatives={args.negatives}",
             f"training.degree_fraction={args.degree_fraction}", f"training.adagrad_variant={args.adagrad}",
             "evaluation.every=0", "evaluation.protocol=sampled", f"storage.num_partitions={args.partitions}",
-            f"storage.buffer_capacity={args.buffer}", f"storage.ordering={args.ordering}"]
+            f"storage.buffer_capacity={args.buffer}", f"storage.ordering={args.ordering}",
+            f"storage.lookahead={args.lookahead}", f"storage.edge_assignment={args.edge_assignment}"]
 
 
 def measure(args) -> None:
     """One pass (``--mode``) in this process; prints one JSON line."""
+    # A time limit's SIGTERM (timeout signals the whole process group) first prints every thread's stack:
+    # a stalled pass says where it stalled.
+    faulthandler.register(signal.SIGTERM, all_threads=True, chain=True)
     import marius_py as mp
     from marius_py.dataset import Dataset
     from marius_py.trainer import Trainer
@@ -140,6 +146,9 @@ def main() -> None:
     parser.add_argument("--adagrad", choices=("full", "rowwise"), default="full")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--ordering", default="beta", help="storage.ordering (comet: the default's k)")
+    parser.add_argument("--edge-assignment", default="bucket", help="storage.edge_assignment (balanced: "
+                        "buckets spread so that every state's training overlaps its swap)")
+    parser.add_argument("--lookahead", type=int, default=2, help="storage.lookahead: states read ahead")
     parser.add_argument("--graph", choices=("rmat", "freebase"), default="rmat")
     parser.add_argument("--scale", type=float, default=1.0, help="--graph freebase: of Freebase86m's counts")
     parser.add_argument("--passes", default="io,compute,full", help="which passes, in this order")
@@ -176,7 +185,8 @@ def main() -> None:
             str(run_dir), "--dim", str(args.dim), "--partitions", str(args.partitions), "--buffer",
             str(args.buffer), "--batch-size", str(args.batch_size), "--negatives", str(args.negatives),
             "--degree-fraction", str(args.degree_fraction), "--decoder", args.decoder, "--adagrad", args.adagrad,
-            "--device", args.device, "--ordering", args.ordering]
+            "--device", args.device, "--ordering", args.ordering, "--lookahead", str(args.lookahead),
+            "--edge-assignment", args.edge_assignment]
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     if args.dd_gib:

@@ -124,7 +124,10 @@ class StorageConfig:
                                 f"regrouped at random every epoch (accuracy near in-memory training); beta: "
                                 f"plain BETA over the physical partitions (least IO)")
     edge_assignment: str = _f("bucket", "which state trains an edge: 'bucket' (the ordering's bucket "
-                                        "assignment) or 'edge' (each edge to a random state holding its bucket)")
+                                        "assignment), 'balanced' (whole buckets, each to the state holding "
+                                        "both its partitions that evens the edges per state: the first state's "
+                                        "training no longer waits alone, same IO) or 'edge' (each edge to a "
+                                        "random state holding its bucket)")
     lookahead: int = _f(2, "buffer states whose admitted partitions are read ahead; each costs one more "
                            "partition of memory (a group with comet)")
     comet_group_size: int = _f(0, "comet ordering: physical partitions per logical one, regrouped at "
@@ -285,7 +288,8 @@ def _check_storage(s: StorageConfig, _check) -> None:
            s.ordering)
     _check(s.buffer_capacity >= 0, "storage.buffer_capacity", "expected >= 0", s.buffer_capacity)
     _check(s.lookahead >= 1, "storage.lookahead", "expected >= 1", s.lookahead)
-    _check(s.edge_assignment in ("bucket", "edge"), "storage.edge_assignment", "expected bucket or edge",
+    _check(s.edge_assignment in ("bucket", "balanced", "edge"), "storage.edge_assignment",
+           "expected bucket, balanced or edge",
            s.edge_assignment)
     _check(0.0 <= s.negative_cache <= 1.0, "storage.negative_cache", "expected a fraction in [0, 1]",
            s.negative_cache)

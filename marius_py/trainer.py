@@ -43,7 +43,7 @@ from marius_py.negatives import CandidateRows
 from marius_py.resources import check_memory, check_partitioning
 from marius_py.step.model import Model
 from marius_py.step.runners import build_multi_device_runner, build_span_runner
-from orderings import Ordering, build_ordering
+from orderings import Ordering, balanced_buckets, build_ordering
 from pipeline.placements import PLACEMENT_DEVICE, choose_devices_placement, choose_placement
 from pipeline.row_kernels import zero_copy_available
 from storage.buffer import PartitionBuffer
@@ -87,7 +87,7 @@ def epoch_ordering(config: Config, epoch: int) -> Ordering:
 
 
 _INIT_BLOCK = 1 << 16
-INIT_THREADS = 8  # partitions initialised at once when a store is created (memory: 8 partitions)
+INIT_THREADS = 8  # partitions initialised at once when a store is created (memory: 8 pieces of rows)
 
 
 def init_rows(seed: int, init_scale: float, dim: int):
@@ -197,8 +197,7 @@ class Trainer:
         EmbeddingStore.create(self.live_store_path, self.dataset.num_nodes, c.model.dim, state_dim,
                               c.storage.num_partitions,
                               init=init_rows(c.training.seed, c.model.init_scale, c.model.dim),
-                              # memory: that many partitions, no more than the buffer it was checked for
-                              threads=min(INIT_THREADS, os.cpu_count() or 1, c.storage.buffer_capacity or 1))
+                              threads=min(INIT_THREADS, os.cpu_count() or 1))
 
     def restore(self, version: Path) -> None:
         """Make ``version`` the live state: store files, model parameters, position."""
@@ -307,7 +306,11 @@ class Trainer:
         buffer.flush()
 
     def ordering(self, epoch: int) -> Ordering:
-        return epoch_ordering(self.config, epoch)
+        ordering = epoch_ordering(self.config, epoch)
+        if self.config.storage.edge_assignment == "balanced":
+            p = self.config.storage.num_partitions
+            ordering = balanced_buckets(ordering, np.diff(self.dataset.edges.bucket_offsets()).reshape(p, p))
+        return ordering
 
     def _edges_by_edge(self, states: list[tuple[int, ...]], epoch: int):
         """Edge-level assignment: each edge of bucket (i, j) goes to a random state holding i and j.

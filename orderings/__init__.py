@@ -34,12 +34,15 @@ physical partitions per (seed, epoch); the three curve baselines are the same
 every epoch unless ``permute_labels=True``.
 
 Bounds: ``swap_lower_bound(p, c)`` (no ordering does better) and
-``beta_swap_count(p, c)`` (exactly what ``beta`` does). ``orderings.simulator``
+``beta_swap_count(p, c)`` (exactly what ``beta`` does). ``balanced_buckets(ordering,
+bucket_edges)`` keeps the states and moves each bucket to the eligible state
+that evens the edges per state (``storage.edge_assignment=balanced``). ``orderings.simulator``
 turns an ordering into partitions and bytes read and written per epoch.
 
 Depends on numpy and the standard library only.
 """
 
+from orderings.balance import balanced_buckets
 from orderings.bounds import beta_swap_count, swap_lower_bound
 from orderings.comet import default_group_size
 from orderings.ordering import Bucket, Ordering, State, Swap, relabel
@@ -47,7 +50,8 @@ from orderings.registry import ORDERINGS, OrderingSpec, build_ordering, get_spec
 from orderings.simulator import IOStats, compare_orderings, format_table, simulate
 
 __all__ = [
-    "Bucket", "IOStats", "ORDERINGS", "Ordering", "OrderingSpec", "State", "Swap", "beta_swap_count",
+    "Bucket", "IOStats", "ORDERINGS", "Ordering", "OrderingSpec", "State", "Swap", "balanced_buckets",
+    "beta_swap_count",
     "build_ordering", "compare_orderings", "default_group_size", "format_table", "get_spec",
     "register_ordering", "relabel",
     "simulate", "swap_lower_bound",

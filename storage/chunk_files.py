@@ -18,6 +18,7 @@ import math
 import os
 import threading
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -108,16 +109,37 @@ class ChunkFiles:
         view = memoryview(_checked(data, self.chunk_bytes)).cast("B")
         direct = self._direct(data)
         length = aligned(self.chunk_bytes) if direct else self.chunk_bytes
+        return self._replace(chunk, direct, lambda descriptor: _pwrite_all(descriptor, view[:length], 0))
+
+    def write_generated(self, chunk: int, rows: Callable[[int, int], np.ndarray], piece_rows: int) -> int:
+        """Replace chunk ``chunk`` atomically with ``rows(first, end)`` (its rows ``[first, end)``, zero past
+        the array's end), drawn and written ``piece_rows`` at a time: memory is one piece, not a chunk."""
+        piece_rows = min(slot_rows(piece_rows, self.cols), slot_rows(self.rows_per_chunk, self.cols))
+        piece = page_aligned_empty(piece_rows, self.cols)  # whole pages: every piece starts page-aligned
+        view = memoryview(piece.numpy()).cast("B")
+        valid = max(0, min(self.rows_per_chunk, self.num_rows - chunk * self.rows_per_chunk))
+
+        def write_pieces(descriptor: int) -> None:
+            for first in range(0, self.rows_per_chunk, piece_rows):
+                count = min(piece_rows, self.rows_per_chunk - first)
+                filled = max(0, min(count, valid - first))
+                if filled:
+                    piece[:filled] = torch.from_numpy(rows(first, first + filled))
+                piece[filled:count] = 0.0
+                _pwrite_all(descriptor, view[:aligned(count * self.cols * 4)], first * self.cols * 4)
+        return self._replace(chunk, bool(_O_DIRECT), write_pieces)
+
+    def _replace(self, chunk: int, direct: bool, write_body: Callable[[int], None]) -> int:
+        """Write a chunk file through ``write_body(descriptor)`` into a temporary file renamed over it.
+        With ``direct`` the body writes whole pages; the padding past ``chunk_bytes`` is cut."""
         target = self.chunk_path(chunk)
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_name(f".{target.name}.{os.getpid()}.{threading.get_ident()}.tmp")
         try:
             descriptor = _open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, direct)
             try:
-                written = 0
-                while written < length:
-                    written += os.pwritev(descriptor, [view[written:length]], written)
-                if length != self.chunk_bytes:  # O_DIRECT wrote whole pages: cut the padding
+                write_body(descriptor)
+                if os.fstat(descriptor).st_size != self.chunk_bytes:  # O_DIRECT wrote whole pages
                     os.ftruncate(descriptor, self.chunk_bytes)
             finally:
                 os.close(descriptor)
@@ -131,6 +153,12 @@ class ChunkFiles:
             tmp.unlink(missing_ok=True)
             raise
         return self.chunk_bytes
+
+
+def _pwrite_all(descriptor: int, view: memoryview, offset: int) -> None:
+    written = 0
+    while written < len(view):
+        written += os.pwritev(descriptor, [view[written:]], offset + written)
 
 
 _O_DIRECT = getattr(os, "O_DIRECT", 0)

@@ -16,14 +16,14 @@ from pathlib import Path
 from typing import Callable
 
 import numpy as np
-import torch
 import zarr
 
-from storage.chunk_files import ChunkFiles, page_aligned_empty
+from storage.chunk_files import ChunkFiles
 from storage.partitioning import partition_bounds, partition_size
 
 EMBEDDINGS = "embeddings"
 STATE = "state"
+INIT_PIECE_ROWS = 65_536  # rows drawn and written at once per thread when a store is created
 _ZARR_V3 = int(zarr.__version__.split(".")[0]) >= 3
 
 
@@ -68,18 +68,16 @@ class EmbeddingStore:
         return store
 
     def _initialise(self, init: Callable[[int, int], np.ndarray], threads: int) -> None:
-        """Write ``init``'s rows partition by partition as raw chunk files (zarr's array writes ran at
-        ~0.1 GiB/s), ``threads`` partitions at once (torch's generators and file writes release the GIL).
+        """Write ``init``'s rows as raw chunk files (zarr's array writes ran at ~0.1 GiB/s), ``threads``
+        partitions at once (torch's generators and file writes release the GIL), each drawn and written
+        in pieces of ``INIT_PIECE_ROWS``: memory is ``threads`` pieces, whatever the partitions' size.
         Optimizer state stays zarr's fill value, 0: its chunk files are never written."""
         files = self.chunk_files()[0]
 
         def write(part: int) -> None:
             start, end = self.bounds(part)
-            if end > start:
-                chunk = page_aligned_empty(files.rows_per_chunk, files.cols)
-                chunk[:end - start] = torch.from_numpy(init(start, end))
-                chunk[end - start:] = 0.0
-                files.write(part, chunk.numpy())
+            if end > start:  # a partition past the last node stays zarr's fill value
+                files.write_generated(part, lambda first, last: init(start + first, start + last), INIT_PIECE_ROWS)
 
         with ThreadPoolExecutor(max(1, threads)) as pool:
             list(pool.map(write, range(self.num_partitions)))

@@ -97,6 +97,28 @@ def test_chunk_files_round_trip(tmp_path):
     np.testing.assert_array_equal(reopened.state[12:], state_expected[12:])
 
 
+@pytest.mark.parametrize("piece_rows, largest_call", [(1, 1024), (1500, 2048), (10 ** 6, 2502)])
+def test_store_created_in_pieces_holds_init_rows(tmp_path, monkeypatch, piece_rows, largest_call):
+    """Pieces (rounded up to whole pages: 1,024 rows of 3 floats) smaller than a partition, not dividing
+    it, or larger than it write exactly the rows init gives, each row drawn once."""
+    import storage.embedding_store as embedding_store
+    monkeypatch.setattr(embedding_store, "INIT_PIECE_ROWS", piece_rows)
+    calls = []
+
+    def init(start, end):
+        calls.append((start, end))
+        return id_rows(end, DIM)[start:end]
+
+    nodes = 5003  # two partitions of 2,502 rows, the second one short
+    store = EmbeddingStore.create(tmp_path / "s", nodes, DIM, STATE_DIM, 2, init=init, threads=2)
+    np.testing.assert_array_equal(store.embeddings[:], id_rows(nodes, DIM))
+    np.testing.assert_array_equal(store.state[:], 0.0)
+    emb = store.chunk_files()[0]
+    assert all(emb.chunk_path(k).stat().st_size == emb.chunk_bytes for k in range(2))
+    assert max(end - start for start, end in calls) == largest_call
+    assert sorted(calls)[0][0] == 0 and sum(end - start for start, end in calls) == nodes
+
+
 def test_missing_chunk_reads_as_zeros(tmp_path):
     store = make_store(tmp_path / "s", 19, 5)
     emb, _ = store.chunk_files()

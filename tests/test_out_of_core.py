@@ -171,7 +171,7 @@ class SimulatedCrash(Exception):
     pass
 
 
-@pytest.mark.parametrize("assignment, crash_after", [("bucket", 4), ("edge", 4), ("bucket", 14)])
+@pytest.mark.parametrize("assignment, crash_after", [("bucket", 4), ("edge", 4), ("balanced", 4), ("bucket", 14)])
 def test_resume_between_buffer_states_equals_uninterrupted(datasets, tmp_path, monkeypatch, assignment,
                                                            crash_after):
     """A run committing after every buffer state, crashed mid-epoch and resumed, ends with the uninterrupted
@@ -339,7 +339,7 @@ def test_cli_ordering_buffer_one_exits_2(capsys):
     assert "--buffer" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("assignment", ["bucket", "edge"])
+@pytest.mark.parametrize("assignment", ["bucket", "balanced", "edge"])
 def test_every_edge_trained_once_per_epoch(datasets, tmp_path, monkeypatch, assignment):
     """Whatever the assignment, an epoch trains each train edge exactly once."""
     from marius_py.dataset import Dataset
