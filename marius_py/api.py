@@ -25,6 +25,7 @@ from marius_py.dataset import Dataset
 from marius_py.errors import MariusInputError
 from marius_py.evaluation import InMemoryNodes, KnownAnswers, NodeTable, StoredNodes, evaluate_split
 from marius_py.devices import resolve_device
+from marius_py.distributed import launched_by_torchrun, train_distributed
 from marius_py.step.model import Model
 from marius_py.trainer import Trainer
 from storage.embedding_store import EmbeddingStore
@@ -144,7 +145,7 @@ class TrainedModel:
                               seed=self.config.training.seed)
 
 
-def _open_dataset(config: Config, progress: bool) -> Dataset:
+def open_dataset(config: Config, progress: bool) -> Dataset:
     path = resolve_dataset(config.dataset.path, config.storage.num_partitions, progress)
     return Dataset(path)
 
@@ -157,7 +158,7 @@ def _start(config: Config, run_dir: Path, progress: bool, resume: bool) -> tuple
     if not resume:
         RunDirectory(run_dir).create(config)
     try:
-        dataset = _open_dataset(config, progress)
+        dataset = open_dataset(config, progress)
         return Trainer(config, dataset, run_dir, progress=progress), dataset
     except MariusInputError:
         if created and not RunDirectory(run_dir).has_checkpoint():
@@ -166,27 +167,41 @@ def _start(config: Config, run_dir: Path, progress: bool, resume: bool) -> tuple
 
 
 def train(config: Config, run_dir: str | Path | None = None, progress: bool = True,
-          resume: bool = False) -> TrainedModel:
-    """Train (or resume) a run and return its best (or last) model with test metrics."""
+          resume: bool = False) -> TrainedModel | None:
+    """Train (or resume) a run and return its best (or last) model with test metrics.
+
+    Under torchrun (several trainers, ``marius_py.distributed``) rank 0 returns it and the others None.
+    """
+    if launched_by_torchrun():
+        return train_distributed(config, run_dir, progress, resume)
     run_dir = Path(run_dir) if run_dir is not None else default_run_dir(config)
+    check_new_run_dir(run_dir, resume)
+    trainer, dataset = _start(config, run_dir, progress, resume)
+    try:
+        trainer.train()
+        return finish_training(trainer, config, dataset, run_dir)
+    finally:
+        trainer.close()
+        trainer.run.close()
+
+
+def check_new_run_dir(run_dir: Path, resume: bool) -> None:
     if not resume and (RunDirectory(run_dir).has_checkpoint() or (run_dir / CONFIG_FILE).exists()):
         # (a run in its first epoch has committed nothing yet: its config says it is there)
         raise MariusInputError("run directory already holds a run", path=run_dir,
                                expected="a new directory, or --resume to continue it")
-    trainer, dataset = _start(config, run_dir, progress, resume)
-    try:
-        trainer.train()
-        if config.evaluation.select_best:
-            trainer.load_best()
-        trained = TrainedModel(config, dataset, trainer.model, trainer.node_table())
-        trained.run_dir = run_dir
-        if dataset.metadata.num_test > 0:
-            metrics = trainer.evaluate("test")
-            trainer.run.log(metrics)
-            trained.test_metrics = metrics
-    finally:
-        trainer.close()
-        trainer.run.close()
+
+
+def finish_training(trainer: Trainer, config: Config, dataset: Dataset, run_dir: Path) -> TrainedModel:
+    """The trained run's best (or last) model, tested when the dataset has a test split."""
+    if config.evaluation.select_best:
+        trainer.load_best()
+    trained = TrainedModel(config, dataset, trainer.model, trainer.node_table())
+    trained.run_dir = run_dir
+    if dataset.metadata.num_test > 0:
+        metrics = trainer.evaluate("test")
+        trainer.run.log(metrics)
+        trained.test_metrics = metrics
     return trained
 
 
@@ -206,7 +221,7 @@ def load_checkpoint(run_dir: str | Path, which: str = "best", device: str | None
         config.training.device = device
     run = RunDirectory(run_dir)
     version = (run.best_version() if which == "best" else None) or run.latest_version()
-    dataset = _open_dataset(config, progress=False)
+    dataset = open_dataset(config, progress=False)
     target = resolve_device(config.training.device)
     model = Model(config, dataset.num_nodes, dataset.num_relations, target)
     out_of_core = config.storage.num_partitions > 1

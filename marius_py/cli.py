@@ -66,6 +66,8 @@ def cmd_train(args) -> None:
         config = api.make_config(config_path or "codex-m", overrides)
         run_dir = args.run_dir
     model = api.train(config, run_dir, progress=not args.quiet, resume=bool(args.resume))
+    if model is None:  # a trainer other than rank 0 of several: rank 0 reports
+        return
     print(f"run directory: {model.run_dir}")
     if model.test_metrics:
         _print_metrics("test", model.test_metrics)

@@ -176,6 +176,16 @@ class PipelineConfig:
 
 
 @dataclass
+class DistributedConfig:
+    relation_sync_seconds: float = _f(1.0, "several trainers (torchrun): the relation parameters are averaged "
+                                           "across trainers by an all-reduce at least this often (at the first "
+                                           "bucket boundary after it), and exactly at the end of every epoch")
+    timeout_seconds: float = _f(600.0, "several trainers: how long a trainer waits for the others (the "
+                                       "scheduler, a collective, rank 0's evaluation) before it stops the "
+                                       "group with an error")
+
+
+@dataclass
 class Config:
     dataset: DatasetConfig = field(default_factory=DatasetConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -183,6 +193,7 @@ class Config:
     evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
     storage: StorageConfig = field(default_factory=StorageConfig)
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -259,6 +270,9 @@ def validate(config: Config, origins: dict | None = None) -> Config:
            f"needs a decoder linear in the relation vector (distmult, complex), not {m.decoder}",
            t.relation_prediction)
     _check_storage(config.storage, _check)
+    d = config.distributed
+    _check(d.relation_sync_seconds > 0, "distributed.relation_sync_seconds", "expected > 0", d.relation_sync_seconds)
+    _check(d.timeout_seconds > 0, "distributed.timeout_seconds", "expected > 0", d.timeout_seconds)
     if m.decoder in ("complex", "rotate"):
         _check(m.dim % 2 == 0, "model.dim", f"expected even for {m.decoder}", m.dim)
     return config

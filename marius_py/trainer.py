@@ -151,11 +151,8 @@ class Trainer:
         self._build_runner()
         if self.run.has_checkpoint():
             self.restore(self.run.latest_version())
-        else:  # a new run (or one killed before its first commit): the seeded initial state, recreated
-            self.run.create(self.config)  # identically by a resume, so it is not committed as a version: the
-            self._create_store()          # first epoch's rewrites then need no second copy of the store on disk
-            self.state, self._position = TrainingState(config_fingerprint=self.fingerprint), None
-            self._open_live(self.model.state_dict())
+        else:
+            self._start_new_run()
         # Records of epochs whose checkpoint never committed are replayed, not duplicated.
         self.run.truncate_metrics(self.state.epoch)
         self._known = None
@@ -199,13 +196,26 @@ class Trainer:
                               init=init_rows(c.training.seed, c.model.init_scale, c.model.dim),
                               threads=min(INIT_THREADS, os.cpu_count() or 1))
 
+    def _start_new_run(self) -> None:
+        """A new run (or one killed before its first commit): the seeded initial state, recreated identically
+        by a resume, so it is not committed as a version: the first epoch's rewrites then need no second
+        copy of the store on disk."""
+        self.run.create(self.config)
+        self._create_store()
+        self.state, self._position = TrainingState(config_fingerprint=self.fingerprint), None
+        self._open_live(self.model.state_dict())
+
     def restore(self, version: Path) -> None:
         """Make ``version`` the live state: store files, model parameters, position."""
         _, _, model_state, self.state = load_version(version, self.fingerprint, with_nodes=False)
         self._position = load_position(version)
+        self._link_live_store(version)
+        self._open_live(model_state)
+
+    def _link_live_store(self, version: Path) -> None:
+        """The version's store files become the live store (hard links: no copy)."""
         shutil.rmtree(self.live_store_path, ignore_errors=True)
         link_tree(version / NODES, self.live_store_path)
-        self._open_live(model_state)
 
     def _open_live(self, model_state: dict) -> None:
         """Load ``model_state`` into the model and its replicas, and open the live store (in memory: load it)."""

@@ -126,7 +126,7 @@ class PartitionBuffer:
             self.tables = [torch.empty(table_rows, f.cols, device=self.device) for f in self.files]
         self.counters = IOCounters()
         self._slot_of: dict[int, int] = {}                   # resident partition -> slot
-        self._free: list[int] = []
+        self._free: list[int] = list(range(self.num_slots))
         self._scheduled: dict[int, tuple[int, Future]] = {}  # prefetched partition -> (slot, read)
         self._slot_writes: dict[int, Future] = {}            # slot -> write-back of its last occupant
         self._partition_writes: dict[int, Future] = {}       # partition -> its last write-back
@@ -256,6 +256,27 @@ class PartitionBuffer:
         self._free = list(range(self.num_slots))
         for partition in partitions:
             self._admit(partition)
+
+    def hold(self, partitions: Sequence[int]) -> BufferView:
+        """Make ``partitions`` resident, reading those that are not, for a trainer handed one bucket at a
+        time (several trainers, no ordering known ahead); what it no longer needs it ``release``s first."""
+        wanted = sorted(set(partitions))
+        if len(set(self._slot_of) | set(wanted)) > self.capacity:
+            raise ValueError(f"holding {wanted} beside {sorted(self._slot_of)} exceeds capacity {self.capacity}")
+        for partition in wanted:
+            if partition not in self._slot_of:
+                slot = self._free.pop(0)
+                self._read(partition, slot)
+                self._slot_of[partition] = slot
+        return self._view(0, wanted)
+
+    def release(self, partitions: Sequence[int]) -> None:
+        """Write ``partitions`` back and drop them; returns once they are in the store (another trainer may
+        then read them)."""
+        for partition in sorted(partitions):
+            self._evict(partition)
+        for partition in partitions:
+            self._partition_writes.pop(partition).result()
 
     def write_resident(self) -> None:
         """Write every resident partition to the store, keeping it resident, and wait for every write-back:

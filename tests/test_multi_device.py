@@ -83,7 +83,7 @@ class RecordingStep:
         got = plan.rows[:count]
         self.log.append((self.device_index, needed.clone(), got.clone(), embeddings[:count].clone()))
         grad = torch.full_like(embeddings, self.scale * (self.device_index + 1))
-        return grad, [torch.zeros_like(p) for p in self.model._relation_parameters()], torch.zeros(())
+        return grad, [torch.zeros_like(p) for p in self.model.relation_parameters()], torch.zeros(())
 
     def step_relations(self, gradients):
         pass

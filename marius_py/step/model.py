@@ -138,7 +138,7 @@ class Model:
                   generator: torch.Generator) -> tuple[torch.Tensor, list[torch.Tensor], torch.Tensor]:
         """(d loss / d embeddings, d loss / d each relation parameter, mean loss); nothing is updated."""
         embeddings = embeddings.detach().requires_grad_(True)
-        params = self._relation_parameters()
+        params = self.relation_parameters()
         for param in params:
             param.grad = None
         loss = self.batch_loss(plan, embeddings, generator)
@@ -150,13 +150,13 @@ class Model:
         """One relation-optimizer step per gradient list (several devices' batches, in device order)."""
         if self.relation_optimizer is None:
             return
-        params = self._relation_parameters()
+        params = self.relation_parameters()
         for grads in gradients:
             for param, grad in zip(params, grads):
                 param.grad = grad
             self.relation_optimizer.step()
 
-    def _relation_parameters(self) -> list[torch.nn.Parameter]:
+    def relation_parameters(self) -> list[torch.nn.Parameter]:
         if self.relation_optimizer is None:
             return []
         return [p for group in self.relation_optimizer.param_groups for p in group["params"]]

@@ -1,0 +1,118 @@
+"""The bucket scheduler (``orderings.scheduler``) served by rank 0 over torch.distributed's store.
+
+A request is a ticket: the trainer takes the next number from the store's
+counter (``add``, atomic), writes its message under that number, and waits for
+the reply under its own (rank, request) key. Rank 0's server thread handles the
+tickets in number order, so the scheduler sees one request at a time. Every
+grant and write-back report is appended to ``scheduler.jsonl`` in the run
+directory: the log the tests check (every bucket once per epoch).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import torch.distributed as dist
+
+from orderings.scheduler import BucketScheduler, Grant
+
+POLL_SECONDS = 0.001  # the server looks for the next ticket this often (a store wait that times out
+                      # leaves a TCPStore client's socket out of step, so it polls with check())
+RETRY_SECONDS = 0.005          # a trainer given no bucket asks again after this pause
+
+
+class SchedulerServer:
+    """Rank 0's thread answering the trainers' requests, one epoch's ``BucketScheduler`` at a time."""
+
+    def __init__(self, store: dist.Store, num_partitions: int, seed: int, log_path: Path):
+        self.store, self.num_partitions, self.seed = store, num_partitions, seed
+        self.log_path = log_path
+        self.scheduler: BucketScheduler | None = None
+        self.epoch = 0
+        self.error: BaseException | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, name="bucket-scheduler", daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        ticket = 1
+        try:
+            while not self._stop.is_set():
+                key = f"ticket/{ticket}"
+                if not self.store.check([key]):
+                    time.sleep(POLL_SECONDS)
+                    continue
+                message = json.loads(self.store.get(key))
+                reply = self._handle(message)
+                self.store.set(f"reply/{message['trainer']}/{message['request']}", json.dumps(reply))
+                self.store.delete_key(key)
+                ticket += 1
+        except BaseException as error:  # noqa: BLE001 - reported to rank 0's trainer by check()
+            self.error = error
+
+    def _handle(self, message: dict) -> dict:
+        trainer, epoch = message["trainer"], message["epoch"]
+        if epoch != self.epoch:  # every trainer finished the last epoch (they meet at its end)
+            self.epoch = epoch
+            buckets = [(i, j) for i in range(self.num_partitions) for j in range(self.num_partitions)]
+            self.scheduler = BucketScheduler(self.num_partitions, buckets, seed=self.seed * 1_000_003 + epoch)
+        if message["op"] == "written":
+            self.scheduler.written(trainer, message["partitions"])
+            self._log({"epoch": epoch, "trainer": trainer, "written": message["partitions"]})
+            return {}
+        grant = self.scheduler.acquire(trainer)
+        if grant.bucket is not None or grant.write_back:
+            self._log({"epoch": epoch, "trainer": trainer, "bucket": grant.bucket, "read": grant.read,
+                       "write_back": grant.write_back, "finished": grant.finished})
+        return {"bucket": grant.bucket, "read": grant.read, "write_back": grant.write_back,
+                "finished": grant.finished}
+
+    def _log(self, record: dict) -> None:
+        with open(self.log_path, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps({**record, "time": time.time()}) + "\n")
+
+    def check(self) -> None:
+        if self.error is not None:
+            raise RuntimeError(f"the bucket scheduler (rank 0) failed: {self.error!r}") from self.error
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+class SchedulerClient:
+    """A trainer's side: ``acquire`` its next bucket, report partitions ``written`` back."""
+
+    def __init__(self, store: dist.Store, trainer: int):
+        self.store, self.trainer, self._requests = store, trainer, 0
+
+    def _ask(self, message: dict) -> dict:
+        self._requests += 1
+        message = {**message, "trainer": self.trainer, "request": self._requests}
+        ticket = self.store.add("tickets", 1)
+        self.store.set(f"ticket/{ticket}", json.dumps(message))
+        reply_key = f"reply/{self.trainer}/{self._requests}"
+        try:
+            reply = json.loads(self.store.get(reply_key))
+        except RuntimeError as error:
+            raise RuntimeError(f"trainer {self.trainer}: no answer from the bucket scheduler on rank 0 "
+                               f"({error}); rank 0 stopped or is unreachable") from error
+        self.store.delete_key(reply_key)
+        return reply
+
+    def acquire(self, epoch: int) -> Grant:
+        """The next bucket of ``epoch`` (asking again while none is free); ``Grant.bucket`` is None only
+        when the epoch has none left for this trainer."""
+        while True:
+            reply = self._ask({"op": "acquire", "epoch": epoch})
+            grant = Grant(None if reply["bucket"] is None else tuple(reply["bucket"]), tuple(reply["read"]),
+                          tuple(reply["write_back"]), reply["finished"])
+            if grant.bucket is not None or grant.finished or grant.write_back:
+                return grant
+            time.sleep(RETRY_SECONDS)
+
+    def written(self, epoch: int, partitions) -> None:
+        self._ask({"op": "written", "epoch": epoch, "partitions": sorted(int(p) for p in partitions)})

@@ -1,0 +1,193 @@
+"""One trainer of several: buckets from rank 0's scheduler, partitions through the shared store.
+
+As PyTorch-BigGraph's trainers: each holds the (at most two) partitions of the
+bucket it was granted, trains the bucket's edges with negatives from them,
+and writes a partition back to the shared store before the scheduler lets
+another trainer read it, so no update is lost. Relation parameters are
+averaged across trainers (``relations.RelationAverager``). Rank 0 also runs the
+scheduler, validates, commits the group's checkpoint and writes the metrics;
+every epoch ends with all trainers at one barrier, so a checkpoint is the
+state of the whole group.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+
+from marius_py.checkpoint import RunDirectory
+from marius_py.distributed.group import Group
+from marius_py.distributed.relations import RelationAverager
+from marius_py.distributed.scheduler_service import SchedulerClient, SchedulerServer
+from marius_py.trainer import Trainer, TrainingSpan
+from marius_py.negatives import CandidateRows
+from storage.buffer import PartitionBuffer
+
+DISTRIBUTED_DIR = "distributed"  # in the run directory: the scheduler's log, each trainer's holds
+
+
+class FollowerRunDirectory(RunDirectory):
+    """Ranks > 0 read the run directory; rank 0 alone writes it."""
+
+    def create(self, config) -> None:
+        pass
+
+    def write_config(self, config) -> None:
+        pass
+
+    def log(self, record: dict) -> None:
+        pass
+
+    def truncate_metrics(self, epoch: int) -> None:
+        pass
+
+    def begin_version(self, epoch: int, states_done: int = 0) -> Path:
+        raise AssertionError("only rank 0 commits versions")
+
+
+class DistributedTrainer(Trainer):
+    def __init__(self, config, dataset, run_dir, group: Group, progress: bool = True):
+        self.group = group
+        self.holds_log = Path(run_dir) / DISTRIBUTED_DIR / f"rank{group.rank}.jsonl"
+        super().__init__(config, dataset, run_dir, progress=progress and group.is_leader)
+        if not group.is_leader:
+            self.run = FollowerRunDirectory(run_dir)
+        self.client = SchedulerClient(group.store, group.rank)
+        self.server = SchedulerServer(group.own_store_connection(), config.storage.num_partitions, config.training.seed,
+                                      Path(run_dir) / DISTRIBUTED_DIR / "scheduler.jsonl") \
+            if group.is_leader else None
+        self.averager = RelationAverager(self.model.relation_parameters(), group.control, group.world_size,
+                                         config.distributed.relation_sync_seconds)
+        self.buckets_trained = 0
+
+    # ---- the run directory: rank 0 creates and restores it, the others open what it made ----
+    def _start_new_run(self) -> None:
+        if self.group.is_leader:
+            super()._start_new_run()
+            (self.run.path / DISTRIBUTED_DIR).mkdir(exist_ok=True)
+        else:
+            from marius_py.checkpoint import TrainingState
+            self.state, self._position = TrainingState(config_fingerprint=self.fingerprint), None
+            self._open_live(self.model.state_dict())
+
+    def _link_live_store(self, version: Path) -> None:
+        if self.group.is_leader:
+            super()._link_live_store(version)
+
+    def partition_buffer(self) -> PartitionBuffer:
+        """Two slots: a bucket's partitions (no read-ahead: the next bucket is known only when granted)."""
+        if self.buffer is None:
+            self.buffer = PartitionBuffer(self.store, 2, self.table_device, swap_size=1, lookahead=0,
+                                          pin_memory=self._zero_copy_tables())
+        return self.buffer
+
+    def _state_commit_due(self) -> bool:
+        return False  # the group commits at epoch ends only
+
+    # ---- an epoch: granted buckets as spans ----
+    def train_epoch(self, epoch: int) -> dict:
+        self.averager.start_epoch()
+        self.buckets_trained = 0
+        record = super().train_epoch(epoch)
+        self.averager.finish_epoch()
+        record["buckets"] = self.buckets_trained
+        return record
+
+    def _spans(self, epoch: int, first_state: int = 0, ordering=None):
+        buffer = self.partition_buffer()
+        held_since: dict[int, float] = {}
+        while True:
+            if self.server is not None:
+                self.server.check()
+            self.averager.apply_pending()
+            grant = self.client.acquire(epoch)
+            if grant.write_back:
+                self._release(epoch, buffer, grant.write_back, held_since)
+            if grant.bucket is None:
+                if grant.finished:
+                    break
+                continue
+            for partition in grant.read:
+                held_since[partition] = time.time()
+            view = buffer.hold(grant.bucket)
+            edges = torch.from_numpy(self.dataset.edges.buckets([grant.bucket])[0])
+            local = edges.clone()
+            local[:, 0] = view.local_ids(edges[:, 0])
+            local[:, 2] = view.local_ids(edges[:, 2])
+            self.buckets_trained += 1
+            yield TrainingSpan(local, CandidateRows(view.candidate_ranges, self.table_device)), \
+                buffer.embeddings, buffer.state
+        if held_since:  # (the finishing grant wrote everything back)
+            self._release(epoch, buffer, sorted(held_since), held_since)
+
+    def _release(self, epoch: int, buffer: PartitionBuffer, partitions, held_since: dict) -> None:
+        """Write ``partitions`` back, log how long this trainer held them, then tell the scheduler."""
+        self._synchronize()
+        buffer.release(partitions)
+        released = time.time()
+        with open(self.holds_log, "a", encoding="utf-8") as handle:
+            for partition in partitions:
+                handle.write(json.dumps({"epoch": epoch, "partition": int(partition),
+                                         "from": held_since.pop(partition), "to": released}) + "\n")
+        self.client.written(epoch, partitions)
+
+    # ---- the group's epoch loop ----
+    def _train(self):
+        t, e = self.config.training, self.config.evaluation
+        self._check_position()
+        self.run.write_config(self.config)
+        while self.state.epoch < t.epochs and not self.state.stopped_early:
+            record = self.train_epoch(self.state.epoch + 1)
+            self.state.epoch += 1
+            records = self.group.all_gather(record)  # every trainer has written its partitions back
+            if self.group.is_leader:
+                self._lead_epoch_end(combine_records(records), e, t)
+            self.state = self.group.broadcast(self.state)  # best epoch, early stopping
+            self.group.barrier()  # the commit is complete before anyone trains on
+        return self.state
+
+    def _lead_epoch_end(self, record: dict, e, t) -> None:
+        self._say(f"epoch {record['epoch']}: loss {record['loss']:.4f}, {record['edges_per_s']:,.0f} edges/s "
+                  f"over {self.group.world_size} trainers, {record['seconds']:.1f} s")
+        previous_best = self.state.best_epoch
+        on_schedule = e.every > 0 and self.state.epoch % e.every == 0
+        if self.dataset.metadata.num_valid > 0 and (on_schedule or self.state.epoch == t.epochs):
+            self._validate(counts=on_schedule)
+        is_best = self.state.best_epoch != previous_best
+        if self._commit_due(is_best):
+            self.save_checkpoint(is_best=is_best)
+        self.run.log(record)
+
+    def stop_scheduler(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+
+
+def combine_records(records: list[dict]) -> dict:
+    """One epoch record for the group: summed loss and IO, the slowest trainer's time, and per trainer
+    its buckets, edges/s and partition bytes read and written (through the shared store)."""
+    seconds = max(r["seconds"] for r in records)
+    edges = sum(r["edges_per_s"] * r["seconds"] for r in records)
+    io = {key: sum(r["io"][key] for r in records) for key in records[0]["io"]}
+    return {"event": "epoch", "epoch": records[0]["epoch"], "loss": sum(r["loss"] for r in records),
+            "seconds": seconds, "edges_per_s": edges / seconds, "io": io,
+            "trainers": [{"rank": rank, "buckets": r["buckets"], "seconds": r["seconds"],
+                          "edges_per_s": r["edges_per_s"], "bytes_read": r["io"]["bytes_read"],
+                          "bytes_written": r["io"]["bytes_written"]} for rank, r in enumerate(records)],
+            "pipeline": records[0]["pipeline"]}
+
+
+def worker_pid_file(run_dir: Path, rank: int) -> Path:
+    return Path(run_dir) / DISTRIBUTED_DIR / f"rank{rank}.pid"
+
+
+def write_pid(run_dir: Path, rank: int) -> None:
+    """Each trainer's process id, for operators (and the failure test) to find a trainer."""
+    path = worker_pid_file(run_dir, rank)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"{os.getpid()}\n")
+

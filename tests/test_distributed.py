@@ -1,0 +1,204 @@
+"""Several trainers on torch.distributed (gloo on 127.0.0.1), launched with torchrun (issue 15).
+
+The scheduler service is checked in-process with threads; whole runs (several
+processes, slow-marked) are checked from the logs the run directory keeps: the
+scheduler's grants (every bucket once per epoch) and each trainer's holds (no
+partition held by two trainers at once, from the trainers' own clocks).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import torch.distributed as dist
+
+from marius_py.distributed.scheduler_service import SchedulerClient, SchedulerServer
+from marius_py.preprocess import PreprocessOptions, preprocess
+
+UMLS_RAW = Path(__file__).parent / "data" / "umls"
+REPO = Path(__file__).resolve().parent.parent
+
+
+# --------------------------------------------------------------------------- the scheduler service
+
+
+@pytest.mark.parametrize("num_partitions, num_trainers", [(4, 2), (6, 3), (8, 4)])
+def test_scheduler_service_serves_concurrent_trainers(tmp_path, num_partitions, num_trainers):
+    """Trainer threads talking to the service through a store: every bucket once, and no partition
+    held by two trainers at once (checked by the trainers themselves, not by the scheduler's books)."""
+    store = dist.HashStore()
+    store.set_timeout(timedelta(seconds=30))
+    server = SchedulerServer(store, num_partitions, seed=1, log_path=tmp_path / "scheduler.jsonl")
+    holders: dict[int, int] = {}  # partition -> trainer holding it now
+    lock = threading.Lock()
+    trained: list[tuple[int, int]] = []
+    failures: list[str] = []
+
+    def trainer(rank: int) -> None:
+        client = SchedulerClient(store, rank)
+        held: set[int] = set()
+        while True:
+            grant = client.acquire(epoch=1)
+            with lock:
+                for partition in grant.write_back:
+                    holders.pop(partition)
+                    held.discard(partition)
+            if grant.write_back:
+                client.written(1, grant.write_back)
+            if grant.bucket is None:
+                if grant.finished:
+                    return
+                continue
+            with lock:
+                for partition in set(grant.bucket) - held:
+                    if partition in holders:
+                        failures.append(f"trainer {rank} got {partition}, held by {holders[partition]}")
+                    holders[partition] = rank
+                    held.add(partition)
+                trained.append(grant.bucket)
+            time.sleep(0.001)  # training
+
+    threads = [threading.Thread(target=trainer, args=(rank,)) for rank in range(num_trainers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    server.stop()
+    assert server.error is None and not failures
+    assert Counter(trained) == Counter((i, j) for i in range(num_partitions) for j in range(num_partitions))
+    grants = [json.loads(line) for line in (tmp_path / "scheduler.jsonl").read_text().splitlines()]
+    assert sum(1 for g in grants if g.get("bucket")) == num_partitions ** 2
+
+
+def test_client_without_a_scheduler_fails_with_a_clear_error():
+    store = dist.HashStore()
+    store.set_timeout(timedelta(seconds=0.5))
+    with pytest.raises(RuntimeError, match="no answer from the bucket scheduler on rank 0"):
+        SchedulerClient(store, 1).acquire(epoch=1)
+
+
+# --------------------------------------------------------------------------- whole runs under torchrun
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun(nproc: int, *args: str) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-addr",
+            "127.0.0.1", "--master-port", str(free_port()), "-m", "marius_py", "train", *args]
+
+
+def run_env() -> dict:
+    return {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+            "OMP_NUM_THREADS": "1"}
+
+
+@pytest.fixture(scope="module")
+def umls_p4(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("distributed") / "umls-p4"
+    preprocess(out, UMLS_RAW / "train.txt", UMLS_RAW / "valid.txt", UMLS_RAW / "test.txt",
+               PreprocessOptions(num_partitions=4), progress=False)
+    return out
+
+
+def umls_overrides(dataset: Path, epochs: int = 3) -> list[str]:
+    return [f"dataset.path={dataset}", "training.device=cpu", "model.dim=16", "training.batch_size=256",
+            "training.num_negatives=32", "training.num_chunks=2", f"training.epochs={epochs}",
+            "evaluation.every=1", "storage.num_partitions=4", "storage.buffer_capacity=2",
+            "distributed.relation_sync_seconds=0.1", "distributed.timeout_seconds=120", "--quiet"]
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line]
+
+
+def check_group_logs(run_dir: Path, epochs: int, num_partitions: int, num_trainers: int) -> None:
+    grants = [g for g in read_jsonl(run_dir / "distributed" / "scheduler.jsonl") if g.get("bucket")]
+    all_buckets = Counter((i, j) for i in range(num_partitions) for j in range(num_partitions))
+    for epoch in range(1, epochs + 1):
+        assert Counter(tuple(g["bucket"]) for g in grants if g["epoch"] == epoch) == all_buckets
+    holds = [dict(h, rank=rank) for rank in range(num_trainers)
+             for h in read_jsonl(run_dir / "distributed" / f"rank{rank}.jsonl")]
+    for partition in range(num_partitions):
+        spans = sorted((h["from"], h["to"], h["rank"]) for h in holds if h["partition"] == partition)
+        for (_, end, rank), (start, _, other) in zip(spans, spans[1:]):
+            assert rank == other or end <= start, f"partition {partition} held by {rank} and {other} at once"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("num_trainers", [2, 4])
+def test_trainers_share_every_bucket_once_and_no_partition(umls_p4, tmp_path, num_trainers):
+    run_dir = tmp_path / "run"
+    done = subprocess.run(torchrun(num_trainers, *umls_overrides(umls_p4), "--run-dir", str(run_dir)),
+                          env=run_env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "test: MRR" in done.stdout
+    check_group_logs(run_dir, 3, 4, num_trainers)
+    epochs = [r for r in read_jsonl(run_dir / "metrics.jsonl") if r.get("event") == "epoch"]
+    assert [r["epoch"] for r in epochs] == [1, 2, 3]
+    assert all(len(r["trainers"]) == num_trainers for r in epochs)
+    assert all(sum(t["buckets"] for t in r["trainers"]) == 16 for r in epochs)
+
+
+@pytest.mark.slow
+def test_a_killed_trainer_stops_the_group_and_a_rerun_resumes(umls_p4, tmp_path):
+    run_dir = tmp_path / "run"
+    epochs = 40
+    group = subprocess.Popen(torchrun(2, *umls_overrides(umls_p4, epochs), "--run-dir", str(run_dir)),
+                             env=run_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    scheduler_log = run_dir / "distributed" / "scheduler.jsonl"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:  # mid-run: past the first commit, inside a later epoch
+        if scheduler_log.exists() and any(g["epoch"] >= 3 for g in read_jsonl(scheduler_log)):
+            break
+        time.sleep(0.05)
+    pid = int((run_dir / "distributed" / "rank1.pid").read_text())
+    os.kill(pid, signal.SIGKILL)
+    _, stderr = group.communicate(timeout=120)
+    assert group.returncode != 0
+    assert "rank      : 1" in stderr and "SIGKILL" in stderr  # torchrun names the failed trainer
+
+    rerun = subprocess.run(torchrun(2, "--resume", str(run_dir), "--quiet"), env=run_env(),
+                           capture_output=True, text=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert "test: MRR" in rerun.stdout
+    records = [r for r in read_jsonl(run_dir / "metrics.jsonl") if r.get("event") == "epoch"]
+    assert [r["epoch"] for r in records] == list(range(1, epochs + 1))  # replayed epochs are not doubled
+
+
+def shared_dataset(name: str) -> Path | None:
+    root = Path(os.environ.get("MARIUS_PY_DATASETS", REPO.parent / "shared" / "datasets"))
+    return root / name if (root / name / "train.txt").exists() else None
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shared_dataset("codex-s") is None, reason="needs CoDEx-S (MARIUS_PY_DATASETS)")
+def test_two_trainers_match_one_process_on_codex_s(tmp_path):
+    """CoDEx-S test MRR of two trainers within 0.01 of one process with the same config."""
+    dataset = shared_dataset("codex-s")
+    config = [f"dataset.path={dataset}", "training.device=cpu", "model.dim=64", "training.epochs=20",
+              "training.num_negatives=200", "storage.num_partitions=4", "storage.buffer_capacity=2",
+              "evaluation.every=5", "--quiet"]
+    mrr = {}
+    for trainers in (1, 2):
+        run_dir = tmp_path / f"run{trainers}"
+        command = torchrun(2, "codex-s", *config, "--run-dir", str(run_dir)) if trainers == 2 else \
+            [sys.executable, "-m", "marius_py", "train", "codex-s", *config, "--run-dir", str(run_dir)]
+        done = subprocess.run(command, env=run_env(), capture_output=True, text=True, timeout=1800)
+        assert done.returncode == 0, done.stderr[-3000:]
+        mrr[trainers] = [r for r in read_jsonl(run_dir / "metrics.jsonl") if r.get("split") == "test"][-1]["mrr"]
+    assert abs(mrr[2] - mrr[1]) <= 0.01, mrr
