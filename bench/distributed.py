@@ -27,8 +27,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 GIB = 1 << 30
-# Stores the projection scales to: nodes x (d = 100 embedding + row-wise Adagrad state) x 4 bytes.
-PROJECTED = {"freebase86m": (86_054_151, 304_727_650), "1B edges (300M nodes)": (300_000_000, 1_000_000_000)}
+# Graphs the projection scales to: (nodes, partitions); stores of d = 100 with row-wise Adagrad state.
+PROJECTED = {"freebase86m, P=16": (86_054_151, 16), "1B edges (300M nodes), P=32": (300_000_000, 32)}
 
 
 def free_port() -> int:
@@ -55,7 +55,8 @@ def run(trainers: int, args, run_dir: Path) -> dict:
     test = [r for r in records if r.get("split") == "test"][-1]
     store_bytes = sum(f.stat().st_size for f in (run_dir / "store").rglob("*") if f.is_file())
     moved = sum(r["io"]["bytes_read"] + r["io"]["bytes_written"] for r in epochs) / len(epochs)
-    return {"trainers": trainers, "wall_seconds": wall,
+    reads = sum(r["io"]["partitions_read"] for r in epochs) / len(epochs)
+    return {"trainers": trainers, "wall_seconds": wall, "reads_per_bucket": reads / args.partitions ** 2,
             "edges_per_s": sum(r["edges_per_s"] for r in epochs) / len(epochs),
             "per_trainer": epochs[-1]["trainers"], "test_mrr": test["mrr"], "store_bytes": store_bytes,
             "bytes_moved_per_epoch": moved, "store_passes_per_epoch": moved / store_bytes}
@@ -79,15 +80,15 @@ def main() -> None:
             print(f"{trainers} trainer(s): {r['edges_per_s']:10,.0f} edges/s "
                   f"({r['edges_per_s'] / rows[0]['edges_per_s']:.2f}x)  test MRR {r['test_mrr']:.4f}  "
                   f"partition IO {r['bytes_moved_per_epoch'] / 2**20:.1f} MiB/epoch "
-                  f"= {r['store_passes_per_epoch']:.2f} store passes", flush=True)
+                  f"({r['reads_per_bucket']:.2f} partition reads per bucket)", flush=True)
     print("\nprojection (partition bytes read + written per epoch, all trainers; d=100, row-wise state):")
     projection = {}
     for row in rows:
-        for name, (nodes, _) in PROJECTED.items():
+        for name, (nodes, partitions) in PROJECTED.items():
             store = nodes * 101 * 4
-            per_epoch = row["store_passes_per_epoch"] * store
+            per_epoch = 2 * row["reads_per_bucket"] * partitions * store
             projection[f"{name}, {row['trainers']} trainers"] = per_epoch
-            print(f"  {name:24s} {row['trainers']} trainers: {per_epoch / GIB:8.0f} GiB per epoch, "
+            print(f"  {name:30s} {row['trainers']} trainers: {per_epoch / GIB:8.0f} GiB per epoch, "
                   f"{per_epoch / row['trainers'] / GIB:8.0f} GiB per trainer")
     out = Path(args.json)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -28,6 +28,12 @@ class Grant:
     read: tuple[int, ...]           # partitions to load from the store (nobody holds them; written back)
     write_back: tuple[int, ...]     # partitions to write back first, then report them ``written``
     finished: bool = False          # no bucket is left this epoch
+    together: tuple[tuple[int, int], ...] = ()  # the other buckets left among the same partitions
+
+    @property
+    def buckets(self) -> tuple[tuple[int, int], ...]:
+        """Every bucket granted: trained together, as one shuffled span (as a buffer state's buckets are)."""
+        return () if self.bucket is None else (self.bucket, *self.together)
 
 
 @dataclass
@@ -55,7 +61,9 @@ class BucketScheduler:
                 for p in parts}
 
     def acquire(self, trainer: int) -> Grant:
-        """The trainer's next bucket, preferring ones that share its partitions.
+        """The trainer's next bucket, preferring ones that share its partitions, with every other bucket
+        left among the same partitions (``Grant.together``: trained in one shuffled span, as the buckets of
+        a buffer state are; one bucket alone would train only edges from i to j for a while).
 
         With no bucket free of other trainers' partitions, it gets none for now and writes back all it holds
         (two trainers each holding what the other needs would otherwise wait forever); it asks again after
@@ -69,12 +77,14 @@ class BucketScheduler:
             return Grant(None, (), tuple(sorted(mine)), finished=not self._left)
         overlap = np.array([len(mine & set(b)) for b in free])
         bucket = free[int(self._rng.choice(np.flatnonzero(overlap == overlap.max())))]
-        self._left.remove(bucket)
         needed = set(bucket)
+        together = tuple(b for b in self._left if b != bucket and set(b) <= needed)
+        for granted in (bucket, *together):
+            self._left.remove(granted)
+            self.log.append((trainer, granted))
         self._release(trainer, mine - needed)
         self.held[trainer] = needed
-        self.log.append((trainer, bucket))
-        return Grant(bucket, tuple(sorted(needed - mine)), tuple(sorted(mine - needed)))
+        return Grant(bucket, tuple(sorted(needed - mine)), tuple(sorted(mine - needed)), together=together)
 
     def _release(self, trainer: int, partitions: set[int]) -> None:
         if partitions:

@@ -36,6 +36,7 @@ def train_distributed(config: Config, run_dir, progress: bool, resume: bool):
         if not group.is_leader:
             trainer, dataset = _start(api, config, run_dir, False, True, group)
         write_pid(run_dir, group.rank)
+        group.barrier()  # every trainer is set up: the first epoch's buckets are shared from its start
         try:
             trainer.train()
             group.barrier()

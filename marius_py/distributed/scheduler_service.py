@@ -65,10 +65,10 @@ class SchedulerServer:
             return {}
         grant = self.scheduler.acquire(trainer)
         if grant.bucket is not None or grant.write_back:
-            self._log({"epoch": epoch, "trainer": trainer, "bucket": grant.bucket, "read": grant.read,
-                       "write_back": grant.write_back, "finished": grant.finished})
-        return {"bucket": grant.bucket, "read": grant.read, "write_back": grant.write_back,
-                "finished": grant.finished}
+            self._log({"epoch": epoch, "trainer": trainer, "bucket": grant.bucket, "together": grant.together,
+                       "read": grant.read, "write_back": grant.write_back, "finished": grant.finished})
+        return {"bucket": grant.bucket, "together": grant.together, "read": grant.read,
+                "write_back": grant.write_back, "finished": grant.finished}
 
     def _log(self, record: dict) -> None:
         with open(self.log_path, "a", encoding="utf-8") as handle:
@@ -109,7 +109,8 @@ class SchedulerClient:
         while True:
             reply = self._ask({"op": "acquire", "epoch": epoch})
             grant = Grant(None if reply["bucket"] is None else tuple(reply["bucket"]), tuple(reply["read"]),
-                          tuple(reply["write_back"]), reply["finished"])
+                          tuple(reply["write_back"]), reply["finished"],
+                          tuple(tuple(b) for b in reply["together"]))
             if grant.bucket is not None or grant.finished or grant.write_back:
                 return grant
             time.sleep(RETRY_SECONDS)

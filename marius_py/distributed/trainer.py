@@ -1,7 +1,8 @@
 """One trainer of several: buckets from rank 0's scheduler, partitions through the shared store.
 
 As PyTorch-BigGraph's trainers: each holds the (at most two) partitions of the
-bucket it was granted, trains the bucket's edges with negatives from them,
+bucket it was granted, trains the bucket's edges (with every other bucket left
+among the same partitions, in one shuffled span) with negatives from them,
 and writes a partition back to the shared store before the scheduler lets
 another trainer read it, so no update is lost. Relation parameters are
 averaged across trainers (``relations.RelationAverager``). Rank 0 also runs the
@@ -17,9 +18,11 @@ import os
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from marius_py.checkpoint import RunDirectory
+from marius_py.errors import MariusInputError
 from marius_py.distributed.group import Group
 from marius_py.distributed.relations import RelationAverager
 from marius_py.distributed.scheduler_service import SchedulerClient, SchedulerServer
@@ -91,10 +94,12 @@ class DistributedTrainer(Trainer):
     # ---- an epoch: granted buckets as spans ----
     def train_epoch(self, epoch: int) -> dict:
         self.averager.start_epoch()
-        self.buckets_trained = 0
+        self.buckets_trained, rounds_before = 0, self.averager.rounds
         record = super().train_epoch(epoch)
         self.averager.finish_epoch()
         record["buckets"] = self.buckets_trained
+        # all-reduce rounds of the relation parameters (each moves them once, plus the epoch's final one)
+        record["relation_rounds"] = self.averager.rounds - rounds_before + 1
         return record
 
     def _spans(self, epoch: int, first_state: int = 0, ordering=None):
@@ -114,11 +119,11 @@ class DistributedTrainer(Trainer):
             for partition in grant.read:
                 held_since[partition] = time.time()
             view = buffer.hold(grant.bucket)
-            edges = torch.from_numpy(self.dataset.edges.buckets([grant.bucket])[0])
+            edges = torch.from_numpy(np.concatenate(self.dataset.edges.buckets(grant.buckets)))
             local = edges.clone()
             local[:, 0] = view.local_ids(edges[:, 0])
             local[:, 2] = view.local_ids(edges[:, 2])
-            self.buckets_trained += 1
+            self.buckets_trained += len(grant.buckets)
             yield TrainingSpan(local, CandidateRows(view.candidate_ranges, self.table_device)), \
                 buffer.embeddings, buffer.state
         if held_since:  # (the finishing grant wrote everything back)
@@ -129,6 +134,7 @@ class DistributedTrainer(Trainer):
         self._synchronize()
         buffer.release(partitions)
         released = time.time()
+        self.holds_log.parent.mkdir(exist_ok=True)
         with open(self.holds_log, "a", encoding="utf-8") as handle:
             for partition in partitions:
                 handle.write(json.dumps({"epoch": epoch, "partition": int(partition),
@@ -138,7 +144,10 @@ class DistributedTrainer(Trainer):
     # ---- the group's epoch loop ----
     def _train(self):
         t, e = self.config.training, self.config.evaluation
-        self._check_position()
+        if self.state.states_done:
+            raise MariusInputError("the last checkpoint stopped inside an epoch (one process with "
+                                   "training.checkpoint_interval); trainers of a group resume at epoch ends",
+                                   path=self.run.path, expected="resume it with one process to the epoch's end")
         self.run.write_config(self.config)
         while self.state.epoch < t.epochs and not self.state.stopped_early:
             record = self.train_epoch(self.state.epoch + 1)
@@ -175,6 +184,7 @@ def combine_records(records: list[dict]) -> dict:
     io = {key: sum(r["io"][key] for r in records) for key in records[0]["io"]}
     return {"event": "epoch", "epoch": records[0]["epoch"], "loss": sum(r["loss"] for r in records),
             "seconds": seconds, "edges_per_s": edges / seconds, "io": io,
+            "relation_rounds": records[0]["relation_rounds"],
             "trainers": [{"rank": rank, "buckets": r["buckets"], "seconds": r["seconds"],
                           "edges_per_s": r["edges_per_s"], "bytes_read": r["io"]["bytes_read"],
                           "bytes_written": r["io"]["bytes_written"]} for rank, r in enumerate(records)],
