@@ -519,7 +519,7 @@ class Trainer:
             torch.use_deterministic_algorithms(previous[0], warn_only=previous[1])
 
     def _train(self) -> TrainingState:
-        t, e = self.config.training, self.config.evaluation
+        t = self.config.training
         self._check_position()
         # A resumed run may have extended training.epochs: record what actually runs.
         self.run.write_config(self.config)
@@ -531,15 +531,21 @@ class Trainer:
             self.state.epoch += 1
             self._say(f"epoch {record['epoch']}: loss {record['loss']:.4f}, "
                       f"{record['edges_per_s']:,.0f} edges/s, {record['seconds']:.1f} s")
-            previous_best = self.state.best_epoch
-            on_schedule = e.every > 0 and self.state.epoch % e.every == 0
-            if self.dataset.metadata.num_valid > 0 and (on_schedule or self.state.epoch == t.epochs):
-                self._validate(counts=on_schedule)
-            is_best = self.state.best_epoch != previous_best
-            if self._commit_due(is_best):
-                self.save_checkpoint(is_best=is_best)
-            self.run.log(record)  # after the commit: a crash before the next commit replays this epoch
+            self._finish_epoch(record)
         return self.state
+
+    def _finish_epoch(self, record: dict) -> None:
+        """After an epoch: validate on schedule, commit when due, then log the epoch's record (after the
+        commit: a crash before the next commit replays this epoch)."""
+        t, e = self.config.training, self.config.evaluation
+        previous_best = self.state.best_epoch
+        on_schedule = e.every > 0 and self.state.epoch % e.every == 0
+        if self.dataset.metadata.num_valid > 0 and (on_schedule or self.state.epoch == t.epochs):
+            self._validate(counts=on_schedule)
+        is_best = self.state.best_epoch != previous_best
+        if self._commit_due(is_best):
+            self.save_checkpoint(is_best=is_best)
+        self.run.log(record)
 
     def _commit_due(self, is_best: bool) -> bool:
         """Whether this epoch commits: every epoch, or per ``training.checkpoint_interval`` (a new best and the

@@ -164,11 +164,11 @@ def test_run_killed_before_its_first_checkpoint_resumes(small_config, tmp_path, 
     equals an uninterrupted one."""
     def killed(*args, **kwargs):
         raise KeyboardInterrupt
-    original = mp.api._open_dataset
-    monkeypatch.setattr(mp.api, "_open_dataset", killed)
+    original = mp.api.open_dataset
+    monkeypatch.setattr(mp.api, "open_dataset", killed)
     with pytest.raises(KeyboardInterrupt):
         mp.train(small_config(), tmp_path / "killed", progress=False)
-    monkeypatch.setattr(mp.api, "_open_dataset", original)
+    monkeypatch.setattr(mp.api, "open_dataset", original)
     mp.train(mp.api.load_run_config(tmp_path / "killed", []), tmp_path / "killed", progress=False, resume=True)
     mp.train(small_config(), tmp_path / "full", progress=False)
     np.testing.assert_array_equal(latest_nodes(tmp_path / "killed"), latest_nodes(tmp_path / "full"))

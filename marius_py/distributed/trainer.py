@@ -26,7 +26,7 @@ from marius_py.errors import MariusInputError
 from marius_py.distributed.group import Group
 from marius_py.distributed.relations import RelationAverager
 from marius_py.distributed.scheduler_service import SchedulerClient, SchedulerServer
-from marius_py.trainer import Trainer, TrainingSpan
+from marius_py.trainer import Trainer, TrainingSpan, tf32_matmuls
 from marius_py.negatives import CandidateRows
 from storage.buffer import PartitionBuffer
 
@@ -143,33 +143,25 @@ class DistributedTrainer(Trainer):
 
     # ---- the group's epoch loop ----
     def _train(self):
-        t, e = self.config.training, self.config.evaluation
+        t = self.config.training
         if self.state.states_done:
             raise MariusInputError("the last checkpoint stopped inside an epoch (one process with "
                                    "training.checkpoint_interval); trainers of a group resume at epoch ends",
                                    path=self.run.path, expected="resume it with one process to the epoch's end")
         self.run.write_config(self.config)
         while self.state.epoch < t.epochs and not self.state.stopped_early:
-            record = self.train_epoch(self.state.epoch + 1)
+            with tf32_matmuls(self.device.type == "cuda" and t.tf32):
+                record = self.train_epoch(self.state.epoch + 1)
             self.state.epoch += 1
             records = self.group.all_gather(record)  # every trainer has written its partitions back
             if self.group.is_leader:
-                self._lead_epoch_end(combine_records(records), e, t)
+                record = combine_records(records)
+                self._say(f"epoch {record['epoch']}: loss {record['loss']:.4f}, {record['edges_per_s']:,.0f} "
+                          f"edges/s over {self.group.world_size} trainers, {record['seconds']:.1f} s")
+                self._finish_epoch(record)
             self.state = self.group.broadcast(self.state)  # best epoch, early stopping
             self.group.barrier()  # the commit is complete before anyone trains on
         return self.state
-
-    def _lead_epoch_end(self, record: dict, e, t) -> None:
-        self._say(f"epoch {record['epoch']}: loss {record['loss']:.4f}, {record['edges_per_s']:,.0f} edges/s "
-                  f"over {self.group.world_size} trainers, {record['seconds']:.1f} s")
-        previous_best = self.state.best_epoch
-        on_schedule = e.every > 0 and self.state.epoch % e.every == 0
-        if self.dataset.metadata.num_valid > 0 and (on_schedule or self.state.epoch == t.epochs):
-            self._validate(counts=on_schedule)
-        is_best = self.state.best_epoch != previous_best
-        if self._commit_due(is_best):
-            self.save_checkpoint(is_best=is_best)
-        self.run.log(record)
 
     def stop_scheduler(self) -> None:
         if self.server is not None:
