@@ -23,6 +23,8 @@ from typing import Callable
 import numpy as np
 import torch
 
+from storage.pinned import locked_empty
+
 
 PAGE = 4096
 
@@ -44,10 +46,14 @@ def slot_rows(rows: int, *cols: int) -> int:
 
 
 def page_aligned_empty(rows: int, cols: int, pin_memory: bool = False) -> torch.Tensor:
-    """An uninitialised float32 [rows, cols] tensor whose data starts on a page boundary."""
-    raw = torch.empty(rows * cols * 4 + PAGE, dtype=torch.uint8, pin_memory=pin_memory)
+    """An uninitialised float32 [rows, cols] tensor whose data starts on a page boundary (page-locked with
+    ``pin_memory``, exactly its size: ``storage.pinned``)."""
+    nbytes = rows * cols * 4 + PAGE
+    raw = locked_empty(nbytes) if pin_memory else torch.empty(nbytes, dtype=torch.uint8)
     offset = (-raw.data_ptr()) % PAGE
-    return raw[offset:offset + rows * cols * 4].view(torch.float32).view(rows, cols)
+    out = raw[offset:offset + rows * cols * 4].view(torch.float32).view(rows, cols)
+    out._locked_base = raw  # keeps the registration (released with its base) as long as the table lives
+    return out
 
 
 class ChunkFiles:

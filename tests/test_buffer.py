@@ -505,3 +505,20 @@ def test_walk_abandoned_midway_then_walked_again(tmp_path, monkeypatch):
     finally:
         buffer.close()
     assert_store_equals(store, expected_emb, expected_state)
+
+
+@pytest.mark.gpu
+def test_large_locked_buffers_are_registered_exactly():
+    """Large pinned tables are page-locked in place (torch's pinned allocator would round 100 MB up to
+    128 MB), usable for asynchronous copies both ways."""
+    from storage.chunk_files import page_aligned_empty
+    from storage.pinned import REGISTER_MIN_BYTES, _register
+    assert _register(torch.empty(REGISTER_MIN_BYTES, dtype=torch.uint8))  # cudaHostRegister accepts it
+    table = page_aligned_empty(25_000, 1_000, pin_memory=True)  # 100 MB
+    assert table.is_pinned()
+    table.copy_(torch.arange(25_000 * 1_000, dtype=torch.float32).view(25_000, 1_000))
+    on_gpu = table.to("cuda", non_blocking=True)
+    back = page_aligned_empty(25_000, 1_000, pin_memory=True)
+    back.copy_(on_gpu, non_blocking=True)
+    torch.cuda.synchronize()
+    assert torch.equal(back, table)
