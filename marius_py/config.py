@@ -177,9 +177,10 @@ class PipelineConfig:
 
 @dataclass
 class DistributedConfig:
-    relation_sync_seconds: float = _f(1.0, "several trainers (torchrun): the relation parameters are averaged "
-                                           "across trainers by an all-reduce at least this often (at the first "
-                                           "bucket boundary after it), and exactly at the end of every epoch")
+    relation_sync_seconds: float = _f(1.0, "several trainers (torchrun): every trainer's changes to the relation "
+                                           "parameters reach the others by an all-reduce at least this often "
+                                           "(applied at the next bucket boundary), and exactly at the end of "
+                                           "every epoch")
     timeout_seconds: float = _f(600.0, "several trainers: how long a trainer waits for the others (the "
                                        "scheduler, a collective, rank 0's evaluation) before it stops the "
                                        "group with an error")

@@ -21,6 +21,7 @@ import copy
 import json
 import os
 import shutil
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -96,13 +97,19 @@ def init_rows(seed: int, init_scale: float, dim: int):
     Drawn in fixed blocks of 65,536 rows, each seeded by its index, so a node's
     initial vector does not depend on how the nodes are partitioned.
     """
+    last = threading.local()  # each thread's last block: pieces that straddle blocks draw each once
+
+    def block_rows(block: int) -> torch.Tensor:
+        if getattr(last, "block", None) != block:
+            generator = torch.Generator().manual_seed(seed * 1_000_003 + block)
+            last.block, last.rows = block, torch.randn(_INIT_BLOCK, dim, generator=generator) * init_scale
+        return last.rows
+
     def init(start: int, end: int) -> np.ndarray:
         parts = []
         for block in range(start // _INIT_BLOCK, (end - 1) // _INIT_BLOCK + 1):
-            generator = torch.Generator().manual_seed(seed * 1_000_003 + block)
-            rows = torch.randn(_INIT_BLOCK, dim, generator=generator) * init_scale
             first = block * _INIT_BLOCK
-            parts.append(rows[max(start, first) - first:min(end, first + _INIT_BLOCK) - first])
+            parts.append(block_rows(block)[max(start, first) - first:min(end, first + _INIT_BLOCK) - first])
         return torch.cat(parts).numpy()
     return init
 
@@ -128,7 +135,7 @@ class Trainer:
     def __init__(self, config: Config, dataset: Dataset, run_dir: str | Path, progress: bool = True):
         self.config = config
         self.dataset = dataset
-        self.run = RunDirectory(run_dir)
+        self.run = self._run_directory(run_dir)
         if config.training.tensorboard:
             self.run.trackers.append(TensorBoardTracker(self.run.path / "tensorboard"))
         self.progress = progress
@@ -157,6 +164,9 @@ class Trainer:
         self.run.truncate_metrics(self.state.epoch)
         self._known = None
         self._last_commit = time.monotonic()
+
+    def _run_directory(self, run_dir) -> RunDirectory:
+        return RunDirectory(run_dir)
 
     @property
     def multi_device(self) -> bool:

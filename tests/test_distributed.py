@@ -97,9 +97,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def torchrun(nproc: int, *args: str) -> list[str]:
+def torchrun(nproc: int, *args: str, restarts: int = 0) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-addr",
-            "127.0.0.1", "--master-port", str(free_port()), "-m", "marius_py", "train", *args]
+            "127.0.0.1", "--master-port", str(free_port()), "--max-restarts", str(restarts),
+            "-m", "marius_py", "train", *args]
 
 
 def run_env() -> dict:
@@ -155,20 +156,24 @@ def test_trainers_share_every_bucket_once_and_no_partition(umls_p4, tmp_path, nu
     assert all(sum(t["buckets"] for t in r["trainers"]) == 16 for r in epochs)
 
 
+def kill_trainer_mid_run(run_dir: Path, rank: int = 1) -> None:
+    """SIGKILL a trainer once the run is past its first commit, inside a later epoch."""
+    scheduler_log = run_dir / "distributed" / "scheduler.jsonl"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if scheduler_log.exists() and any(g["epoch"] >= 3 for g in read_jsonl(scheduler_log)):
+            break
+        time.sleep(0.05)
+    os.kill(int((run_dir / "distributed" / f"rank{rank}.pid").read_text()), signal.SIGKILL)
+
+
 @pytest.mark.slow
 def test_a_killed_trainer_stops_the_group_and_a_rerun_resumes(umls_p4, tmp_path):
     run_dir = tmp_path / "run"
     epochs = 40
     group = subprocess.Popen(torchrun(2, *umls_overrides(umls_p4, epochs), "--run-dir", str(run_dir)),
                              env=run_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    scheduler_log = run_dir / "distributed" / "scheduler.jsonl"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:  # mid-run: past the first commit, inside a later epoch
-        if scheduler_log.exists() and any(g["epoch"] >= 3 for g in read_jsonl(scheduler_log)):
-            break
-        time.sleep(0.05)
-    pid = int((run_dir / "distributed" / "rank1.pid").read_text())
-    os.kill(pid, signal.SIGKILL)
+    kill_trainer_mid_run(run_dir)
     _, stderr = group.communicate(timeout=120)
     assert group.returncode != 0
     assert "rank      : 1" in stderr and "SIGKILL" in stderr  # torchrun names the failed trainer
@@ -179,6 +184,24 @@ def test_a_killed_trainer_stops_the_group_and_a_rerun_resumes(umls_p4, tmp_path)
     assert "test: MRR" in rerun.stdout
     records = [r for r in read_jsonl(run_dir / "metrics.jsonl") if r.get("event") == "epoch"]
     assert [r["epoch"] for r in records] == list(range(1, epochs + 1))  # replayed epochs are not doubled
+
+
+@pytest.mark.slow
+def test_torchrun_restart_resumes_by_itself(umls_p4, tmp_path):
+    """With --max-restarts, torchrun restarts the group after a trainer dies; the run resumes from its
+    last commit (keys of the dead attempt are not read again) and finishes, every epoch logged once."""
+    run_dir = tmp_path / "run"
+    epochs = 40
+    group = subprocess.Popen(torchrun(2, *umls_overrides(umls_p4, epochs), "--run-dir", str(run_dir),
+                                      restarts=1),
+                             env=run_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    kill_trainer_mid_run(run_dir)
+    stdout, stderr = group.communicate(timeout=300)
+    assert group.returncode == 0, stderr[-3000:]
+    assert "test: MRR" in stdout
+    records = [r for r in read_jsonl(run_dir / "metrics.jsonl") if r.get("event") == "epoch"]
+    assert [r["epoch"] for r in records] == list(range(1, epochs + 1))
+    check_group_logs(run_dir, epochs, 4, 2)  # the replayed epochs' lines were dropped at the restart
 
 
 def shared_dataset(name: str) -> Path | None:
@@ -204,3 +227,31 @@ def test_two_trainers_match_one_process_on_codex_s(tmp_path):
         mrr[trainers] = [r for r in read_jsonl(run_dir / "metrics.jsonl") if r.get("split") == "test"][-1]["mrr"]
     print(f"CoDEx-S test MRR, one process {mrr[1]:.4f}, two trainers {mrr[2]:.4f}")
     assert abs(mrr[2] - mrr[1]) <= 0.01, mrr
+
+
+def _averaging_trainer(rank: int, store_path: str, out: str) -> None:
+    import torch
+    from marius_py.distributed.relations import RelationAverager
+    dist.init_process_group("gloo", store=dist.FileStore(store_path, 2), rank=rank, world_size=2)
+    relation = torch.nn.Parameter(torch.zeros(3))
+    averager = RelationAverager([relation], dist.group.WORLD, 2, interval_seconds=0.01)
+    averager.start_epoch()
+    for _ in range(200 if rank == 1 else 50):  # trainer 1 trains on long after trainer 0 has finished
+        with torch.no_grad():
+            relation.add_(1.0)
+        averager.apply_pending()  # a bucket boundary
+        time.sleep(0.002)
+    averager.finish_epoch()
+    Path(out, f"{rank}.txt").write_text(" ".join(str(float(x)) for x in relation))
+    dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_relation_exchange_keeps_every_trainers_updates(tmp_path):
+    """Trainer 0 adds 50 and stops; trainer 1 adds 200, mostly after that: both end at 250, every update
+    of both (a finished trainer's frozen copy must not pull the other back every round; averaging copies
+    would halve everyone's progress)."""
+    import torch.multiprocessing as mp
+    mp.spawn(_averaging_trainer, args=(str(tmp_path / "store"), str(tmp_path)), nprocs=2)
+    for rank in (0, 1):
+        assert [float(x) for x in (tmp_path / f"{rank}.txt").read_text().split()] == pytest.approx([250.0] * 3)

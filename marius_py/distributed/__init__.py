@@ -6,7 +6,7 @@ Every trainer opens the same run directory, which must be on a file system all
 of them share (as PyTorch-BigGraph's partitioned checkpoints): the partitions
 move through it. See ``trainer`` (one trainer), ``scheduler_service`` (rank 0's
 bucket scheduler over torch.distributed's store), ``relations`` (relation
-parameters averaged by all-reduce) and ``group`` (the process group).
+parameters kept in step by all-reduce) and ``group`` (the process group).
 """
 
 from marius_py.distributed.group import launched_by_torchrun

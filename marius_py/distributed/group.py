@@ -27,29 +27,36 @@ def launched_by_torchrun() -> bool:
     return "TORCHELASTIC_RUN_ID" in os.environ or int(os.environ.get("WORLD_SIZE", "1")) > 1
 
 
-def restarted_by_torchrun() -> bool:
-    """torchrun's elastic restart (``--max-restarts``) reruns the command: it then resumes the run."""
-    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+def restart_count() -> int:
+    """torchrun's elastic restarts so far (``--max-restarts`` reruns the command: it then resumes)."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+
+
+def launch_id() -> str:
+    """torchrun's id of this launch, the same across its restarts (empty without torchrun)."""
+    return os.environ.get("TORCHELASTIC_RUN_ID", "")
 
 
 @dataclass
 class Group:
     rank: int
     world_size: int
-    store: dist.Store           # the scheduler's requests and replies
     control: dist.ProcessGroup  # gloo
     timeout: timedelta
+    attempt: int                # torchrun's restart count: keys of earlier attempts are not read again
 
     @property
     def is_leader(self) -> bool:
         return self.rank == 0
 
-    def own_store_connection(self) -> dist.Store:
-        """A second connection to the rendezvous store, for a thread of its own: one TCPStore client
-        serves one request at a time, so a thread blocked in ``get`` would stall another's requests."""
+    def store_connection(self) -> dist.Store:
+        """A connection of its own to the rendezvous store, under this attempt's prefix, for the
+        scheduler's messages. One per thread: one TCPStore client serves one request at a time, so a
+        thread blocked in ``get`` would stall another's requests. Every rank connects the same way
+        (torchrun's own handle may add a prefix of its own, depending on the torch version)."""
         client = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
                                timeout=self.timeout)
-        return dist.PrefixStore(STORE_PREFIX, client)
+        return dist.PrefixStore(f"{STORE_PREFIX}/{self.attempt}", client)
 
     def barrier(self) -> None:
         dist.barrier(group=self.control)
@@ -79,7 +86,8 @@ def join_group(timeout_seconds: float, cuda: bool) -> Group:
     store, rank, world_size = next(dist.rendezvous("env://", timeout=timeout))
     store.set_timeout(timeout)
     backend = "nccl" if cuda and dist.is_nccl_available() else "gloo"
-    dist.init_process_group(backend, store=dist.PrefixStore("process_group", store), rank=rank,
+    attempt = restart_count()  # a restart must not meet the dead workers' addresses in the store
+    dist.init_process_group(backend, store=dist.PrefixStore(f"process_group/{attempt}", store), rank=rank,
                             world_size=world_size, timeout=timeout)
     control = dist.new_group(backend="gloo", timeout=timeout) if backend != "gloo" else dist.group.WORLD
-    return Group(rank, world_size, dist.PrefixStore(STORE_PREFIX, store), control, timeout)
+    return Group(rank, world_size, control, timeout, attempt)

@@ -2,38 +2,41 @@
 
 from __future__ import annotations
 
+import json
 import os
+from datetime import timedelta
 from pathlib import Path
 
 import torch
 
 from marius_py.config import Config
 from marius_py.errors import MariusInputError
-from marius_py.distributed.group import join_group, restarted_by_torchrun
-from marius_py.distributed.trainer import DistributedTrainer, write_pid
+from marius_py.distributed.group import Group, join_group, launch_id, restart_count
+from marius_py.distributed.trainer import DISTRIBUTED_DIR, DistributedTrainer, write_pid
+
+LAUNCH_FILE = "launch.json"      # in RUN_DIR/distributed: the torchrun launch that created the run
+SETUP_WAIT = timedelta(days=7)   # rank 0's setup (preprocessing, store creation, checksums) has no limit
 
 
 def train_distributed(config: Config, run_dir, progress: bool, resume: bool):
     """This process's share of a run trained by torchrun's trainers; rank 0 returns the tested model,
     the others ``None``."""
     from marius_py import api  # (api imports this module)
+    _check_devices(config)
     cuda = config.training.device in ("auto", "cuda") and torch.cuda.is_available()
     if cuda:  # one GPU per trainer
         config.training.device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
     group = join_group(config.distributed.timeout_seconds, cuda)
     try:
-        if config.storage.num_partitions < 2:
-            raise MariusInputError("several trainers take disjoint buckets of a partitioned store",
-                                   path="storage.num_partitions",
-                                   expected="storage.num_partitions >= 2 (PyTorch-BigGraph advises >= 2 x "
-                                            "trainers)")
-        resume = resume or restarted_by_torchrun()
-        run_dir = Path(group.broadcast(str(run_dir or api.default_run_dir(config))))
+        run_dir = Path(group.broadcast(str(Path(run_dir or api.default_run_dir(config)).resolve())))
+        resume = resume or _restarted_launch_of(run_dir)
+        setup = group.store_connection()
         if group.is_leader:
             api.check_new_run_dir(run_dir, resume)
             trainer, dataset = _start(api, config, run_dir, progress, resume, group)
-        group.barrier()  # the dataset is preprocessed and the store created once, by rank 0
-        if not group.is_leader:
+            setup.set("setup_done", "1")
+        else:  # the dataset is preprocessed and the store created once, by rank 0
+            setup.wait(["setup_done"], SETUP_WAIT)
             trainer, dataset = _start(api, config, run_dir, False, True, group)
         write_pid(run_dir, group.rank)
         group.barrier()  # every trainer is set up: the first epoch's buckets are shared from its start
@@ -51,8 +54,24 @@ def train_distributed(config: Config, run_dir, progress: bool, resume: bool):
         group.close()
 
 
-def _start(api, config: Config, run_dir: Path, progress: bool, resume: bool, group):
+def _check_devices(config: Config) -> None:
+    if config.training.devices.strip():
+        raise MariusInputError("under torchrun each trainer takes one GPU (that of its LOCAL_RANK)",
+                               path="training.devices", expected="training.devices unset (and no --gpus); "
+                                                                "--nproc-per-node N for N GPUs")
+
+
+def _restarted_launch_of(run_dir: Path) -> bool:
+    """Whether this is torchrun restarting the launch that created ``run_dir`` (it then resumes; a
+    restart after a refused start, e.g. a directory holding another run, must not resume that run)."""
+    marker = run_dir / DISTRIBUTED_DIR / LAUNCH_FILE
+    return restart_count() > 0 and marker.exists() and json.loads(marker.read_text())["launch"] == launch_id()
+
+
+def _start(api, config: Config, run_dir: Path, progress: bool, resume: bool, group: Group):
     if not resume:
         api.RunDirectory(run_dir).create(config)
+        (run_dir / DISTRIBUTED_DIR).mkdir(exist_ok=True)
+        (run_dir / DISTRIBUTED_DIR / LAUNCH_FILE).write_text(json.dumps({"launch": launch_id()}) + "\n")
     dataset = api.open_dataset(config, progress)
     return DistributedTrainer(config, dataset, run_dir, group, progress=progress), dataset

@@ -1,15 +1,17 @@
-"""Relation parameters averaged across trainers by all-reduce, while they train.
+"""Relation parameters kept in step across trainers by all-reduce, while they train.
 
 Every trainer updates its own copy of the relation parameters (small: R x d).
-A thread per trainer averages them with the others' every
-``distributed.relation_sync_seconds``: it all-reduces a snapshot and leaves the
-correction ``average - snapshot`` for the training thread, which adds it at its
-next bucket boundary (never during an optimizer step), so updates made since the
-snapshot are kept. The threads of all trainers run the same number of rounds:
-each round also sums a "finished the epoch" flag, and they stop together once
-every trainer has finished. The epoch then ends with one exact average, so every
-trainer (and the checkpoint) holds the same relations. Optimizer state
-(Adagrad's sums) stays per trainer.
+A thread per trainer exchanges the changes every
+``distributed.relation_sync_seconds``: it all-reduces (sums) each trainer's
+change since the last exchange, so every trainer's updates reach every copy, as
+a parameter server would apply them (averaging copies instead would divide the
+relations' progress by the number of trainers). The training thread adds the
+resulting correction at its next bucket boundary (never during an optimizer
+step), so updates made since the snapshot are kept. The threads of all trainers
+run the same number of rounds: each round also sums a "finished the epoch"
+flag, and they stop together once every trainer has finished. The epoch then
+ends with one exact exchange, so every trainer (and the checkpoint) holds the
+same relations. Optimizer state (Adagrad's sums) stays per trainer.
 """
 
 from __future__ import annotations
@@ -28,14 +30,15 @@ class RelationAverager:
         self.rounds = 0
         self._finished = threading.Event()
         self._applied = threading.Event()
-        self._correction: list[torch.Tensor] | None = None
+        self._correction: torch.Tensor | None = None
+        self._reference: torch.Tensor | None = None  # the value every trainer agreed on at the last exchange
         self._thread: threading.Thread | None = None
         self.error: BaseException | None = None
 
     def _flat(self) -> torch.Tensor:
         return torch.cat([p.detach().reshape(-1).float().cpu() for p in self.parameters])
 
-    def _assign_delta(self, delta: torch.Tensor) -> None:
+    def _add(self, delta: torch.Tensor) -> None:
         offset = 0
         with torch.no_grad():
             for p in self.parameters:
@@ -43,9 +46,12 @@ class RelationAverager:
                 offset += p.numel()
 
     def start_epoch(self) -> None:
+        if not self.parameters:  # (a decoder without relation parameters: nothing to exchange)
+            return
+        self._reference = self._flat()  # equal on every trainer: the last epoch ended with an exchange
         self._finished.clear()
         self._applied.set()
-        self._thread = threading.Thread(target=self._run, name="relation-averager", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="relation-exchange", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
@@ -54,14 +60,15 @@ class RelationAverager:
                 finished = self._finished.wait(self.interval)
                 self._applied.wait()  # the last correction is in the parameters before the next snapshot
                 snapshot = self._flat()
-                message = torch.cat([snapshot, torch.tensor([1.0 if finished else 0.0])])
+                message = torch.cat([snapshot - self._reference, torch.tensor([1.0 if finished else 0.0])])
                 dist.all_reduce(message, group=self.group)
                 self.rounds += 1
                 if int(message[-1].item()) == self.world_size:  # every trainer finished: stop together
                     return
-                if not finished:
-                    self._applied.clear()
-                    self._correction = [message[:-1] / self.world_size - snapshot]
+                self._reference = self._reference + message[:-1]
+                # (also once this trainer has finished: finish_epoch applies it)
+                self._applied.clear()
+                self._correction = self._reference - snapshot
         except BaseException as error:  # noqa: BLE001 - surfaced by apply_pending / finish_epoch
             self.error = error
             self._applied.set()
@@ -69,21 +76,24 @@ class RelationAverager:
     def apply_pending(self) -> None:
         """At a bucket boundary: add the last round's correction, if one is waiting."""
         if self.error is not None:
-            raise RuntimeError(f"averaging relations across trainers failed: {self.error!r}") from self.error
+            raise RuntimeError(f"exchanging relations across trainers failed: {self.error!r}") from self.error
         if self._correction is not None and not self._applied.is_set():
-            self._assign_delta(self._correction[0])
+            self._add(self._correction)
             self._correction = None
             self._applied.set()
 
     def finish_epoch(self) -> None:
-        """Wait until every trainer has finished the epoch, then average exactly."""
+        """Wait until every trainer has finished the epoch, then exchange exactly once more."""
+        if not self.parameters:
+            return
         self._finished.set()
         while self._thread.is_alive():
             self.apply_pending()
             self._thread.join(0.01)
         if self.error is not None:
-            raise RuntimeError(f"averaging relations across trainers failed: {self.error!r}") from self.error
+            raise RuntimeError(f"exchanging relations across trainers failed: {self.error!r}") from self.error
         self._correction = None
-        flat = self._flat()
-        dist.all_reduce(flat, group=self.group)
-        self._assign_delta(flat / self.world_size - self._flat())
+        current = self._flat()
+        change = current - self._reference
+        dist.all_reduce(change, group=self.group)
+        self._add(self._reference + change - current)

@@ -13,14 +13,16 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch.distributed as dist
 
 from orderings.scheduler import BucketScheduler, Grant
 
-POLL_SECONDS = 0.001  # the server looks for the next ticket this often (a store wait that times out
-                      # leaves a TCPStore client's socket out of step, so it polls with check())
+POLL_SECONDS = (0.001, 0.02)  # the server looks for the next ticket this often, backing off while idle
+                              # (a store wait that times out leaves a TCPStore client's socket out of
+                              # step, so it polls with check())
 RETRY_SECONDS = 0.005          # a trainer given no bucket asks again after this pause
 
 
@@ -38,13 +40,15 @@ class SchedulerServer:
         self._thread.start()
 
     def _serve(self) -> None:
-        ticket = 1
+        ticket, pause = 1, POLL_SECONDS[0]
         try:
             while not self._stop.is_set():
                 key = f"ticket/{ticket}"
                 if not self.store.check([key]):
-                    time.sleep(POLL_SECONDS)
+                    time.sleep(pause)
+                    pause = min(pause * 2, POLL_SECONDS[1])
                     continue
+                pause = POLL_SECONDS[0]
                 message = json.loads(self.store.get(key))
                 reply = self._handle(message)
                 self.store.set(f"reply/{message['trainer']}/{message['request']}", json.dumps(reply))
@@ -86,8 +90,10 @@ class SchedulerServer:
 class SchedulerClient:
     """A trainer's side: ``acquire`` its next bucket, report partitions ``written`` back."""
 
-    def __init__(self, store: dist.Store, trainer: int):
-        self.store, self.trainer, self._requests = store, trainer, 0
+    def __init__(self, store: dist.Store, trainer: int, alive: Callable[[], None] | None = None):
+        """``alive``: raises if the scheduler failed; given, the reply is polled for and ``alive`` checked
+        meanwhile (rank 0, whose own scheduler thread may have died), else waited for."""
+        self.store, self.trainer, self._requests, self.alive = store, trainer, 0, alive
 
     def _ask(self, message: dict) -> dict:
         self._requests += 1
@@ -95,6 +101,10 @@ class SchedulerClient:
         ticket = self.store.add("tickets", 1)
         self.store.set(f"ticket/{ticket}", json.dumps(message))
         reply_key = f"reply/{self.trainer}/{self._requests}"
+        if self.alive is not None:
+            while not self.store.check([reply_key]):
+                self.alive()
+                time.sleep(POLL_SECONDS[0])
         try:
             reply = json.loads(self.store.get(reply_key))
         except RuntimeError as error:

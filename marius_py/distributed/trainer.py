@@ -4,8 +4,8 @@ As PyTorch-BigGraph's trainers: each holds the (at most two) partitions of the
 bucket it was granted, trains the bucket's edges (with every other bucket left
 among the same partitions, in one shuffled span) with negatives from them,
 and writes a partition back to the shared store before the scheduler lets
-another trainer read it, so no update is lost. Relation parameters are
-averaged across trainers (``relations.RelationAverager``). Rank 0 also runs the
+another trainer read it, so no update is lost. Every trainer's relation updates
+reach the others (``relations.RelationAverager``). Rank 0 also runs the
 scheduler, validates, commits the group's checkpoint and writes the metrics;
 every epoch ends with all trainers at one barrier, so a checkpoint is the
 state of the whole group.
@@ -33,8 +33,17 @@ from storage.buffer import PartitionBuffer
 DISTRIBUTED_DIR = "distributed"  # in the run directory: the scheduler's log, each trainer's holds
 
 
+class _Discarded(list):
+    def append(self, item) -> None:
+        pass
+
+
 class FollowerRunDirectory(RunDirectory):
-    """Ranks > 0 read the run directory; rank 0 alone writes it."""
+    """Ranks > 0 read the run directory; rank 0 alone writes it (metrics, config, trackers, versions)."""
+
+    def __init__(self, path):
+        super().__init__(path)
+        self.trackers = _Discarded()
 
     def create(self, config) -> None:
         pass
@@ -57,17 +66,28 @@ class DistributedTrainer(Trainer):
         self.group = group
         self.holds_log = Path(run_dir) / DISTRIBUTED_DIR / f"rank{group.rank}.jsonl"
         super().__init__(config, dataset, run_dir, progress=progress and group.is_leader)
-        if not group.is_leader:
-            self.run = FollowerRunDirectory(run_dir)
-        self.client = SchedulerClient(group.store, group.rank)
-        self.server = SchedulerServer(group.own_store_connection(), config.storage.num_partitions, config.training.seed,
-                                      Path(run_dir) / DISTRIBUTED_DIR / "scheduler.jsonl") \
-            if group.is_leader else None
+        scheduler_log = Path(run_dir) / DISTRIBUTED_DIR / "scheduler.jsonl"
+        self._forget_epochs_after(self.state.epoch, [self.holds_log] + ([scheduler_log] if group.is_leader else []))
+        self.server = SchedulerServer(group.store_connection(), config.storage.num_partitions, config.training.seed,
+                                      scheduler_log) if group.is_leader else None
+        self.client = SchedulerClient(group.store_connection(), group.rank,
+                                      alive=self.server.check if self.server else None)
         self.averager = RelationAverager(self.model.relation_parameters(), group.control, group.world_size,
                                          config.distributed.relation_sync_seconds)
         self.buckets_trained = 0
 
     # ---- the run directory: rank 0 creates and restores it, the others open what it made ----
+    def _run_directory(self, run_dir) -> RunDirectory:
+        return RunDirectory(run_dir) if self.group.is_leader else FollowerRunDirectory(run_dir)
+
+    @staticmethod
+    def _forget_epochs_after(epoch: int, logs: list[Path]) -> None:
+        """Drop log lines of epochs after the checkpoint (a resume trains them again)."""
+        for log in logs:
+            if log.exists():
+                kept = [line for line in log.read_text().splitlines() if json.loads(line)["epoch"] <= epoch]
+                log.write_text("".join(line + "\n" for line in kept))
+
     def _start_new_run(self) -> None:
         if self.group.is_leader:
             super()._start_new_run()
