@@ -43,6 +43,7 @@ def run(trainers: int, args, run_dir: Path) -> dict:
                f"dataset.path={args.dataset}", "training.device=cpu", f"model.dim={args.dim}",
                f"training.epochs={args.epochs}", f"training.num_negatives={args.negatives}",
                f"storage.num_partitions={args.partitions}", "storage.buffer_capacity=2", "evaluation.every=0",
+               f"distributed.partitions_per_trainer={args.per_trainer}",
                "--run-dir", str(run_dir), "--quiet"]
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
            "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // trainers))}
@@ -56,7 +57,7 @@ def run(trainers: int, args, run_dir: Path) -> dict:
     store_bytes = sum(f.stat().st_size for f in (run_dir / "store").rglob("*") if f.is_file())
     moved = sum(r["io"]["bytes_read"] + r["io"]["bytes_written"] for r in epochs) / len(epochs)
     reads = sum(r["io"]["partitions_read"] for r in epochs) / len(epochs)
-    return {"trainers": trainers, "wall_seconds": wall, "reads_per_bucket": reads / args.partitions ** 2,
+    return {"trainers": trainers, "partitions_per_trainer": args.per_trainer, "wall_seconds": wall, "reads_per_bucket": reads / args.partitions ** 2,
             "edges_per_s": sum(r["edges_per_s"] for r in epochs) / len(epochs),
             "per_trainer": epochs[-1]["trainers"], "test_mrr": test["mrr"], "store_bytes": store_bytes,
             "bytes_moved_per_epoch": moved, "store_passes_per_epoch": moved / store_bytes}
@@ -67,6 +68,7 @@ def main() -> None:
     parser.add_argument("--dataset", required=True)
     parser.add_argument("--trainers", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--partitions", type=int, default=8)
+    parser.add_argument("--per-trainer", type=int, default=2, help="distributed.partitions_per_trainer")
     parser.add_argument("--dim", type=int, default=100)
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--negatives", type=int, default=500)

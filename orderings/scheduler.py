@@ -43,6 +43,7 @@ class BucketScheduler:
     num_partitions: int
     buckets: list[tuple[int, int]]
     seed: int = 0
+    capacity: int = 2  # partitions a trainer holds at once (its buffer)
     held: dict[int, set[int]] = field(default_factory=dict)          # trainer -> partitions it holds
     releasing: dict[int, set[int]] = field(default_factory=dict)     # trainer -> partitions being written back
     log: list[tuple[int, tuple[int, int]]] = field(default_factory=list)  # (trainer, bucket) in grant order
@@ -61,8 +62,9 @@ class BucketScheduler:
                 for p in parts}
 
     def acquire(self, trainer: int) -> Grant:
-        """The trainer's next bucket, preferring ones that share its partitions, with every other bucket
-        left among the same partitions (``Grant.together``: trained in one shuffled span, as the buckets of
+        """The trainer's next bucket, preferring ones that share its partitions, keeping as many of them as
+        its capacity allows (those with the most buckets left), with every other bucket left among the
+        partitions it then holds (``Grant.together``: trained in one shuffled span, as the buckets of
         a buffer state are; one bucket alone would train only edges from i to j for a while).
 
         With no bucket free of other trainers' partitions, it gets none for now and writes back all it holds
@@ -77,7 +79,7 @@ class BucketScheduler:
             return Grant(None, (), tuple(sorted(mine)), finished=not self._left)
         overlap = np.array([len(mine & set(b)) for b in free])
         bucket = free[int(self._rng.choice(np.flatnonzero(overlap == overlap.max())))]
-        needed = set(bucket)
+        needed = set(bucket) | self._kept(mine - set(bucket), set(bucket))
         together = tuple(b for b in self._left if b != bucket and set(b) <= needed)
         for granted in (bucket, *together):
             self._left.remove(granted)
@@ -85,6 +87,19 @@ class BucketScheduler:
         self._release(trainer, mine - needed)
         self.held[trainer] = needed
         return Grant(bucket, tuple(sorted(needed - mine)), tuple(sorted(mine - needed)), together=together)
+
+    def _kept(self, candidates: set[int], granted: set[int]) -> set[int]:
+        """Which of a trainer's partitions it keeps beside the granted bucket's (up to its capacity): those
+        that leave the most buckets to train with the partitions kept so far, greedily."""
+        kept: set[int] = set()
+        while candidates and len(granted) + len(kept) < self.capacity:
+            group = granted | kept
+            best = max(sorted(candidates), key=lambda q: sum(1 for a, b in self._left
+                                                             if (a == q and b in group | {q})
+                                                             or (b == q and a in group | {q})))
+            kept.add(best)
+            candidates = candidates - {best}
+        return kept
 
     def _release(self, trainer: int, partitions: set[int]) -> None:
         if partitions:

@@ -116,11 +116,11 @@ def umls_p4(tmp_path_factory) -> Path:
     return out
 
 
-def umls_overrides(dataset: Path, epochs: int = 3) -> list[str]:
+def umls_overrides(dataset: Path, epochs: int = 3, *more: str) -> list[str]:
     return [f"dataset.path={dataset}", "training.device=cpu", "model.dim=16", "training.batch_size=256",
             "training.num_negatives=32", "training.num_chunks=2", f"training.epochs={epochs}",
             "evaluation.every=1", "storage.num_partitions=4", "storage.buffer_capacity=2",
-            "distributed.relation_sync_seconds=0.1", "distributed.timeout_seconds=120", "--quiet"]
+            "distributed.relation_sync_seconds=0.1", "distributed.timeout_seconds=120", *more, "--quiet"]
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -142,10 +142,12 @@ def check_group_logs(run_dir: Path, epochs: int, num_partitions: int, num_traine
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("num_trainers", [2, 4])
-def test_trainers_share_every_bucket_once_and_no_partition(umls_p4, tmp_path, num_trainers):
+@pytest.mark.parametrize("num_trainers, per_trainer", [(2, 2), (4, 2), (2, 3)])
+def test_trainers_share_every_bucket_once_and_no_partition(umls_p4, tmp_path, num_trainers, per_trainer):
     run_dir = tmp_path / "run"
-    done = subprocess.run(torchrun(num_trainers, *umls_overrides(umls_p4), "--run-dir", str(run_dir)),
+    done = subprocess.run(torchrun(num_trainers, *umls_overrides(umls_p4, 3,
+                                                                  f"distributed.partitions_per_trainer={per_trainer}"),
+                                   "--run-dir", str(run_dir)),
                           env=run_env(), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "test: MRR" in done.stdout

@@ -9,11 +9,12 @@ import pytest
 from orderings.scheduler import BucketScheduler
 
 
-def simulate(num_partitions: int, num_trainers: int, seed: int) -> tuple[BucketScheduler, int]:
+def simulate(num_partitions: int, num_trainers: int, seed: int, capacity: int = 2
+             ) -> tuple[BucketScheduler, int]:
     """Trainers train, write back and ask for buckets in a random interleaving; every grant is checked
     against the partitions other trainers hold or have not written back yet. Returns the partitions read."""
     buckets = [(i, j) for i in range(num_partitions) for j in range(num_partitions)]
-    scheduler = BucketScheduler(num_partitions, buckets, seed=seed)
+    scheduler = BucketScheduler(num_partitions, buckets, seed=seed, capacity=capacity)
     rng = random.Random(seed)
     unwritten: dict[int, set[int]] = {t: set() for t in range(num_trainers)}  # write-backs not reported yet
     finished, reads, steps = set(), 0, 0
@@ -39,9 +40,10 @@ def simulate(num_partitions: int, num_trainers: int, seed: int) -> tuple[BucketS
                 unwritten[trainer].clear()
                 finished.add(trainer)
             continue
-        for other in range(num_trainers):  # nobody else holds or is still writing the bucket's partitions
+        assert set(grant.bucket) <= scheduler.held[trainer] and len(scheduler.held[trainer]) <= capacity
+        for other in range(num_trainers):  # nobody else holds or is still writing what this trainer holds
             if other != trainer:
-                assert not set(grant.bucket) & (scheduler.held.get(other, set()) | unwritten[other])
+                assert not scheduler.held[trainer] & (scheduler.held.get(other, set()) | unwritten[other])
         reads += len(grant.read)
     return scheduler, reads
 
@@ -80,3 +82,14 @@ def test_a_trainer_blocked_by_others_writes_back_what_it_holds():
     final = scheduler.acquire(0)
     assert final.finished and set(final.write_back) == set(last.bucket)
     assert sorted(b for _, b in scheduler.log) == [(0, 1), (1, 0), (1, 2)]
+
+
+@pytest.mark.parametrize("num_trainers", [1, 2, 4])
+def test_trainers_holding_more_partitions_read_less(num_trainers):
+    """A capacity of 4 partitions per trainer: still every bucket once and nobody else's partitions
+    (checked inside simulate), with fewer partition reads per bucket than 2 partitions."""
+    reads = {}
+    for capacity in (2, 4):
+        scheduler, reads[capacity] = simulate(16, num_trainers, seed=0, capacity=capacity)
+        assert sorted(b for _, b in scheduler.log) == [(i, j) for i in range(16) for j in range(16)]
+    assert reads[4] < 0.8 * reads[2]

@@ -29,8 +29,8 @@ RETRY_SECONDS = 0.005          # a trainer given no bucket asks again after this
 class SchedulerServer:
     """Rank 0's thread answering the trainers' requests, one epoch's ``BucketScheduler`` at a time."""
 
-    def __init__(self, store: dist.Store, num_partitions: int, seed: int, log_path: Path):
-        self.store, self.num_partitions, self.seed = store, num_partitions, seed
+    def __init__(self, store: dist.Store, num_partitions: int, seed: int, log_path: Path, capacity: int = 2):
+        self.store, self.num_partitions, self.seed, self.capacity = store, num_partitions, seed, capacity
         self.log_path = log_path
         self.scheduler: BucketScheduler | None = None
         self.epoch = 0
@@ -62,7 +62,8 @@ class SchedulerServer:
         if epoch != self.epoch:  # every trainer finished the last epoch (they meet at its end)
             self.epoch = epoch
             buckets = [(i, j) for i in range(self.num_partitions) for j in range(self.num_partitions)]
-            self.scheduler = BucketScheduler(self.num_partitions, buckets, seed=self.seed * 1_000_003 + epoch)
+            self.scheduler = BucketScheduler(self.num_partitions, buckets, seed=self.seed * 1_000_003 + epoch,
+                                             capacity=self.capacity)
         if message["op"] == "written":
             self.scheduler.written(trainer, message["partitions"])
             self._log({"epoch": epoch, "trainer": trainer, "written": message["partitions"]})

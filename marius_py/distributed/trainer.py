@@ -1,7 +1,7 @@
 """One trainer of several: buckets from rank 0's scheduler, partitions through the shared store.
 
-As PyTorch-BigGraph's trainers: each holds the (at most two) partitions of the
-bucket it was granted, trains the bucket's edges (with every other bucket left
+As PyTorch-BigGraph's trainers: each holds the partitions of the bucket it was
+granted (and keeps up to ``distributed.partitions_per_trainer`` of those it held), trains the bucket's edges (with every other bucket left
 among the same partitions, in one shuffled span) with negatives from them,
 and writes a partition back to the shared store before the scheduler lets
 another trainer read it, so no update is lost. Every trainer's relation updates
@@ -69,7 +69,7 @@ class DistributedTrainer(Trainer):
         scheduler_log = Path(run_dir) / DISTRIBUTED_DIR / "scheduler.jsonl"
         self._forget_epochs_after(self.state.epoch, [self.holds_log] + ([scheduler_log] if group.is_leader else []))
         self.server = SchedulerServer(group.store_connection(), config.storage.num_partitions, config.training.seed,
-                                      scheduler_log) if group.is_leader else None
+                                      scheduler_log, self._capacity()) if group.is_leader else None
         self.client = SchedulerClient(group.store_connection(), group.rank,
                                       alive=self.server.check if self.server else None)
         self.averager = RelationAverager(self.model.relation_parameters(), group.control, group.world_size,
@@ -101,11 +101,15 @@ class DistributedTrainer(Trainer):
         if self.group.is_leader:
             super()._link_live_store(version)
 
+    def _capacity(self) -> int:
+        return min(self.config.distributed.partitions_per_trainer, self.config.storage.num_partitions)
+
     def partition_buffer(self) -> PartitionBuffer:
-        """Two slots: a bucket's partitions (no read-ahead: the next bucket is known only when granted)."""
+        """``distributed.partitions_per_trainer`` slots (no read-ahead: the next grant is known only when
+        granted)."""
         if self.buffer is None:
-            self.buffer = PartitionBuffer(self.store, 2, self.table_device, swap_size=1, lookahead=0,
-                                          pin_memory=self._zero_copy_tables())
+            self.buffer = PartitionBuffer(self.store, self._capacity(), self.table_device, swap_size=1,
+                                          lookahead=0, pin_memory=self._zero_copy_tables())
         return self.buffer
 
     def _state_commit_due(self) -> bool:
@@ -138,7 +142,7 @@ class DistributedTrainer(Trainer):
                 continue
             for partition in grant.read:
                 held_since[partition] = time.time()
-            view = buffer.hold(grant.bucket)
+            view = buffer.hold(sorted(held_since))  # the bucket's partitions and those kept: negatives from all
             edges = torch.from_numpy(np.concatenate(self.dataset.edges.buckets(grant.buckets)))
             local = edges.clone()
             local[:, 0] = view.local_ids(edges[:, 0])
