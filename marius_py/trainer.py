@@ -47,7 +47,7 @@ from marius_py.step.runners import build_multi_device_runner, build_span_runner
 from orderings import Ordering, balanced_buckets, build_ordering
 from pipeline.placements import PLACEMENT_DEVICE, choose_devices_placement, choose_placement
 from pipeline.row_kernels import zero_copy_available
-from storage.buffer import PartitionBuffer
+from storage.buffer import BufferView, PartitionBuffer
 from storage.durable import fsync_tree
 from storage.embedding_store import EmbeddingStore, link_tree
 from storage.negative_cache import NegativeCache, cached_rows
@@ -316,14 +316,17 @@ class Trainer:
             return
         buffer = self.partition_buffer()
         for view in buffer.walk(states[first_state:], epoch):
-            parts = state_edges(first_state + view.index)
-            edges = torch.from_numpy(np.concatenate(parts)) if parts else torch.empty(0, 3, dtype=torch.long)
-            local = edges.clone()
-            local[:, 0] = view.local_ids(edges[:, 0])  # on the host: the runner moves edges once
-            local[:, 2] = view.local_ids(edges[:, 2])
-            candidates = CandidateRows(view.candidate_ranges, self.table_device)
-            yield TrainingSpan(local, candidates), buffer.embeddings, buffer.state
+            yield self._buffer_span(view, state_edges(first_state + view.index)), buffer.embeddings, buffer.state
         buffer.flush()
+
+    def _buffer_span(self, view: BufferView, parts: list[np.ndarray]) -> TrainingSpan:
+        """The edges of ``parts`` (buckets read from the edge store) in the buffer's rows, with the resident
+        rows as negatives."""
+        edges = torch.from_numpy(np.concatenate(parts)) if parts else torch.empty(0, 3, dtype=torch.long)
+        local = edges.clone()
+        local[:, 0] = view.local_ids(edges[:, 0])  # on the host: the runner moves edges once
+        local[:, 2] = view.local_ids(edges[:, 2])
+        return TrainingSpan(local, CandidateRows(view.candidate_ranges, self.table_device))
 
     def ordering(self, epoch: int) -> Ordering:
         ordering = epoch_ordering(self.config, epoch)

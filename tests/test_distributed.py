@@ -233,17 +233,17 @@ def test_two_trainers_match_one_process_on_codex_s(tmp_path):
 
 def _averaging_trainer(rank: int, store_path: str, out: str) -> None:
     import torch
-    from marius_py.distributed.relations import RelationAverager
+    from marius_py.distributed.relations import RelationExchange
     dist.init_process_group("gloo", store=dist.FileStore(store_path, 2), rank=rank, world_size=2)
     relation = torch.nn.Parameter(torch.zeros(3))
-    averager = RelationAverager([relation], dist.group.WORLD, 2, interval_seconds=0.01)
-    averager.start_epoch()
+    exchange = RelationExchange([relation], dist.group.WORLD, 2, interval_seconds=0.01)
+    exchange.start_epoch()
     for _ in range(200 if rank == 1 else 50):  # trainer 1 trains on long after trainer 0 has finished
         with torch.no_grad():
             relation.add_(1.0)
-        averager.apply_pending()  # a bucket boundary
+        exchange.apply_pending()  # a bucket boundary
         time.sleep(0.002)
-    averager.finish_epoch()
+    exchange.finish_epoch()
     Path(out, f"{rank}.txt").write_text(" ".join(str(float(x)) for x in relation))
     dist.destroy_process_group()
 

@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 
-class RelationAverager:
+class RelationExchange:
     def __init__(self, parameters: list[torch.nn.Parameter], group: dist.ProcessGroup, world_size: int,
                  interval_seconds: float):
         self.parameters, self.group, self.world_size = parameters, group, world_size

@@ -5,7 +5,7 @@ granted (and keeps up to ``distributed.partitions_per_trainer`` of those it held
 among the same partitions, in one shuffled span) with negatives from them,
 and writes a partition back to the shared store before the scheduler lets
 another trainer read it, so no update is lost. Every trainer's relation updates
-reach the others (``relations.RelationAverager``). Rank 0 also runs the
+reach the others (``relations.RelationExchange``). Rank 0 also runs the
 scheduler, validates, commits the group's checkpoint and writes the metrics;
 every epoch ends with all trainers at one barrier, so a checkpoint is the
 state of the whole group.
@@ -18,16 +18,13 @@ import os
 import time
 from pathlib import Path
 
-import numpy as np
-import torch
 
 from marius_py.checkpoint import RunDirectory
 from marius_py.errors import MariusInputError
 from marius_py.distributed.group import Group
-from marius_py.distributed.relations import RelationAverager
+from marius_py.distributed.relations import RelationExchange
 from marius_py.distributed.scheduler_service import SchedulerClient, SchedulerServer
-from marius_py.trainer import Trainer, TrainingSpan, tf32_matmuls
-from marius_py.negatives import CandidateRows
+from marius_py.trainer import Trainer, tf32_matmuls
 from storage.buffer import PartitionBuffer
 
 DISTRIBUTED_DIR = "distributed"  # in the run directory: the scheduler's log, each trainer's holds
@@ -72,7 +69,7 @@ class DistributedTrainer(Trainer):
                                       scheduler_log, self._capacity()) if group.is_leader else None
         self.client = SchedulerClient(group.store_connection(), group.rank,
                                       alive=self.server.check if self.server else None)
-        self.averager = RelationAverager(self.model.relation_parameters(), group.control, group.world_size,
+        self.relations = RelationExchange(self.model.relation_parameters(), group.control, group.world_size,
                                          config.distributed.relation_sync_seconds)
         self.buckets_trained = 0
 
@@ -117,13 +114,13 @@ class DistributedTrainer(Trainer):
 
     # ---- an epoch: granted buckets as spans ----
     def train_epoch(self, epoch: int) -> dict:
-        self.averager.start_epoch()
-        self.buckets_trained, rounds_before = 0, self.averager.rounds
+        self.relations.start_epoch()
+        self.buckets_trained, rounds_before = 0, self.relations.rounds
         record = super().train_epoch(epoch)
-        self.averager.finish_epoch()
+        self.relations.finish_epoch()
         record["buckets"] = self.buckets_trained
         # all-reduce rounds of the relation parameters (each moves them once, plus the epoch's final one)
-        record["relation_rounds"] = self.averager.rounds - rounds_before + 1
+        record["relation_rounds"] = self.relations.rounds - rounds_before + 1
         return record
 
     def _spans(self, epoch: int, first_state: int = 0, ordering=None):
@@ -132,7 +129,7 @@ class DistributedTrainer(Trainer):
         while True:
             if self.server is not None:
                 self.server.check()
-            self.averager.apply_pending()
+            self.relations.apply_pending()
             grant = self.client.acquire(epoch)
             if grant.write_back:
                 self._release(epoch, buffer, grant.write_back, held_since)
@@ -143,12 +140,8 @@ class DistributedTrainer(Trainer):
             for partition in grant.read:
                 held_since[partition] = time.time()
             view = buffer.hold(sorted(held_since))  # the bucket's partitions and those kept: negatives from all
-            edges = torch.from_numpy(np.concatenate(self.dataset.edges.buckets(grant.buckets)))
-            local = edges.clone()
-            local[:, 0] = view.local_ids(edges[:, 0])
-            local[:, 2] = view.local_ids(edges[:, 2])
             self.buckets_trained += len(grant.buckets)
-            yield TrainingSpan(local, CandidateRows(view.candidate_ranges, self.table_device)), \
+            yield self._buffer_span(view, self.dataset.edges.buckets(grant.buckets)), \
                 buffer.embeddings, buffer.state
         if held_since:  # (the finishing grant wrote everything back)
             self._release(epoch, buffer, sorted(held_since), held_since)
