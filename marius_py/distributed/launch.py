@@ -71,7 +71,9 @@ def _restarted_launch_of(run_dir: Path) -> bool:
 def _start(api, config: Config, run_dir: Path, progress: bool, resume: bool, group: Group):
     if not resume:
         api.RunDirectory(run_dir).create(config)
-        (run_dir / DISTRIBUTED_DIR).mkdir(exist_ok=True)
+    if group.is_leader:  # (also for a run that one process started: its logs go there from now on)
+        (run_dir / DISTRIBUTED_DIR).mkdir(parents=True, exist_ok=True)
+    if not resume:
         (run_dir / DISTRIBUTED_DIR / LAUNCH_FILE).write_text(json.dumps({"launch": launch_id()}) + "\n")
     dataset = api.open_dataset(config, progress)
     return DistributedTrainer(config, dataset, run_dir, group, progress=progress), dataset

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 
-from marius_py.checkpoint import RunDirectory
+from marius_py.checkpoint import RunDirectory, TrainingState
 from marius_py.errors import MariusInputError
 from marius_py.distributed.group import Group
 from marius_py.distributed.relations import RelationExchange
@@ -88,9 +88,7 @@ class DistributedTrainer(Trainer):
     def _start_new_run(self) -> None:
         if self.group.is_leader:
             super()._start_new_run()
-            (self.run.path / DISTRIBUTED_DIR).mkdir(exist_ok=True)
         else:
-            from marius_py.checkpoint import TrainingState
             self.state, self._position = TrainingState(config_fingerprint=self.fingerprint), None
             self._open_live(self.model.state_dict())
 
@@ -151,7 +149,6 @@ class DistributedTrainer(Trainer):
         self._synchronize()
         buffer.release(partitions)
         released = time.time()
-        self.holds_log.parent.mkdir(exist_ok=True)
         with open(self.holds_log, "a", encoding="utf-8") as handle:
             for partition in partitions:
                 handle.write(json.dumps({"epoch": epoch, "partition": int(partition),
