@@ -1,7 +1,8 @@
-"""Edges/s of 1, 2, 4 ... trainers under torchrun (gloo, one machine), and what a deployment needs.
+"""Edges/s of 1, 2, 4 ... trainers under torchrun (one machine), and what a deployment needs.
 
     python bench/distributed.py --dataset ../shared/datasets/codex-s --trainers 1 2 4 --partitions 8 \
         --json bench/results/cpu-distributed-codex-s.json
+    python bench/distributed.py --device cuda --dataset DIR --trainers 1 2 ...   # one GPU each, NCCL
 
 Each row is one ``torchrun --nproc-per-node K -m marius_py train`` of the same
 config (the distributed path also for K = 1, the baseline). From the epoch
@@ -40,15 +41,17 @@ def free_port() -> int:
 def run(trainers: int, args, run_dir: Path) -> dict:
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(trainers),
                "--master-addr", "127.0.0.1", "--master-port", str(free_port()), "-m", "marius_py", "train",
-               f"dataset.path={args.dataset}", "training.device=cpu", f"model.dim={args.dim}",
+               f"dataset.path={args.dataset}", f"training.device={args.device}", f"model.dim={args.dim}",
                f"training.epochs={args.epochs}", f"training.num_negatives={args.negatives}",
                f"storage.num_partitions={args.partitions}", "storage.buffer_capacity=2", "evaluation.every=0",
                f"distributed.partitions_per_trainer={args.per_trainer}",
-               "--run-dir", str(run_dir), "--quiet"]
+               *args.set, "--run-dir", str(run_dir), "--quiet"]
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
            "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // trainers))}
     started = time.perf_counter()
-    subprocess.run(command, env=env, check=True, capture_output=True, text=True)
+    done = subprocess.run(command, env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.exit(f"{trainers} trainer(s) failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}")
     wall = time.perf_counter() - started
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     epochs = [r for r in records if r.get("event") == "epoch"][1:] or \
@@ -72,6 +75,9 @@ def main() -> None:
     parser.add_argument("--dim", type=int, default=100)
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--negatives", type=int, default=500)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="cuda: one GPU per trainer (NCCL), as many GPUs as the largest --trainers")
+    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="more config overrides")
     parser.add_argument("--json", default="bench/results/cpu-distributed.json")
     args = parser.parse_args()
     rows = []

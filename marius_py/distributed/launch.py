@@ -24,8 +24,9 @@ def train_distributed(config: Config, run_dir, progress: bool, resume: bool):
     from marius_py import api  # (api imports this module)
     _check_devices(config)
     cuda = config.training.device in ("auto", "cuda") and torch.cuda.is_available()
-    if cuda:  # one GPU per trainer
+    if cuda:  # one GPU per trainer; NCCL's communicators use the current device
         config.training.device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
+        torch.cuda.set_device(config.training.device)
     group = join_group(config.distributed.timeout_seconds, cuda)
     try:
         run_dir = Path(group.broadcast(str(Path(run_dir or api.default_run_dir(config)).resolve())))

@@ -69,7 +69,7 @@ class DistributedTrainer(Trainer):
                                       scheduler_log, self._capacity()) if group.is_leader else None
         self.client = SchedulerClient(group.store_connection(), group.rank,
                                       alive=self.server.check if self.server else None)
-        self.relations = RelationExchange(self.model.relation_parameters(), group.control, group.world_size,
+        self.relations = RelationExchange(self.model.relation_parameters(), group.collectives, group.world_size,
                                          config.distributed.relation_sync_seconds)
         self.buckets_trained = 0
 
