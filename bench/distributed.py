@@ -89,6 +89,9 @@ def main() -> None:
                   f"({r['edges_per_s'] / rows[0]['edges_per_s']:.2f}x)  test MRR {r['test_mrr']:.4f}  "
                   f"partition IO {r['bytes_moved_per_epoch'] / 2**20:.1f} MiB/epoch "
                   f"({r['reads_per_bucket']:.2f} partition reads per bucket)", flush=True)
+            for t in r["per_trainer"]:
+                waits = ", ".join(f"{k.removesuffix('_seconds')} {v:.1f} s" for k, v in t["waits"].items())
+                print(f"    trainer {t['rank']}: {t['buckets']} buckets in {t['seconds']:.1f} s, waiting: {waits}")
     print("\nprojection (partition bytes read + written per epoch, all trainers; d=100, row-wise state):")
     projection = {}
     for row in rows:

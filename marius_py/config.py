@@ -130,6 +130,9 @@ class StorageConfig:
                                         "random state holding its bucket)")
     lookahead: int = _f(2, "buffer states whose admitted partitions are read ahead; each costs one more "
                            "partition of memory (a group with comet)")
+    direct_io: bool = _f(True, "partition reads and writes bypass the page cache (O_DIRECT) where the file "
+                               "system allows; false: through it (trainers of one machine whose memory holds "
+                               "the store then exchange partitions at memory speed)")
     comet_group_size: int = _f(0, "comet ordering: physical partitions per logical one, regrouped at "
                                   "random every epoch (0: the largest k <= 8 dividing num_partitions and "
                                   "buffer_capacity that leaves >= 2 groups in the buffer, 1 if none)")

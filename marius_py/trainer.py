@@ -279,7 +279,8 @@ class Trainer:
                                       self.config.training.seed, s.negative_cache_draws)
             self.buffer = PartitionBuffer(self.store, s.buffer_capacity, self.table_device,
                                           swap_size=self._swap_size(), lookahead=s.lookahead,
-                                          pin_memory=self._zero_copy_tables(), cache=cache)
+                                          pin_memory=self._zero_copy_tables(), cache=cache,
+                                          direct_io=s.direct_io)
         return self.buffer
 
     def _commit(self, is_best: bool, position: dict | None = None) -> None:

@@ -100,14 +100,15 @@ class PartitionBuffer:
 
     def __init__(self, store: EmbeddingStore, capacity: int, device: torch.device | str = "cpu",
                  swap_size: int = 1, lookahead: int = 2, pin_memory: bool = False,
-                 cache: NegativeCache | None = None):
-        """``cache``: a negative cache, placed in the tables after the slots."""
+                 cache: NegativeCache | None = None, direct_io: bool = True):
+        """``cache``: a negative cache, placed in the tables after the slots. ``direct_io``: partition IO
+        bypasses the page cache (O_DIRECT) where the file system allows."""
         self.store = store
         self.capacity = capacity
         self.swap_size = swap_size
         self.lookahead = lookahead
         self.device = torch.device(device)
-        self.files = store.chunk_files()
+        self.files = store.chunk_files(direct_io)
         self.rows = store.rows_per_partition
         self.stride = slot_rows(self.rows, *(f.cols for f in self.files))
         self.num_partitions = store.num_partitions
@@ -270,13 +271,12 @@ class PartitionBuffer:
                 self._slot_of[partition] = slot
         return self._view(0, wanted)
 
-    def release(self, partitions: Sequence[int]) -> None:
-        """Write ``partitions`` back and drop them; returns once they are in the store (another trainer may
-        then read them)."""
+    def release(self, partitions: Sequence[int]) -> list[Future]:
+        """Drop ``partitions``, writing them back behind: the futures are done once they are in the store
+        (another trainer may then read them). A slot takes a new partition only after its write-back."""
         for partition in sorted(partitions):
             self._evict(partition)
-        for partition in partitions:
-            self._partition_writes.pop(partition).result()
+        return [self._partition_writes[partition] for partition in partitions]
 
     def write_resident(self) -> None:
         """Write every resident partition to the store, keeping it resident, and wait for every write-back:

@@ -66,8 +66,11 @@ class ChunkFiles:
     CPU that way, against 2-5.6 s and as much CPU through the page cache.
     """
 
-    def __init__(self, array_path: str | os.PathLike):
+    def __init__(self, array_path: str | os.PathLike, direct: bool = True):
+        """``direct=False``: always through the page cache (trainers of one machine sharing a store that
+        fits in its memory exchange partitions at memory speed that way)."""
         self.path = Path(array_path)
+        self.direct = direct
         shape, chunks, self._key = _read_layout(self.path)
         self.num_rows, self.cols = shape
         self.rows_per_chunk = chunks[0]
@@ -78,7 +81,7 @@ class ChunkFiles:
         return self.path / self._key(chunk)
 
     def _direct(self, array: np.ndarray) -> bool:
-        return (_O_DIRECT and array.ctypes.data % PAGE == 0 and array.nbytes >= aligned(self.chunk_bytes))
+        return (self.direct and _O_DIRECT and array.ctypes.data % PAGE == 0 and array.nbytes >= aligned(self.chunk_bytes))
 
     def read_into(self, chunk: int, out: np.ndarray) -> int:
         """Fill the first ``chunk_bytes`` of ``out`` (C-contiguous float32) with chunk ``chunk``."""
@@ -133,7 +136,7 @@ class ChunkFiles:
                     piece[:filled] = torch.from_numpy(rows(first, first + filled))
                 piece[filled:count] = 0.0
                 _pwrite_all(descriptor, view[:aligned(count * self.cols * 4)], first * self.cols * 4)
-        return self._replace(chunk, bool(_O_DIRECT), write_pieces)
+        return self._replace(chunk, self.direct and bool(_O_DIRECT), write_pieces)
 
     def _replace(self, chunk: int, direct: bool, write_body: Callable[[int], None]) -> int:
         """Write a chunk file through ``write_body(descriptor)`` into a temporary file renamed over it.

@@ -86,9 +86,10 @@ class EmbeddingStore:
     def rows_per_partition(self) -> int:
         return self.embeddings.chunks[0]
 
-    def chunk_files(self) -> tuple[ChunkFiles, ChunkFiles]:
-        """Direct whole-partition IO on the embedding and state arrays (the training hot path)."""
-        return ChunkFiles(self.path / EMBEDDINGS), ChunkFiles(self.path / STATE)
+    def chunk_files(self, direct: bool = True) -> tuple[ChunkFiles, ChunkFiles]:
+        """Whole-partition IO on the embedding and state arrays (the training hot path); ``direct``: bypassing
+        the page cache."""
+        return ChunkFiles(self.path / EMBEDDINGS, direct), ChunkFiles(self.path / STATE, direct)
 
     def bounds(self, partition: int) -> tuple[int, int]:
         return partition_bounds(self.num_nodes, self.num_partitions, partition)

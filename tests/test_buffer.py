@@ -298,7 +298,7 @@ def test_walk_refuses_a_state_swapping_more_than_swap_size(tmp_path):
     buffer = PartitionBuffer(store, capacity=2)
     try:
         with pytest.raises(ValueError, match="swaps"):
-            for _ in buffer.walk([(0, 1), (2, 3)]):
+            for _ in buffer.walk([(0, 1), (1, 2), (2, 3)]):
                 pass
     finally:
         buffer.close()
@@ -471,6 +471,69 @@ def test_no_update_is_lost(tmp_path, monkeypatch, slow):
     emb, state = EmbeddingStore(store.path, mode="r").read_all()
     assert float(emb.astype(np.float64).sum()) == pytest.approx(initial[0] + DIM * applied, abs=1e-3)
     assert float(state.astype(np.float64).sum()) == pytest.approx(initial[1] + STATE_DIM * applied, abs=1e-3)
+    np.testing.assert_array_equal(emb, expected_emb)
+    np.testing.assert_array_equal(state, expected_state)
+
+
+@pytest.mark.parametrize("direct_io", [True, False])
+def test_direct_io_setting_decides_o_direct(tmp_path, monkeypatch, direct_io):
+    """storage.direct_io: partition IO bypasses the page cache, or (false) never does; rows round-trip."""
+    import storage.chunk_files as chunk_files
+    opened = []
+    original = chunk_files._open
+    monkeypatch.setattr(chunk_files, "_open",
+                        lambda path, flags, direct: opened.append(direct) or original(path, flags, direct))
+    store = make_store(tmp_path / "s", 40, 4)
+    opened.clear()
+    buffer = PartitionBuffer(store, capacity=2, direct_io=direct_io)
+    try:
+        for _ in buffer.walk([(0, 1), (1, 2), (2, 3)]):
+            pass
+        buffer.flush()
+    finally:
+        buffer.close()
+    assert len(opened) == 16 and all(opened) == any(opened) == direct_io  # 4 reads, 4 writes, 2 arrays
+    np.testing.assert_array_equal(EmbeddingStore(store.path, mode="r").read_all()[0], expected_tables(40)[0])
+
+
+def test_hold_release_writes_behind_and_loses_no_update(tmp_path, monkeypatch):
+    """A trainer's grants (hold, update, release): release returns before the (slowed) writes end; its
+    futures finish with the rows in the store; a partition held again right after its release, and a slot
+    reused, read the updated rows, never the stale ones."""
+    original = ChunkFiles.write
+
+    def slow_write(self, *args):
+        time.sleep(0.05)
+        return original(self, *args)
+
+    monkeypatch.setattr(ChunkFiles, "write", slow_write)
+    num_nodes = 5 * 6
+    store = make_store(tmp_path / "s", num_nodes, 5)
+    expected_emb, expected_state = expected_tables(num_nodes)
+    buffer = PartitionBuffer(store, capacity=2, swap_size=2, lookahead=1)  # two spare slots
+    grants = [(0, 1), (1, 2), (0, 2), (2, 1), (3, 4), (0, 3), (3, 0)]  # 0 held again right after its release
+    held: set[int] = set()
+    try:
+        for k, grant in enumerate(grants):
+            released = sorted(held - set(grant))
+            started = time.perf_counter()
+            writes = buffer.release(released)
+            assert time.perf_counter() - started < 0.04 and len(writes) == len(released)
+            view = buffer.hold(grant)
+            held = set(grant)
+            for q in grant:
+                start, end = store.bounds(q)
+                local = view.local_ids(torch.arange(start, end))
+                assert torch.equal(buffer.embeddings[local], torch.from_numpy(expected_emb[start:end]))
+                buffer.embeddings.index_add_(0, local, torch.full((end - start, DIM), float(k + 1)))
+                buffer.state.index_add_(0, local, torch.full((end - start, STATE_DIM), float(k + 1)))
+                expected_emb[start:end] += k + 1
+                expected_state[start:end] += k + 1
+        for write in buffer.release(sorted(held)):
+            write.result()
+    finally:
+        buffer.close()
+    emb, state = EmbeddingStore(store.path, mode="r").read_all()
     np.testing.assert_array_equal(emb, expected_emb)
     np.testing.assert_array_equal(state, expected_state)
 

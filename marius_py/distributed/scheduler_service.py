@@ -2,7 +2,8 @@
 
 A request is a ticket: the trainer takes the next number from the store's
 counter (``add``, atomic), writes its message under that number, and waits for
-the reply under its own (rank, request) key. Rank 0's server thread handles the
+the reply under the key it names (its rank, channel and request number: a
+trainer's training thread and its write-back thread ask on channels of their own). Rank 0's server thread handles the
 tickets in number order, so the scheduler sees one request at a time. Every
 grant and write-back report is appended to ``scheduler.jsonl`` in the run
 directory: the log the tests check (every bucket once per epoch).
@@ -51,7 +52,7 @@ class SchedulerServer:
                 pause = POLL_SECONDS[0]
                 message = json.loads(self.store.get(key))
                 reply = self._handle(message)
-                self.store.set(f"reply/{message['trainer']}/{message['request']}", json.dumps(reply))
+                self.store.set(message["reply"], json.dumps(reply))
                 self.store.delete_key(key)
                 ticket += 1
         except BaseException as error:  # noqa: BLE001 - reported to rank 0's trainer by check()
@@ -89,19 +90,22 @@ class SchedulerServer:
 
 
 class SchedulerClient:
-    """A trainer's side: ``acquire`` its next bucket, report partitions ``written`` back."""
+    """A trainer's side: ``acquire`` its next bucket, report partitions ``written`` back. One per thread
+    (each on its own store connection and ``channel``)."""
 
-    def __init__(self, store: dist.Store, trainer: int, alive: Callable[[], None] | None = None):
+    def __init__(self, store: dist.Store, trainer: int, alive: Callable[[], None] | None = None,
+                 channel: str = "train"):
         """``alive``: raises if the scheduler failed; given, the reply is polled for and ``alive`` checked
         meanwhile (rank 0, whose own scheduler thread may have died), else waited for."""
         self.store, self.trainer, self._requests, self.alive = store, trainer, 0, alive
+        self.channel = channel
 
     def _ask(self, message: dict) -> dict:
         self._requests += 1
-        message = {**message, "trainer": self.trainer, "request": self._requests}
+        reply_key = f"reply/{self.trainer}/{self.channel}/{self._requests}"
+        message = {**message, "trainer": self.trainer, "reply": reply_key}
         ticket = self.store.add("tickets", 1)
         self.store.set(f"ticket/{ticket}", json.dumps(message))
-        reply_key = f"reply/{self.trainer}/{self._requests}"
         if self.alive is not None:
             while not self.store.check([reply_key]):
                 self.alive()

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -24,6 +25,7 @@ from marius_py.errors import MariusInputError
 from marius_py.distributed.group import Group
 from marius_py.distributed.relations import RelationExchange
 from marius_py.distributed.scheduler_service import SchedulerClient, SchedulerServer
+from marius_py.distributed.write_backs import WriteBacks
 from marius_py.trainer import Trainer, tf32_matmuls
 from storage.buffer import PartitionBuffer
 
@@ -67,8 +69,11 @@ class DistributedTrainer(Trainer):
         self._forget_epochs_after(self.state.epoch, [self.holds_log] + ([scheduler_log] if group.is_leader else []))
         self.server = SchedulerServer(group.store_connection(), config.storage.num_partitions, config.training.seed,
                                       scheduler_log, self._capacity()) if group.is_leader else None
-        self.client = SchedulerClient(group.store_connection(), group.rank,
-                                      alive=self.server.check if self.server else None)
+        alive = self.server.check if self.server else None
+        self.client = SchedulerClient(group.store_connection(), group.rank, alive=alive)
+        self.write_backs = WriteBacks(SchedulerClient(group.store_connection(), group.rank, alive=alive,
+                                                      channel="write-back"), self.holds_log)
+        self.waits = {"bucket": 0.0, "read": 0.0, "write_back": 0.0}  # seconds this epoch, by what it waited for
         self.relations = RelationExchange(self.model.relation_parameters(), group.collectives, group.world_size,
                                          config.distributed.relation_sync_seconds)
         self.buckets_trained = 0
@@ -100,11 +105,14 @@ class DistributedTrainer(Trainer):
         return min(self.config.distributed.partitions_per_trainer, self.config.storage.num_partitions)
 
     def partition_buffer(self) -> PartitionBuffer:
-        """``distributed.partitions_per_trainer`` slots (no read-ahead: the next grant is known only when
-        granted)."""
+        """``distributed.partitions_per_trainer`` slots, and as many spare (no read-ahead: the next grant is
+        known only when granted; the spares let its reads go on while the last grant's partitions are
+        written back)."""
         if self.buffer is None:
-            self.buffer = PartitionBuffer(self.store, self._capacity(), self.table_device, swap_size=1,
-                                          lookahead=0, pin_memory=self._zero_copy_tables())
+            capacity = self._capacity()
+            self.buffer = PartitionBuffer(self.store, capacity, self.table_device, swap_size=capacity,
+                                          lookahead=1, pin_memory=self._zero_copy_tables(),
+                                          direct_io=self.config.storage.direct_io)
         return self.buffer
 
     def _state_commit_due(self) -> bool:
@@ -114,9 +122,11 @@ class DistributedTrainer(Trainer):
     def train_epoch(self, epoch: int) -> dict:
         self.relations.start_epoch()
         self.buckets_trained, rounds_before = 0, self.relations.rounds
+        self.waits = dict.fromkeys(self.waits, 0.0)
         record = super().train_epoch(epoch)
         self.relations.finish_epoch()
         record["buckets"] = self.buckets_trained
+        record["waits"] = {f"{what}_seconds": seconds for what, seconds in self.waits.items()}
         # all-reduce rounds of the relation parameters (each moves them once, plus the epoch's final one)
         record["relation_rounds"] = self.relations.rounds - rounds_before + 1
         return record
@@ -128,7 +138,9 @@ class DistributedTrainer(Trainer):
             if self.server is not None:
                 self.server.check()
             self.relations.apply_pending()
-            grant = self.client.acquire(epoch)
+            self.write_backs.check()
+            with self._waiting("bucket"):
+                grant = self.client.acquire(epoch)
             if grant.write_back:
                 self._release(epoch, buffer, grant.write_back, held_since)
             if grant.bucket is None:
@@ -137,23 +149,29 @@ class DistributedTrainer(Trainer):
                 continue
             for partition in grant.read:
                 held_since[partition] = time.time()
-            view = buffer.hold(sorted(held_since))  # the bucket's partitions and those kept: negatives from all
+            with self._waiting("read"):  # the bucket's partitions and those kept: negatives from all
+                view = buffer.hold(sorted(held_since))
             self.buckets_trained += len(grant.buckets)
             yield self._buffer_span(view, self.dataset.edges.buckets(grant.buckets)), \
                 buffer.embeddings, buffer.state
         if held_since:  # (the finishing grant wrote everything back)
             self._release(epoch, buffer, sorted(held_since), held_since)
+        with self._waiting("write_back"):  # every partition is in the store before the epoch's barrier
+            self.write_backs.wait()
+
+    @contextmanager
+    def _waiting(self, what: str):
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.waits[what] += time.perf_counter() - started
 
     def _release(self, epoch: int, buffer: PartitionBuffer, partitions, held_since: dict) -> None:
-        """Write ``partitions`` back, log how long this trainer held them, then tell the scheduler."""
-        self._synchronize()
-        buffer.release(partitions)
-        released = time.time()
-        with open(self.holds_log, "a", encoding="utf-8") as handle:
-            for partition in partitions:
-                handle.write(json.dumps({"epoch": epoch, "partition": int(partition),
-                                         "from": held_since.pop(partition), "to": released}) + "\n")
-        self.client.written(epoch, partitions)
+        """Write ``partitions`` back behind training; the scheduler hears of them once they are written."""
+        self._synchronize()  # (the GPU's last updates of their rows are done before they are copied out)
+        writes = buffer.release(partitions)
+        self.write_backs.submit(epoch, {p: held_since.pop(p) for p in partitions}, writes)
 
     # ---- the group's epoch loop ----
     def _train(self):
@@ -178,6 +196,7 @@ class DistributedTrainer(Trainer):
         return self.state
 
     def stop_scheduler(self) -> None:
+        self.write_backs.close()
         if self.server is not None:
             self.server.stop()
 
@@ -193,7 +212,8 @@ def combine_records(records: list[dict]) -> dict:
             "relation_rounds": records[0]["relation_rounds"],
             "trainers": [{"rank": rank, "buckets": r["buckets"], "seconds": r["seconds"],
                           "edges_per_s": r["edges_per_s"], "bytes_read": r["io"]["bytes_read"],
-                          "bytes_written": r["io"]["bytes_written"]} for rank, r in enumerate(records)],
+                          "bytes_written": r["io"]["bytes_written"], "waits": r["waits"]}
+                         for rank, r in enumerate(records)],
             "pipeline": records[0]["pipeline"]}
 
 
