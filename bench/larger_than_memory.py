@@ -69,7 +69,8 @@ def config_overrides(dataset: Path, args) -> list[str]:
             f"training.device={args.device}", "training.epochs=1", f"training.batch_size={args.batch_size}",
             "training.num_chunks=10", f"training.num_negatives={args.negatives}",
             f"training.degree_fraction={args.degree_fraction}", f"training.adagrad_variant={args.adagrad}",
-            "evaluation.every=0", "evaluation.protocol=sampled", f"storage.num_partitions={args.partitions}",
+            "evaluation.every=0", "evaluation.protocol=sampled", "evaluation.negative_sampling=mixed",
+            "evaluation.num_negatives=2000", f"storage.num_partitions={args.partitions}",
             f"storage.buffer_capacity={args.buffer}", f"storage.ordering={args.ordering}",
             f"storage.lookahead={args.lookahead}", f"storage.edge_assignment={args.edge_assignment}"]
 
@@ -105,6 +106,14 @@ def measure(args) -> None:
     else:
         trainer.train_epoch(1)
     seconds = time.perf_counter() - started
+    peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # (the epoch's; evaluation's apart)
+    evaluation = {}
+    if args.eval and args.mode == "full":  # Marius' protocol: 1,000 uniform + 1,000 degree negatives
+        started = time.perf_counter()
+        metrics = trainer.evaluate("test")
+        evaluation = {"eval_seconds": time.perf_counter() - started, "test_mrr": metrics["mrr"],
+                      "test_edges": trainer.dataset.metadata.num_test,
+                      "eval_peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
     chunk_bytes = sum(f.chunk_bytes for f in trainer.store.chunk_files())
     predicted = simulate(ordering, chunk_bytes)
     edges = trainer.dataset.edges
@@ -112,9 +121,9 @@ def measure(args) -> None:
     state_edges = [sum(int(offsets[i * edges.num_partitions + j + 1] - offsets[i * edges.num_partitions + j])
                        for i, j in buckets) for buckets in ordering.buckets]
     print(json.dumps({
-        "mode": args.mode, "seconds": seconds, "setup_seconds": setup_seconds,
+        "mode": args.mode, "seconds": seconds, "setup_seconds": setup_seconds, **evaluation,
         "num_edges": trainer.dataset.metadata.num_train, "num_nodes": trainer.dataset.num_nodes,
-        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "peak_rss_bytes": peak_rss,
         "buffer_bytes": trainer._buffer_bytes(), "max_state_edges": max(state_edges),
         "store_bytes": chunk_bytes * trainer.store.num_partitions,
         "counters": trainer.partition_buffer().counters.snapshot(),
@@ -153,6 +162,8 @@ def main() -> None:
     parser.add_argument("--scale", type=float, default=1.0, help="--graph freebase: of Freebase86m's counts")
     parser.add_argument("--passes", default="io,compute,full", help="which passes, in this order")
     parser.add_argument("--dd-gib", type=int, default=0, help="first measure the disk with dd (O_DIRECT), GiB")
+    parser.add_argument("--eval", action="store_true", help="after the full pass, time the test split's "
+                        "sampled evaluation (1,000 uniform + 1,000 degree negatives, as Marius)")
     parser.add_argument("--out", default="bench/results/larger_than_memory.json")
     parser.add_argument("--mode", choices=("io", "compute", "full"), help=argparse.SUPPRESS)
     parser.add_argument("--dataset", help=argparse.SUPPRESS)
@@ -186,7 +197,7 @@ def main() -> None:
             str(args.buffer), "--batch-size", str(args.batch_size), "--negatives", str(args.negatives),
             "--degree-fraction", str(args.degree_fraction), "--decoder", args.decoder, "--adagrad", args.adagrad,
             "--device", args.device, "--ordering", args.ordering, "--lookahead", str(args.lookahead),
-            "--edge-assignment", args.edge_assignment]
+            "--edge-assignment", args.edge_assignment] + (["--eval"] if args.eval else [])
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     if args.dd_gib:
@@ -200,6 +211,10 @@ def main() -> None:
                                             + passes[mode]["counters"]["bytes_written"]) / passes[mode]["seconds"]
         print(f"{mode:8s} {passes[mode]['seconds']:8.1f} s  peak RSS {passes[mode]['peak_rss_bytes'] / GiB:6.2f} GiB"
               f"  partition IO {passes[mode]['disk_bytes_per_s'] / GiB:.2f} GiB/s", flush=True)
+        if "eval_seconds" in passes[mode]:
+            print(f"test evaluation: {passes[mode]['test_edges']:,} edges in {passes[mode]['eval_seconds']:.1f} s "
+                  f"(MRR {passes[mode]['test_mrr']:.4f}), peak RSS "
+                  f"{passes[mode]['eval_peak_rss_bytes'] / GiB:.2f} GiB", flush=True)
         write_report(out, steps, passes, {})  # after every pass: a run cut short keeps what finished
     if set(passes) != {"io", "compute", "full"}:
         return
