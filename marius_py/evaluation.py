@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from marius_py.models import Decoder
+from storage.chunk_files import page_aligned_empty, slot_rows
 from storage.embedding_store import EmbeddingStore
 
 PROTOCOL_FILTERED = "filtered ranking vs all nodes, both directions, realistic ties"
@@ -120,15 +121,29 @@ class StoredNodes(NodeTable):
             start, end = self.store.bounds(first)[0], self.store.bounds(last)[1]
             if last + 1 < self.store.num_partitions and self.store.bounds(last + 1)[1] - start <= budget_rows:
                 continue  # the next partition joins this block
-            yield start, torch.from_numpy(self.store.embeddings[start:end]).to(self.device)
+            block = self._partition(first) if first == last else torch.from_numpy(self.store.embeddings[start:end])
+            yield start, block.to(self.device)
             first = last + 1
+
+    def _partition(self, partition: int) -> torch.Tensor:
+        """One (large) partition read whole, as the training buffer reads it (O_DIRECT, no page cache)."""
+        files = self.store.chunk_files()[0]
+        start, end = self.store.bounds(partition)
+        out = page_aligned_empty(slot_rows(files.rows_per_chunk, files.cols), files.cols)
+        files.read_into(partition, out.numpy())
+        return out[:end - start]
 
     def gather(self, ids):
         ids = ids.to(self.device)
         out = torch.empty(len(ids), self.store.dim, device=self.device)
+        ascending = len(ids) < 2 or bool((ids[1:] >= ids[:-1]).all())
         for start, block in self.blocks():
-            inside = (ids >= start) & (ids < start + len(block))
-            out[inside] = block[ids[inside] - start]
+            if ascending:  # (evaluation's unique ids: each block's are one run, found by bisection)
+                low, high = torch.searchsorted(ids, torch.tensor([start, start + len(block)], device=ids.device))
+                out[low:high] = block[ids[low:high] - start]
+            else:
+                inside = (ids >= start) & (ids < start + len(block))
+                out[inside] = block[ids[inside] - start]
         return out
 
 
@@ -215,7 +230,7 @@ def evaluate_sampled(decoder: Decoder, nodes: torch.Tensor | NodeTable, edges: n
     negatives = _draw_negatives(len(batches), num_negatives, sampling, table.num_nodes, degrees, generator)
     needed, local = torch.unique(torch.cat([edges_t[:, 0], edges_t[:, 2], negatives.reshape(-1)]),
                                  return_inverse=True)
-    rows = table.gather(needed)
+    rows = _on_device_if_it_fits(table.gather(needed), device)
     heads, tails = local[:len(edges)], local[len(edges):2 * len(edges)]
     negatives_local = local[2 * len(edges):].reshape(negatives.shape)
     all_ranks = []
@@ -233,6 +248,14 @@ def evaluate_sampled(decoder: Decoder, nodes: torch.Tensor | NodeTable, edges: n
         all_ranks.append(realistic_ranks(scores, target_scores).cpu())
     kind = {"degree": "degree-based", "mixed": "half uniform, half degree-based"}.get(sampling, "uniform")
     return summarize(torch.cat(all_ranks), PROTOCOL_SAMPLED.format(n=num_negatives, kind=kind))
+
+
+def _on_device_if_it_fits(rows: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """The gathered rows on the GPU when they take at most half its free memory (batches then index them
+    there: at Freebase86m's 34 GB, tens of thousands of batches), else left in host memory."""
+    if device.type != "cuda" or rows.device == device:
+        return rows
+    return rows.to(device) if rows.nbytes <= torch.cuda.mem_get_info(device)[0] // 2 else rows
 
 
 def _draw_negatives(num_batches: int, num_negatives: int, sampling: str, num_nodes: int,

@@ -229,6 +229,10 @@ def test_streamed_evaluation_equals_in_memory(full_buffer_runs, partitions_per_b
     monkeypatch.setattr(StoredNodes, "BLOCK_BYTES", partitions_per_block * partition_rows * 4 * store.dim)
     block_rows = [len(block) for _, block in streamed.table.blocks()]
     assert sum(block_rows) == store.num_nodes and len(block_rows) == -(-4 // partitions_per_block)
+    stored_rows = torch.from_numpy(store.read_all()[0])
+    ids = torch.randint(store.num_nodes, (500,), generator=torch.Generator().manual_seed(1))
+    for chosen in (ids, torch.unique(ids)):  # any order, and ascending (found by bisection)
+        torch.testing.assert_close(streamed.table.gather(chosen), stored_rows[chosen], rtol=0, atol=0)
     in_memory = TrainedModel(streamed.config, streamed.dataset, streamed.model,
                              InMemoryNodes(torch.from_numpy(store.read_all()[0])))
     dataset = streamed.dataset
