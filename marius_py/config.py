@@ -31,6 +31,7 @@ EVAL_PROTOCOLS = ("filtered", "sampled")
 ORDERING_NAMES = tuple(ORDERINGS)
 NEGATIVE_KINDS = ("uniform", "degree", "mixed")
 PLACEMENTS = ("auto", "device", "host")
+DIRECT_IO = ("auto", "true", "false")
 
 
 def _f(default, help: str, **kw):
@@ -130,9 +131,10 @@ class StorageConfig:
                                         "random state holding its bucket)")
     lookahead: int = _f(2, "buffer states whose admitted partitions are read ahead; each costs one more "
                            "partition of memory (a group with comet)")
-    direct_io: bool = _f(True, "partition reads and writes bypass the page cache (O_DIRECT) where the file "
-                               "system allows; false: through it (trainers of one machine whose memory holds "
-                               "the store then exchange partitions at memory speed)")
+    direct_io: str = _f("auto", "partition reads and writes bypass the page cache (O_DIRECT, where the file "
+                                "system allows): true, false, or auto: true, except for torchrun trainers all "
+                                "on one machine whose free memory holds the store twice (they then exchange "
+                                "partitions through the page cache, at memory speed)")
     comet_group_size: int = _f(0, "comet ordering: physical partitions per logical one, regrouped at "
                                   "random every epoch (0: the largest k <= 8 dividing num_partitions and "
                                   "buffer_capacity that leaves >= 2 groups in the buffer, 1 if none)")
@@ -323,6 +325,8 @@ def _check_storage(s: StorageConfig, _check) -> None:
            f"expected one of {', '.join(GRADIENT_POLICIES)}", s.negative_cache_gradients)
     _check(s.negative_cache_draws in DRAW_POLICIES, "storage.negative_cache_draws",
            f"expected one of {', '.join(DRAW_POLICIES)}", s.negative_cache_draws)
+    s.direct_io = str(s.direct_io).lower()  # (YAML's false arrives as a bool)
+    _check(s.direct_io in DIRECT_IO, "storage.direct_io", f"expected one of {', '.join(DIRECT_IO)}", s.direct_io)
     if s.buffer_capacity == 0:
         s.buffer_capacity = s.num_partitions
     if s.num_partitions > 1:

@@ -280,8 +280,12 @@ class Trainer:
             self.buffer = PartitionBuffer(self.store, s.buffer_capacity, self.table_device,
                                           swap_size=self._swap_size(), lookahead=s.lookahead,
                                           pin_memory=self._zero_copy_tables(), cache=cache,
-                                          direct_io=s.direct_io)
+                                          direct_io=self._direct_io())
         return self.buffer
+
+    def _direct_io(self) -> bool:
+        """``storage.direct_io``; auto is O_DIRECT for one process (its store may exceed memory)."""
+        return self.config.storage.direct_io != "false"
 
     def _commit(self, is_best: bool, position: dict | None = None) -> None:
         """Snapshot the (flushed) live store and the model into a new committed version (``position``: where

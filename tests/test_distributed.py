@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from marius_py.distributed.scheduler_service import SchedulerClient, SchedulerServer
+from marius_py.distributed.trainer import page_cache_suits
 from marius_py.preprocess import PreprocessOptions, preprocess
 
 UMLS_RAW = Path(__file__).parent / "data" / "umls"
@@ -87,6 +88,28 @@ def test_client_without_a_scheduler_fails_with_a_clear_error():
     store.set_timeout(timedelta(seconds=0.5))
     with pytest.raises(RuntimeError, match="no answer from the bucket scheduler on rank 0"):
         SchedulerClient(store, 1).acquire(epoch=1)
+
+
+@pytest.mark.parametrize("text, expected", [("auto", "auto"), ("TRUE", "true"), ("false", "false")])
+def test_direct_io_setting_is_read_from_yaml_and_overrides(tmp_path, text, expected):
+    import marius_py as mp
+    assert mp.make_config(None, [f"storage.direct_io={text}"]).storage.direct_io == expected
+    config = tmp_path / "config.yaml"
+    config.write_text(f"storage:\n  direct_io: {text}\n")  # (YAML reads true and false as booleans)
+    assert mp.make_config(str(config), []).storage.direct_io == expected
+
+
+@pytest.mark.parametrize("store_gib, world, local, available_gib, suits", [
+    (1.6, 2, 2, 250, True),     # two GPUs of one machine, the store well inside its memory
+    (1.6, 1, 1, 250, True),     # one trainer under torchrun: the baseline of the same path
+    (1.6, 4, 2, 250, False),    # trainers on two machines: O_DIRECT (the shared file system's caches)
+    (34.8, 2, 2, 60, False),    # the store twice does not fit in what is free
+    (1.6, 2, 2, None, False),   # memory unknown
+])
+def test_page_cache_for_trainers_of_one_machine_whose_memory_holds_the_store(store_gib, world, local,
+                                                                            available_gib, suits):
+    available = None if available_gib is None else int(available_gib * 2**30)
+    assert page_cache_suits(int(store_gib * 2**30), world, local, available) is suits
 
 
 # --------------------------------------------------------------------------- whole runs under torchrun
