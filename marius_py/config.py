@@ -133,8 +133,8 @@ class StorageConfig:
                            "partition of memory (a group with comet)")
     direct_io: str = _f("auto", "partition reads and writes bypass the page cache (O_DIRECT, where the file "
                                 "system allows): true, false, or auto: true, except for torchrun trainers all "
-                                "on one machine whose free memory holds the store twice (they then exchange "
-                                "partitions through the page cache, at memory speed)")
+                                "on one machine whose store takes at most a quarter of its memory (they then "
+                                "exchange partitions through the page cache, at memory speed)")
     comet_group_size: int = _f(0, "comet ordering: physical partitions per logical one, regrouped at "
                                   "random every epoch (0: the largest k <= 8 dividing num_partitions and "
                                   "buffer_capacity that leaves >= 2 groups in the buffer, 1 if none)")
@@ -186,10 +186,11 @@ class DistributedConfig:
                                            "parameters reach the others by an all-reduce at least this often "
                                            "(applied at the next bucket boundary), and exactly at the end of "
                                            "every epoch")
-    partitions_per_trainer: int = _f(2, "several trainers: partitions each trainer holds at once (its buffer); "
+    partitions_per_trainer: int = _f(2, "several trainers: partitions each trainer holds at once; "
                                         "it is granted every bucket left among them, so more partitions mean "
                                         "fewer partition reads per bucket (measured at P=16, 1-4 trainers: "
-                                        "~0.5 with 2, ~0.3 with 4)")
+                                        "~0.5 with 2, ~0.3 with 4). Its buffer has twice as many slots: the "
+                                        "next grant's reads need not wait for the last one's write-backs")
     timeout_seconds: float = _f(600.0, "several trainers: how long a trainer waits for the others (the "
                                        "scheduler, a collective, rank 0's evaluation) before it stops the "
                                        "group with an error")

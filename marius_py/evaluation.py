@@ -218,7 +218,8 @@ def evaluate_sampled(decoder: Decoder, nodes: torch.Tensor | NodeTable, edges: n
     ``sampling``: ``uniform``; ``degree`` (in proportion to ``degrees``, the train degree of every node);
     ``mixed`` (half of each, as Marius evaluates Freebase86m: 1,000 + 1,000). Every needed row is
     gathered in one pass; out of core the store is read once into host memory (at most the store's
-    embeddings) and each batch's rows go to the device.
+    embeddings). On a GPU the gathered rows move there whole when they fit (half its free memory), else
+    each batch's rows go to it.
     """
     table = nodes if isinstance(nodes, NodeTable) else InMemoryNodes(nodes)
     device = table.device

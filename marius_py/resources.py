@@ -10,15 +10,24 @@ from marius_py.errors import MariusInputError
 from storage.partitioning import most_partitions_filled, partition_size, partitions_filled
 
 
-def available_memory() -> int | None:
-    """MemAvailable in bytes (Linux), or None where it cannot be read."""
+def _meminfo(key: str) -> int | None:
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
+            if line.startswith(f"{key}:"):
                 return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         return None
     return None
+
+
+def available_memory() -> int | None:
+    """MemAvailable in bytes (Linux), or None where it cannot be read."""
+    return _meminfo("MemAvailable")
+
+
+def total_memory() -> int | None:
+    """MemTotal in bytes (Linux), or None where it cannot be read: the same for every trainer of a machine."""
+    return _meminfo("MemTotal")
 
 
 def check_memory(needed: int, key: str) -> None:

@@ -261,12 +261,16 @@ class Trainer:
         return (dim + self.model.node_optimizer.state_dim(dim)) * 4
 
     def _buffer_bytes(self) -> int:
-        dim = self.config.model.dim
-        cols = (dim, self.model.node_optimizer.state_dim(dim))
-        rows = partition_size(self.dataset.num_nodes, self.config.storage.num_partitions)
+        rows, cols = self._partition_shape()
         s = self.config.storage
         return PartitionBuffer.bytes_needed(rows, cols, s.buffer_capacity, self._swap_size(), s.lookahead,
                                             cached_rows(rows, s.negative_cache) * s.num_partitions)
+
+    def _partition_shape(self) -> tuple[int, tuple[int, int]]:
+        """Rows of a partition, and the widths of its embedding and optimizer-state tables."""
+        dim = self.config.model.dim
+        return (partition_size(self.dataset.num_nodes, self.config.storage.num_partitions),
+                (dim, self.model.node_optimizer.state_dim(dim)))
 
     def partition_buffer(self) -> PartitionBuffer:
         """The partition buffer, allocated on first use (evaluation and export never need it)."""

@@ -14,6 +14,7 @@ calls it through torch.distributed; tests drive it with simulated trainers.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -45,7 +46,10 @@ class BucketScheduler:
     seed: int = 0
     capacity: int = 2  # partitions a trainer holds at once (its buffer)
     held: dict[int, set[int]] = field(default_factory=dict)          # trainer -> partitions it holds
-    releasing: dict[int, set[int]] = field(default_factory=dict)     # trainer -> partitions being written back
+    # trainer -> partition -> write-backs not yet reported: a trainer may release a partition, be granted it
+    # again and release it again before the first report arrives (reports come behind training); the
+    # partition stays locked until every one of its writes is reported
+    releasing: dict[int, Counter] = field(default_factory=dict)
     log: list[tuple[int, tuple[int, int]]] = field(default_factory=list)  # (trainer, bucket) in grant order
 
     def __post_init__(self):
@@ -59,7 +63,7 @@ class BucketScheduler:
 
     def locked_by_others(self, trainer: int) -> set[int]:
         return {p for other, parts in [*self.held.items(), *self.releasing.items()] if other != trainer
-                for p in parts}
+                for p in parts}  # (a Counter keeps only partitions with writes pending: see written)
 
     def acquire(self, trainer: int) -> Grant:
         """The trainer's next bucket, preferring ones that share its partitions, keeping as many of them as
@@ -103,8 +107,12 @@ class BucketScheduler:
 
     def _release(self, trainer: int, partitions: set[int]) -> None:
         if partitions:
-            self.releasing[trainer] = self.releasing.get(trainer, set()) | partitions
+            self.releasing.setdefault(trainer, Counter()).update(partitions)
 
     def written(self, trainer: int, partitions) -> None:
-        """The trainer has written ``partitions`` back: other trainers may read them now."""
-        self.releasing[trainer] = self.releasing.get(trainer, set()) - set(partitions)
+        """The trainer has written ``partitions`` back (one write each): other trainers may read them once every
+        write of theirs is reported."""
+        pending = self.releasing.setdefault(trainer, Counter())
+        pending.subtract(partitions)
+        for partition in [p for p, count in pending.items() if count <= 0]:
+            del pending[partition]

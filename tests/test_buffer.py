@@ -503,7 +503,7 @@ def test_hold_release_writes_behind_and_loses_no_update(tmp_path, monkeypatch):
     original = ChunkFiles.write
 
     def slow_write(self, *args):
-        time.sleep(0.05)
+        time.sleep(0.2)
         return original(self, *args)
 
     monkeypatch.setattr(ChunkFiles, "write", slow_write)
@@ -518,7 +518,7 @@ def test_hold_release_writes_behind_and_loses_no_update(tmp_path, monkeypatch):
             released = sorted(held - set(grant))
             started = time.perf_counter()
             writes = buffer.release(released)
-            assert time.perf_counter() - started < 0.04 and len(writes) == len(released)
+            assert time.perf_counter() - started < 0.15 and len(writes) == len(released)  # (a write: 0.2 s)
             view = buffer.hold(grant)
             held = set(grant)
             for q in grant:

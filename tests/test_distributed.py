@@ -99,17 +99,52 @@ def test_direct_io_setting_is_read_from_yaml_and_overrides(tmp_path, text, expec
     assert mp.make_config(str(config), []).storage.direct_io == expected
 
 
-@pytest.mark.parametrize("store_gib, world, local, available_gib, suits", [
-    (1.6, 2, 2, 250, True),     # two GPUs of one machine, the store well inside its memory
-    (1.6, 1, 1, 250, True),     # one trainer under torchrun: the baseline of the same path
-    (1.6, 4, 2, 250, False),    # trainers on two machines: O_DIRECT (the shared file system's caches)
-    (34.8, 2, 2, 60, False),    # the store twice does not fit in what is free
+@pytest.mark.parametrize("store_gib, world, local, memory_gib, suits", [
+    (1.6, 2, 2, 251, True),     # two GPUs of one machine, the store well inside its memory
+    (1.6, 1, 1, 251, True),     # one trainer under torchrun: the baseline of the same path
+    (1.6, 4, 2, 251, False),    # trainers on two machines: O_DIRECT (the shared file system's caches)
+    (1.6, 2, None, 251, False),  # a launcher that does not say how many trainers share the machine
+    (34.8, 2, 2, 125, False),   # the store takes more than a quarter of the memory
     (1.6, 2, 2, None, False),   # memory unknown
 ])
 def test_page_cache_for_trainers_of_one_machine_whose_memory_holds_the_store(store_gib, world, local,
-                                                                            available_gib, suits):
-    available = None if available_gib is None else int(available_gib * 2**30)
-    assert page_cache_suits(int(store_gib * 2**30), world, local, available) is suits
+                                                                            memory_gib, suits):
+    memory = None if memory_gib is None else int(memory_gib * 2**30)
+    assert page_cache_suits(int(store_gib * 2**30), world, local, memory) is suits
+
+
+def test_write_backs_report_after_the_write_and_surface_its_error(tmp_path):
+    from concurrent.futures import Future
+
+    from marius_py.distributed.write_backs import WriteBacks
+
+    class Client:
+        def __init__(self):
+            self.reports = []
+
+        def written(self, epoch, partitions):
+            self.reports.append((epoch, partitions))
+
+    client, log = Client(), tmp_path / "rank0.jsonl"
+    write_backs = WriteBacks(client, log)
+    try:
+        write = Future()
+        write_backs.submit(1, {3: 10.0, 1: 11.0}, [write])
+        time.sleep(0.1)
+        assert client.reports == [] and not log.exists()  # the write is not done: nothing reported
+        write.set_result(None)
+        write_backs.wait()
+        assert client.reports == [(1, [1, 3])]
+        assert [json.loads(line)["partition"] for line in log.read_text().splitlines()] == [1, 3]
+        failed = Future()
+        failed.set_exception(OSError("disk full"))
+        write_backs.submit(1, {2: 12.0}, [failed])
+        time.sleep(0.1)
+        with pytest.raises(OSError, match="disk full"):
+            write_backs.check()
+        assert client.reports == [(1, [1, 3])]  # a partition whose write failed is never reported
+    finally:
+        write_backs.close()
 
 
 # --------------------------------------------------------------------------- whole runs under torchrun
@@ -159,18 +194,22 @@ def check_group_logs(run_dir: Path, epochs: int, num_partitions: int, num_traine
         assert Counter(granted) == all_buckets
     holds = [dict(h, rank=rank) for rank in range(num_trainers)
              for h in read_jsonl(run_dir / "distributed" / f"rank{rank}.jsonl")]
-    for partition in range(num_partitions):
-        spans = sorted((h["from"], h["to"], h["rank"]) for h in holds if h["partition"] == partition)
-        for (_, end, rank), (start, _, other) in zip(spans, spans[1:]):
-            assert rank == other or end <= start, f"partition {partition} held by {rank} and {other} at once"
+    for partition in range(num_partitions):  # (one trainer's own holds may overlap: writes go on behind)
+        spans = [(h["from"], h["to"], h["rank"]) for h in holds if h["partition"] == partition]
+        for start, end, rank in spans:
+            for other_start, other_end, other in spans:
+                assert rank == other or end <= other_start or other_end <= start, \
+                    f"partition {partition} held by {rank} and {other} at once"
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("num_trainers, per_trainer", [(2, 2), (4, 2), (2, 3)])
-def test_trainers_share_every_bucket_once_and_no_partition(umls_p4, tmp_path, num_trainers, per_trainer):
+@pytest.mark.parametrize("num_trainers, per_trainer, direct_io", [(2, 2, "auto"), (4, 2, "auto"), (2, 3, "true")])
+def test_trainers_share_every_bucket_once_and_no_partition(umls_p4, tmp_path, num_trainers, per_trainer,
+                                                           direct_io):
     run_dir = tmp_path / "run"
     done = subprocess.run(torchrun(num_trainers, *umls_overrides(umls_p4, 3,
-                                                                  f"distributed.partitions_per_trainer={per_trainer}"),
+                                                                  f"distributed.partitions_per_trainer={per_trainer}",
+                                                                  f"storage.direct_io={direct_io}"),
                                    "--run-dir", str(run_dir)),
                           env=run_env(), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -180,6 +219,7 @@ def test_trainers_share_every_bucket_once_and_no_partition(umls_p4, tmp_path, nu
     assert [r["epoch"] for r in epochs] == [1, 2, 3]
     assert all(len(r["trainers"]) == num_trainers for r in epochs)
     assert all(sum(t["buckets"] for t in r["trainers"]) == 16 for r in epochs)
+    assert all(t["direct_io"] == (direct_io == "true") for r in epochs for t in r["trainers"])  # (auto: one machine)
 
 
 @pytest.mark.gpu

@@ -93,3 +93,17 @@ def test_trainers_holding_more_partitions_read_less(num_trainers):
         scheduler, reads[capacity] = simulate(16, num_trainers, seed=0, capacity=capacity)
         assert sorted(b for _, b in scheduler.log) == [(i, j) for i in range(16) for j in range(16)]
     assert reads[4] < 0.8 * reads[2]
+
+
+def test_a_partition_released_twice_stays_locked_until_both_writes_are_reported():
+    """Reports come behind training: a trainer may release p, be granted it again and release it again
+    before the first report arrives; that first report must not let another trainer read p."""
+    scheduler = BucketScheduler(4, [(i, j) for i in range(4) for j in range(4)], capacity=2)
+    scheduler._release(0, {2})
+    scheduler._release(0, {2})  # granted back and released again, the first write not yet reported
+    scheduler.written(0, [2])
+    assert 2 in scheduler.locked_by_others(1)
+    grant = scheduler.acquire(1)
+    assert grant.bucket is not None and 2 not in grant.bucket + grant.read
+    scheduler.written(0, [2])
+    assert 2 not in scheduler.locked_by_others(1)

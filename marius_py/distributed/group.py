@@ -3,9 +3,8 @@
 torch.distributed's ``env://`` rendezvous gives every trainer the same key-value
 store (torchrun's own when it hosts one); the process group and the bucket
 scheduler's messages use it under separate prefixes. Control traffic
-(barriers, objects) goes through gloo on every backend; the relation exchange's
-tensors through the group's backend (NCCL between GPUs, where they live); node
-embeddings move through the shared store on disk.
+(barriers, objects, relation changes: kilobytes to megabytes) goes through
+gloo on every backend (``relations`` says why also between GPUs); node embeddings move through the shared store on disk.
 """
 
 from __future__ import annotations
@@ -42,8 +41,7 @@ def launch_id() -> str:
 class Group:
     rank: int
     world_size: int
-    control: dist.ProcessGroup      # gloo: barriers and objects
-    collectives: dist.ProcessGroup  # the backend of the trainers' device (NCCL on GPUs): tensors
+    control: dist.ProcessGroup  # gloo
     timeout: timedelta
     attempt: int                # torchrun's restart count: keys of earlier attempts are not read again
 
@@ -92,4 +90,4 @@ def join_group(timeout_seconds: float, cuda: bool) -> Group:
     dist.init_process_group(backend, store=dist.PrefixStore(f"process_group/{attempt}", store), rank=rank,
                             world_size=world_size, timeout=timeout)
     control = dist.new_group(backend="gloo", timeout=timeout) if backend != "gloo" else dist.group.WORLD
-    return Group(rank, world_size, control, dist.group.WORLD, timeout, attempt)
+    return Group(rank, world_size, control, timeout, attempt)

@@ -11,8 +11,12 @@ step), so updates made since the snapshot are kept. The threads of all trainers
 run the same number of rounds: each round also sums a "finished the epoch"
 flag, and they stop together once every trainer has finished. The epoch then
 ends with one exact exchange, so every trainer (and the checkpoint) holds the
-same relations. Optimizer state (Adagrad's sums) stays per trainer. The
-tensors stay on the parameters' device: on GPUs the group's backend is NCCL.
+same relations. Optimizer state (Adagrad's sums) stays per trainer.
+
+The changes travel as host tensors over gloo, also between GPUs: an NCCL
+all-reduce left waiting on the GPU for a peer (whose training thread has not
+reached a bucket boundary) would block every device-wide synchronize and copy
+of this trainer, and two trainers could wait on each other that way.
 """
 
 from __future__ import annotations
@@ -28,7 +32,6 @@ class RelationExchange:
                  interval_seconds: float):
         self.parameters, self.group, self.world_size = parameters, group, world_size
         self.interval = interval_seconds
-        self.device = parameters[0].device if parameters else torch.device("cpu")
         self.rounds = 0
         self._finished = threading.Event()
         self._applied = threading.Event()
@@ -38,13 +41,13 @@ class RelationExchange:
         self.error: BaseException | None = None
 
     def _flat(self) -> torch.Tensor:
-        return torch.cat([p.detach().reshape(-1).float() for p in self.parameters])
+        return torch.cat([p.detach().reshape(-1).float().cpu() for p in self.parameters])
 
     def _add(self, delta: torch.Tensor) -> None:
         offset = 0
         with torch.no_grad():
             for p in self.parameters:
-                p.add_(delta[offset:offset + p.numel()].view_as(p).to(p.dtype))
+                p.add_(delta[offset:offset + p.numel()].view_as(p).to(p.device, p.dtype))
                 offset += p.numel()
 
     def start_epoch(self) -> None:
@@ -58,14 +61,11 @@ class RelationExchange:
 
     def _run(self) -> None:
         try:
-            if self.device.type == "cuda":  # (the current device is per thread; NCCL uses it)
-                torch.cuda.set_device(self.device)
             while True:
                 finished = self._finished.wait(self.interval)
                 self._applied.wait()  # the last correction is in the parameters before the next snapshot
                 snapshot = self._flat()
-                flag = torch.tensor([1.0 if finished else 0.0], device=self.device)
-                message = torch.cat([snapshot - self._reference, flag])
+                message = torch.cat([snapshot - self._reference, torch.tensor([1.0 if finished else 0.0])])
                 dist.all_reduce(message, group=self.group)
                 self.rounds += 1
                 if int(message[-1].item()) == self.world_size:  # every trainer finished: stop together

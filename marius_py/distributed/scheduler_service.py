@@ -118,9 +118,9 @@ class SchedulerClient:
         self.store.delete_key(reply_key)
         return reply
 
-    def acquire(self, epoch: int) -> Grant:
-        """The next bucket of ``epoch`` (asking again while none is free); ``Grant.bucket`` is None only
-        when the epoch has none left for this trainer."""
+    def acquire(self, epoch: int, between_tries: Callable[[], None] | None = None) -> Grant:
+        """The next bucket of ``epoch`` (asking again while none is free, calling ``between_tries`` before
+        each new try); ``Grant.bucket`` is None only when the epoch has none left for this trainer."""
         while True:
             reply = self._ask({"op": "acquire", "epoch": epoch})
             grant = Grant(None if reply["bucket"] is None else tuple(reply["bucket"]), tuple(reply["read"]),
@@ -129,6 +129,8 @@ class SchedulerClient:
             if grant.bucket is not None or grant.finished or grant.write_back:
                 return grant
             time.sleep(RETRY_SECONDS)
+            if between_tries is not None:
+                between_tries()
 
     def written(self, epoch: int, partitions) -> None:
         self._ask({"op": "written", "epoch": epoch, "partitions": sorted(int(p) for p in partitions)})

@@ -26,7 +26,7 @@ from marius_py.distributed.group import Group
 from marius_py.distributed.relations import RelationExchange
 from marius_py.distributed.scheduler_service import SchedulerClient, SchedulerServer
 from marius_py.distributed.write_backs import WriteBacks
-from marius_py.resources import available_memory
+from marius_py.resources import total_memory
 from marius_py.trainer import Trainer, tf32_matmuls
 from storage.buffer import PartitionBuffer
 
@@ -75,7 +75,7 @@ class DistributedTrainer(Trainer):
         self.write_backs = WriteBacks(SchedulerClient(group.store_connection(), group.rank, alive=alive,
                                                       channel="write-back"), self.holds_log)
         self.waits = {"bucket": 0.0, "read": 0.0, "write_back": 0.0}  # seconds this epoch, by what it waited for
-        self.relations = RelationExchange(self.model.relation_parameters(), group.collectives, group.world_size,
+        self.relations = RelationExchange(self.model.relation_parameters(), group.control, group.world_size,
                                          config.distributed.relation_sync_seconds)
         self.buckets_trained = 0
 
@@ -106,9 +106,9 @@ class DistributedTrainer(Trainer):
         return min(self.config.distributed.partitions_per_trainer, self.config.storage.num_partitions)
 
     def partition_buffer(self) -> PartitionBuffer:
-        """``distributed.partitions_per_trainer`` slots, and as many spare (no read-ahead: the next grant is
-        known only when granted; the spares let its reads go on while the last grant's partitions are
-        written back)."""
+        """``distributed.partitions_per_trainer`` slots, and as many spare, so the next grant's reads go on
+        while the last grant's partitions are written back (``lookahead=1`` only sizes the spares: nothing
+        is read ahead, the next grant is known only when granted)."""
         if self.buffer is None:
             capacity = self._capacity()
             self.buffer = PartitionBuffer(self.store, capacity, self.table_device, swap_size=capacity,
@@ -120,9 +120,14 @@ class DistributedTrainer(Trainer):
         if self.config.storage.direct_io != "auto":
             return super()._direct_io()
         store_bytes = sum(f.chunk_bytes for f in self.store.chunk_files()) * self.store.num_partitions
-        return not page_cache_suits(store_bytes, self.group.world_size,
-                                    int(os.environ.get("LOCAL_WORLD_SIZE", self.group.world_size)),
-                                    available_memory())
+        local = os.environ.get("LOCAL_WORLD_SIZE")  # (torchrun's; without it, not known to be one machine)
+        return not page_cache_suits(store_bytes, self.group.world_size, int(local) if local else None,
+                                    total_memory())
+
+    def _buffer_bytes(self) -> int:
+        """``partition_buffer``'s: as many spare slots as held ones, nothing read ahead."""
+        capacity = self._capacity()
+        return PartitionBuffer.bytes_needed(*self._partition_shape(), capacity, capacity, 1, 0)
 
     def _state_commit_due(self) -> bool:
         return False  # the group commits at epoch ends only
@@ -136,6 +141,7 @@ class DistributedTrainer(Trainer):
         self.relations.finish_epoch()
         record["buckets"] = self.buckets_trained
         record["waits"] = {f"{what}_seconds": seconds for what, seconds in self.waits.items()}
+        record["direct_io"] = self.partition_buffer().files[0].direct
         # all-reduce rounds of the relation parameters (each moves them once, plus the epoch's final one)
         record["relation_rounds"] = self.relations.rounds - rounds_before + 1
         return record
@@ -146,10 +152,9 @@ class DistributedTrainer(Trainer):
         while True:
             if self.server is not None:
                 self.server.check()
-            self.relations.apply_pending()
-            self.write_backs.check()
+            self._between_buckets()
             with self._waiting("bucket"):
-                grant = self.client.acquire(epoch)
+                grant = self.client.acquire(epoch, between_tries=self._between_buckets)
             if grant.write_back:
                 self._release(epoch, buffer, grant.write_back, held_since)
             if grant.bucket is None:
@@ -167,6 +172,12 @@ class DistributedTrainer(Trainer):
             self._release(epoch, buffer, sorted(held_since), held_since)
         with self._waiting("write_back"):  # every partition is in the store before the epoch's barrier
             self.write_backs.wait()
+
+    def _between_buckets(self) -> None:
+        """Nothing trains now: take the relations' last correction (a peer's exchange round waits for it)
+        and raise a failed write-back."""
+        self.relations.apply_pending()
+        self.write_backs.check()
 
     @contextmanager
     def _waiting(self, what: str):
@@ -221,17 +232,20 @@ def combine_records(records: list[dict]) -> dict:
             "relation_rounds": records[0]["relation_rounds"],
             "trainers": [{"rank": rank, "buckets": r["buckets"], "seconds": r["seconds"],
                           "edges_per_s": r["edges_per_s"], "bytes_read": r["io"]["bytes_read"],
-                          "bytes_written": r["io"]["bytes_written"], "waits": r["waits"]}
+                          "bytes_written": r["io"]["bytes_written"], "waits": r["waits"],
+                          "direct_io": r["direct_io"]}
                          for rank, r in enumerate(records)],
             "pipeline": records[0]["pipeline"]}
 
 
-def page_cache_suits(store_bytes: int, world_size: int, local_world_size: int, available: int | None) -> bool:
+def page_cache_suits(store_bytes: int, world_size: int, local_world_size: int | None,
+                     memory: int | None) -> bool:
     """``storage.direct_io=auto`` for trainers: partitions through the page cache when every trainer runs on
-    this machine and its free memory holds the store twice. Two H200 trainers on one disk: 1.91x one
-    trainer that way, 1.45x with O_DIRECT (both waited on the disk; bench/RESULTS.md). Across machines,
-    and without room for the store, O_DIRECT (not measured otherwise)."""
-    return local_world_size == world_size and available is not None and 2 * store_bytes <= available
+    this machine and the store takes at most a quarter of its memory (MemTotal: every trainer decides
+    alike). Two H200 trainers on one disk: 1.91x one trainer that way, 1.45x with O_DIRECT (both waited
+    on the disk; bench/RESULTS.md). Across machines, or with a larger store, O_DIRECT (not measured
+    otherwise)."""
+    return local_world_size == world_size and memory is not None and 4 * store_bytes <= memory
 
 
 def worker_pid_file(run_dir: Path, rank: int) -> Path:
