@@ -9,6 +9,7 @@ partition held by two trainers at once, from the trainers' own clocks).
 from __future__ import annotations
 
 import json
+import random
 import os
 import signal
 import socket
@@ -81,6 +82,67 @@ def test_scheduler_service_serves_concurrent_trainers(tmp_path, num_partitions, 
     assert Counter(trained) == Counter((i, j) for i in range(num_partitions) for j in range(num_partitions))
     grants = [json.loads(line) for line in (tmp_path / "scheduler.jsonl").read_text().splitlines()]
     assert sum(1 + len(g["together"]) for g in grants if g.get("bucket")) == num_partitions ** 2
+
+
+@pytest.mark.parametrize("num_partitions, num_trainers, seed", [(4, 2, 0), (4, 2, 1), (6, 3, 2), (8, 4, 3)])
+def test_scheduler_service_with_write_backs_reported_behind_training(tmp_path, num_partitions, num_trainers,
+                                                                     seed):
+    """As the trainers run: each reports its write-backs from a second thread and channel, late and out of
+    step with its training. No partition is granted while another trainer holds it or has a write of it
+    not yet reported (also when that trainer released it, got it back and released it again)."""
+    store = dist.HashStore()
+    store.set_timeout(timedelta(seconds=30))
+    server = SchedulerServer(store, num_partitions, seed=seed, log_path=tmp_path / "scheduler.jsonl")
+    busy = {p: Counter() for p in range(num_partitions)}  # partition -> rank -> holds + unreported writes
+    lock = threading.Lock()
+    trained: list[tuple[int, int]] = []
+    failures: list[str] = []
+
+    def trainer(rank: int) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+        client = SchedulerClient(store, rank)
+        reporter, reports = ThreadPoolExecutor(1), SchedulerClient(store, rank, channel="write-back")
+        rng = random.Random(seed * 100 + rank)
+        held: set[int] = set()
+
+        def report(partitions, delay: float) -> None:
+            time.sleep(delay)  # the write, then the report
+            with lock:
+                for partition in partitions:
+                    busy[partition][rank] -= 1
+            reports.written(1, partitions)
+
+        pending = []
+        while True:
+            grant = client.acquire(epoch=1)
+            if grant.write_back:
+                held -= set(grant.write_back)
+                pending.append(reporter.submit(report, sorted(grant.write_back), rng.uniform(0, 0.02)))
+            if grant.bucket is None:
+                if grant.finished:
+                    break
+                continue
+            with lock:
+                for partition in {p for bucket in grant.buckets for p in bucket} - held:
+                    others = [r for r, count in busy[partition].items() if r != rank and count > 0]
+                    if others:
+                        failures.append(f"trainer {rank} got {partition}, busy with {others}")
+                    busy[partition][rank] += 1
+                    held.add(partition)
+                trained.extend(grant.buckets)
+            time.sleep(rng.uniform(0, 0.003))  # training
+        for future in pending:
+            future.result()
+        reporter.shutdown()
+
+    threads = [threading.Thread(target=trainer, args=(rank,)) for rank in range(num_trainers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    server.stop()
+    assert server.error is None and not failures, failures[:5]
+    assert Counter(trained) == Counter((i, j) for i in range(num_partitions) for j in range(num_partitions))
 
 
 def test_client_without_a_scheduler_fails_with_a_clear_error():
