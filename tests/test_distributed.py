@@ -286,8 +286,9 @@ def test_trainers_share_every_bucket_once_and_no_partition(umls_p4, tmp_path, nu
 
 @pytest.mark.gpu
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
-def test_two_gpu_trainers_with_nccl(umls_p4, tmp_path):
-    """One trainer per GPU, relations exchanged over NCCL: every bucket once, no partition shared."""
+def test_two_gpu_trainers(umls_p4, tmp_path):
+    """One trainer per GPU (an NCCL group; relation changes over gloo with host copies): every bucket once
+    per epoch, no partition held by both, relation rounds every epoch, a model that learned."""
     run_dir = tmp_path / "run"
     overrides = [o.replace("training.device=cpu", "training.device=cuda") for o in umls_overrides(umls_p4, 3)]
     done = subprocess.run(torchrun(2, *overrides, "--run-dir", str(run_dir)), env=run_env(),
