@@ -91,7 +91,8 @@ def main() -> None:
                   f"({r['reads_per_bucket']:.2f} partition reads per bucket)", flush=True)
             for t in r["per_trainer"]:
                 waits = ", ".join(f"{k.removesuffix('_seconds')} {v:.1f} s" for k, v in t["waits"].items())
-                print(f"    trainer {t['rank']}: {t['buckets']} buckets in {t['seconds']:.1f} s, waiting: {waits}")
+                io = "O_DIRECT" if t["direct_io"] else "page cache"
+                print(f"    trainer {t['rank']}: {t['buckets']} buckets in {t['seconds']:.1f} s ({io}), waiting: {waits}")
     print("\nprojection (partition bytes read + written per epoch, all trainers; d=100, row-wise state):")
     projection = {}
     for row in rows:
