@@ -36,6 +36,20 @@ REPO = Path(__file__).resolve().parent.parent
 # --------------------------------------------------------------------------- the scheduler service
 
 
+def run_trainer_threads(trainer, num_trainers: int, server: SchedulerServer, failures: list, trained: list,
+                        num_partitions: int) -> None:
+    """Run ``trainer(rank)`` in a thread per rank, stop the service, and check what every test of it checks:
+    no failure a trainer saw, and every bucket trained exactly once."""
+    threads = [threading.Thread(target=trainer, args=(rank,)) for rank in range(num_trainers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    server.stop()
+    assert server.error is None and not failures, failures[:5]
+    assert Counter(trained) == Counter((i, j) for i in range(num_partitions) for j in range(num_partitions))
+
+
 @pytest.mark.parametrize("num_partitions, num_trainers", [(4, 2), (6, 3), (8, 4)])
 def test_scheduler_service_serves_concurrent_trainers(tmp_path, num_partitions, num_trainers):
     """Trainer threads talking to the service through a store: every bucket once, and no partition
@@ -72,14 +86,7 @@ def test_scheduler_service_serves_concurrent_trainers(tmp_path, num_partitions, 
                 trained.extend(grant.buckets)
             time.sleep(0.001)  # training
 
-    threads = [threading.Thread(target=trainer, args=(rank,)) for rank in range(num_trainers)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
-    server.stop()
-    assert server.error is None and not failures
-    assert Counter(trained) == Counter((i, j) for i in range(num_partitions) for j in range(num_partitions))
+    run_trainer_threads(trainer, num_trainers, server, failures, trained, num_partitions)
     grants = [json.loads(line) for line in (tmp_path / "scheduler.jsonl").read_text().splitlines()]
     assert sum(1 + len(g["together"]) for g in grants if g.get("bucket")) == num_partitions ** 2
 
@@ -135,14 +142,7 @@ def test_scheduler_service_with_write_backs_reported_behind_training(tmp_path, n
             future.result()
         reporter.shutdown()
 
-    threads = [threading.Thread(target=trainer, args=(rank,)) for rank in range(num_trainers)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
-    server.stop()
-    assert server.error is None and not failures, failures[:5]
-    assert Counter(trained) == Counter((i, j) for i in range(num_partitions) for j in range(num_partitions))
+    run_trainer_threads(trainer, num_trainers, server, failures, trained, num_partitions)
 
 
 def test_client_without_a_scheduler_fails_with_a_clear_error():
