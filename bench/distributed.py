@@ -92,7 +92,8 @@ def main() -> None:
             for t in r["per_trainer"]:
                 waits = ", ".join(f"{k.removesuffix('_seconds')} {v:.1f} s" for k, v in t["waits"].items())
                 io = "O_DIRECT" if t["direct_io"] else "page cache"
-                print(f"    trainer {t['rank']}: {t['buckets']} buckets in {t['seconds']:.1f} s ({io}), waiting: {waits}")
+                print(f"    trainer {t['rank']}: {t['buckets']} buckets in {t['seconds']:.1f} s ({io}), "
+                      f"waiting: {waits}")
     print("\nprojection (partition bytes read + written per epoch, all trainers; d=100, row-wise state):")
     projection = {}
     for row in rows:

@@ -81,7 +81,8 @@ class ChunkFiles:
         return self.path / self._key(chunk)
 
     def _direct(self, array: np.ndarray) -> bool:
-        return (self.direct and _O_DIRECT and array.ctypes.data % PAGE == 0 and array.nbytes >= aligned(self.chunk_bytes))
+        return (self.direct and _O_DIRECT and array.ctypes.data % PAGE == 0
+                and array.nbytes >= aligned(self.chunk_bytes))
 
     def read_into(self, chunk: int, out: np.ndarray) -> int:
         """Fill the first ``chunk_bytes`` of ``out`` (C-contiguous float32) with chunk ``chunk``."""

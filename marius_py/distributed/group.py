@@ -4,7 +4,8 @@ torch.distributed's ``env://`` rendezvous gives every trainer the same key-value
 store (torchrun's own when it hosts one); the process group and the bucket
 scheduler's messages use it under separate prefixes. Control traffic
 (barriers, objects, relation changes: kilobytes to megabytes) goes through
-gloo on every backend (``relations`` says why also between GPUs); node embeddings move through the shared store on disk.
+gloo on every backend (``relations`` says why also between GPUs); node
+embeddings move through the shared store on disk.
 """
 
 from __future__ import annotations

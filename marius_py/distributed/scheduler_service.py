@@ -3,8 +3,8 @@
 A request is a ticket: the trainer takes the next number from the store's
 counter (``add``, atomic), writes its message under that number, and waits for
 the reply under the key it names (its rank, channel and request number: a
-trainer's training thread and its write-back thread ask on channels of their own). Rank 0's server thread handles the
-tickets in number order, so the scheduler sees one request at a time. Every
+trainer's training thread and its write-back thread ask on channels of their
+own). Rank 0's server thread handles the tickets in number order, so the scheduler sees one request at a time. Every
 grant and write-back report is appended to ``scheduler.jsonl`` in the run
 directory: the log the tests check (every bucket once per epoch).
 """
