@@ -51,6 +51,7 @@ class BucketScheduler:
     # partition stays locked until every one of its writes is reported
     releasing: dict[int, Counter] = field(default_factory=dict)
     log: list[tuple[int, tuple[int, int]]] = field(default_factory=list)  # (trainer, bucket) in grant order
+    waiting: set[int] = field(default_factory=set)  # trainers whose last ask found no bucket free
 
     def __post_init__(self):
         self._left = sorted(set(self.buckets))
@@ -65,7 +66,7 @@ class BucketScheduler:
         return {p for other, parts in [*self.held.items(), *self.releasing.items()] if other != trainer
                 for p in parts}  # (a Counter keeps only partitions with writes pending: see written)
 
-    def acquire(self, trainer: int) -> Grant:
+    def acquire(self, trainer: int, ahead: bool = False) -> Grant:
         """The trainer's next bucket, preferring ones that share its partitions, keeping as many of them as
         its capacity allows (those with the most buckets left), with every other bucket left among the
         partitions it then holds (``Grant.together``: trained in one shuffled span, as the buckets of
@@ -74,13 +75,25 @@ class BucketScheduler:
         With no bucket free of other trainers' partitions, it gets none for now and writes back all it holds
         (two trainers each holding what the other needs would otherwise wait forever); it asks again after
         another trainer reports a write-back. With none left, it writes back all it holds and is finished.
+
+        ``ahead``: the trainer asks while it still trains its last grant, to read the next one's partitions
+        meanwhile; it writes back the grant's ``write_back`` once that training is done (they stay locked
+        until reported written, as always). With no bucket free, or another trainer waiting for one (it
+        picks first: a trainer asking ahead would otherwise lock partition after partition, two grants'
+        worth at a time, and starve it), it keeps what it holds and asks again when its training is done.
         """
         mine = self.held.pop(trainer, set())
         blocked = self.locked_by_others(trainer)
         free = [b for b in self._left if b[0] not in blocked and b[1] not in blocked]
+        if ahead and self._left and (not free or self.waiting - {trainer}):
+            self.held[trainer] = mine
+            return Grant(None, (), ())
         if not free:
             self._release(trainer, mine)
+            if self._left:
+                self.waiting.add(trainer)
             return Grant(None, (), tuple(sorted(mine)), finished=not self._left)
+        self.waiting.discard(trainer)
         overlap = np.array([len(mine & set(b)) for b in free])
         bucket = free[int(self._rng.choice(np.flatnonzero(overlap == overlap.max())))]
         needed = set(bucket) | self._kept(mine - set(bucket), set(bucket))

@@ -10,7 +10,10 @@ too). A read waits for the write-back of its slot's last occupant and of its
 own partition's last eviction. No slot is ever touched by two threads at once.
 
 With a CUDA device the slots live in GPU memory and as many pinned host slots
-stage the swaps (disk -> pinned host -> GPU, and back). Host memory:
+stage the swaps (disk -> pinned host -> GPU, and back) on a copy stream of
+their own, so a swap's copy neither waits for nor holds up the kernels queued
+for training; a write-back's copy waits only for the kernels launched before
+its eviction (a CUDA event). Host memory:
 ``(c + L) x partition bytes`` (embeddings + optimizer state; slots are padded
 to whole pages for O_DIRECT), ``(c + L k)`` with groups of k. A negative cache
 (``storage.negative_cache``) adds its rows after the slots of the tables.
@@ -18,6 +21,7 @@ to whole pages for O_DIRECT), ``(c + L k)`` with groups of k. A negative cache
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -131,6 +135,8 @@ class PartitionBuffer:
         self._scheduled: dict[int, tuple[int, Future]] = {}  # prefetched partition -> (slot, read)
         self._slot_writes: dict[int, Future] = {}            # slot -> write-back of its last occupant
         self._partition_writes: dict[int, Future] = {}       # partition -> its last write-back
+        # slots move to and from the GPU on a stream of their own, beside training on the default stream
+        self._copy_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self._reader = ThreadPoolExecutor(1, thread_name_prefix="buffer-prefetch")
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="buffer-writeback")
 
@@ -159,20 +165,38 @@ class PartitionBuffer:
         for pending in (self._slot_writes.get(slot), self._partition_writes.get(partition)):
             if pending is not None:
                 pending.result()
+        # (a slot freed by an eviction: the GPU's last use of its rows preceded that write's copy)
         rows, nbytes = self._slot_rows(slot), 0
         for files, host, table in zip(self.files, self._host, self.tables):
             nbytes += files.read_into(partition, host[rows].numpy())
             if table is not host:
-                table[rows].copy_(host[rows])
+                with self._on_copy_stream():
+                    table[rows].copy_(host[rows])  # (returns once copied)
         self.counters.add_read(nbytes)
 
-    def _write(self, partition: int, slot: int, checkpoint: bool = False) -> None:
+    def _on_copy_stream(self):
+        return torch.cuda.stream(self._copy_stream) if self._copy_stream else contextlib.nullcontext()
+
+    def _submit_write(self, partition: int, slot: int, checkpoint: bool = False) -> Future:
+        """Queue ``_write``; its copy from the GPU waits for the kernels launched so far (they update the
+        slot), marked now on the caller's stream."""
+        trained = None
+        if self._copy_stream is not None:
+            trained = torch.cuda.Event()
+            trained.record(torch.cuda.current_stream(self.device))
+        return self._writer.submit(self._write, partition, slot, checkpoint, trained)
+
+    def _write(self, partition: int, slot: int, checkpoint: bool = False,
+               trained: torch.cuda.Event | None = None) -> None:
         """Write a slot's partition (``checkpoint``: a resident one, for a commit; counted apart from the
         ordering's write-backs, which the simulator predicts)."""
         rows, nbytes = self._slot_rows(slot), 0
         for files, host, table in zip(self.files, self._host, self.tables):
             if table is not host:
-                host[rows].copy_(table[rows])
+                with self._on_copy_stream():
+                    if trained is not None:
+                        self._copy_stream.wait_event(trained)
+                    host[rows].copy_(table[rows])
             nbytes += files.write(partition, host[rows].numpy())
         if checkpoint:
             self.counters.add_checkpoint_write(nbytes)
@@ -183,7 +207,7 @@ class PartitionBuffer:
         slot = self._slot_of.pop(partition)
         if self.cache:
             self.cache.evicted(partition, self.tables, slot * self.stride)
-        future = self._writer.submit(self._write, partition, slot)
+        future = self._submit_write(partition, slot)
         self._slot_writes[slot] = self._partition_writes[partition] = future
         self._free.append(slot)
 
@@ -246,8 +270,7 @@ class PartitionBuffer:
             for partition in sorted(set(states[later]) - set(states[later - 1])):
                 if partition in self._scheduled or partition in resident or not self._free:
                     continue
-                slot = self._free.pop(0)
-                self._scheduled[partition] = (slot, self._reader.submit(self._read, partition, slot))
+                self._read_ahead(partition)
 
     def _fill(self, partitions: list[int]) -> None:
         """Initial fill: the first state's partitions into the first slots (in partition order)."""
@@ -259,17 +282,29 @@ class PartitionBuffer:
             self._admit(partition)
 
     def hold(self, partitions: Sequence[int]) -> BufferView:
-        """Make ``partitions`` resident, reading those that are not, for a trainer handed one bucket at a
-        time (several trainers, no ordering known ahead); what it no longer needs it ``release``s first."""
+        """Make ``partitions`` resident, reading those that are not (nor ``prefetch``ed), for a trainer handed
+        one bucket at a time (several trainers, no ordering known ahead); what it no longer needs it
+        ``release``s first."""
         wanted = sorted(set(partitions))
         if len(set(self._slot_of) | set(wanted)) > self.capacity:
             raise ValueError(f"holding {wanted} beside {sorted(self._slot_of)} exceeds capacity {self.capacity}")
         for partition in wanted:
             if partition not in self._slot_of:
-                slot = self._free.pop(0)
-                self._read(partition, slot)
-                self._slot_of[partition] = slot
+                self._admit(partition)
         return self._view(0, wanted)
+
+    def prefetch(self, partitions: Sequence[int]) -> None:
+        """Start reading ``partitions`` into spare slots behind training, for a later ``hold`` (a trainer
+        told its next bucket while it trains the last). Each must be in the store: a resident one is not
+        read ahead, and with no spare slot left the rest are read by ``hold``."""
+        for partition in sorted(set(partitions) - set(self._slot_of) - set(self._scheduled)):
+            if not self._free:
+                return
+            self._read_ahead(partition)
+
+    def _read_ahead(self, partition: int) -> None:
+        slot = self._free.pop(0)
+        self._scheduled[partition] = (slot, self._reader.submit(self._read, partition, slot))
 
     def release(self, partitions: Sequence[int]) -> list[Future]:
         """Drop ``partitions``, writing them back behind: the futures are done once they are in the store
@@ -281,8 +316,7 @@ class PartitionBuffer:
     def write_resident(self) -> None:
         """Write every resident partition to the store, keeping it resident, and wait for every write-back:
         the store then holds the tables as they are (a checkpoint between two states)."""
-        pending = [self._writer.submit(self._write, partition, slot, True) for partition, slot in
-                   sorted(self._slot_of.items())]
+        pending = [self._submit_write(partition, slot, True) for partition, slot in sorted(self._slot_of.items())]
         for future in pending + list(self._slot_writes.values()):
             future.result()
 

@@ -496,10 +496,14 @@ def test_direct_io_setting_decides_o_direct(tmp_path, monkeypatch, direct_io):
     np.testing.assert_array_equal(EmbeddingStore(store.path, mode="r").read_all()[0], expected_tables(40)[0])
 
 
-def test_hold_release_writes_behind_and_loses_no_update(tmp_path, monkeypatch):
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_hold_release_writes_behind_and_loses_no_update(tmp_path, monkeypatch, device, prefetch):
     """A trainer's grants (hold, update, release): release returns before the (slowed) writes end; its
     futures finish with the rows in the store; a partition held again right after its release, and a slot
-    reused, read the updated rows, never the stale ones."""
+    reused, read the updated rows, never the stale ones. ``prefetch``: each next grant's new partitions
+    are read while the current one trains, as a distributed trainer does, and each is still read once.
+    On the GPU the updates are queued behind a long kernel: the write-back's copy must wait for them."""
     original = ChunkFiles.write
 
     def slow_write(self, *args):
@@ -510,7 +514,7 @@ def test_hold_release_writes_behind_and_loses_no_update(tmp_path, monkeypatch):
     num_nodes = 5 * 6
     store = make_store(tmp_path / "s", num_nodes, 5)
     expected_emb, expected_state = expected_tables(num_nodes)
-    buffer = PartitionBuffer(store, capacity=2, swap_size=2, lookahead=1)  # two spare slots
+    buffer = PartitionBuffer(store, capacity=2, swap_size=2, lookahead=1, device=device)  # two spare slots
     grants = [(0, 1), (1, 2), (0, 2), (2, 1), (3, 4), (0, 3), (3, 0)]  # 0 held again right after its release
     held: set[int] = set()
     try:
@@ -521,16 +525,23 @@ def test_hold_release_writes_behind_and_loses_no_update(tmp_path, monkeypatch):
             assert time.perf_counter() - started < 0.15 and len(writes) == len(released)  # (a write: 0.2 s)
             view = buffer.hold(grant)
             held = set(grant)
+            if prefetch and k + 1 < len(grants):
+                buffer.prefetch(sorted(set(grants[k + 1]) - held))
             for q in grant:
                 start, end = store.bounds(q)
-                local = view.local_ids(torch.arange(start, end))
-                assert torch.equal(buffer.embeddings[local], torch.from_numpy(expected_emb[start:end]))
-                buffer.embeddings.index_add_(0, local, torch.full((end - start, DIM), float(k + 1)))
-                buffer.state.index_add_(0, local, torch.full((end - start, STATE_DIM), float(k + 1)))
+                local = view.local_ids(torch.arange(start, end)).to(device)
+                assert torch.equal(buffer.embeddings[local].cpu(), torch.from_numpy(expected_emb[start:end]))
+                if device == "cuda":
+                    torch.cuda._sleep(100_000_000)  # (tens of milliseconds of GPU time before the updates)
+                buffer.embeddings.index_add_(0, local, torch.full((end - start, DIM), float(k + 1), device=device))
+                buffer.state.index_add_(0, local, torch.full((end - start, STATE_DIM), float(k + 1),
+                                                             device=device))
                 expected_emb[start:end] += k + 1
                 expected_state[start:end] += k + 1
         for write in buffer.release(sorted(held)):
             write.result()
+        admissions = sum(len(set(grant) - set(before)) for before, grant in zip([()] + grants, grants))
+        assert buffer.counters.snapshot()["partitions_read"] == admissions
     finally:
         buffer.close()
     emb, state = EmbeddingStore(store.path, mode="r").read_all()

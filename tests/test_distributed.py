@@ -92,11 +92,14 @@ def test_scheduler_service_serves_concurrent_trainers(tmp_path, num_partitions, 
 
 
 @pytest.mark.parametrize("num_partitions, num_trainers, seed", [(4, 2, 0), (4, 2, 1), (6, 3, 2), (8, 4, 3)])
+@pytest.mark.parametrize("ahead", [False, True])
 def test_scheduler_service_with_write_backs_reported_behind_training(tmp_path, num_partitions, num_trainers,
-                                                                     seed):
+                                                                     seed, ahead):
     """As the trainers run: each reports its write-backs from a second thread and channel, late and out of
     step with its training. No partition is granted while another trainer holds it or has a write of it
-    not yet reported (also when that trainer released it, got it back and released it again)."""
+    not yet reported (also when that trainer released it, got it back and released it again).
+    ``ahead``: each asks for its next grant on a third channel while it trains, and writes back that
+    grant's partitions only after training."""
     store = dist.HashStore()
     store.set_timeout(timedelta(seconds=30))
     server = SchedulerServer(store, num_partitions, seed=seed, log_path=tmp_path / "scheduler.jsonl")
@@ -108,6 +111,7 @@ def test_scheduler_service_with_write_backs_reported_behind_training(tmp_path, n
     def trainer(rank: int) -> None:
         from concurrent.futures import ThreadPoolExecutor
         client = SchedulerClient(store, rank)
+        asking_ahead = SchedulerClient(store, rank, channel="ahead")
         reporter, reports = ThreadPoolExecutor(1), SchedulerClient(store, rank, channel="write-back")
         rng = random.Random(seed * 100 + rank)
         held: set[int] = set()
@@ -119,16 +123,7 @@ def test_scheduler_service_with_write_backs_reported_behind_training(tmp_path, n
                     busy[partition][rank] -= 1
             reports.written(1, partitions)
 
-        pending = []
-        while True:
-            grant = client.acquire(epoch=1)
-            if grant.write_back:
-                held -= set(grant.write_back)
-                pending.append(reporter.submit(report, sorted(grant.write_back), rng.uniform(0, 0.02)))
-            if grant.bucket is None:
-                if grant.finished:
-                    break
-                continue
+        def take(grant) -> None:  # the grant's new partitions are this trainer's from now on
             with lock:
                 for partition in {p for bucket in grant.buckets for p in bucket} - held:
                     others = [r for r, count in busy[partition].items() if r != rank and count > 0]
@@ -137,6 +132,25 @@ def test_scheduler_service_with_write_backs_reported_behind_training(tmp_path, n
                     busy[partition][rank] += 1
                     held.add(partition)
                 trained.extend(grant.buckets)
+
+        pending, next_grant = [], None
+        while True:
+            grant, taken = (next_grant, True) if next_grant else (client.acquire(epoch=1), False)
+            next_grant = None
+            if grant.write_back:  # (the last training is done)
+                held -= set(grant.write_back)
+                pending.append(reporter.submit(report, sorted(grant.write_back), rng.uniform(0, 0.02)))
+            if grant.bucket is None:
+                if grant.finished:
+                    break
+                continue
+            if not taken:
+                take(grant)
+            if ahead:
+                asked = asking_ahead.acquire(epoch=1, ahead=True)
+                if asked.bucket is not None or asked.finished:
+                    take(asked)
+                    next_grant = asked
             time.sleep(rng.uniform(0, 0.003))  # training
         for future in pending:
             future.result()

@@ -107,3 +107,28 @@ def test_a_partition_released_twice_stays_locked_until_both_writes_are_reported(
     assert grant.bucket is not None and 2 not in grant.bucket + grant.read
     scheduler.written(0, [2])
     assert 2 not in scheduler.locked_by_others(1)
+
+
+def test_asking_ahead_with_no_bucket_free_keeps_what_the_trainer_holds():
+    """A trainer asking while it still trains gets a grant whose write-backs come after that training; with
+    nothing free, or another trainer waiting for a bucket, it gets an empty grant, keeps its partitions,
+    and asks again as usual once done."""
+    scheduler = BucketScheduler(4, [(1, 2), (3, 3)], seed=0)
+    scheduler.held = {0: {0, 1}, 1: {2, 3}}  # each trains a bucket granted before
+    ahead = scheduler.acquire(0, ahead=True)  # (1, 2) and (3, 3) need trainer 1's partitions
+    assert ahead.bucket is None and not ahead.finished and ahead.write_back == ()
+    assert scheduler.held == {0: {0, 1}, 1: {2, 3}} and not scheduler.releasing  # nothing unlocked
+    granted = scheduler.acquire(1, ahead=True)  # nobody waits: granted, keeping both partitions
+    assert granted.bucket == (3, 3) and granted.read == () and scheduler.held[1] == {2, 3}
+    done = scheduler.acquire(1)  # its last training is done; (1, 2) needs trainer 0's 1: it writes back
+    assert done.bucket is None and not done.finished and done.write_back == (2, 3)
+    assert scheduler.waiting == {1}
+    scheduler.written(1, [2, 3])
+    assert scheduler.acquire(0, ahead=True).bucket is None  # (1, 2) is free, but trainer 1 waits: it picks
+    assert scheduler.acquire(1).bucket is None  # (partition 1 is still trainer 0's)
+    granted = scheduler.acquire(0)  # trainer 0's training is done: asked as usual, it gets (1, 2)
+    assert granted.bucket == (1, 2) and granted.read == (2,) and granted.write_back == (0,)
+    assert scheduler.acquire(1).finished
+    final = scheduler.acquire(0, ahead=True)  # nothing left: finished, writing back all, ahead or not
+    assert final.finished and set(final.write_back) == {1, 2}
+    assert sorted(scheduler.log) == [(0, (1, 2)), (1, (3, 3))]

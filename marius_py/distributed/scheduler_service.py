@@ -69,7 +69,7 @@ class SchedulerServer:
             self.scheduler.written(trainer, message["partitions"])
             self._log({"epoch": epoch, "trainer": trainer, "written": message["partitions"]})
             return {}
-        grant = self.scheduler.acquire(trainer)
+        grant = self.scheduler.acquire(trainer, ahead=message["op"] == "acquire_ahead")
         if grant.bucket is not None or grant.write_back:
             self._log({"epoch": epoch, "trainer": trainer, "bucket": grant.bucket, "together": grant.together,
                        "read": grant.read, "write_back": grant.write_back, "finished": grant.finished})
@@ -118,15 +118,18 @@ class SchedulerClient:
         self.store.delete_key(reply_key)
         return reply
 
-    def acquire(self, epoch: int, between_tries: Callable[[], None] | None = None) -> Grant:
+    def acquire(self, epoch: int, between_tries: Callable[[], None] | None = None, ahead: bool = False
+                ) -> Grant:
         """The next bucket of ``epoch`` (asking again while none is free, calling ``between_tries`` before
-        each new try); ``Grant.bucket`` is None only when the epoch has none left for this trainer."""
+        each new try); ``Grant.bucket`` is None only when the epoch has none left for this trainer.
+        ``ahead``: asked while the last grant still trains (``BucketScheduler.acquire``), once: an empty
+        grant means none is free now."""
         while True:
-            reply = self._ask({"op": "acquire", "epoch": epoch})
+            reply = self._ask({"op": "acquire_ahead" if ahead else "acquire", "epoch": epoch})
             grant = Grant(None if reply["bucket"] is None else tuple(reply["bucket"]), tuple(reply["read"]),
                           tuple(reply["write_back"]), reply["finished"],
                           tuple(tuple(b) for b in reply["together"]))
-            if grant.bucket is not None or grant.finished or grant.write_back:
+            if grant.bucket is not None or grant.finished or grant.write_back or ahead:
                 return grant
             time.sleep(RETRY_SECONDS)
             if between_tries is not None:

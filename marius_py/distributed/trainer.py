@@ -1,10 +1,13 @@
 """One trainer of several: buckets from rank 0's scheduler, partitions through the shared store.
 
 As PyTorch-BigGraph's trainers: each holds the partitions of the bucket it was
-granted (and keeps up to ``distributed.partitions_per_trainer`` of those it held), trains the bucket's edges (with every other bucket left
-among the same partitions, in one shuffled span) with negatives from them,
-and writes a partition back to the shared store before the scheduler lets
-another trainer read it, so no update is lost. Every trainer's relation updates
+granted (and keeps up to ``distributed.partitions_per_trainer`` of those it
+held), trains the bucket's edges (with every other bucket left among the same
+partitions, in one shuffled span) with negatives from them, and writes a
+partition back to the shared store before the scheduler lets another trainer
+read it, so no update is lost. While a span trains, a thread asks for the next
+grant and reads its new partitions into spare slots, so partition reads
+overlap training as a buffer's prefetch does. Every trainer's relation updates
 reach the others (``relations.RelationExchange``). Rank 0 also runs the
 scheduler, validates, commits the group's checkpoint and writes the metrics;
 every epoch ends with all trainers at one barrier, so a checkpoint is the
@@ -16,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -25,6 +29,7 @@ from marius_py.errors import MariusInputError
 from marius_py.distributed.group import Group
 from marius_py.distributed.relations import RelationExchange
 from marius_py.distributed.scheduler_service import SchedulerClient, SchedulerServer
+from orderings.scheduler import Grant
 from marius_py.distributed.write_backs import WriteBacks
 from marius_py.resources import total_memory
 from marius_py.trainer import Trainer, tf32_matmuls
@@ -72,6 +77,8 @@ class DistributedTrainer(Trainer):
                                       scheduler_log, self._capacity()) if group.is_leader else None
         alive = self.server.check if self.server else None
         self.client = SchedulerClient(group.store_connection(), group.rank, alive=alive)
+        self.ahead_client = SchedulerClient(group.store_connection(), group.rank, alive=alive, channel="ahead")
+        self._asking_ahead = ThreadPoolExecutor(1, thread_name_prefix="grant-ahead")
         self.write_backs = WriteBacks(SchedulerClient(group.store_connection(), group.rank, alive=alive,
                                                       channel="write-back"), self.holds_log)
         self.waits = {"bucket": 0.0, "read": 0.0, "write_back": 0.0}  # seconds this epoch, by what it waited for
@@ -106,9 +113,9 @@ class DistributedTrainer(Trainer):
         return min(self.config.distributed.partitions_per_trainer, self.config.storage.num_partitions)
 
     def partition_buffer(self) -> PartitionBuffer:
-        """``distributed.partitions_per_trainer`` slots, and as many spare, so the next grant's reads go on
-        while the last grant's partitions are written back (``lookahead=1`` only sizes the spares: nothing
-        is read ahead, the next grant is known only when granted)."""
+        """``distributed.partitions_per_trainer`` slots, and as many spare: the next grant (asked while a
+        span trains) is read into them while the last grant's partitions are written back (``lookahead=1``
+        only sizes the spares; the trainer prefetches the grant's partitions itself)."""
         if self.buffer is None:
             capacity = self._capacity()
             self.buffer = PartitionBuffer(self.store, capacity, self.table_device, swap_size=capacity,
@@ -125,7 +132,7 @@ class DistributedTrainer(Trainer):
                                     total_memory())
 
     def _buffer_bytes(self) -> int:
-        """``partition_buffer``'s: as many spare slots as held ones, nothing read ahead."""
+        """``partition_buffer``'s: as many spare slots as held ones."""
         capacity = self._capacity()
         return PartitionBuffer.bytes_needed(*self._partition_shape(), capacity, capacity, 1, 0)
 
@@ -149,29 +156,46 @@ class DistributedTrainer(Trainer):
     def _spans(self, epoch: int, first_state: int = 0, ordering=None):
         buffer = self.partition_buffer()
         held_since: dict[int, float] = {}
+        ahead: Future | None = None  # the next grant, asked (and its partitions read) while a span trains
         while True:
             if self.server is not None:
                 self.server.check()
             self._between_buckets()
             with self._waiting("bucket"):
-                grant = self.client.acquire(epoch, between_tries=self._between_buckets)
+                grant = ahead.result() if ahead is not None else None
+                if grant is None:
+                    grant = self.client.acquire(epoch, between_tries=self._between_buckets)
             if grant.write_back:
                 self._release(epoch, buffer, grant.write_back, held_since)
             if grant.bucket is None:
                 if grant.finished:
                     break
+                ahead = None
                 continue
             for partition in grant.read:
-                held_since[partition] = time.time()
+                held_since.setdefault(partition, time.time())  # (a grant asked ahead set it at its read)
             with self._waiting("read"):  # the bucket's partitions and those kept: negatives from all
                 view = buffer.hold(sorted(held_since))
             self.buckets_trained += len(grant.buckets)
-            yield self._buffer_span(view, self.dataset.edges.buckets(grant.buckets)), \
-                buffer.embeddings, buffer.state
+            span = self._buffer_span(view, self.dataset.edges.buckets(grant.buckets))
+            ahead = self._asking_ahead.submit(self._ask_ahead, epoch, buffer, held_since)
+            yield span, buffer.embeddings, buffer.state
         if held_since:  # (the finishing grant wrote everything back)
             self._release(epoch, buffer, sorted(held_since), held_since)
         with self._waiting("write_back"):  # every partition is in the store before the epoch's barrier
             self.write_backs.wait()
+
+    def _ask_ahead(self, epoch: int, buffer: PartitionBuffer, held_since: dict) -> Grant | None:
+        """On the ahead thread while a span trains: the next grant, its new partitions prefetched (the
+        training thread touches neither the buffer's books nor ``held_since`` until this returns). None:
+        no bucket is free now; the training thread asks again once its span is done."""
+        grant = self.ahead_client.acquire(epoch, ahead=True)
+        if grant.bucket is None and not grant.finished:
+            return None
+        for partition in grant.read:
+            held_since[partition] = time.time()
+        buffer.prefetch(grant.read)
+        return grant
 
     def _between_buckets(self) -> None:
         """Nothing trains now: take the relations' last correction (a peer's exchange round waits for it)
@@ -216,6 +240,7 @@ class DistributedTrainer(Trainer):
         return self.state
 
     def stop_scheduler(self) -> None:
+        self._asking_ahead.shutdown(wait=True)
         self.write_backs.close()
         if self.server is not None:
             self.server.stop()
