@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -79,11 +80,16 @@ def main() -> None:
                         help="cuda: one GPU per trainer (NCCL), as many GPUs as the largest --trainers")
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="more config overrides")
     parser.add_argument("--json", default="bench/results/cpu-distributed.json")
+    parser.add_argument("--logs", help="copy each run's metrics and scheduler/trainer logs under this folder")
     args = parser.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as work:
         for trainers in args.trainers:
             rows.append(run(trainers, args, Path(work) / f"run{trainers}"))
+            if args.logs:
+                keep = Path(args.logs) / f"run{trainers}"
+                shutil.copytree(Path(work) / f"run{trainers}" / "distributed", keep / "distributed")
+                shutil.copy(Path(work) / f"run{trainers}" / "metrics.jsonl", keep)
             r = rows[-1]
             print(f"{trainers} trainer(s): {r['edges_per_s']:10,.0f} edges/s "
                   f"({r['edges_per_s'] / rows[0]['edges_per_s']:.2f}x)  test MRR {r['test_mrr']:.4f}  "

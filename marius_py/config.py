@@ -135,6 +135,9 @@ class StorageConfig:
                                 "system allows): true, false, or auto: true, except for torchrun trainers all "
                                 "on one machine whose store takes at most a quarter of its memory (they then "
                                 "exchange partitions through the page cache, at memory speed)")
+    io_threads: int = _f(1, "threads reading partitions into the buffer and as many writing them back (more "
+                            "overlap page-cache copies of several partitions; disk IO with O_DIRECT was "
+                            "measured with 1)")
     comet_group_size: int = _f(0, "comet ordering: physical partitions per logical one, regrouped at "
                                   "random every epoch (0: the largest k <= 8 dividing num_partitions and "
                                   "buffer_capacity that leaves >= 2 groups in the buffer, 1 if none)")
@@ -315,6 +318,7 @@ def _check_storage(s: StorageConfig, _check) -> None:
            s.ordering)
     _check(s.buffer_capacity >= 0, "storage.buffer_capacity", "expected >= 0", s.buffer_capacity)
     _check(s.lookahead >= 1, "storage.lookahead", "expected >= 1", s.lookahead)
+    _check(s.io_threads >= 1, "storage.io_threads", "expected >= 1", s.io_threads)
     _check(s.edge_assignment in ("bucket", "balanced", "edge"), "storage.edge_assignment",
            "expected bucket, balanced or edge",
            s.edge_assignment)

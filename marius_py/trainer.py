@@ -284,7 +284,7 @@ class Trainer:
             self.buffer = PartitionBuffer(self.store, s.buffer_capacity, self.table_device,
                                           swap_size=self._swap_size(), lookahead=s.lookahead,
                                           pin_memory=self._zero_copy_tables(), cache=cache,
-                                          direct_io=self._direct_io())
+                                          direct_io=self._direct_io(), io_threads=s.io_threads)
         return self.buffer
 
     def _direct_io(self) -> bool:

@@ -2,16 +2,16 @@
 
 The buffer walks a precomputed sequence of buffer states (an ordering), each
 differing from the last by one partition (or one group of them). It owns
-c + L slots: while training runs on the c resident partitions, one prefetch
-thread reads the partitions the next L states admit into spare slots, and one
-write-back thread writes each evicted partition from its old slot (every
-resident partition is dirty: training updates rows it samples as negatives
-too). A read waits for the write-back of its slot's last occupant and of its
+c + L slots: while training runs on the c resident partitions, prefetch
+threads (``storage.io_threads``, 1 by default) read the partitions the next L
+states admit into spare slots, and as many write-back threads write each
+evicted partition from its old slot (every resident partition is dirty:
+training updates rows it samples as negatives too). A read waits for the write-back of its slot's last occupant and of its
 own partition's last eviction. No slot is ever touched by two threads at once.
 
 With a CUDA device the slots live in GPU memory and as many pinned host slots
-stage the swaps (disk -> pinned host -> GPU, and back) on a copy stream of
-their own, so a swap's copy neither waits for nor holds up the kernels queued
+stage the swaps (disk -> pinned host -> GPU, and back) on each IO thread's own
+CUDA stream, so a swap's copy neither waits for nor holds up the kernels queued
 for training; a write-back's copy waits only for the kernels launched before
 its eviction (a CUDA event). Host memory:
 ``(c + L) x partition bytes`` (embeddings + optimizer state; slots are padded
@@ -104,9 +104,11 @@ class PartitionBuffer:
 
     def __init__(self, store: EmbeddingStore, capacity: int, device: torch.device | str = "cpu",
                  swap_size: int = 1, lookahead: int = 2, pin_memory: bool = False,
-                 cache: NegativeCache | None = None, direct_io: bool = True):
+                 cache: NegativeCache | None = None, direct_io: bool = True, io_threads: int = 1):
         """``cache``: a negative cache, placed in the tables after the slots. ``direct_io``: partition IO
-        bypasses the page cache (O_DIRECT) where the file system allows."""
+        bypasses the page cache (O_DIRECT) where the file system allows. ``io_threads``: reading threads,
+        and as many writing (each slot still has one reader or writer at a time: a read waits for its
+        slot's and its partition's last write)."""
         self.store = store
         self.capacity = capacity
         self.swap_size = swap_size
@@ -135,10 +137,11 @@ class PartitionBuffer:
         self._scheduled: dict[int, tuple[int, Future]] = {}  # prefetched partition -> (slot, read)
         self._slot_writes: dict[int, Future] = {}            # slot -> write-back of its last occupant
         self._partition_writes: dict[int, Future] = {}       # partition -> its last write-back
-        # slots move to and from the GPU on a stream of their own, beside training on the default stream
-        self._copy_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
-        self._reader = ThreadPoolExecutor(1, thread_name_prefix="buffer-prefetch")
-        self._writer = ThreadPoolExecutor(1, thread_name_prefix="buffer-writeback")
+        # slots move to and from the GPU on streams of the IO threads' own, beside training on the default
+        # stream (one per thread: a read's copy must not queue behind a write-back's, which waits for training)
+        self._copy_streams = threading.local() if self.device.type == "cuda" else None
+        self._reader = ThreadPoolExecutor(io_threads, thread_name_prefix="buffer-prefetch")
+        self._writer = ThreadPoolExecutor(io_threads, thread_name_prefix="buffer-writeback")
 
     @staticmethod
     def bytes_needed(rows_per_partition: int, cols: tuple[int, ...], capacity: int, swap_size: int = 1,
@@ -175,13 +178,18 @@ class PartitionBuffer:
         self.counters.add_read(nbytes)
 
     def _on_copy_stream(self):
-        return torch.cuda.stream(self._copy_stream) if self._copy_stream else contextlib.nullcontext()
+        """The calling thread's copy stream, as the current stream (a null context without a GPU)."""
+        if self._copy_streams is None:
+            return contextlib.nullcontext()
+        if not hasattr(self._copy_streams, "stream"):
+            self._copy_streams.stream = torch.cuda.Stream(self.device)
+        return torch.cuda.stream(self._copy_streams.stream)
 
     def _submit_write(self, partition: int, slot: int, checkpoint: bool = False) -> Future:
         """Queue ``_write``; its copy from the GPU waits for the kernels launched so far (they update the
         slot), marked now on the caller's stream."""
         trained = None
-        if self._copy_stream is not None:
+        if self._copy_streams is not None:
             trained = torch.cuda.Event()
             trained.record(torch.cuda.current_stream(self.device))
         return self._writer.submit(self._write, partition, slot, checkpoint, trained)
@@ -195,7 +203,7 @@ class PartitionBuffer:
             if table is not host:
                 with self._on_copy_stream():
                     if trained is not None:
-                        self._copy_stream.wait_event(trained)
+                        torch.cuda.current_stream(self.device).wait_event(trained)
                     host[rows].copy_(table[rows])
             nbytes += files.write(partition, host[rows].numpy())
         if checkpoint:

@@ -115,11 +115,40 @@ class ChunkFiles:
         return nbytes
 
     def write(self, chunk: int, data: np.ndarray) -> int:
-        """Replace chunk ``chunk`` atomically with the first ``chunk_bytes`` of ``data``."""
+        """Write the first ``chunk_bytes`` of ``data`` as chunk ``chunk``: over the file's bytes when no other
+        name links to it, else atomically into a new file renamed over it (a checkpoint version's hard link
+        keeps the old bytes). Through the page cache a new file costs ~6x an overwrite (fresh pages;
+        2-core box, 200 MB: 0.58 against 3.6 GB/s). An overwrite is not atomic: an unlinked file is only
+        the live store's, which a resume rebuilds from a committed version."""
         view = memoryview(_checked(data, self.chunk_bytes)).cast("B")
         direct = self._direct(data)
         length = aligned(self.chunk_bytes) if direct else self.chunk_bytes
-        return self._replace(chunk, direct, lambda descriptor: _pwrite_all(descriptor, view[:length], 0))
+        body = lambda descriptor: _pwrite_all(descriptor, view[:length], 0)  # noqa: E731
+        if self._unshared(chunk):
+            return self._overwrite(chunk, direct, body)
+        return self._replace(chunk, direct, body)
+
+    def _unshared(self, chunk: int) -> bool:
+        try:
+            return os.stat(self.chunk_path(chunk)).st_nlink == 1
+        except FileNotFoundError:
+            return False
+
+    def _overwrite(self, chunk: int, direct: bool, write_body: Callable[[int], None]) -> int:
+        target = self.chunk_path(chunk)
+        try:
+            descriptor = _open(target, os.O_WRONLY, direct)
+            try:
+                write_body(descriptor)
+                if os.fstat(descriptor).st_size != self.chunk_bytes:  # O_DIRECT wrote whole pages
+                    os.ftruncate(descriptor, self.chunk_bytes)
+            finally:
+                os.close(descriptor)
+        except OSError as error:
+            if error.filename is None:
+                raise OSError(error.errno, error.strerror, str(target)) from error
+            raise
+        return self.chunk_bytes
 
     def write_generated(self, chunk: int, rows: Callable[[int, int], np.ndarray], piece_rows: int) -> int:
         """Replace chunk ``chunk`` atomically with ``rows(first, end)`` (its rows ``[first, end)``, zero past

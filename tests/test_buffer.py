@@ -17,7 +17,7 @@ import torch
 
 from orderings import ORDERINGS, build_ordering, simulate
 from storage.buffer import PartitionBuffer
-from storage.chunk_files import ChunkFiles
+from storage.chunk_files import ChunkFiles, page_aligned_empty, slot_rows
 from storage.embedding_store import EmbeddingStore
 
 DIM, STATE_DIM = 3, 2
@@ -155,6 +155,25 @@ def test_write_is_atomic_by_rename(tmp_path):
     assert leftovers == []
 
 
+@pytest.mark.parametrize("direct", [True, False])
+def test_write_of_an_unlinked_chunk_overwrites_its_file(tmp_path, direct):
+    """No version links the chunk: its bytes are overwritten in the same file (no new pages to fill), to
+    exactly the chunk's size; once a version links it, the next write replaces it again."""
+    store = make_store(tmp_path / "s", 19, 5)
+    emb = ChunkFiles(store.path / "embeddings", direct=direct)
+    target = emb.chunk_path(1)
+    emb.write(1, np.full((emb.rows_per_chunk, emb.cols), 5.0, dtype=np.float32))  # (made by the store: linked?)
+    inode = target.stat().st_ino
+    slot = page_aligned_empty(slot_rows(emb.rows_per_chunk, emb.cols), emb.cols).numpy()
+    slot[:] = 6.0
+    emb.write(1, slot)
+    assert target.stat().st_ino == inode and target.stat().st_size == emb.chunk_bytes
+    assert np.frombuffer(target.read_bytes(), dtype="<f4").tolist() == [6.0] * (emb.rows_per_chunk * emb.cols)
+    os.link(target, tmp_path / "version")
+    emb.write(1, slot)
+    assert target.stat().st_ino != inode and (tmp_path / "version").stat().st_ino == inode
+
+
 @pytest.mark.parametrize("bad", ["float64", "short", "fortran", "strided"])
 def test_bad_buffer_raises_value_error(tmp_path, bad):
     store = make_store(tmp_path / "s", 19, 5)
@@ -177,7 +196,6 @@ def test_bad_buffer_raises_value_error(tmp_path, bad):
 @pytest.mark.parametrize("page_aligned", [True, False])
 def test_padded_buffer_round_trip(tmp_path, page_aligned):
     """A padded slot (longer than a chunk) holds the chunk at its start, with or without O_DIRECT."""
-    from storage.chunk_files import page_aligned_empty, slot_rows
     store = make_store(tmp_path / "s", 19, 5)
     emb, _ = store.chunk_files()
     rows = slot_rows(emb.rows_per_chunk, emb.cols)

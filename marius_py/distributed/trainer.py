@@ -120,7 +120,7 @@ class DistributedTrainer(Trainer):
             capacity = self._capacity()
             self.buffer = PartitionBuffer(self.store, capacity, self.table_device, swap_size=capacity,
                                           lookahead=1, pin_memory=self._zero_copy_tables(),
-                                          direct_io=self._direct_io())
+                                          direct_io=self._direct_io(), io_threads=self.config.storage.io_threads)
         return self.buffer
 
     def _direct_io(self) -> bool:
