@@ -89,7 +89,8 @@ class BufferView:
     def local_ids(self, global_ids: torch.Tensor) -> torch.Tensor:
         """Buffer-local row of each global node id (all must be resident)."""
         rows = self.rows_per_partition
-        return self.slot_of_partition[global_ids // rows] * self.rows_per_slot + global_ids % rows
+        slots = self.slot_of_partition.to(global_ids.device)
+        return slots[global_ids // rows] * self.rows_per_slot + global_ids % rows
 
 
 class PartitionBuffer:
