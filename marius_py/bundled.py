@@ -46,8 +46,14 @@ def _preprocess_raw(files: dict[str, Path], output: Path, num_partitions: int, p
         output.parent.mkdir(parents=True, exist_ok=True)
         if progress:
             print(f"preprocessing {files['train'].parent} into {output}")
-        preprocess(output, files["train"], files["valid"], files["test"],
-                   PreprocessOptions(num_partitions=num_partitions), progress=progress)
+        try:
+            preprocess(output, files["train"], files["valid"], files["test"],
+                       PreprocessOptions(num_partitions=num_partitions), progress=progress)
+        except (MariusInputError, OSError):
+            if not (output / METADATA_FILE).exists():
+                raise
+            # Another process (runs of a sweep started together) published the same dataset first:
+            # preprocessing is deterministic, so theirs is ours.
     return output
 
 

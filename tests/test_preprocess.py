@@ -342,3 +342,44 @@ def test_degrees_are_counted_chunk_by_chunk(tmp_path):
                                                                                   minlength=dataset.num_nodes)
     assert sum(len(chunk) for chunk in dataset.edges.chunks("train", rows=1000)) == len(train) > 3000
     np.testing.assert_array_equal(dataset.degrees(chunk_rows=1000), expected)  # several chunks added up
+
+
+@pytest.mark.parametrize("published_at", ["check", "rename"])
+def test_a_raw_dataset_preprocessed_by_two_runs_at_once_is_shared(tmp_path, monkeypatch, published_at):
+    """Runs of a sweep started together each preprocess the same raw directory into the cache; one
+    publishes first (seen by the final check, or failing the rename onto its non-empty directory), and
+    the other uses that dataset instead of failing. Its own staging files are removed."""
+    import errno
+    import os
+
+    import marius_py.preprocess as module
+    from marius_py.bundled import resolve_dataset
+    monkeypatch.setenv("MARIUS_PY_CACHE", str(tmp_path / "cache"))
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    for split in ("train", "valid", "test"):
+        (raw / f"{split}.txt").write_text((UMLS / f"{split}.txt").read_text())
+    preprocess(tmp_path / "other", raw / "train.txt", raw / "valid.txt", raw / "test.txt", progress=False)
+    build, publish = module._build_dataset, module._publish
+    published = []
+
+    def another_run_publishes_meanwhile(staging, *args, **kwargs):
+        metadata = build(staging, *args, **kwargs)
+        output = staging.parent / staging.name.split(".tmp-")[0][1:]
+        os.replace(tmp_path / "other", output)  # the other run's, finished first
+        published.append(output)
+        return metadata
+
+    def rename_onto_it(staging, output_dir, overwrite):  # both passed the final check before either renamed
+        raise OSError(errno.ENOTEMPTY, "Directory not empty", str(output_dir))
+    monkeypatch.setattr(module, "_build_dataset", another_run_publishes_meanwhile)
+    if published_at == "rename":
+        monkeypatch.setattr(module, "_publish", rename_onto_it)
+    resolved = resolve_dataset(str(raw), progress=False)
+    assert published == [resolved]
+    assert Dataset(resolved).metadata.num_train > 0
+    assert [p.name for p in resolved.parent.iterdir()] == [resolved.name]  # no staging left behind
+    monkeypatch.setattr(module, "_publish", publish)
+    monkeypatch.setattr(module, "_build_dataset", build)
+    with pytest.raises(MariusInputError, match="already holds a dataset"):  # a user's own call still refuses
+        preprocess(resolved, raw / "train.txt", raw / "valid.txt", raw / "test.txt", progress=False)
