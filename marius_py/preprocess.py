@@ -235,10 +235,16 @@ def _check_output_dir(output_dir: Path, overwrite: bool) -> None:
 
 
 def _publish(staging: Path, output_dir: Path, overwrite: bool) -> None:
-    """Rename the complete staging directory into place (replacing an old one)."""
+    """Rename the complete staging directory into place (replacing an old one only with ``overwrite``).
+
+    Without ``overwrite`` an empty directory is removed with rmdir and the staging renamed onto nothing:
+    if another process published the same output meanwhile, either fails (not empty) and theirs stays.
+    """
     _check_output_dir(output_dir, overwrite)  # again: it may have changed meanwhile
     old = None
-    if output_dir.exists():  # empty, or a dataset to replace
+    if output_dir.exists() and not overwrite:  # empty (checked)
+        os.rmdir(output_dir)
+    elif output_dir.exists():  # a dataset to replace
         old = output_dir.parent / f".{output_dir.name}.old-{os.getpid()}"
         os.replace(output_dir, old)
     os.replace(staging, output_dir)

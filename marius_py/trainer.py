@@ -54,7 +54,8 @@ from storage.negative_cache import NegativeCache, cached_rows
 from storage.partitioning import partition_size
 
 
-DEVICE_SHUFFLE_STREAM = 1000  # epoch_generator's stream of shuffles on the GPU (others: 0, 1, 2 + device)
+DEVICE_SHUFFLE_STREAM = 1000  # epoch_generator's stream of shuffles on the GPU (others: 0 and 1, and for
+                              # several devices 2 + g and 2 + devices + g)
 
 
 def epoch_generator(seed: int, epoch: int, device: torch.device | str = "cpu", stream: int = 0) -> torch.Generator:
@@ -74,7 +75,7 @@ def _device_names(devices) -> list[str]:
     names = []
     for device in map(torch.device, devices):
         if device.type == "cuda" and device.index is None:
-            device = torch.device("cuda", torch.cuda.current_device())
+            device = torch.device("cuda", torch.cuda.current_device() if torch.cuda.is_available() else 0)
         names.append(str(device))
     return names
 
@@ -142,7 +143,9 @@ class Trainer:
     on disk. With ``storage.num_partitions == 1`` it is loaded whole onto the
     compute device; otherwise a ``PartitionBuffer`` walks the epoch's ordering.
     A checkpoint flushes the tables to the live store and snapshots it with hard
-    links (chunk files are only ever replaced by rename, never rewritten).
+    links: a chunk file a snapshot links is replaced by rename, never rewritten; one
+    only the live store holds is overwritten in place (a resume rebuilds the live
+    store from a committed version).
     """
 
     def __init__(self, config: Config, dataset: Dataset, run_dir: str | Path, progress: bool = True):
@@ -404,13 +407,13 @@ class Trainer:
                                                                  first_state + 1):
             if timeline:
                 timeline.ready()
-            edges = span.edges.to(shuffling.device)
-            order = torch.randperm(len(edges), generator=shuffling, device=shuffling.device)
-            self.runner.run(edges[order], nodes, node_state, span.candidates, sampling, dropout,
+            edges, span.edges = span.edges.to(shuffling.device), None  # only the shuffled copy stays
+            edges = edges[torch.randperm(len(edges), generator=shuffling, device=shuffling.device)]
+            self.runner.run(edges, nodes, node_state, span.candidates, sampling, dropout,
                             total_loss, bar.update)
-            trained_edges += len(span.edges)
+            trained_edges += len(edges)
             if timeline:
-                timeline.trained(len(span.edges))
+                timeline.trained(len(edges))
             if states_done < num_states and self._state_commit_due():  # (after the last: the epoch commits)
                 self._commit_between_states(epoch, num_states, states_done, total_loss, generators)
         bar.close()
@@ -487,8 +490,12 @@ class Trainer:
                                    f"({position['walk']})", path=where,
                                    expected="--resume with the run's storage.* settings and seed")
         if _device_names(position["devices"]) != _device_names(g.device for g in generators):
-            raise MariusInputError(f"the run was checkpointed inside epoch {epoch} on {position['devices']}",
-                                   path=where, expected="--resume on the same devices (training.devices)")
+            raise MariusInputError(f"the run was checkpointed inside epoch {epoch} with its random draws on "
+                                   f"{position['devices']}; this run draws them on "
+                                   f"{[str(g.device) for g in generators]}", path=where,
+                                   expected="--resume on the same devices (training.device/devices); a "
+                                            "mid-epoch version of a GPU run made before shuffles were drawn "
+                                            "on the GPU (cpu first) resumes with the marius-py that made it")
         for generator, saved in zip(generators, position["generators"]):
             generator.set_state(saved)
 

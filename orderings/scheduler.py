@@ -23,7 +23,9 @@ import numpy as np
 
 @dataclass
 class Grant:
-    """The scheduler's answer to a trainer that has finished its bucket (or starts)."""
+    """The scheduler's answer to a trainer that has finished its bucket (or starts), or that asks ahead
+    while its bucket trains (an empty ahead answer has nothing to write back: the trainer keeps what it
+    holds)."""
 
     bucket: tuple[int, int] | None  # None: no bucket for now (``finished`` says whether ever again)
     read: tuple[int, ...]           # partitions to load from the store (nobody holds them; written back)

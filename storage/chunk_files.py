@@ -6,9 +6,11 @@ edge chunk is padded). Reading or writing that file directly into a
 preallocated (pinned) buffer runs at disk speed, about twice the zarr API's,
 while the store stays a valid zarr array that any zarr tool opens.
 
-Writes go to a temporary file renamed over the chunk: a partition is replaced
-whole and atomically, and a hard link to the old file (a checkpoint snapshot)
-keeps the old bytes.
+A chunk file that a checkpoint snapshot hard-links is replaced by a temporary
+file renamed over it, so the snapshot keeps the old bytes; one that only the
+live store holds (one link) is overwritten in place, several times faster
+through the page cache: the live store is rebuilt from a committed version on
+every resume, so a crash mid-overwrite loses nothing committed.
 """
 
 from __future__ import annotations

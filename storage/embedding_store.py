@@ -115,8 +115,9 @@ class EmbeddingStore:
 def link_tree(source: str | os.PathLike, destination: str | os.PathLike) -> None:
     """Mirror ``source`` into a new ``destination`` with hard links (copies where links fail).
 
-    Chunk files are only ever replaced by rename, never rewritten in place, so
-    a linked snapshot keeps the bytes it was taken with.
+    A linked chunk file is only ever replaced by rename, never rewritten in place
+    (``ChunkFiles.write`` overwrites only files with one link), so a linked
+    snapshot keeps the bytes it was taken with.
     """
     source, destination = Path(source), Path(destination)
     for root, _, files in os.walk(source):

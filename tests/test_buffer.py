@@ -452,9 +452,11 @@ def random_walk_states(num_partitions: int, capacity: int, num_states: int, seed
     return states
 
 
+@pytest.mark.parametrize("io_threads", [1, 2])
 @pytest.mark.parametrize("slow", ["none", "write", "read"])
-def test_no_update_is_lost(tmp_path, monkeypatch, slow):
-    """Deltas added at every state all reach the store, whichever IO thread lags."""
+def test_no_update_is_lost(tmp_path, monkeypatch, slow, io_threads):
+    """Deltas added at every state all reach the store, whichever IO thread lags, with one reader and one
+    writer or two of each."""
     if slow != "none":
         name = "write" if slow == "write" else "read_into"
         original = getattr(ChunkFiles, name)
@@ -470,7 +472,7 @@ def test_no_update_is_lost(tmp_path, monkeypatch, slow):
     emb0, state0 = EmbeddingStore(store.path, mode="r").read_all()
     initial = float(emb0.astype(np.float64).sum()), float(state0.astype(np.float64).sum())
     expected_emb, expected_state = expected_tables(num_nodes)
-    buffer = PartitionBuffer(store, capacity=3)
+    buffer = PartitionBuffer(store, capacity=3, io_threads=io_threads)
     applied = 0.0
     try:
         for k, view in enumerate(buffer.walk(states)):

@@ -73,3 +73,31 @@ def test_a_flipped_byte_is_named_on_load_and_by_verify(run, capsys):
     captured = capsys.readouterr()
     assert f"{chunk}: checksum mismatch" in captured.out and "differ from their manifest" in captured.err
     assert main(["train", "--resume", str(run), "training.epochs=3", "--quiet"]) == 2  # never trains on it
+
+
+
+def test_versions_of_a_partitioned_run_stay_intact_while_the_live_store_is_overwritten(small_config, tmp_path,
+                                                                                       monkeypatch):
+    """Write-backs overwrite the live store's unlinked chunk files in place and replace the ones a version
+    links: after every commit (between buffer states and at epoch ends), the versions kept (latest, and a
+    best from an earlier epoch) still verify."""
+    from pathlib import Path
+
+    from marius_py.preprocess import PreprocessOptions, preprocess
+    from marius_py.trainer import Trainer
+    raw = Path(__file__).parent / "data" / "umls"
+    dataset = tmp_path / "umls-p4"
+    preprocess(dataset, raw / "train.txt", raw / "valid.txt", raw / "test.txt",
+               PreprocessOptions(num_partitions=4), progress=False)
+    original, checked = Trainer._commit, []
+
+    def commit_then_verify(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        for version in self.run.committed_versions():
+            assert verify_manifest(version) == [], version.name
+            checked.append(version.name)
+    monkeypatch.setattr(Trainer, "_commit", commit_then_verify)
+    config = small_config(f"dataset.path={dataset}", "storage.num_partitions=4", "storage.buffer_capacity=2",
+                          "storage.ordering=beta", "training.epochs=4", "training.checkpoint_interval=1e-9")
+    mp.train(config, tmp_path / "run", progress=False)
+    assert any(".s" in name for name in checked) and len(set(checked)) > 8  # mid-epoch and epoch versions

@@ -3,8 +3,8 @@
 A request is a ticket: the trainer takes the next number from the store's
 counter (``add``, atomic), writes its message under that number, and waits for
 the reply under the key it names (its rank, channel and request number: a
-trainer's training thread and its write-back thread ask on channels of their
-own). Rank 0's server thread handles the tickets in number order, so the scheduler sees one request at a time. Every
+trainer's training thread, its write-back thread and its thread asking for the
+next grant while a span trains ask on channels of their own). Rank 0's server thread handles the tickets in number order, so the scheduler sees one request at a time. Every
 grant and write-back report is appended to ``scheduler.jsonl`` in the run
 directory: the log the tests check (every bucket once per epoch).
 """
@@ -121,7 +121,8 @@ class SchedulerClient:
     def acquire(self, epoch: int, between_tries: Callable[[], None] | None = None, ahead: bool = False
                 ) -> Grant:
         """The next bucket of ``epoch`` (asking again while none is free, calling ``between_tries`` before
-        each new try); ``Grant.bucket`` is None only when the epoch has none left for this trainer.
+        each new try); ``Grant.bucket`` is None when the epoch has none left for this trainer, or with
+        partitions to write back before asking again.
         ``ahead``: asked while the last grant still trains (``BucketScheduler.acquire``), once: an empty
         grant means none is free now."""
         while True:
