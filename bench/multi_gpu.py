@@ -53,7 +53,8 @@ from throughput import (STEP_SETTINGS, UtilisationSampler, measure_disk, measure
 from marius_py.config import load_config  # noqa: E402
 from marius_py.step.runners import build_multi_device_runner  # noqa: E402
 from marius_py.step.model import Model  # noqa: E402
-from marius_py.trainer import epoch_generator, tf32_matmuls  # noqa: E402
+from marius_py.random_streams import epoch_generator  # noqa: E402
+from marius_py.trainer import tf32_matmuls  # noqa: E402
 
 BYTES_VARIANTS = {
     "baseline (no dedup)": ["pipeline.dedup=false"],

@@ -42,7 +42,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from marius_py.step.runners import build_span_runner
 from marius_py.config import load_config
 from marius_py.step.model import Model
-from marius_py.trainer import epoch_generator, tf32_matmuls
+from marius_py.random_streams import epoch_generator
+from marius_py.trainer import tf32_matmuls
 
 STEP_SETTINGS = ["model.decoder=distmult", "model.loss=softmax_ce", "training.batch_size=50000",
                  "training.num_chunks=10", "training.num_negatives=1000", "model.reg_weight=0"]

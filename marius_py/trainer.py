@@ -41,6 +41,7 @@ from marius_py.timeline import StateTimeline
 from marius_py.trackers import TensorBoardTracker
 from marius_py.evaluation import InMemoryNodes, NodeTable, StoredNodes, build_known_answers, evaluate_split
 from marius_py.negatives import CandidateRows
+from marius_py.random_streams import device_names, epoch_generators, flat
 from marius_py.resources import check_memory, check_partitioning
 from marius_py.step.model import Model
 from marius_py.step.runners import build_multi_device_runner, build_span_runner
@@ -52,32 +53,6 @@ from storage.durable import fsync_tree
 from storage.embedding_store import EmbeddingStore, link_tree
 from storage.negative_cache import NegativeCache, cached_rows
 from storage.partitioning import partition_size
-
-
-DEVICE_SHUFFLE_STREAM = 1000  # epoch_generator's stream of shuffles on the GPU (others: 0 and 1, and for
-                              # several devices 2 + g and 2 + devices + g)
-
-
-def epoch_generator(seed: int, epoch: int, device: torch.device | str = "cpu", stream: int = 0) -> torch.Generator:
-    """The generator of one epoch's random draws, independent of earlier epochs.
-
-    ``stream`` numbers independent generators of one epoch (shuffling and
-    negatives run on the load stage, dropout on the compute stage).
-    """
-    base = seed * 1_000_003 + epoch
-    if stream:
-        base = int(np.random.SeedSequence([seed, epoch, stream]).generate_state(1, np.uint64)[0] >> 1)
-    return torch.Generator(device=device).manual_seed(base)
-
-
-def _device_names(devices) -> list[str]:
-    """Devices as a resume compares them: "cuda" (a run's config) and "cuda:0" (resolved) are one GPU."""
-    names = []
-    for device in map(torch.device, devices):
-        if device.type == "cuda" and device.index is None:
-            device = torch.device("cuda", torch.cuda.current_device() if torch.cuda.is_available() else 0)
-        names.append(str(device))
-    return names
 
 
 @contextlib.contextmanager
@@ -348,9 +323,7 @@ class Trainer:
         """The edges of ``parts`` (buckets read from the edge store) in the buffer's rows, with the resident
         rows as negatives."""
         edges = torch.from_numpy(np.concatenate(parts)) if parts else torch.empty(0, 3, dtype=torch.long)
-        # Mapped where the tables live, where the runner trains them anyway: on the host, mapping a
-        # Freebase86m-shaped state's 17M edges took 0.4 s, with the GPU idle.
-        edges = edges.to(self.table_device)
+        edges = edges.to(self.table_device)  # mapped where the runner trains them (the GPU: no idle host work)
         local = torch.stack([view.local_ids(edges[:, 0]), edges[:, 1], view.local_ids(edges[:, 2])], dim=1)
         return TrainingSpan(local, CandidateRows(view.candidate_ranges, self.table_device))
 
@@ -386,7 +359,7 @@ class Trainer:
     def train_epoch(self, epoch: int) -> dict:
         t = self.config.training
         shuffling, sampling, dropout = self._epoch_generators(epoch)
-        generators = _flat([shuffling, sampling, dropout])
+        generators = flat([shuffling, sampling, dropout])
         first_state = self.state.states_done  # > 0: resuming inside this epoch
         if first_state:
             self._restore_position(epoch, generators)
@@ -459,7 +432,7 @@ class Trainer:
         self.partition_buffer().write_resident()
         self.state.states_done, self.state.partial_loss_sum = states_done, float(total_loss)
         self._commit(is_best=False, position={"walk": self._walk(epoch, num_states),
-                                              "devices": _device_names(g.device for g in generators),
+                                              "devices": device_names(g.device for g in generators),
                                               "generators": [g.get_state() for g in generators]})
         self._last_commit = time.monotonic()
 
@@ -476,7 +449,7 @@ class Trainer:
         anything of the run is rewritten)."""
         if self.state.states_done:
             epoch = self.state.epoch + 1
-            self._restore_position(epoch, _flat(self._epoch_generators(epoch)))
+            self._restore_position(epoch, flat(self._epoch_generators(epoch)))
 
     def _restore_position(self, epoch: int, generators: list[torch.Generator]) -> None:
         """Set the epoch's generators to a mid-epoch version's, refusing a walk or devices that differ."""
@@ -489,7 +462,7 @@ class Trainer:
             raise MariusInputError(f"the run was checkpointed inside epoch {epoch} with other storage settings "
                                    f"({position['walk']})", path=where,
                                    expected="--resume with the run's storage.* settings and seed")
-        if _device_names(position["devices"]) != _device_names(g.device for g in generators):
+        if device_names(position["devices"]) != device_names(g.device for g in generators):
             raise MariusInputError(f"the run was checkpointed inside epoch {epoch} with its random draws on "
                                    f"{position['devices']}; this run draws them on "
                                    f"{[str(g.device) for g in generators]}", path=where,
@@ -499,28 +472,10 @@ class Trainer:
         for generator, saved in zip(generators, position["generators"]):
             generator.set_state(saved)
 
-    def _epoch_generators(self, epoch: int):
-        """(shuffles, negatives, dropout) generators of an epoch: one each, or for several devices one
-        negatives and one dropout generator per device.
-
-        Shuffles are drawn where the tables live when that is the GPU (the runner
-        trains the edges there): permuting a Freebase86m-shaped state's 17M edges
-        and gathering them took 0.9 s on the host (17 s of a 72 s epoch, the GPU
-        idle), milliseconds on the GPU. Negatives are drawn where the tables live
-        (the load stage), or on each device that plans its own batches; dropout on
-        the compute device.
-        """
-        seed = self.config.training.seed
-        on_gpu = self.table_device.type == "cuda"
-        shuffling = epoch_generator(seed, epoch, self.table_device, stream=DEVICE_SHUFFLE_STREAM) if on_gpu \
-            else epoch_generator(seed, epoch)
-        if self.multi_device:
-            return (shuffling,
-                    [epoch_generator(seed, epoch, device, stream=2 + g) for g, device in enumerate(self.devices)],
-                    [epoch_generator(seed, epoch, device, stream=2 + len(self.devices) + g)
-                     for g, device in enumerate(self.devices)])
-        sampling = epoch_generator(seed, epoch, self.table_device) if on_gpu else shuffling
-        return shuffling, sampling, epoch_generator(seed, epoch, self.device, stream=1)
+    def _epoch_generators(self, epoch: int) -> tuple:
+        """(shuffles, negatives, dropout) generators of an epoch (``random_streams.epoch_generators``)."""
+        return epoch_generators(self.config.training.seed, epoch, self.table_device, self.device,
+                                self.devices if self.multi_device else None)
 
     def evaluate(self, split: str) -> dict:
         if self._known is None and self.config.evaluation.protocol == "filtered":
@@ -624,7 +579,3 @@ class Trainer:
         if self.progress:
             tqdm.write(text)
 
-
-def _flat(items) -> list:
-    """Generators and lists of them (one per device), flattened in order."""
-    return [leaf for item in items for leaf in (_flat(item) if isinstance(item, (list, tuple)) else [item])]

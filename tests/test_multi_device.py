@@ -18,7 +18,8 @@ import marius_py as mp
 from marius_py.dataset import Dataset
 from marius_py.step.runners import build_multi_device_runner
 from marius_py.step.model import Model
-from marius_py.trainer import Trainer, epoch_generator
+from marius_py.random_streams import epoch_generator
+from marius_py.trainer import Trainer
 from pipeline.device_cache import RowCache, endpoint_degree, hot_rows
 from pipeline.routing import group_steps_by_head
 from pipeline.routing import group_by_owner, union_of_requests

@@ -17,7 +17,8 @@ from marius_py.checkpoint import RunDirectory
 from marius_py.dataset import Dataset
 from marius_py.optim import SparseAdagrad
 from marius_py.step.model import Model
-from marius_py.trainer import Trainer, epoch_generator
+from marius_py.random_streams import epoch_generator
+from marius_py.trainer import Trainer
 from pipeline.placements import PLACEMENT_CPU
 from pipeline.rows import unique_rows_async
 from pipeline.stages import Pipeline, Stage
