@@ -72,14 +72,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dataset", required=True, help="raw (train/valid/test.txt) or preprocessed directory")
     parser.add_argument("--config", required=True)
-    parser.add_argument("--variants", nargs="+", required=True, help="ORDERING:P:C[:K][+key=value...]")
+    parser.add_argument("--variants", nargs="*", default=[], help="ORDERING:P:C[:K][+key=value...]")
+    parser.add_argument("--skip-p1", action="store_true",
+                        help="leave out the p = 1 row (another process of the same call trains it; diffs are then "
+                             "to the first variant)")
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--set", nargs="*", default=[], help="extra key=value overrides for every run")
     parser.add_argument("--out", default="bench/results/partition_accuracy.json")
     args = parser.parse_args()
     results = []
     with tempfile.TemporaryDirectory() as workdir:
-        for label, extra in [("p=1", [])] + [(v, variant_overrides(v, args.group_size)) for v in args.variants]:
+        runs = [] if args.skip_p1 else [("p=1", [])]
+        for label, extra in runs + [(v, variant_overrides(v, args.group_size)) for v in args.variants]:
             result = run_one(Path(args.dataset), args.config, args.set + extra, Path(workdir))
             result["variant"] = label
             io_match = ""
