@@ -28,7 +28,6 @@ from pathlib import Path
 import torch
 
 import marius_py as mp
-from marius_py.bundled import resolve_dataset
 from marius_py.checkpoint import RunDirectory
 
 
@@ -49,7 +48,7 @@ def machine() -> str:
 def run_one(dataset: Path, config_name: str, overrides: list[str], workdir: Path) -> dict:
     config = mp.make_config(config_name, [f"dataset.path={dataset}"] + overrides)
     run_dir = Path(tempfile.mkdtemp(dir=workdir))
-    resolve_dataset(config.dataset.path, config.storage.num_partitions, progress=False)  # outside the timer
+    mp.api.open_dataset(config, progress=False).close()  # preprocessing outside the timer
     started = time.perf_counter()
     model = mp.train(config, run_dir, progress=False)
     seconds = time.perf_counter() - started

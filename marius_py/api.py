@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from marius_py.bundled import BUNDLED_CONFIGS, bundled_config, resolve_dataset
+from marius_py.bundled import BUNDLED_CONFIGS, bucketed_for_run, bundled_config, resolve_dataset
 from marius_py.checkpoint import CONFIG_FILE, NODES, RunDirectory, config_fingerprint, load_version
 from marius_py.config import Config, load_config
 from marius_py.dataset import Dataset
@@ -146,8 +146,17 @@ class TrainedModel:
 
 
 def open_dataset(config: Config, progress: bool) -> Dataset:
-    path = resolve_dataset(config.dataset.path, config.storage.num_partitions, progress)
-    return Dataset(path)
+    """The run's dataset, bucketed for its partitions (``bucketed_for_run``: ``config.storage`` may change)."""
+    s = config.storage
+    given = Dataset(resolve_dataset(config.dataset.path, s.num_partitions // s.comet_split, progress))
+    dataset = bucketed_for_run(s, given, progress)
+    if dataset is not given:
+        given.close()
+    if progress and s.comet_split > 1:
+        print(f"storage: {s.num_partitions // s.comet_split} partitions stored as {s.num_partitions} "
+              f"(storage.comet_split={s.comet_split}), the buffer as {s.buffer_capacity}: BETA over groups of "
+              f"{s.comet_group_size} regrouped every epoch")
+    return dataset
 
 
 def _start(config: Config, run_dir: Path, progress: bool, resume: bool) -> tuple[Trainer, Dataset]:
@@ -159,6 +168,8 @@ def _start(config: Config, run_dir: Path, progress: bool, resume: bool) -> tuple
         RunDirectory(run_dir).create(config)
     try:
         dataset = open_dataset(config, progress)
+        if not resume:
+            RunDirectory(run_dir).write_config(config)  # with the partitions the dataset allowed
         return Trainer(config, dataset, run_dir, progress=progress), dataset
     except MariusInputError:
         if created and not RunDirectory(run_dir).has_checkpoint():

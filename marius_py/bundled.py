@@ -3,7 +3,9 @@
 ``dataset.path`` may name the bundled dataset (``codex-m``), a preprocessed
 dataset directory, or a raw directory holding ``train/valid/test.txt[.gz]``
 (tab-separated head, relation, tail); the latter two are preprocessed once into
-the cache directory (``$MARIUS_PY_CACHE``, default ``~/.cache/marius-py``).
+the cache directory (``$MARIUS_PY_CACHE``, default ``~/.cache/marius-py``). A dataset whose train edges
+are bucketed for another partition count than the run's is re-bucketed into the cache once
+(``bucketed_for_run``), so any ``storage.num_partitions`` trains on it.
 """
 
 from __future__ import annotations
@@ -13,8 +15,11 @@ import os
 from importlib import resources
 from pathlib import Path
 
-from marius_py.dataset import METADATA_FILE
+from marius_py.config import StorageConfig, fit_comet_split
+from marius_py.dataset import METADATA_FILE, Dataset
 from marius_py.errors import MariusInputError
+from marius_py.resources import check_partitions_filled
+from storage.edge_store import EDGE_FILE
 
 BUNDLED_DATASETS = ("codex-m",)
 BUNDLED_CONFIGS = ("codex-m", "codex-m-best", "codex-s", "fb15k-237")
@@ -42,18 +47,46 @@ def _raw_split_files(directory: Path) -> dict[str, Path] | None:
 
 def _preprocess_raw(files: dict[str, Path], output: Path, num_partitions: int, progress: bool) -> Path:
     from marius_py.preprocess import PreprocessOptions, preprocess
+    return _build_once(output, f"preprocessing {files['train'].parent} into {output}", progress,
+                       lambda: preprocess(output, files["train"], files["valid"], files["test"],
+                                          PreprocessOptions(num_partitions=num_partitions), progress=progress))
+
+
+def _bucketed_for(directory: Path, num_partitions: int, progress: bool) -> Path:
+    """The copy of the preprocessed ``directory`` re-bucketed for ``num_partitions``, in the cache."""
+    from marius_py.preprocess import rebucket
+    edges = (directory / EDGE_FILE).stat()  # in the key: a dataset preprocessed again gets a new copy
+    key = hashlib.sha256(f"{directory.resolve()}:{edges.st_size}:{edges.st_mtime_ns}".encode()).hexdigest()[:12]
+    output = cache_dir() / "datasets" / f"{directory.name}-{key}-p{num_partitions}"
+    return _build_once(output, f"re-bucketing {directory} for {num_partitions} partitions into {output}", progress,
+                       lambda: rebucket(directory, output, num_partitions, progress=progress))
+
+
+def bucketed_for_run(storage: StorageConfig, dataset: Dataset, progress: bool) -> Dataset:
+    """``dataset`` as the run trains it: an automatic ``storage.comet_split`` is fitted to its nodes
+    (``storage`` changes), and a dataset bucketed for another partition count is re-bucketed (a copy
+    in the cache, made once)."""
+    if storage.comet_split > 1:
+        fit_comet_split(storage, dataset.num_nodes)
+    if storage.num_partitions <= 1 or dataset.edges.num_partitions == storage.num_partitions:
+        return dataset
+    check_partitions_filled(storage.num_partitions, dataset)
+    return Dataset(_bucketed_for(dataset.directory, storage.num_partitions, progress))
+
+
+def _build_once(output: Path, note: str, progress: bool, build) -> Path:
+    """``output``, built by ``build()`` unless a complete dataset is there already."""
     if not (output / METADATA_FILE).exists():
         output.parent.mkdir(parents=True, exist_ok=True)
         if progress:
-            print(f"preprocessing {files['train'].parent} into {output}")
+            print(note)
         try:
-            preprocess(output, files["train"], files["valid"], files["test"],
-                       PreprocessOptions(num_partitions=num_partitions), progress=progress)
+            build()
         except (MariusInputError, OSError):
             if not (output / METADATA_FILE).exists():
                 raise
             # Another process (runs of a sweep started together) published the same dataset first:
-            # preprocessing is deterministic, so theirs is ours.
+            # building is deterministic, so theirs is ours.
     return output
 
 
@@ -65,7 +98,7 @@ def resolve_dataset(path_or_name: str, num_partitions: int = 1, progress: bool =
         return _preprocess_raw(_raw_split_files(source), output, num_partitions, progress)
     directory = Path(path_or_name).expanduser()
     if (directory / METADATA_FILE).exists():
-        return directory
+        return directory  # (bucketed_for_run re-buckets it when a run needs other partitions)
     files = _raw_split_files(directory) if directory.is_dir() else None
     if files is None:
         raise MariusInputError("dataset.path: not a dataset", path=directory,

@@ -147,7 +147,7 @@ def cmd_predict(args) -> None:
 
 
 def cmd_ordering(args) -> None:
-    from orderings import compare_orderings, default_group_size, format_table
+    from orderings import compare_orderings, default_group_size, default_split, format_table
     from orderings.simulator import format_bytes
     from storage.partitioning import partition_size
     num_nodes = args.nodes
@@ -160,10 +160,20 @@ def cmd_ordering(args) -> None:
     state_dim = 1 if args.rowwise else args.dim
     rows = partition_size(num_nodes, args.partitions) if num_nodes else 0
     partition_bytes = rows * (args.dim + state_dim) * 4
-    group = args.group_size or default_group_size(args.partitions, args.buffer)
-    table = compare_orderings(args.partitions, args.buffer, partition_bytes, seed=args.seed, group_size=group)
+    split = 1 if args.group_size else default_split(args.partitions, args.buffer)  # as training resolves it
+    physical, slots = args.partitions * split, args.buffer * split
+    group = args.group_size or default_group_size(physical, slots)
+    table = compare_orderings(args.partitions, args.buffer, partition_bytes, seed=args.seed,
+                              group_size=group if split == 1 else None)
+    if split > 1:  # comet's row over the finer store training keeps
+        split_bytes = (partition_size(num_nodes, physical) if num_nodes else 0) * (args.dim + state_dim) * 4
+        comet = next(r for r in compare_orderings(physical, slots, split_bytes, seed=args.seed, group_size=group)
+                     if r.ordering == "comet")
+        table = [comet if r.ordering == "comet" else r for r in table]
     print(format_table(table))
-    print(f"comet (training's default ordering): BETA over {args.partitions // group} logical partitions of "
+    stored = (f"the {args.partitions} partitions stored as {physical} (storage.comet_split={split}), "
+              if split > 1 else "")
+    print(f"comet (training's default ordering): {stored}BETA over {physical // group} logical partitions of "
           f"{group} physical ones, regrouped at random every epoch (storage.comet_group_size={group})")
     if num_nodes:
         print(f"partition = {rows:,} rows x (dim {args.dim} + optimizer state {state_dim}) x 4 B")

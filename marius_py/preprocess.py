@@ -51,6 +51,7 @@ wrong field count the error suggests ``--skip-header 1``.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import gzip
 import os
@@ -67,12 +68,12 @@ import h5py
 import numpy as np
 from tqdm import tqdm
 
-from marius_py.dataset import (METADATA_FILE, NODES_FILE, RELATIONS_FILE, DatasetMetadata,
+from marius_py.dataset import (METADATA_FILE, NODES_FILE, RELATIONS_FILE, DatasetMetadata, read_metadata,
                                write_metadata, write_names)
 from marius_py.errors import MariusInputError
 from marius_py.resources import available_memory
 from storage.durable import fsync_directory
-from storage.edge_store import EDGE_FILE, SPLITS, EdgeStoreWriter
+from storage.edge_store import EDGE_FILE, SPLITS, EdgeStore, EdgeStoreWriter
 from storage.partitioning import bucket_of, most_partitions_filled, partitions_filled
 
 PAIRS_RELATION = "__edge__"
@@ -118,15 +119,51 @@ def preprocess(output_dir: str | os.PathLike, train: str | os.PathLike,
     options = options or PreprocessOptions()
     _validate_options(options)
     inputs = _resolve_inputs(train, valid, test)
-    output_dir = Path(output_dir)
+
+    def build(staging: Path) -> DatasetMetadata:
+        with _gc_paused():
+            return _build_dataset(staging, inputs, options, progress)
+    return _build_staged(Path(output_dir), overwrite, build)
+
+
+def rebucket(source: str | os.PathLike, output_dir: str | os.PathLike, num_partitions: int,
+             progress: bool = True) -> DatasetMetadata:
+    """Copy the preprocessed dataset ``source`` into ``output_dir`` with its train edges bucketed for
+    ``num_partitions``; return the copy's metadata.
+
+    A partition is a range of node ids, so ids, names, valid and test stay as they are; only the order of
+    the train edges and their bucket offsets change. ``output_dir`` must be new or empty.
+    """
+    source = Path(source)
+    metadata = read_metadata(source)
+    _check_partition_count(metadata.num_nodes, num_partitions)
+    options = PreprocessOptions(num_partitions=num_partitions)
+
+    def build(staging: Path) -> DatasetMetadata:
+        for name in (NODES_FILE, RELATIONS_FILE):
+            shutil.copyfile(source / name, staging / name)
+        with EdgeStore(source / EDGE_FILE) as edges, \
+                closing(_EdgeWriter(staging, metadata.num_nodes, options)) as writer:
+            for code, split in enumerate(SPLITS):
+                for block in edges.chunks(split, options.chunk_lines):
+                    writer.add(code, block)
+            writer.finish(progress)
+        copy = dataclasses.replace(metadata, num_partitions=num_partitions)
+        write_metadata(staging, copy)  # last: marks the directory complete
+        return copy
+    return _build_staged(Path(output_dir), False, build)
+
+
+def _build_staged(output_dir: Path, overwrite: bool, build) -> DatasetMetadata:
+    """Run ``build(staging)`` in a scratch directory beside ``output_dir`` and publish it there whole:
+    on any error nothing half-written is left, and an existing dataset is replaced only with ``overwrite``."""
     _check_output_dir(output_dir, overwrite)
     output_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = output_dir.parent / f".{output_dir.name}.tmp-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)  # a stale one from a crashed run
     staging.mkdir()
     try:
-        with _gc_paused():
-            metadata = _build_dataset(staging, inputs, options, progress)
+        metadata = build(staging)
         _publish(staging, output_dir, overwrite)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)

@@ -41,7 +41,17 @@ def check_memory(needed: int, key: str) -> None:
 
 def check_partitioning(config: Config, dataset: Dataset) -> None:
     """Out-of-core training reads edge buckets: the dataset must be bucketed for the same p."""
-    p, n = config.storage.num_partitions, dataset.num_nodes
+    p = config.storage.num_partitions
+    check_partitions_filled(p, dataset)
+    if p > 1 and dataset.edges.num_partitions != p:
+        raise MariusInputError(f"storage.num_partitions is {p} but the dataset's train edges are bucketed "
+                               f"for {dataset.edges.num_partitions} partitions", path=dataset.directory,
+                               expected=f"a dataset preprocessed with --partitions {p}")
+
+
+def check_partitions_filled(p: int, dataset: Dataset) -> None:
+    """Every one of ``p`` partitions must hold nodes: the store and the buckets would disagree otherwise."""
+    n = dataset.num_nodes
     if p > 1 and partitions_filled(n, p) < p:
         valid = most_partitions_filled(n, p)
         raise MariusInputError(f"storage.num_partitions is {p} but {n} nodes in partitions of "
@@ -49,7 +59,3 @@ def check_partitioning(config: Config, dataset: Dataset) -> None:
                                "would be empty", path=dataset.directory,
                                expected=f"at most {valid} partitions (with comet, num_partitions counts the "
                                         "physical ones: a smaller storage.comet_group_size)")
-    if p > 1 and dataset.edges.num_partitions != p:
-        raise MariusInputError(f"storage.num_partitions is {p} but the dataset's train edges are bucketed "
-                               f"for {dataset.edges.num_partitions} partitions", path=dataset.directory,
-                               expected=f"a dataset preprocessed with --partitions {p}")

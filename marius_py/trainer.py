@@ -31,6 +31,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from marius_py.bundled import bucketed_for_run
 from marius_py.checkpoint import (LIVE_STORE, NODES, RunDirectory, TrainingState, config_fingerprint,
                                   load_position, load_version, write_version_state)
 from marius_py.config import Config
@@ -125,7 +126,7 @@ class Trainer:
 
     def __init__(self, config: Config, dataset: Dataset, run_dir: str | Path, progress: bool = True):
         self.config = config
-        self.dataset = dataset
+        self.dataset = dataset = bucketed_for_run(config.storage, dataset, progress)
         self.run = self._run_directory(run_dir)
         if config.training.tensorboard:
             self.run.trackers.append(TensorBoardTracker(self.run.path / "tensorboard"))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from pathlib import Path
 
 import numpy as np
@@ -14,10 +16,11 @@ from marius_py.api import TrainedModel, load_checkpoint
 from marius_py.checkpoint import LIVE_STORE, NODES, RunDirectory, load_version
 from marius_py.cli import main
 from marius_py.config import load_config
+from marius_py.dataset import Dataset
 from marius_py.errors import MariusInputError
 from marius_py.evaluation import InMemoryNodes, StoredNodes, build_known_answers, filtered_ranks
 from marius_py.preprocess import PreprocessOptions, preprocess
-from orderings import ORDERINGS, build_ordering, default_group_size, simulate
+from orderings import ORDERINGS, build_ordering, default_group_size, default_split, simulate
 from storage.embedding_store import EmbeddingStore
 
 UMLS_RAW = Path(__file__).parent / "data" / "umls"
@@ -302,11 +305,18 @@ def test_unknown_ordering_lists_the_known_ones(datasets):
         assert name in str(error.value)
 
 
-def test_dataset_bucketed_for_other_partitions_is_refused(datasets, tmp_path):
-    config = config_for(datasets[1], "storage.num_partitions=4", "storage.buffer_capacity=2")
-    with pytest.raises(MariusInputError, match="--partitions 4"):
-        mp.train(config, tmp_path / "run", progress=False)
-    assert not RunDirectory(tmp_path / "run").has_checkpoint()
+def test_dataset_bucketed_for_other_partitions_is_rebucketed_into_the_cache(datasets, tmp_path, monkeypatch):
+    """A dataset preprocessed for one partition count trains at another: a re-bucketed copy is made once in
+    the cache, the preprocessed directory is left as it was."""
+    monkeypatch.setenv("MARIUS_PY_CACHE", str(tmp_path / "cache"))
+    before = (datasets[1] / "edges.h5").read_bytes()
+    config = config_for(datasets[1], "storage.num_partitions=4", "storage.buffer_capacity=2", "storage.ordering=beta")
+    mp.train(config, tmp_path / "run", progress=False)
+    copies = list((tmp_path / "cache" / "datasets").glob("umls-p1-*-p4"))
+    assert len(copies) == 1 and Dataset(copies[0]).edges.num_partitions == 4
+    assert (datasets[1] / "edges.h5").read_bytes() == before
+    mp.train(config, tmp_path / "again", progress=False)  # the copy is reused
+    assert list((tmp_path / "cache" / "datasets").glob("umls-p1-*-p4")) == copies
 
 
 def test_partitions_left_empty_are_refused(datasets, tmp_path):
@@ -388,19 +398,57 @@ def test_gpu_buffer_spans_map_ids_as_on_the_host(datasets, tmp_path):
 
 
 def test_default_ordering_is_comet_and_accepts_every_partitions_buffer_pair(datasets):
-    """The default is the two-level ordering; its group size follows P and C, so no pair 2 <= C <= P is
-    refused, and the epoch ordering covers every physical partition with the buffer's slots."""
+    """The default is the two-level ordering over a store split finer (default_split) so that groups of 8 are
+    regrouped; its group size follows, so no pair 2 <= C <= P is refused, and the epoch ordering covers
+    every physical partition with the buffer's slots."""
     from marius_py.trainer import epoch_ordering
     assert config_for(datasets[8]).storage.ordering == "comet"
     for partitions in range(2, 17):
         for capacity in range(2, partitions + 1):
             config = config_for(datasets[8], f"storage.num_partitions={partitions}",
                                 f"storage.buffer_capacity={capacity}")
-            k = config.storage.comet_group_size
-            assert k == default_group_size(partitions, capacity)
+            s = config.storage
+            split = default_split(partitions, capacity)
+            assert (s.num_partitions, s.buffer_capacity, s.comet_split) == (partitions * split, capacity * split,
+                                                                           split)
+            assert s.comet_group_size == default_group_size(s.num_partitions, s.buffer_capacity)
+            assert s.comet_group_size == (8 if capacity < partitions else default_group_size(partitions, capacity))
             ordering = epoch_ordering(config, epoch=1)
-            assert ordering.num_physical_partitions == partitions
-            assert max(len(ordering.resident(t)) for t in range(ordering.num_states)) == capacity
+            assert ordering.num_physical_partitions == s.num_partitions
+            assert max(len(ordering.resident(t)) for t in range(ordering.num_states)) == s.buffer_capacity
+            again = config_for(datasets[8], *(f"storage.{key}={value}" for key, value in
+                                              dataclasses.asdict(s).items()))
+            assert again.storage == s  # resolved once: a saved config validates to itself
+
+
+def test_comet_split_given_or_off(datasets, monkeypatch):
+    """An explicit split is applied as given; 1, beta or an explicit group size keep the store as given;
+    torchrun trainers (whose scheduler follows no ordering) are not split."""
+    def storage(*overrides):
+        s = config_for(datasets[8], "storage.num_partitions=16", "storage.buffer_capacity=4", *overrides).storage
+        return s.num_partitions, s.buffer_capacity, s.comet_group_size, s.comet_split
+    assert storage() == (64, 16, 8, 4)
+    assert storage("storage.comet_split=2") == (32, 8, 4, 2)
+    assert storage("storage.comet_split=1") == (16, 4, 2, 1)
+    assert storage("storage.ordering=beta") == (16, 4, default_group_size(16, 4), 1)
+    assert storage("storage.comet_group_size=2") == (16, 4, 2, 1)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert storage() == (16, 4, 2, 1)
+
+
+def test_comet_split_is_lowered_until_the_nodes_fill_every_partition(datasets, tmp_path):
+    """UMLS's 135 nodes cannot fill 4 x 8 partitions: the split drops to 5 (20 partitions of 7 rows, the
+    largest that fill), the run's saved config says so, and a resume keeps it."""
+    config = config_for(datasets[4], "storage.num_partitions=4", "storage.buffer_capacity=2")
+    assert (config.storage.num_partitions, config.storage.comet_split) == (32, 8)
+    mp.train(config, tmp_path / "run", progress=False)
+    saved = mp.api.load_run_config(tmp_path / "run")
+    s = saved.storage
+    assert (s.num_partitions, s.buffer_capacity, s.comet_split, s.comet_group_size) == (20, 10, 5, 5)
+    assert EmbeddingStore(tmp_path / "run" / LIVE_STORE, mode="r").num_partitions == 20
+    saved.training.epochs = 3
+    mp.train(saved, tmp_path / "run", progress=False, resume=True)
+    assert len(epoch_records(tmp_path / "run")) == 3
 
 
 def test_explicit_group_size_that_leaves_one_group_is_refused(datasets):

@@ -383,3 +383,33 @@ def test_a_raw_dataset_preprocessed_by_two_runs_at_once_is_shared(tmp_path, monk
     monkeypatch.setattr(module, "_build_dataset", build)
     with pytest.raises(MariusInputError, match="already holds a dataset"):  # a user's own call still refuses
         preprocess(resolved, raw / "train.txt", raw / "valid.txt", raw / "test.txt", progress=False)
+
+
+def test_rebucket_keeps_every_edge_and_id_and_sorts_train_by_the_new_buckets(tmp_path):
+    from marius_py.preprocess import rebucket
+    paths = {s: UMLS / f"{s}.txt" for s in ("train", "valid", "test")}
+    preprocess(tmp_path / "p2", paths["train"], paths["valid"], paths["test"], PreprocessOptions(num_partitions=2),
+               progress=False)
+    metadata = rebucket(tmp_path / "p2", tmp_path / "p6", 6, progress=False)
+    source, copy = Dataset(tmp_path / "p2"), Dataset(tmp_path / "p6")
+    assert metadata.num_partitions == copy.edges.num_partitions == 6
+    assert copy.node_names == source.node_names and copy.relation_names == source.relation_names
+    for split in ("valid", "test"):
+        assert np.array_equal(copy.split(split), source.split(split))
+    train = copy.train
+    assert Counter(map(tuple, train.tolist())) == Counter(map(tuple, source.train.tolist()))
+    offsets = copy.edges.bucket_offsets()
+    heads, tails = (partition_of(train[:, c], copy.num_nodes, 6) for c in (0, 2))
+    for bucket in range(36):
+        rows = slice(offsets[bucket], offsets[bucket + 1])
+        assert np.all(heads[rows] * 6 + tails[rows] == bucket)
+
+
+def test_rebucket_for_more_partitions_than_nodes_fill_leaves_nothing(tmp_path):
+    from marius_py.preprocess import rebucket
+    paths = {s: UMLS / f"{s}.txt" for s in ("train", "valid", "test")}
+    preprocess(tmp_path / "p2", paths["train"], paths["valid"], paths["test"], PreprocessOptions(num_partitions=2),
+               progress=False)
+    with pytest.raises(MariusInputError, match="at most 27 partitions"):
+        rebucket(tmp_path / "p2", tmp_path / "p32", 32, progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["p2"]
