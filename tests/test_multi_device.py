@@ -397,17 +397,23 @@ GPU_PAIRS = [pytest.param(["cuda:0", "cuda:1"], id="two-gpus", marks=pytest.mark
 @pytest.mark.parametrize("devices", GPU_PAIRS)
 @pytest.mark.parametrize("decoder", ["distmult", "complex"])
 def test_two_gpus_dedup_equals_baseline(small_config, decoder, devices):
-    """On real GPUs (peer reads, zero-copy kernels, graphs): dedup, caches and the baseline train alike."""
+    """On real GPUs (peer reads, zero-copy kernels, graphs): dedup, caches and the baseline train alike.
+
+    Equality needs staleness bound 1: with 2, whether a step's loads see the previous step's updates
+    depends on how the streams interleave (the documented bounded staleness), and on a GPU shared with
+    other work the variants then drift apart (measured: every entry differed under load, none alone).
+    Bound 2 is run too, for its overlap: the same training within a loose tolerance."""
     results = {}
-    for variant, overrides in RUNNER_VARIANTS.items():
+    for variant, overrides in [*RUNNER_VARIANTS.items(), ("dedup, bound 2", RUNNER_VARIANTS["dedup"])]:
         config, replicas, nodes, state, edges = setup(small_config, devices, f"model.decoder={decoder}",
                                                       "model.reg_weight=0", *overrides)
         nodes, state = nodes.pin_memory(), state.pin_memory()
-        runner, loss = run_runner(config, replicas, nodes, state, edges, bound=2)  # loads run ahead of finishes
+        runner, loss = run_runner(config, replicas, nodes, state, edges, bound=2 if "bound 2" in variant else 1)
         torch.cuda.synchronize()
         results[variant] = nodes, state, loss.cpu(), runner.counters.snapshot(4, 8)
         if variant != "baseline" and decoder == "distmult":
             assert runner.graphs is not None and runner.graphs.graphs != [None, None], "no graphed step"
+    assert runner.max_in_flight == 2  # loads ran ahead of finishes
     nodes, state, loss, _ = results["baseline"]
     for variant in ("dedup", "cache", "split"):
         got_nodes, got_state, got_loss, counters = results[variant]
@@ -415,6 +421,9 @@ def test_two_gpus_dedup_equals_baseline(small_config, decoder, devices):
         assert close.float().mean() > 0.999, f"{variant}: {int((~close).sum())} entries differ"
         torch.testing.assert_close(got_loss, loss, rtol=1e-4, atol=1e-6)
         assert counters["rho"] > 1
+    stale_nodes, _, stale_loss, _ = results["dedup, bound 2"]
+    torch.testing.assert_close(stale_loss, loss, rtol=0.05, atol=0)
+    assert torch.isfinite(stale_nodes).all() and not torch.equal(stale_nodes, setup(small_config, devices)[2])
 
 
 @pytest.mark.gpu
