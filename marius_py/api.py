@@ -18,9 +18,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from marius_py.bundled import BUNDLED_CONFIGS, bucketed_for_run, bundled_config, resolve_dataset
+from marius_py.bundled import BUNDLED_CONFIGS, bundled_config, resolve_dataset
 from marius_py.checkpoint import CONFIG_FILE, NODES, RunDirectory, config_fingerprint, load_version
-from marius_py.config import Config, load_config
+from marius_py.config import Config, fit_comet_split, load_config
 from marius_py.dataset import Dataset
 from marius_py.errors import MariusInputError
 from marius_py.evaluation import InMemoryNodes, KnownAnswers, NodeTable, StoredNodes, evaluate_split
@@ -146,16 +146,16 @@ class TrainedModel:
 
 
 def open_dataset(config: Config, progress: bool) -> Dataset:
-    """The run's dataset, bucketed for its partitions (``bucketed_for_run``: ``config.storage`` may change)."""
+    """The run's dataset as given; an automatic ``storage.comet_split`` is fitted to its nodes
+    (``config.storage`` may change). Training re-buckets it for a split store (``Trainer``)."""
     s = config.storage
-    given = Dataset(resolve_dataset(config.dataset.path, s.num_partitions // s.comet_split, progress))
-    dataset = bucketed_for_run(s, given, progress)
-    if dataset is not given:
-        given.close()
-    if progress and s.comet_split > 1:
-        print(f"storage: {s.num_partitions // s.comet_split} partitions stored as {s.num_partitions} "
-              f"(storage.comet_split={s.comet_split}), the buffer as {s.buffer_capacity}: BETA over groups of "
-              f"{s.comet_group_size} regrouped every epoch")
+    dataset = Dataset(resolve_dataset(config.dataset.path, s.num_partitions // s.comet_split, progress))
+    if s.comet_split > 1:
+        fit_comet_split(s, dataset.num_nodes)
+        if progress:
+            print(f"storage: {s.num_partitions // s.comet_split} partitions stored as {s.num_partitions} "
+                  f"(storage.comet_split={s.comet_split}), the buffer as {s.buffer_capacity}: BETA over groups "
+                  f"of {s.comet_group_size} regrouped every epoch")
     return dataset
 
 

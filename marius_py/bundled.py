@@ -15,7 +15,7 @@ import os
 from importlib import resources
 from pathlib import Path
 
-from marius_py.config import StorageConfig, fit_comet_split
+from marius_py.config import StorageConfig
 from marius_py.dataset import METADATA_FILE, Dataset
 from marius_py.errors import MariusInputError
 from marius_py.resources import check_partitions_filled
@@ -56,18 +56,17 @@ def _bucketed_for(directory: Path, num_partitions: int, progress: bool) -> Path:
     """The copy of the preprocessed ``directory`` re-bucketed for ``num_partitions``, in the cache."""
     from marius_py.preprocess import rebucket
     edges = (directory / EDGE_FILE).stat()  # in the key: a dataset preprocessed again gets a new copy
-    key = hashlib.sha256(f"{directory.resolve()}:{edges.st_size}:{edges.st_mtime_ns}".encode()).hexdigest()[:12]
+    metadata = (directory / METADATA_FILE).read_bytes()
+    key = hashlib.sha256(f"{directory.resolve()}:{edges.st_size}:{edges.st_mtime_ns}:{edges.st_ino}:".encode()
+                         + metadata).hexdigest()[:12]
     output = cache_dir() / "datasets" / f"{directory.name}-{key}-p{num_partitions}"
     return _build_once(output, f"re-bucketing {directory} for {num_partitions} partitions into {output}", progress,
                        lambda: rebucket(directory, output, num_partitions, progress=progress))
 
 
 def bucketed_for_run(storage: StorageConfig, dataset: Dataset, progress: bool) -> Dataset:
-    """``dataset`` as the run trains it: an automatic ``storage.comet_split`` is fitted to its nodes
-    (``storage`` changes), and a dataset bucketed for another partition count is re-bucketed (a copy
-    in the cache, made once)."""
-    if storage.comet_split > 1:
-        fit_comet_split(storage, dataset.num_nodes)
+    """``dataset`` with its train edges bucketed for the run's partitions: itself, or a re-bucketed copy
+    in the cache (made once)."""
     if storage.num_partitions <= 1 or dataset.edges.num_partitions == storage.num_partitions:
         return dataset
     check_partitions_filled(storage.num_partitions, dataset)

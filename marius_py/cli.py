@@ -161,6 +161,12 @@ def cmd_ordering(args) -> None:
     rows = partition_size(num_nodes, args.partitions) if num_nodes else 0
     partition_bytes = rows * (args.dim + state_dim) * 4
     split = 1 if args.group_size else default_split(args.partitions, args.buffer)  # as training resolves it
+    if split > 1 and num_nodes:
+        from marius_py.config import StorageConfig, fit_comet_split
+        storage = StorageConfig(num_partitions=args.partitions * split, buffer_capacity=args.buffer * split,
+                                comet_split=split)
+        fit_comet_split(storage, num_nodes)
+        split = storage.comet_split
     physical, slots = args.partitions * split, args.buffer * split
     group = args.group_size or default_group_size(physical, slots)
     table = compare_orderings(args.partitions, args.buffer, partition_bytes, seed=args.seed,

@@ -148,8 +148,9 @@ class StorageConfig:
                              "(measured: CoDEx-M within 0.005 of in-memory test MRR at 8:2, 16:4 and 32:8, "
                              "where groups of 1-2 lost up to 0.024; bench/RESULTS.md). 0: "
                              "automatic, the smallest split <= 8 giving groups of 8 with at most 256 partitions "
-                             "(1 under torchrun, whose scheduler does not follow an ordering); 1: as given. "
-                             "Resolved once: a resolved config holds the physical counts")
+                             "(lowered when the graph's nodes cannot fill them; 1 under torchrun, whose "
+                             "scheduler does not follow an ordering); 1: as given. A run's config.yaml "
+                             "records the split applied")
     negative_cache: float = _f(0.0, "fraction of every partition's rows kept in the buffer as negatives while "
                                     "their partition is not resident (0: off, negatives from resident "
                                     "partitions only; off by default: on CoDEx-M it did not bring BETA or comet "
@@ -219,7 +220,15 @@ class Config:
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """The config as it validates back to itself. A split store is written as the user gave it
+        (partitions and buffer before the split, an automatic group size, the split applied)."""
+        values = dataclasses.asdict(self)
+        storage = values["storage"]
+        if storage["comet_split"] > 1:
+            storage["num_partitions"] //= storage["comet_split"]
+            storage["buffer_capacity"] //= storage["comet_split"]
+            storage["comet_group_size"] = 0
+        return values
 
 
 def _check_value(ok: bool, path: str, problem: str, value, origins: dict) -> None:
@@ -347,13 +356,13 @@ def _check_storage(s: StorageConfig, _check) -> None:
         _check(2 <= s.buffer_capacity <= s.num_partitions, "storage.buffer_capacity",
                f"expected between 2 and storage.num_partitions ({s.num_partitions})", s.buffer_capacity)
     _check(s.comet_split >= 0, "storage.comet_split", "expected >= 0", s.comet_split)
+    _check(s.comet_split <= 1 or s.comet_group_size == 0, "storage.comet_split",
+           "expected 0 or 1 with an explicit storage.comet_group_size (a split store picks its own)",
+           s.comet_split)
     if s.comet_group_size == 0:  # automatic: every valid partitions/buffer pair gets a group size
         _split_for_regrouping(s)
         s.comet_group_size = default_group_size(s.num_partitions, s.buffer_capacity)
-    s.comet_split = s.comet_split or 1  # (an explicit group size: the counts are physical as given)
-    _check(s.num_partitions % s.comet_split == 0 and s.buffer_capacity % s.comet_split == 0,
-           "storage.comet_split", "expected a divisor of num_partitions and buffer_capacity (a resolved "
-           "config's counts are physical)", s.comet_split)
+    s.comet_split = s.comet_split or 1
     if s.ordering == "comet" and s.num_partitions > 1:
         k = s.comet_group_size
         _check(k >= 1 and s.num_partitions % k == 0 and s.buffer_capacity % k == 0

@@ -57,5 +57,4 @@ def check_partitions_filled(p: int, dataset: Dataset) -> None:
         raise MariusInputError(f"storage.num_partitions is {p} but {n} nodes in partitions of "
                                f"{partition_size(n, p)} rows fill only {partitions_filled(n, p)}: the last "
                                "would be empty", path=dataset.directory,
-                               expected=f"at most {valid} partitions (with comet, num_partitions counts the "
-                                        "physical ones: a smaller storage.comet_group_size)")
+                               expected=f"at most {valid} partitions (a smaller storage.num_partitions)")

@@ -34,7 +34,7 @@ from tqdm import tqdm
 from marius_py.bundled import bucketed_for_run
 from marius_py.checkpoint import (LIVE_STORE, NODES, RunDirectory, TrainingState, config_fingerprint,
                                   load_position, load_version, write_version_state)
-from marius_py.config import Config
+from marius_py.config import Config, fit_comet_split
 from marius_py.dataset import Dataset
 from marius_py.devices import resolve_devices
 from marius_py.errors import MariusInputError
@@ -126,7 +126,9 @@ class Trainer:
 
     def __init__(self, config: Config, dataset: Dataset, run_dir: str | Path, progress: bool = True):
         self.config = config
-        self.dataset = dataset = bucketed_for_run(config.storage, dataset, progress)
+        self.dataset = dataset
+        if config.storage.comet_split > 1:
+            fit_comet_split(config.storage, dataset.num_nodes)
         self.run = self._run_directory(run_dir)
         if config.training.tensorboard:
             self.run.trackers.append(TensorBoardTracker(self.run.path / "tensorboard"))
@@ -134,7 +136,6 @@ class Trainer:
         self.devices = resolve_devices(config)
         self.device = self.devices[0]  # the model of record (checkpoints, evaluation) lives here
         self.partitioned = config.storage.num_partitions > 1
-        check_partitioning(config, dataset)
         if config.training.num_threads:
             torch.set_num_threads(config.training.num_threads)
         torch.manual_seed(config.training.seed)  # relation initialisation
@@ -145,8 +146,10 @@ class Trainer:
         self.fingerprint = config_fingerprint(config, dataset.metadata)
         self.state = TrainingState(config_fingerprint=self.fingerprint)
         self.buffer: PartitionBuffer | None = None
-        if self.partitioned:  # before anything is written
+        if self.partitioned:  # before anything is written (a re-bucketed copy of the dataset included)
             check_memory(self._buffer_bytes(), "storage.buffer_capacity")
+            self.dataset = dataset = bucketed_for_run(config.storage, dataset, progress)
+            check_partitioning(config, dataset)
         self._build_runner()
         if self.run.has_checkpoint():
             self.restore(self.run.latest_version())

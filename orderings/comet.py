@@ -55,7 +55,8 @@ def default_split(num_partitions: int, capacity: int, group_size: int = 8, most:
     """Physical partitions each of ``num_partitions`` becomes under the default ordering: the smallest
     m <= ``group_size`` for which ``default_group_size(P m, C m)`` is ``group_size``, keeping P m <= ``most``.
     Measured (bench/RESULTS.md, issue 12): regrouping 8 physical partitions per logical one keeps test MRR
-    within 0.005-0.008 of in-memory training where 1-2 lose 0.016-0.024, at the same bytes read. 1 when
+    within 0.0034-0.0047 of in-memory training on CoDEx-M and 0.0092-0.0101 on FB15k-237, where groups of
+    1-2 lost up to 0.024 and 0.016, at the same bytes read. 1 when
     the buffer holds every partition or no such m exists."""
     if capacity >= num_partitions:
         return 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,18 @@ from marius_py.config import load_config
 from marius_py.preprocess import PreprocessOptions, preprocess
 
 UMLS_RAW = Path(__file__).parent / "data" / "umls"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def private_cache(tmp_path_factory):
+    """Datasets the tests preprocess or re-bucket go to a cache of the session's own, not the user's."""
+    saved = os.environ.get("MARIUS_PY_CACHE")
+    os.environ["MARIUS_PY_CACHE"] = str(tmp_path_factory.mktemp("cache"))
+    yield
+    if saved is None:
+        os.environ.pop("MARIUS_PY_CACHE", None)
+    else:
+        os.environ["MARIUS_PY_CACHE"] = saved
 
 
 @pytest.fixture(scope="session")

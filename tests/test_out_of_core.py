@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 from pathlib import Path
 
 import numpy as np
@@ -329,10 +327,13 @@ def test_partitions_left_empty_are_refused(datasets, tmp_path):
 
 
 def test_buffer_larger_than_memory_is_refused(datasets, tmp_path, monkeypatch):
+    """Refused before anything is written: the split store's re-bucketed dataset included."""
     monkeypatch.setattr(resources, "available_memory", lambda: 1024)
+    monkeypatch.setenv("MARIUS_PY_CACHE", str(tmp_path / "cache"))
     config = config_for(datasets[4], "storage.num_partitions=4", "storage.buffer_capacity=2")
     with pytest.raises(MariusInputError, match="storage.buffer_capacity"):
         mp.train(config, tmp_path / "run", progress=False)
+    assert not (tmp_path / "cache").exists()
 
 
 def test_refused_buffer_leaves_no_valid_looking_run(datasets, tmp_path, monkeypatch):
@@ -417,8 +418,8 @@ def test_default_ordering_is_comet_and_accepts_every_partitions_buffer_pair(data
             assert ordering.num_physical_partitions == s.num_partitions
             assert max(len(ordering.resident(t)) for t in range(ordering.num_states)) == s.buffer_capacity
             again = config_for(datasets[8], *(f"storage.{key}={value}" for key, value in
-                                              dataclasses.asdict(s).items()))
-            assert again.storage == s  # resolved once: a saved config validates to itself
+                                              config.to_dict()["storage"].items()))
+            assert again.storage == s  # a saved config validates to itself
 
 
 def test_comet_split_given_or_off(datasets, monkeypatch):
@@ -432,6 +433,8 @@ def test_comet_split_given_or_off(datasets, monkeypatch):
     assert storage("storage.comet_split=1") == (16, 4, 2, 1)
     assert storage("storage.ordering=beta") == (16, 4, default_group_size(16, 4), 1)
     assert storage("storage.comet_group_size=2") == (16, 4, 2, 1)
+    with pytest.raises(MariusInputError, match="storage.comet_split"):
+        storage("storage.comet_group_size=2", "storage.comet_split=2")
     monkeypatch.setenv("WORLD_SIZE", "2")
     assert storage() == (16, 4, 2, 1)
 
@@ -446,9 +449,12 @@ def test_comet_split_is_lowered_until_the_nodes_fill_every_partition(datasets, t
     s = saved.storage
     assert (s.num_partitions, s.buffer_capacity, s.comet_split, s.comet_group_size) == (20, 10, 5, 5)
     assert EmbeddingStore(tmp_path / "run" / LIVE_STORE, mode="r").num_partitions == 20
-    saved.training.epochs = 3
-    mp.train(saved, tmp_path / "run", progress=False, resume=True)
+    text = (tmp_path / "run" / "config.yaml").read_text()  # the counts as the user gave them, and the split
+    assert "num_partitions: 4\n" in text and "comet_split: 5\n" in text
+    assert main(["train", "--resume", str(tmp_path / "run"), "training.epochs=3", "--partitions", "4",
+                 "--buffer", "2", "--quiet"]) == 0  # the user's own flags again
     assert len(epoch_records(tmp_path / "run")) == 3
+    assert EmbeddingStore(tmp_path / "run" / LIVE_STORE, mode="r").num_partitions == 20
 
 
 def test_explicit_group_size_that_leaves_one_group_is_refused(datasets):
