@@ -150,12 +150,11 @@ def open_dataset(config: Config, progress: bool) -> Dataset:
     (``config.storage`` may change). Training re-buckets it for a split store (``Trainer``)."""
     s = config.storage
     dataset = Dataset(resolve_dataset(config.dataset.path, s.num_partitions // s.comet_split, progress))
-    if s.comet_split > 1:
-        fit_comet_split(s, dataset.num_nodes)
-        if progress:
-            print(f"storage: {s.num_partitions // s.comet_split} partitions stored as {s.num_partitions} "
-                  f"(storage.comet_split={s.comet_split}), the buffer as {s.buffer_capacity}: BETA over groups "
-                  f"of {s.comet_group_size} regrouped every epoch")
+    fit_comet_split(s, dataset.num_nodes)
+    if s.comet_split > 1 and progress:
+        print(f"storage: {s.num_partitions // s.comet_split} partitions stored as {s.num_partitions} "
+              f"(storage.comet_split={s.comet_split}), the buffer as {s.buffer_capacity}: BETA over groups "
+              f"of {s.comet_group_size} regrouped every epoch")
     return dataset
 
 

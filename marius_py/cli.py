@@ -147,7 +147,7 @@ def cmd_predict(args) -> None:
 
 
 def cmd_ordering(args) -> None:
-    from orderings import compare_orderings, default_group_size, default_split, format_table
+    from orderings import compare_orderings, format_table
     from orderings.simulator import format_bytes
     from storage.partitioning import partition_size
     num_nodes = args.nodes
@@ -160,15 +160,14 @@ def cmd_ordering(args) -> None:
     state_dim = 1 if args.rowwise else args.dim
     rows = partition_size(num_nodes, args.partitions) if num_nodes else 0
     partition_bytes = rows * (args.dim + state_dim) * 4
-    split = 1 if args.group_size else default_split(args.partitions, args.buffer)  # as training resolves it
-    if split > 1 and num_nodes:
-        from marius_py.config import StorageConfig, fit_comet_split
-        storage = StorageConfig(num_partitions=args.partitions * split, buffer_capacity=args.buffer * split,
-                                comet_split=split)
+    from marius_py.config import fit_comet_split, load_config
+    storage = load_config(None, [f"storage.num_partitions={args.partitions}",  # resolved as training does
+                                 f"storage.buffer_capacity={args.buffer}",
+                                 f"storage.comet_group_size={args.group_size}"]).storage
+    if num_nodes:
         fit_comet_split(storage, num_nodes)
-        split = storage.comet_split
-    physical, slots = args.partitions * split, args.buffer * split
-    group = args.group_size or default_group_size(physical, slots)
+    split, physical, slots, group = (storage.comet_split, storage.num_partitions, storage.buffer_capacity,
+                                     storage.comet_group_size)
     table = compare_orderings(args.partitions, args.buffer, partition_bytes, seed=args.seed,
                               group_size=group if split == 1 else None)
     if split > 1:  # comet's row over the finer store training keeps

@@ -384,7 +384,9 @@ def _split_for_regrouping(s: StorageConfig) -> None:
 
 def fit_comet_split(s: StorageConfig, num_nodes: int) -> None:
     """Lower ``storage.comet_split`` until the nodes fill every physical partition (graphs of fewer than
-    about (P x split)^2 nodes), the counts and automatic group size with it."""
+    about (P x split)^2 nodes), the counts and automatic group size with it. Nothing to do unsplit."""
+    if s.comet_split <= 1:
+        return
     given_partitions, given_buffer = s.num_partitions // s.comet_split, s.buffer_capacity // s.comet_split
     split = next((m for m in range(s.comet_split, 1, -1)
                   if partitions_filled(num_nodes, given_partitions * m) == given_partitions * m), 1)

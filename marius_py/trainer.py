@@ -127,8 +127,7 @@ class Trainer:
     def __init__(self, config: Config, dataset: Dataset, run_dir: str | Path, progress: bool = True):
         self.config = config
         self.dataset = dataset
-        if config.storage.comet_split > 1:
-            fit_comet_split(config.storage, dataset.num_nodes)
+        fit_comet_split(config.storage, dataset.num_nodes)  # (api.open_dataset has; a library caller may not)
         self.run = self._run_directory(run_dir)
         if config.training.tensorboard:
             self.run.trackers.append(TensorBoardTracker(self.run.path / "tensorboard"))

@@ -357,6 +357,24 @@ def test_cli_ordering_table(capsys):
     assert "38 swaps" in out  # the lower bound ceil((120 - 6) / 3)
 
 
+@pytest.mark.parametrize("partitions, capacity, dataset_p", [(16, 4, None), (8, 2, None), (4, 2, 4)])
+def test_cli_ordering_prints_the_split_and_group_training_uses(datasets, tmp_path, capsys, partitions, capacity,
+                                                                dataset_p):
+    """The split and k the command prints are the ones a run resolves (fitted to the dataset's nodes)."""
+    source = ["--dataset", str(datasets[dataset_p])] if dataset_p else ["--nodes", "17050"]
+    assert main(["ordering", "-p", str(partitions), "-c", str(capacity), *source]) == 0
+    out = capsys.readouterr().out
+    if dataset_p:
+        config = config_for(datasets[dataset_p], f"storage.num_partitions={partitions}",
+                            f"storage.buffer_capacity={capacity}")
+        mp.train(config, tmp_path / "run", progress=False)
+        s = config.storage
+    else:
+        s = load_config(None, [f"storage.num_partitions={partitions}", f"storage.buffer_capacity={capacity}"]).storage
+    assert f"stored as {s.num_partitions} (storage.comet_split={s.comet_split})" in out
+    assert f"(storage.comet_group_size={s.comet_group_size})" in out
+
+
 def test_cli_ordering_buffer_one_exits_2(capsys):
     assert main(["ordering", "--partitions", "16", "--buffer", "1", "--nodes", "17050"]) == 2
     assert "--buffer" in capsys.readouterr().err
