@@ -7,13 +7,17 @@ The softmax row kernel of the fused loss over the issue's score block
 rows-per-program and warp count; and the batch's unique-row sort on 64- and
 32-bit keys. Each row prints the achieved bandwidth against the bytes the
 kernel must move. ``--edge``: the per-edge backward kernel's tile and warps;
-``--zero-copy``: rows read from pinned host memory.
+``--zero-copy``: rows read from pinned host memory; ``--pairwise``: the distance
+score blocks of TransE-L1 and RotatE (scores and gradients, each gradient tile),
+against a float32 matmul of the same block and the floor the GPU's CUDA cores
+and special-function units put under them.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -102,6 +106,67 @@ def edge_backward(args) -> list[dict]:
     return results
 
 
+# Work per (query, candidate, coordinate) triple that no kernel can avoid: FP32 instructions (forward: the
+# difference and an add of its absolute value; each of the two gradient kernels: the difference and an add;
+# modulus: two differences, a square, a fused multiply-add and an add per complex coordinate forward, and the
+# two differences, the scale, two multiplies and two adds per gradient), and special-function operations
+# (modulus: a square root forward and a reciprocal square root in each gradient kernel).
+FP32_PER_TRIPLE = {"l1": 2 + 2 * 2, "modulus": 5 + 2 * 7}
+SFU_PER_TRIPLE = {"l1": 0, "modulus": 3}
+FP32_LANES_PER_SM, SFU_LANES_PER_SM = 128, 16  # Hopper (and Ampere) per SM and clock
+
+
+def sm_clock_hz() -> float:
+    """The SM's maximum clock: from nvidia-smi, else torch's device properties (kHz), else 0 (no floor)."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=clocks.max.sm", "--format=csv,noheader,nounits", "-i",
+                              str(torch.cuda.current_device())], capture_output=True, text=True, timeout=30)
+        return float(out.stdout.split()[0]) * 1e6
+    except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
+        return getattr(torch.cuda.get_device_properties(0), "clock_rate", 0) * 1e3
+
+
+def pairwise_blocks(args) -> list[dict]:
+    """Scores and gradients of the TransE-L1 / RotatE score block (2 x chunks groups of queries against
+    ``--candidates``), each gradient tile of marius_py/step/pairwise.py, a float32 matmul of the same block,
+    and the CUDA-core and SFU floors (100% of every lane, no memory traffic) for the triples' work."""
+    from marius_py.step import pairwise
+    groups, queries, candidates = args.chunks, 2 * args.queries, args.candidates
+    sms, clock = torch.cuda.get_device_properties(0).multi_processor_count, sm_clock_hz()
+    default_tiles, results = pairwise.GRAD_TILE, []
+    for dim in (100, 400):
+        q = torch.randn(groups, queries, dim, device="cuda")
+        c = torch.randn(groups, candidates, dim, device="cuda")
+        w = torch.randn(groups, queries, candidates, device="cuda")
+        matmul_ms = time_ms(lambda: torch.bmm(q, c.transpose(1, 2)))
+        for kind in pairwise.KINDS:
+            triples = groups * queries * candidates * (dim // 2 if kind == "modulus" else dim)
+            fp32_floor = triples * FP32_PER_TRIPLE[kind] / (sms * FP32_LANES_PER_SM * clock) * 1e3 if clock else 0.0
+            sfu_floor = triples * SFU_PER_TRIPLE[kind] / (sms * SFU_LANES_PER_SM * clock) * 1e3 if clock else 0.0
+            scores_ms = time_ms(lambda: pairwise.pairwise_scores(q, c, dim, kind))
+            for tile in dict.fromkeys([default_tiles[kind], *(GRAD_TILES if args.grad_tiles == "all" else [])]):
+                pairwise.GRAD_TILE = {**default_tiles, kind: tile}
+                try:
+                    grads_ms = time_ms(lambda: pairwise.pairwise_backward(w, q, c, dim, kind))
+                except Exception as error:  # a tile Triton cannot compile: say so, keep sweeping
+                    print(f"pairwise {kind} d={dim} tile={tile}: {type(error).__name__}", flush=True)
+                    continue
+                finally:
+                    pairwise.GRAD_TILE = default_tiles
+                timings = {"scores_ms": scores_ms, "matmul_ms": matmul_ms, "floor_ms": max(fp32_floor, sfu_floor),
+                           "fp32_floor_ms": fp32_floor, "sfu_floor_ms": sfu_floor}
+                results.append({"kernel": f"pairwise-{kind}", "dim": dim, "grad_tile": list(tile),
+                                **{key: round(value, 4) for key, value in timings.items()}, "ms": grads_ms,
+                                "gb_per_s": 0.0})
+                print(results[-1], flush=True)
+    return results
+
+
+# (BM, BN, BK, warps) tried for the gradient kernels besides the shipped pairwise.GRAD_TILE of the kind.
+GRAD_TILES = [(16, 32, 8, 4), (32, 32, 8, 4), (16, 64, 8, 4), (32, 32, 4, 4), (16, 32, 16, 4), (8, 32, 16, 4),
+              (16, 32, 32, 4), (32, 64, 4, 8), (64, 32, 4, 8)]
+
+
 def unique_sort(args) -> list[dict]:
     ids = torch.randint(args.nodes, (2 * args.batch + 2 * args.chunks * args.candidates,), device="cuda")
     results = []
@@ -123,12 +188,17 @@ def main() -> None:
     parser.add_argument("--unique-rows", type=int, default=80_000)
     parser.add_argument("--zero-copy", action="store_true", help="only the pinned-host row gather")
     parser.add_argument("--edge", action="store_true", help="only the per-edge backward kernel")
+    parser.add_argument("--pairwise", action="store_true", help="only the TransE-L1 / RotatE score blocks")
+    parser.add_argument("--grad-tiles", choices=("all", "default"), default="all",
+                        help="--pairwise: sweep the gradient tiles, or time the shipped one only")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     if args.zero_copy:
         rows = zero_copy_gather(args)
     elif args.edge:
         rows = edge_backward(args)
+    elif args.pairwise:
+        rows = pairwise_blocks(args)
     else:
         rows = softmax_rows(args) + unique_sort(args)
     for row in rows:

@@ -92,8 +92,34 @@ def test_triton_version_matches_torch_version_on_gpu(kind, shape):
                                                                                    dim, kind)
     expected = pairwise._scores_torch(queries, candidates, dim, kind), \
         *pairwise._backward_torch(weights, queries, candidates, dim, kind)
+    if kind == "l1":
+        expected = expected[0], *with_ties_positive(expected[1:], weights, queries, candidates, dim)
     for result, reference in zip(results, expected):
         assert result.dtype == torch.float32 and result.shape == reference.shape
         scale = reference.abs().max().item()
         torch.testing.assert_close(result, reference, rtol=1e-4, atol=1e-4 * max(1.0, scale))
     assert not results[1][..., dim:].any() and not results[2][..., dim:].any()
+
+
+def with_ties_positive(gradients, weights, queries, candidates, dim):
+    """The torch version's L1 gradients with the Triton kernels' convention at exact ties (q_k == c_k):
+    sign(0) = +1 where torch takes 0. Float32 inputs of this size hold a few such pairs."""
+    ties = (queries[:, :, None, :dim] - candidates[:, None, :, :dim] == 0).to(weights.dtype)
+    grad_queries, grad_candidates = (g.clone() for g in gradients)
+    grad_queries[..., :dim] -= torch.einsum("gmn,gmnk->gmk", weights, ties)
+    grad_candidates[..., :dim] += torch.einsum("gmn,gmnk->gnk", weights, ties)
+    return grad_queries, grad_candidates
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_triton_l1_gradient_takes_plus_one_at_exact_ties():
+    if not pairwise.use_triton(torch.empty(1, device="cuda")):
+        pytest.skip("needs Triton")
+    queries, candidates, weights = random_inputs((2, 40, 50, 12, 12), integers=True, dtype=torch.float32,
+                                                 device="cuda")
+    reference = pairwise._backward_torch(weights, queries, candidates, 12, "l1")
+    ties_positive = with_ties_positive(reference, weights, queries, candidates, 12)
+    assert not torch.allclose(ties_positive[0], reference[0])  # the inputs hold ties: the conventions differ
+    for result, expected in zip(pairwise_backward(weights, queries, candidates, 12, "l1"), ties_positive):
+        torch.testing.assert_close(result, expected, rtol=1e-5, atol=1e-4)
