@@ -120,6 +120,7 @@ def main() -> None:
     args = parser.parse_args()
     settings = [f"dataset.path={Path(args.dataset).resolve()}", "training.device=cpu", f"model.dim={args.dim}",
                 f"training.epochs={args.epochs}", "training.num_negatives=200", "evaluation.every=2",
+                "training.lr=0.01", "model.dropout=0",  # as recorded in RESULTS, whatever codex-s ships
                 f"training.checkpoint_interval={args.checkpoint_interval}", f"storage.num_partitions={args.partitions}"]
     if args.partitions > 1:
         settings.append(f"storage.buffer_capacity={args.buffer}")

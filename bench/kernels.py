@@ -106,33 +106,58 @@ def edge_backward(args) -> list[dict]:
     return results
 
 
-# Work per (query, candidate, coordinate) triple that no kernel can avoid: FP32 instructions (forward: the
-# difference and an add of its absolute value; each of the two gradient kernels: the difference and an add;
-# modulus: two differences, a square, a fused multiply-add and an add per complex coordinate forward, and the
-# two differences, the scale, two multiplies and two adds per gradient), and special-function operations
-# (modulus: a square root forward and a reciprocal square root in each gradient kernel).
-FP32_PER_TRIPLE = {"l1": 2 + 2 * 2, "modulus": 5 + 2 * 7}
-SFU_PER_TRIPLE = {"l1": 0, "modulus": 3}
-FP32_LANES_PER_SM, SFU_LANES_PER_SM = 128, 16  # Hopper (and Ampere) per SM and clock
+# Instructions per (query, candidate, coordinate) triple (complex coordinate for modulus) that no kernel of
+# these formulas avoids, every multiply and add that can be fused counted fused. An SM issues one warp
+# instruction (32 lanes) a clock from each of its four schedulers, whatever the unit:
+# - l1: forward, the difference and an add of its absolute value (2); each of the two gradient kernels, the
+#   difference, the sign-bit flip (integer unit) and an add (3);
+# - modulus: forward, two differences, a multiply and a fused multiply-add for the squared modulus, its
+#   square root and an add (6); each gradient kernel, the two differences, the multiply and fused
+#   multiply-add, the reciprocal square root, the scale by the weight and two fused multiply-adds (8).
+INSTRUCTIONS_PER_TRIPLE = {"l1": 2 + 2 * 3, "modulus": 6 + 2 * 8}
+FP32_PER_TRIPLE = {"l1": 2 + 2 * 2, "modulus": 5 + 2 * 7}  # of those, on the FP32 lanes
+SFU_PER_TRIPLE = {"l1": 0, "modulus": 3}  # of those, square roots on the special-function units
+ISSUE_SLOTS_PER_SM, SFU_LANES_PER_SM = 4 * 32, 16  # per clock, Volta to Hopper
+NARROW_FP32 = {(7, 0), (8, 0)}  # V100 and A100 have 64 FP32 lanes per SM; later chips 128
 
 
-def sm_clock_hz() -> float:
-    """The SM's maximum clock: from nvidia-smi, else torch's device properties (kHz), else 0 (no floor)."""
+def block_floors(kind: str, triples: int, sms: int, clock_hz: float, capability: tuple[int, int]) -> dict:
+    """Milliseconds the block's scores and both gradients need at 100% of the issue slots, of the FP32 lanes
+    and of the special-function units, no memory stall; ``block_floor_ms`` is the largest."""
+    if not clock_hz:
+        return {"block_floor_ms": 0.0, "issue_floor_ms": 0.0, "fp32_floor_ms": 0.0, "sfu_floor_ms": 0.0}
+    fp32_lanes = 64 if tuple(capability) in NARROW_FP32 else 128
+    per_clock = {"issue_floor_ms": (INSTRUCTIONS_PER_TRIPLE[kind], ISSUE_SLOTS_PER_SM),
+                 "fp32_floor_ms": (FP32_PER_TRIPLE[kind], fp32_lanes),
+                 "sfu_floor_ms": (SFU_PER_TRIPLE[kind], SFU_LANES_PER_SM)}
+    floors = {name: triples * work / (sms * lanes * clock_hz) * 1e3 for name, (work, lanes) in per_clock.items()}
+    return {"block_floor_ms": max(floors.values()), **floors}
+
+
+def sm_clock_hz(device: int) -> float:
+    """The SM's maximum clock: from nvidia-smi, else torch's device properties (kHz), else 0 (no floor).
+    The GPU is named to nvidia-smi by its UUID: its indices ignore CUDA_VISIBLE_DEVICES."""
+    properties = torch.cuda.get_device_properties(device)
+    uuid = getattr(properties, "uuid", None)
     try:
         out = subprocess.run(["nvidia-smi", "--query-gpu=clocks.max.sm", "--format=csv,noheader,nounits", "-i",
-                              str(torch.cuda.current_device())], capture_output=True, text=True, timeout=30)
+                              f"GPU-{uuid}" if uuid else str(device)], capture_output=True, text=True, timeout=30)
         return float(out.stdout.split()[0]) * 1e6
     except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
-        return getattr(torch.cuda.get_device_properties(0), "clock_rate", 0) * 1e3
+        return getattr(properties, "clock_rate", 0) * 1e3
 
 
 def pairwise_blocks(args) -> list[dict]:
-    """Scores and gradients of the TransE-L1 / RotatE score block (2 x chunks groups of queries against
-    ``--candidates``), each gradient tile of marius_py/step/pairwise.py, a float32 matmul of the same block,
-    and the CUDA-core and SFU floors (100% of every lane, no memory traffic) for the triples' work."""
+    """Scores and gradients of the TransE-L1 / RotatE score block (``--chunks`` groups of 2 x ``--queries``
+    queries against ``--candidates``), each gradient tile of marius_py/step/pairwise.py, a float32 matmul of
+    the same block, and the floors (``block_floors``) under the scores and both gradients together. A tile
+    Triton cannot compile is recorded with ``error`` and no time."""
     from marius_py.step import pairwise
     groups, queries, candidates = args.chunks, 2 * args.queries, args.candidates
-    sms, clock = torch.cuda.get_device_properties(0).multi_processor_count, sm_clock_hz()
+    device = torch.cuda.current_device()
+    properties = torch.cuda.get_device_properties(device)
+    sms, clock, capability = properties.multi_processor_count, sm_clock_hz(device), (properties.major,
+                                                                                     properties.minor)
     default_tiles, results = pairwise.GRAD_TILE, []
     for dim in (100, 400):
         q = torch.randn(groups, queries, dim, device="cuda")
@@ -141,23 +166,20 @@ def pairwise_blocks(args) -> list[dict]:
         matmul_ms = time_ms(lambda: torch.bmm(q, c.transpose(1, 2)))
         for kind in pairwise.KINDS:
             triples = groups * queries * candidates * (dim // 2 if kind == "modulus" else dim)
-            fp32_floor = triples * FP32_PER_TRIPLE[kind] / (sms * FP32_LANES_PER_SM * clock) * 1e3 if clock else 0.0
-            sfu_floor = triples * SFU_PER_TRIPLE[kind] / (sms * SFU_LANES_PER_SM * clock) * 1e3 if clock else 0.0
+            floors = block_floors(kind, triples, sms, clock, capability)
             scores_ms = time_ms(lambda: pairwise.pairwise_scores(q, c, dim, kind))
             for tile in dict.fromkeys([default_tiles[kind], *(GRAD_TILES if args.grad_tiles == "all" else [])]):
+                row = {"kernel": f"pairwise-{kind}", "dim": dim, "grad_tile": list(tile),
+                       **{key: round(value, 4) for key, value in
+                          {"scores_ms": scores_ms, "matmul_ms": matmul_ms, **floors}.items()}}
                 pairwise.GRAD_TILE = {**default_tiles, kind: tile}
                 try:
-                    grads_ms = time_ms(lambda: pairwise.pairwise_backward(w, q, c, dim, kind))
-                except Exception as error:  # a tile Triton cannot compile: say so, keep sweeping
-                    print(f"pairwise {kind} d={dim} tile={tile}: {type(error).__name__}", flush=True)
-                    continue
+                    row["ms"] = time_ms(lambda: pairwise.pairwise_backward(w, q, c, dim, kind))
+                except Exception as error:  # a tile Triton cannot compile: record it, keep sweeping
+                    row.update(ms=float("nan"), error=type(error).__name__)
                 finally:
                     pairwise.GRAD_TILE = default_tiles
-                timings = {"scores_ms": scores_ms, "matmul_ms": matmul_ms, "floor_ms": max(fp32_floor, sfu_floor),
-                           "fp32_floor_ms": fp32_floor, "sfu_floor_ms": sfu_floor}
-                results.append({"kernel": f"pairwise-{kind}", "dim": dim, "grad_tile": list(tile),
-                                **{key: round(value, 4) for key, value in timings.items()}, "ms": grads_ms,
-                                "gb_per_s": 0.0})
+                results.append({**row, "gb_per_s": 0.0})
                 print(results[-1], flush=True)
     return results
 

@@ -70,6 +70,7 @@ def main() -> None:
         command = [sys.executable, "-m", "marius_py.cli", "train", "--quiet", "codex-s",
                    f"dataset.path={Path(args.dataset).resolve()}", "training.device=cpu", f"model.dim={args.dim}",
                    f"training.epochs={args.epochs}", "training.num_negatives=200", "evaluation.every=10",
+                   "training.lr=0.01", "model.dropout=0",  # as first recorded, whatever codex-s ships
                    "training.checkpoint_interval=0", f"storage.num_partitions={args.partitions}",
                    f"storage.buffer_capacity={args.buffer}", "--run-dir", str(run_dir)]
         started = time.perf_counter()

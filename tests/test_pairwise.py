@@ -103,7 +103,8 @@ def test_triton_version_matches_torch_version_on_gpu(kind, shape):
 
 def with_ties_positive(gradients, weights, queries, candidates, dim):
     """The torch version's L1 gradients with the Triton kernels' convention at exact ties (q_k == c_k):
-    sign(0) = +1 where torch takes 0. Float32 inputs of this size hold a few such pairs."""
+    the sign bit of q_k - c_k = +0, so +1, where torch takes 0 (the test inputs hold no -0.0). Random
+    float32 inputs of these sizes hold a pair or two."""
     ties = (queries[:, :, None, :dim] - candidates[:, None, :, :dim] == 0).to(weights.dtype)
     grad_queries, grad_candidates = (g.clone() for g in gradients)
     grad_queries[..., :dim] -= torch.einsum("gmn,gmnk->gmk", weights, ties)

@@ -13,7 +13,8 @@ sum(weights * S) are computed directly, tile by tile, with explicit formulas:
 
 Each function has Triton kernels for float32 CUDA inputs and a torch version (CPU, float64, CUDA without
 Triton) that the tests use as reference. Columns past ``dim`` (row padding) are ignored and get zero
-gradients.
+gradients. At an exact L1 tie (q_k == c_k) the two take different subgradients of |x| at 0: torch's
+sign(0) = 0, the kernels the sign bit of the difference (+1 for q_k - c_k = +0).
 """
 
 from __future__ import annotations
@@ -38,9 +39,10 @@ BROADCAST_ELEMENTS = 1 << 24
 
 # (BM queries, BN candidates, BK coordinates, warps) of the Triton programs. Each keeps a [BM, BN, BK]
 # accumulator in registers (two for modulus) and reduces it once, after its loop. Measured on an H100 at
-# G=10, M=10000, N=1000, dim=200: scores 2.7 ms (l1) / 4.4 ms (modulus) with 32 x 32 x 8. The gradient
-# kernels (both, `python bench/kernels.py --pairwise`, dim 100 / 400): l1 5.2 / 16.7 ms with 16 x 32 x 16
-# against 5.7 / 23.3 ms with 16 x 32 x 8; modulus 6.7 / 23.5 ms with 16 x 32 x 8, 7.9 / 24.9 with BK=16.
+# G=10, M=10000, N=1000: scores at dim=200 2.7 ms (l1) / 4.4 ms (modulus) with 32 x 32 x 8 (an earlier
+# sweep); both gradient kernels at dim 100 / 400 (`python bench/kernels.py --pairwise`, one call): l1
+# 5.2 / 16.7 ms with 16 x 32 x 16 against 5.7 / 23.4 ms with 16 x 32 x 8; modulus 6.7 / 23.6 ms with
+# 16 x 32 x 8 against 7.9 / 24.9 ms with 16 x 32 x 16.
 SCORE_TILE = (32, 32, 8, 4)
 GRAD_TILE = {"l1": (16, 32, 16, 4), "modulus": (16, 32, 8, 4)}
 
@@ -63,7 +65,8 @@ def pairwise_backward(weights: torch.Tensor, queries: torch.Tensor, candidates: 
                       kind: str) -> tuple[torch.Tensor, torch.Tensor]:
     """Gradients of sum_{g,i,j} weights[g,i,j] * S[g,i,j] (S as ``pairwise_scores``) with respect to
     queries and candidates: (grad_queries [G, M, w], grad_candidates [G, N, w]), columns >= dim zero,
-    float32 (float64 for float64 inputs)."""
+    float32 (float64 for float64 inputs). At exact l1 ties the Triton and torch versions take different
+    subgradients (module docstring)."""
     _check(queries, candidates, dim, kind)
     if weights.shape != (queries.shape[0], queries.shape[1], candidates.shape[1]):
         raise ValueError(f"weights {tuple(weights.shape)} do not match queries {tuple(queries.shape)} "
@@ -258,10 +261,10 @@ if triton is not None:
             scale = weight * tl.rsqrt(diff * diff + diff_im * diff_im + 1e-12)
             real, imag = scale * diff, scale * diff_im
         else:
-            # weight * sign(diff) as one bit operation: weight with its sign bit flipped where diff is negative
-            # (two compares and two selects before: the gradient kernels took 7.2 ms instead of 5.7 at dim 100).
-            # An exact tie (q_k == c_k, so diff = +0; a few per million float32 pairs) takes +weight: as valid
-            # a subgradient of |x| at 0 as torch's 0, which the torch version keeps.
+            # weight * sign(diff) as one bit operation: weight's sign bit flipped by diff's (two compares and
+            # two selects before: the gradient kernels took 7.2 ms instead of 5.7 at dim 100). So a tie takes
+            # the sign bit of its zero: q_k == c_k gives +0, +weight (about one pair in 10^8 of random float32
+            # rows ties); -0 - (+0) = -0 gives -weight. Both are subgradients of |x| at 0, as torch's 0 is.
             sign = diff.to(tl.uint32, bitcast=True) & 0x80000000
             real = (weight.to(tl.uint32, bitcast=True) ^ sign).to(tl.float32, bitcast=True)
             imag = real
