@@ -77,7 +77,8 @@ def main() -> None:
                         help="leave out the p = 1 row (another process of the same call trains it; diffs are then "
                              "to the first variant)")
     parser.add_argument("--group-size", type=int, default=8)
-    parser.add_argument("--set", nargs="*", default=[], help="extra key=value overrides for every run")
+    parser.add_argument("--set", nargs="*", action="extend", default=[],
+                        help="extra key=value overrides for every run (repeatable)")
     parser.add_argument("--out", default="bench/results/partition_accuracy.json")
     args = parser.parse_args()
     results = []
