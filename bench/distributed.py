@@ -78,7 +78,8 @@ def main() -> None:
     parser.add_argument("--negatives", type=int, default=500)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                         help="cuda: one GPU per trainer (NCCL), as many GPUs as the largest --trainers")
-    parser.add_argument("--set", nargs="*", action="extend", default=[], metavar="KEY=VALUE", help="more config overrides")
+    parser.add_argument("--set", nargs="*", action="extend", default=[], metavar="KEY=VALUE",
+                        help="more config overrides (repeatable)")
     parser.add_argument("--json", default="bench/results/cpu-distributed.json")
     parser.add_argument("--logs", help="copy each run's metrics and scheduler/trainer logs under this folder")
     args = parser.parse_args()

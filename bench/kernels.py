@@ -135,16 +135,24 @@ def block_floors(kind: str, triples: int, sms: int, clock_hz: float, capability:
 
 
 def sm_clock_hz(device: int) -> float:
-    """The SM's maximum clock: from nvidia-smi, else torch's device properties (kHz), else 0 (no floor).
-    The GPU is named to nvidia-smi by its UUID: its indices ignore CUDA_VISIBLE_DEVICES."""
+    """The SM's maximum clock: from nvidia-smi (the GPU named by its UUID, since nvidia-smi's indices ignore
+    CUDA_VISIBLE_DEVICES; by index where torch gives no UUID), else torch's device properties (kHz), else 0
+    (no floor)."""
     properties = torch.cuda.get_device_properties(device)
     uuid = getattr(properties, "uuid", None)
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=clocks.max.sm", "--format=csv,noheader,nounits", "-i",
-                              f"GPU-{uuid}" if uuid else str(device)], capture_output=True, text=True, timeout=30)
-        return float(out.stdout.split()[0]) * 1e6
-    except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
-        return getattr(properties, "clock_rate", 0) * 1e3
+    for name in ([f"GPU-{uuid}"] if uuid else []) + [str(device)]:
+        try:
+            out = subprocess.run(["nvidia-smi", "--query-gpu=clocks.max.sm", "--format=csv,noheader,nounits",
+                                  "-i", name], capture_output=True, text=True, timeout=30)
+            return float(out.stdout.split()[0]) * 1e6
+        except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
+            continue
+    return getattr(properties, "clock_rate", 0) * 1e3
+
+
+# (BM, BN, BK, warps) tried for the gradient kernels besides the shipped pairwise.GRAD_TILE of the kind.
+GRAD_TILES = [(16, 32, 8, 4), (32, 32, 8, 4), (16, 64, 8, 4), (32, 32, 4, 4), (16, 32, 16, 4), (8, 32, 16, 4),
+              (16, 32, 32, 4), (32, 64, 4, 8), (64, 32, 4, 8)]
 
 
 def pairwise_blocks(args) -> list[dict]:
@@ -179,14 +187,9 @@ def pairwise_blocks(args) -> list[dict]:
                     row.update(ms=float("nan"), error=type(error).__name__)
                 finally:
                     pairwise.GRAD_TILE = default_tiles
-                results.append({**row, "gb_per_s": 0.0})
+                results.append(row)
                 print(results[-1], flush=True)
     return results
-
-
-# (BM, BN, BK, warps) tried for the gradient kernels besides the shipped pairwise.GRAD_TILE of the kind.
-GRAD_TILES = [(16, 32, 8, 4), (32, 32, 8, 4), (16, 64, 8, 4), (32, 32, 4, 4), (16, 32, 16, 4), (8, 32, 16, 4),
-              (16, 32, 32, 4), (32, 64, 4, 8), (64, 32, 4, 8)]
 
 
 def unique_sort(args) -> list[dict]:
@@ -225,7 +228,8 @@ def main() -> None:
         rows = softmax_rows(args) + unique_sort(args)
     for row in rows:
         settings = "  ".join(f"{k}={v}" for k, v in row.items() if k not in ("kernel", "ms", "gb_per_s"))
-        print(f"{row['kernel']:<13} {settings:<28} {row['ms'] * 1e3:8.1f} us  {row['gb_per_s']:7.0f} GB/s")
+        bandwidth = f"  {row['gb_per_s']:7.0f} GB/s" if "gb_per_s" in row else ""  # (compute-bound kernels: none)
+        print(f"{row['kernel']:<13} {settings:<28} {row['ms'] * 1e3:8.1f} us{bandwidth}")
     if args.json:
         Path(args.json).write_text(json.dumps({"device": torch.cuda.get_device_name(), "rows": rows}, indent=1))
 

@@ -314,7 +314,8 @@ def main() -> None:
     parser.add_argument("--relations", type=int, default=100)
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--warmup-batches", type=int, default=10)
-    parser.add_argument("--set", dest="overrides", nargs="*", action="extend", default=[], help="step: extra config overrides")
+    parser.add_argument("--set", dest="overrides", nargs="*", action="extend", default=[],
+                        help="step: extra config overrides (repeatable)")
     parser.add_argument("--fb15k-variants", nargs="+", default=["1", "2", "2:training.batch_size=500"],
                         help="fb15k: GPUS[:override,...] per run")
     parser.add_argument("--partitions", type=int, default=16)
