@@ -79,10 +79,6 @@ class TrainingConfig:
     relation_prediction: float = _f(0.0, "weight of the relation-prediction objective (Chen et al., AKBC 2021): "
                                           "each edge's relation predicted from its head and tail by a softmax over "
                                           "all relation vectors, both directions (distmult, complex); 0: off")
-    one_vs_all_correction: bool = _f(True, "out of core with num_negatives -1 and softmax_ce: score the resident "
-                                           "candidates as if each stood for nodes / candidates nodes (log of that "
-                                           "ratio added to their logits: the sampled-softmax correction), so the "
-                                           "softmax keeps the scale of scoring every node; no effect in memory")
     shared_negatives: bool = _f(False, "several devices: the batches of a step draw the same uniform negatives "
                                        "(chunk c of every device), so each negative row is read from the host "
                                        "once per step; degree-based negatives stay per device")

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 
 from marius_py.config import load_config
-from marius_py.negatives import CandidateRows
 from marius_py.step.edge_kernels import EdgeMaths, edge_backward_, edge_queries
 from marius_py.step.fused import FusedStep, supports_fused_step
 from pipeline.row_kernels import gather_rows, scatter_add_rows_, sparse_adagrad_
@@ -288,55 +285,3 @@ def test_softmax_row_kernel_matches_torch_version(num_candidates, squared_l2):
         outputs.append([t.cpu() for t in (scores, loss, grad_positive)])
     for got, expected in zip(outputs[1], outputs[0]):
         torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-6)
-
-
-def _resident_step(step, model, nodes, state, edges, candidates, seed):
-    """``autograd_step`` / ``fused_step`` with negatives from ``candidates`` (a partition buffer's rows)."""
-    generator = torch.Generator().manual_seed(seed)
-    if step is autograd_step:
-        plan = model.plan_batch(edges, generator, candidates)
-        update = model.compute(plan, nodes[plan.rows], state[plan.rows], torch.Generator())
-        SparseAdagrad.apply(nodes, state, plan.rows, update.delta, update.squared)
-        return update.loss
-    plan = model.plan_batch(edges, generator, candidates, defer_count=True)
-    loss = torch.zeros((), dtype=nodes.dtype)
-    FusedStep(model).run(plan, nodes, state, loss, torch.Generator())
-    return loss / len(edges)
-
-
-@pytest.mark.parametrize("decoder", ["complex", "transe-l1"])
-def test_one_vs_all_over_half_the_nodes_scores_each_candidate_twice(decoder):
-    """1-vs-all over 30 resident rows of 60 nodes, corrected, equals uncorrected 1-vs-all over those rows listed
-    twice (what log(nodes / candidates) = log 2 on each candidate's logit means): loss, rows, relations after two
-    steps, for the autograd and the fused step. Uncorrected over the 30 rows once, it differs."""
-    name, *options = DISTANCE_DECODERS.get(decoder, [f"model.decoder={decoder}"])
-    base = ["training.num_negatives=-1", "model.regularizer=n3", "model.reg_weight=0.05", *options]
-    nodes, state, _ = make_tables("full", "cpu", torch.float64)
-    generator = torch.Generator().manual_seed(8)
-    edges = torch.stack([torch.randint(30, (23,), generator=generator), torch.randint(RELATIONS, (23,),
-                         generator=generator), torch.randint(30, (23,), generator=generator)], dim=1)
-    resident, twice = CandidateRows([(0, 12), (12, 18)]), CandidateRows([(0, 30), (0, 30)])
-
-    def train(step, candidates, correction):
-        model = make_model(name.split("=")[1], "full", "cpu", True,
-                           [*base, f"training.one_vs_all_correction={correction}"])
-        warm_relation_state(model)
-        tables = nodes.clone(), state.clone()
-        losses = [_resident_step(step, model, *tables, edges, candidates, seed) for seed in (11, 12)]
-        return torch.stack(losses), *tables, model.decoder.relations.detach()
-
-    expected = train(autograd_step, twice, False)
-    assert make_model("complex", "full", "cpu", False, base).candidate_log_weight(30) == pytest.approx(math.log(2))
-    for step in (autograd_step, fused_step):
-        for got, want in zip(train(step, resident, True), expected):
-            torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12)
-    assert not torch.allclose(train(autograd_step, resident, False)[0], expected[0])
-
-
-def test_candidate_log_weight_is_zero_in_memory_and_for_sampled_negatives():
-    one_vs_all = make_model("complex", "full", "cpu", False, ["training.num_negatives=-1"])
-    assert one_vs_all.candidate_log_weight(NODES) == 0.0
-    assert one_vs_all.candidate_log_weight(15) == pytest.approx(math.log(4))
-    assert make_model("complex", "full", "cpu", False, []).candidate_log_weight(15) == 0.0  # 7 sampled
-    assert make_model("complex", "full", "cpu", False, ["training.num_negatives=-1", "model.loss=logistic"]
-                      ).candidate_log_weight(15) == 0.0

@@ -180,10 +180,8 @@ class FusedStep:
         stacked = by_chunk(queries, batch, num_chunks)
         weights = chunk_row_weights(batch, stacked.shape[1], num_chunks, positive.dtype, positive.device)
         self.constants_used = weights  # cached outside any graph: a graph that captured it keeps it alive
-        logits_positive = positive - self.model.candidate_log_weight(num_candidates)  # out of core, 1-vs-all
         loss, *gradients = softmax_ce_gradients(
-            stacked, candidates.reshape(2 * num_chunks, num_candidates, width),
-            by_chunk(logits_positive, batch, num_chunks),
+            stacked, candidates.reshape(2 * num_chunks, num_candidates, width), by_chunk(positive, batch, num_chunks),
             by_chunk(torch.cat([edges[:, 2], edges[:, 0]]), batch, num_chunks), candidate_ids, weights, score_dtype,
             self.score_form)
         if reg is not None:

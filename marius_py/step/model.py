@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
 from dataclasses import dataclass
 
 import torch
@@ -60,23 +59,6 @@ class Model:
         self.decoder.load_state_dict(state["decoder"])
         if self.relation_optimizer is not None:
             self.relation_optimizer.load_state_dict(state["relation_optimizer"])
-
-    def candidate_log_weight(self, num_candidates: int) -> float:
-        """What 1-vs-all over ``num_candidates`` of the nodes adds to each candidate's logit: log(nodes / candidates).
-
-        Out of core the softmax sees only the resident nodes. Uncorrected, its
-        normaliser is that share of the in-memory one, so the positive's
-        probability is inflated and its gradient weakened against the
-        regulariser's; each candidate standing for nodes / candidates nodes
-        keeps the in-memory scale (the sampled-softmax correction). Applied by
-        lowering the positive's logit instead: the softmax is the same. 0 in
-        memory, with sampled negatives (their count does not depend on the
-        buffer), other losses, or ``training.one_vs_all_correction`` off.
-        """
-        t = self.config.training
-        if t.num_negatives != -1 or not t.one_vs_all_correction or self.config.model.loss != "softmax_ce":
-            return 0.0
-        return math.log(self.num_nodes / num_candidates) if num_candidates < self.num_nodes else 0.0
 
     def _dropout(self, queries: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
         if self.config.model.dropout == 0:
@@ -202,7 +184,6 @@ class Model:
         num_chunks = plan.tail_negatives.shape[0]
         stacked = by_chunk(queries, batch, num_chunks)
         target_ids = by_chunk(torch.cat([tails, heads]), batch, num_chunks)
-        positive = positive - self.candidate_log_weight(negative_ids.shape[-1])
         if self._fused_softmax:
             loss = shared_negative_softmax_ce(stacked, negatives, by_chunk(positive, batch, num_chunks),
                                               target_ids, negative_ids,
