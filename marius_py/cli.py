@@ -329,6 +329,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from marius_py.resources import keep_freed_memory
+    keep_freed_memory()
     try:
         args.func(args)
     except MariusInputError as error:

@@ -1,7 +1,10 @@
-"""Start-up checks of what a run needs: memory for the buffer, a matching partitioning."""
+"""Start-up checks of what a run needs: memory for the buffer, a matching partitioning; the C allocator."""
 
 from __future__ import annotations
 
+import ctypes
+import os
+import sys
 from pathlib import Path
 
 from marius_py.config import Config
@@ -58,3 +61,29 @@ def check_partitions_filled(p: int, dataset: Dataset) -> None:
                                f"{partition_size(n, p)} rows fill only {partitions_filled(n, p)}: the last "
                                "would be empty", path=dataset.directory,
                                expected=f"at most {valid} partitions (a smaller storage.num_partitions)")
+
+
+# glibc's mallopt parameters and the values `keep_freed_memory` sets (bench/RESULTS.md, eleventh session).
+M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD = -1, -2, -3
+ALLOCATOR_SETTINGS = {M_MMAP_THRESHOLD: 32 << 20, M_TRIM_THRESHOLD: 256 << 20, M_TOP_PAD: 16 << 20}
+ALLOCATOR_OPT_OUT = "MARIUS_PY_SYSTEM_MALLOC"
+
+
+def keep_freed_memory() -> bool:
+    """Let glibc keep a training step's freed temporaries for the next step instead of returning them to the
+    OS; True if it took the settings.
+
+    With glibc's defaults every CPU step gives its tens of MB of score and gradient temporaries back (heap
+    trimmed, or blocks unmapped), and the next step takes them again, page faults and zeroing included: a
+    third of the default run's time was system time. Kept: up to 256 MiB of free heap, blocks up to 32 MiB
+    served from the heap. A process-wide setting, so the command line applies it and the library does not;
+    set MARIUS_PY_SYSTEM_MALLOC=1 to keep the allocator's defaults."""
+    if os.environ.get(ALLOCATOR_OPT_OUT) or not sys.platform.startswith("linux"):
+        return False
+    try:
+        mallopt = ctypes.CDLL("libc.so.6").mallopt  # glibc only: musl has no mallopt of these parameters
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    # The mmap threshold first: setting the trim threshold alone stops glibc raising it as blocks are freed.
+    return all(mallopt(parameter, value) == 1 for parameter, value in ALLOCATOR_SETTINGS.items())

@@ -207,3 +207,19 @@ def test_resume_with_run_dir_is_refused(trained_run, capsys):
     _, run = trained_run
     assert main(["train", "--resume", str(run), "--run-dir", str(run)]) == 2
     assert "not both" in capsys.readouterr().err
+
+
+def test_allocator_settings_are_taken_unless_opted_out(monkeypatch):
+    from marius_py import resources
+    glibc = sys.platform.startswith("linux") and __import__("platform").libc_ver()[0] == "glibc"
+    assert resources.keep_freed_memory() is glibc
+    monkeypatch.setenv(resources.ALLOCATOR_OPT_OUT, "1")
+    assert resources.keep_freed_memory() is False
+
+
+def test_the_command_applies_the_allocator_settings(monkeypatch, capsys):
+    from marius_py import resources
+    calls = []
+    monkeypatch.setattr(resources, "keep_freed_memory", lambda: calls.append(True) or True)
+    assert main(["ordering", "-p", "4", "-c", "2"]) == 0
+    assert calls == [True]
