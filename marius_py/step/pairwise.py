@@ -220,17 +220,21 @@ if triton is not None:
         return real, imag
 
     @triton.jit
-    def _scores_kernel(queries, candidates, scores, num_queries, num_candidates, coordinates, imag_offset,
-                       q_group_stride, q_row_stride, c_group_stride, c_row_stride,
-                       MODULUS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
-        # Programs of one query block are adjacent: they sweep the group's candidates, which stay in L2.
+    def score_tile(num_queries, num_candidates, BM: tl.constexpr, BN: tl.constexpr):
+        """(group, query rows, candidate columns) of this program's [BM, BN] tile of the score block.
+        Programs of one query block are adjacent: they sweep the group's candidates, which stay in L2."""
         query_blocks, candidate_blocks = tl.cdiv(num_queries, BM), tl.cdiv(num_candidates, BN)
         pid = tl.program_id(0)
         candidate_block = pid % candidate_blocks
         query_block = (pid // candidate_blocks) % query_blocks
         group = (pid // (candidate_blocks * query_blocks)).to(tl.int64)
-        rows = query_block * BM + tl.arange(0, BM)
-        cols = candidate_block * BN + tl.arange(0, BN)
+        return group, query_block * BM + tl.arange(0, BM), candidate_block * BN + tl.arange(0, BN)
+
+    @triton.jit
+    def _scores_kernel(queries, candidates, scores, num_queries, num_candidates, coordinates, imag_offset,
+                       q_group_stride, q_row_stride, c_group_stride, c_row_stride,
+                       MODULUS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+        group, rows, cols = score_tile(num_queries, num_candidates, BM, BN)
         q_rows = _row_pointers(queries, group, q_group_stride, rows, num_queries, q_row_stride)
         c_rows = _row_pointers(candidates, group, c_group_stride, cols, num_candidates, c_row_stride)
         # Per-coordinate partial sums, reduced once after the loop: no cross-thread reduction per chunk.
