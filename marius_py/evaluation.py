@@ -42,20 +42,29 @@ class KnownAnswers:
         end = torch.searchsorted(self.keys, keys, side="right")
         counts = end - start
         rows = torch.repeat_interleave(torch.arange(len(keys)), counts)
-        offsets = torch.arange(int(counts.sum())) - torch.repeat_interleave(torch.cumsum(counts, 0) - counts, counts)
-        return rows, self.answers[torch.repeat_interleave(start, counts) + offsets]
+        # Pair p of query q sits at answers[start[q] + p - first[q]], first[q] being q's first pair.
+        first = torch.cumsum(counts, 0) - counts
+        return rows, self.answers[torch.arange(len(rows)) + (start - first)[rows]]
+
+
+def greater_and_tied_counts(scores: torch.Tensor, thresholds: torch.Tensor) -> torch.Tensor:
+    """Per row, #(scores > threshold) + #(scores >= threshold): what the realistic rank needs of a row.
+
+    One int8 pass summed in int32: two boolean sums into int64 took three times as long on a CPU, where they
+    were most of an evaluation."""
+    above = scores > thresholds[:, None]
+    at_or_above = scores >= thresholds[:, None]
+    total = torch.int32 if scores.shape[1] < 2**30 else torch.int64  # each score adds at most 2
+    return (above.view(torch.int8) + at_or_above.view(torch.int8)).sum(1, dtype=total)
 
 
 def realistic_ranks(scores: torch.Tensor, target_scores: torch.Tensor) -> torch.Tensor:
     """Mean of optimistic and pessimistic rank; ``scores`` excludes nothing but filtered entries.
 
-    ``scores`` still contains the target itself, which counts once in ``>=``.
+    ``scores`` still contains the target itself, which counts once in ``>=``:
+    (1 + #greater) + #greater-or-equal, halved.
     """
-    greater = (scores > target_scores[:, None]).sum(1)
-    greater_equal = (scores >= target_scores[:, None]).sum(1)
-    optimistic = 1 + greater
-    pessimistic = greater_equal  # the target counts itself once
-    return (optimistic + pessimistic).double() / 2
+    return (1 + greater_and_tied_counts(scores, target_scores)).double() / 2
 
 
 def summarize(ranks: torch.Tensor, protocol: str) -> dict:
@@ -170,8 +179,7 @@ def filtered_ranks(decoder: Decoder, nodes: torch.Tensor | NodeTable, edges: np.
         queries = decoder.query(anchor_rows, edges_t[:, 1], inverse)
         target_scores = decoder.compare_pairs(queries, target_rows)
         known_by_batch = _split_by_batch(*answers.lookup(anchor, edges_t[:, 1]), len(edges), batch_size, device)
-        greater = torch.zeros(len(edges), dtype=torch.long, device=device)
-        greater_equal = torch.zeros_like(greater)
+        counts = torch.zeros(len(edges), dtype=torch.long, device=device)  # greater_and_tied_counts, summed
         for block_start, block in table.blocks():
             block_end = block_start + len(block)
             for start, (known_rows, known_cols) in zip(range(0, len(edges), batch_size), known_by_batch):
@@ -185,9 +193,9 @@ def filtered_ranks(decoder: Decoder, nodes: torch.Tensor | NodeTable, edges: np.
                 scores[known_rows[picked], known_cols[picked] - block_start] = float("-inf")
                 # The target itself never counts against itself.
                 scores[own.nonzero()[:, 0], local_target[own]] = float("-inf")
-                greater[start:end] += (scores > threshold[:, None]).sum(1)
-                greater_equal[start:end] += (scores >= threshold[:, None]).sum(1)
-        all_ranks.append(((1 + greater) + (1 + greater_equal)).double().cpu() / 2)
+                counts[start:end] += greater_and_tied_counts(scores, threshold)
+        # The target was removed from its block: (1 + #greater) + (1 + #greater-or-equal among the others).
+        all_ranks.append((2 + counts).double().cpu() / 2)
     return torch.cat(all_ranks)
 
 
