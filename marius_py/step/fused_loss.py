@@ -231,17 +231,20 @@ def softmax_rows_(scores: torch.Tensor, positive: torch.Tensor, target_ids: torc
     it becomes d loss / d squared distance."""
     if scores.is_cuda and triton is not None and scores.dtype != torch.float64:
         return _softmax_rows_triton(scores, positive, target_ids, candidate_ids, weight, squared_l2=squared_l2)
-    valid = target_ids[:, :, None] != candidate_ids[:, None, :]
-    s = scores.to(positive.dtype)
+    s = scores.to(positive.dtype)  # scores themselves where the dtypes agree: the passes below work in place
     if squared_l2:
         s = -s.clamp_min(0).sqrt()
-    masked = s.masked_fill(~valid, float("-inf"))
-    top = torch.maximum(masked.amax(-1), positive)
-    exp = torch.exp(masked - top[..., None])
-    total = exp.sum(-1) + torch.exp(positive - top)
+    # In place: on a CPU each pass over the block is memory traffic, and each new block an allocation.
+    grad = s.clone() if squared_l2 else s  # s is still needed for the chain rule through sqrt
+    grad.masked_fill_(target_ids[:, :, None] == candidate_ids[:, None, :], float("-inf"))
+    top = torch.maximum(grad.amax(-1), positive)
+    total = grad.sub_(top[..., None]).exp_().sum(-1) + torch.exp(positive - top)
     log_total = top + torch.log(total)
-    grad = exp * (weight / total)[..., None]
-    scores.copy_(grad * _squared_l2_gradient(s) if squared_l2 else grad)
+    grad.mul_((weight / total)[..., None])
+    if squared_l2:
+        grad.mul_(_squared_l2_gradient(s))
+    if grad is not scores:
+        scores.copy_(grad)
     return log_total - positive, (torch.exp(positive - log_total) - 1) * weight
 
 
