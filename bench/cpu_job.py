@@ -1,0 +1,75 @@
+"""Whole `marius-py train` runs on the CPU, alternated between code versions and allocator settings.
+
+    python bench/cpu_job.py --json bench/results/cpu-allocator.json --allocator both          # the bundled job
+    python bench/cpu_job.py --code /tmp/base --code . --repeats 3 --json out.json -- training.epochs=3 evaluation.every=0
+
+Each run is `marius-py train --quiet [train arguments]` in a fresh process, from a checkout given with
+``--code`` (a git worktree of another commit, say; default: this one), with the command's allocator
+settings or glibc's defaults (``--allocator``: MARIUS_PY_SYSTEM_MALLOC, marius_py/resources.py). Runs
+alternate (every code x allocator once, then again ``--repeats`` times) so that a drifting machine hits
+them alike. Each row: wall, user and system seconds, the test MRR, and the seconds of every epoch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ALLOCATOR_OPT_OUT = "MARIUS_PY_SYSTEM_MALLOC"  # as marius_py/resources.py (not imported: --code picks the code)
+ALLOCATORS = {"command": [False], "system": [True], "both": [True, False]}
+
+
+def timed_run(code: Path, train_args: list[str], system_malloc: bool) -> dict:
+    env = {key: value for key, value in os.environ.items() if key != ALLOCATOR_OPT_OUT}
+    if system_malloc:
+        env[ALLOCATOR_OPT_OUT] = "1"
+    with tempfile.TemporaryDirectory() as scratch:
+        run_dir = Path(scratch) / "run"
+        program = (f"import sys; sys.path.insert(0, {str(code)!r}); from marius_py.cli import main; "
+                   f"sys.exit(main(['train', '--quiet', '--run-dir', {str(run_dir)!r}, *{train_args!r}]))")
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        start = time.perf_counter()
+        out = subprocess.run([sys.executable, "-c", program], env=env, cwd=scratch, capture_output=True,
+                             text=True, check=True).stdout
+        wall = time.perf_counter() - start
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    mrr = re.search(r"^test: MRR ([0-9.]+)", out, re.MULTILINE)
+    return {"code": str(code), "allocator": "glibc defaults" if system_malloc else "command's", "wall_s": wall,
+            "user_s": after.ru_utime - before.ru_utime, "system_s": after.ru_stime - before.ru_stime,
+            "test_mrr": float(mrr.group(1)) if mrr else None,
+            "epoch_s": [round(r["seconds"], 2) for r in records if r.get("event") == "epoch"]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--code", action="append", type=Path, default=None,
+                        help="a checkout to run (repeatable; default: this one)")
+    parser.add_argument("--allocator", choices=sorted(ALLOCATORS), default="command")
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--json", default=None)
+    parser.add_argument("train_args", nargs="*", help="after --: arguments of marius-py train")
+    args = parser.parse_args()
+    codes = [code.resolve() for code in args.code or [Path(__file__).resolve().parent.parent]]
+    rows = [timed_run(code, args.train_args, system_malloc) for _ in range(args.repeats) for code in codes
+            for system_malloc in ALLOCATORS[args.allocator]]
+    print(f"{'code':<24} {'allocator':<15} {'wall s':>7} {'user s':>7} {'sys s':>6} {'test MRR':>8}  epochs (s)")
+    for row in rows:
+        mrr = f"{row['test_mrr']:.4f}" if row["test_mrr"] is not None else "-"
+        print(f"{row['code'][-24:]:<24} {row['allocator']:<15} {row['wall_s']:7.1f} {row['user_s']:7.1f} "
+              f"{row['system_s']:6.1f} {mrr:>8}  {row['epoch_s']}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"cpus": os.cpu_count(), "train_args": args.train_args,
+                                               "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
