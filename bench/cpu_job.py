@@ -5,9 +5,10 @@
 
 Each run is `marius-py train --quiet [train arguments]` in a fresh process, from a checkout given with
 ``--code`` (a git worktree of another commit, say; default: this one), with the command's allocator
-settings or glibc's defaults (``--allocator``: MARIUS_PY_SYSTEM_MALLOC, marius_py/resources.py). Runs
-alternate (every code x allocator once, then again ``--repeats`` times) so that a drifting machine hits
-them alike. Each row: wall, user and system seconds, the test MRR, and the seconds of every epoch.
+settings or glibc's defaults (``--allocator``: MARIUS_PY_SYSTEM_MALLOC, marius_py/resources.py; a checkout
+without the settings always runs glibc's defaults, and its rows say so). Runs alternate (``--repeats``
+rounds of every code x allocator) so that a drifting machine hits them alike. Each row: wall, user and
+system seconds, the test MRR as printed (4 decimals), and the seconds of every epoch.
 """
 
 from __future__ import annotations
@@ -37,13 +38,18 @@ def timed_run(code: Path, train_args: list[str], system_malloc: bool) -> dict:
                    f"sys.exit(main(['train', '--quiet', '--run-dir', {str(run_dir)!r}, *{train_args!r}]))")
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         start = time.perf_counter()
-        out = subprocess.run([sys.executable, "-c", program], env=env, cwd=scratch, capture_output=True,
-                             text=True, check=True).stdout
+        done = subprocess.run([sys.executable, "-c", program], env=env, cwd=scratch, capture_output=True,
+                              text=True)
+        if done.returncode:
+            sys.exit(f"{code}: marius-py train failed ({done.returncode}):\n{done.stderr}")
+        out = done.stdout
         wall = time.perf_counter() - start
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     mrr = re.search(r"^test: MRR ([0-9.]+)", out, re.MULTILINE)
-    return {"code": str(code), "allocator": "glibc defaults" if system_malloc else "command's", "wall_s": wall,
+    has_settings = "keep_freed_memory" in (code / "marius_py" / "resources.py").read_text()
+    allocator = "command's" if has_settings and not system_malloc else "glibc defaults"
+    return {"code": str(code), "allocator": allocator, "wall_s": wall,
             "user_s": after.ru_utime - before.ru_utime, "system_s": after.ru_stime - before.ru_stime,
             "test_mrr": float(mrr.group(1)) if mrr else None,
             "epoch_s": [round(r["seconds"], 2) for r in records if r.get("event") == "epoch"]}

@@ -2,6 +2,9 @@
 
     python bench/cpu_softmax.py --json bench/results/cpu-softmax-rows.json
 
+The allocator settings of the command (marius_py/resources.py) are applied first where the code has them,
+as in `marius-py train`.
+
 Block: 2 directions x 1,000 queries x 2,000 shared candidates (CoDEx-M's `codex-m` config), for float32,
 float32 squared-L2 (TransE-L2's form), float64 and bfloat16 scores. Each row: median milliseconds of 10 calls
 on a fresh copy of the scores, and a checksum of the outputs (the same checksum from two versions of the code
@@ -35,6 +38,11 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=10)
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
+    try:
+        from marius_py.resources import keep_freed_memory
+        allocator = "command's" if keep_freed_memory() else "glibc defaults"
+    except ImportError:  # code from before the settings
+        allocator = "glibc defaults"
     rows = []
     for name, dtype, squared_l2 in CASES:
         torch.manual_seed(0)
@@ -54,11 +62,12 @@ def main() -> None:
             times.append(time.perf_counter() - start)
         checksum = float(work.double().sum() + loss.double().sum() + grad_positive.double().sum())
         rows.append({"scores": name, "ms": statistics.median(times[1:]) * 1e3, "checksum": checksum})
+    print(f"allocator: {allocator}")
     print(f"{'scores':<20} {'ms':>8}  checksum")
     for row in rows:
         print(f"{row['scores']:<20} {row['ms']:8.1f}  {row['checksum']!r}")
     if args.json:
-        Path(args.json).write_text(json.dumps({"threads": torch.get_num_threads(), "block": [
+        Path(args.json).write_text(json.dumps({"threads": torch.get_num_threads(), "allocator": allocator, "block": [
             args.groups, args.queries, args.candidates], "rows": rows}, indent=1))
 
 

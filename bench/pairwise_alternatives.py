@@ -7,7 +7,8 @@ Each row gives the median time and the largest absolute and relative error again
 
 - ``half2``: the difference, its absolute value and the running sum in packed half precision, two
   coordinates per instruction (PTX f16x2), flushed into float32 every ``inner`` chunks of ``BK``
-  coordinates. It halves the CUDA-core instructions a (query, candidate, coordinate) triple needs.
+  coordinates: half the arithmetic instructions per (query, candidate, coordinate) triple, plus the
+  conversions and flushes (instructions not counted).
 - ``outer``: one coordinate at a time, as an outer product of a query column and a candidate column
   into a [BM, BN] float32 accumulator (the SGEMM loop shape), from coordinate-major copies of the rows;
   the copies' cost is timed apart (``transpose_ms``).
@@ -96,6 +97,7 @@ def half2_scores(q, c, tile):
 def outer_scores(q_t, c_t, tile):
     block_m, block_n, warps = tile
     groups, dim, num_queries = q_t.shape
+    assert dim % UNROLL == 0, f"the outer kernel steps {UNROLL} coordinates at a time; dim {dim} is not a multiple"
     num_candidates = c_t.shape[2]
     scores = torch.empty(groups, num_queries, num_candidates, device=q_t.device)
     grid = (groups * triton.cdiv(num_queries, block_m) * triton.cdiv(num_candidates, block_n),)

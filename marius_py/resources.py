@@ -67,6 +67,8 @@ def check_partitions_filled(p: int, dataset: Dataset) -> None:
 M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD = -1, -2, -3
 ALLOCATOR_SETTINGS = {M_MMAP_THRESHOLD: 32 << 20, M_TRIM_THRESHOLD: 256 << 20, M_TOP_PAD: 16 << 20}
 ALLOCATOR_OPT_OUT = "MARIUS_PY_SYSTEM_MALLOC"
+USER_MALLOC_SETTINGS = ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TOP_PAD_",
+                        "MALLOC_ARENA_MAX")
 
 
 def keep_freed_memory() -> bool:
@@ -74,16 +76,21 @@ def keep_freed_memory() -> bool:
     OS; True if it took the settings.
 
     With glibc's defaults every CPU step gives its tens of MB of score and gradient temporaries back (heap
-    trimmed, or blocks unmapped), and the next step takes them again, page faults and zeroing included: a
-    third of the default run's time was system time. Kept: up to 256 MiB of free heap, blocks up to 32 MiB
-    served from the heap. A process-wide setting, so the command line applies it and the library does not;
-    set MARIUS_PY_SYSTEM_MALLOC=1 to keep the allocator's defaults."""
-    if os.environ.get(ALLOCATOR_OPT_OUT) or not sys.platform.startswith("linux"):
+    trimmed, or blocks unmapped), and the next step takes them again, page faults and zeroing included: the
+    bundled job spent 96 s of its 236 s in the kernel. Kept: up to 256 MiB of free heap per malloc arena,
+    blocks up to 32 MiB served from the heap. A process-wide setting, so the command line applies it and the
+    library does not. Left alone where the user set glibc's malloc variables, or MARIUS_PY_SYSTEM_MALLOC to
+    anything but 0."""
+    if not sys.platform.startswith("linux") or os.environ.get(ALLOCATOR_OPT_OUT, "0") not in ("", "0") \
+            or any(name in os.environ for name in USER_MALLOC_SETTINGS) \
+            or "glibc.malloc." in os.environ.get("GLIBC_TUNABLES", ""):
         return False
     try:
         mallopt = ctypes.CDLL("libc.so.6").mallopt  # glibc only: musl has no mallopt of these parameters
     except (OSError, AttributeError):
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    # The mmap threshold first: setting the trim threshold alone stops glibc raising it as blocks are freed.
-    return all(mallopt(parameter, value) == 1 for parameter, value in ALLOCATOR_SETTINGS.items())
+    # All three explicitly: setting any of them stops glibc from raising the mmap threshold by itself as blocks
+    # are freed (with the trim threshold alone, every block over 128 KiB was mapped and unmapped: slower).
+    taken = [mallopt(parameter, value) == 1 for parameter, value in ALLOCATOR_SETTINGS.items()]
+    return all(taken)

@@ -210,10 +210,19 @@ def test_resume_with_run_dir_is_refused(trained_run, capsys):
 
 
 def test_allocator_settings_are_taken_unless_opted_out(monkeypatch):
+    import platform
+
     from marius_py import resources
-    glibc = sys.platform.startswith("linux") and __import__("platform").libc_ver()[0] == "glibc"
+    for name in (resources.ALLOCATOR_OPT_OUT, "GLIBC_TUNABLES", *resources.USER_MALLOC_SETTINGS):
+        monkeypatch.delenv(name, raising=False)
+    glibc = sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"
+    assert resources.keep_freed_memory() is glibc
+    monkeypatch.setenv(resources.ALLOCATOR_OPT_OUT, "0")
     assert resources.keep_freed_memory() is glibc
     monkeypatch.setenv(resources.ALLOCATOR_OPT_OUT, "1")
+    assert resources.keep_freed_memory() is False
+    monkeypatch.delenv(resources.ALLOCATOR_OPT_OUT)
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "1048576")  # the user's own glibc settings win
     assert resources.keep_freed_memory() is False
 
 
