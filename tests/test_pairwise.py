@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from marius_py.step import pairwise
+from marius_py.step import pairwise, pairwise_cuda
 from marius_py.step.pairwise import pairwise_backward, pairwise_scores
 
 # G, M, N, row width w, dim: padding (w > dim), sizes that fill no tile evenly, one pair, G = 1.
@@ -78,13 +78,31 @@ def test_rejects_bad_arguments():
         pairwise_scores(queries, candidates, 7, "l1")
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("kind", ["l1", "modulus"])
-@pytest.mark.parametrize("shape", [(3, 517, 301, 136, 130), (1, 70, 1500, 100, 100), (2, 33, 31, 8, 6)])
-def test_triton_version_matches_torch_version_on_gpu(kind, shape):
+def use_gpu_kernels(monkeypatch, implementation: str, kind: str) -> None:
+    """Route the block to ``implementation``: "nvrtc" (pairwise_cuda, l1 only) or "triton"; skip where the
+    machine has neither, so that no test silently checks the same kernels twice."""
     if not pairwise.use_triton(torch.empty(1, device="cuda")):
         pytest.skip("needs Triton")
+    if implementation == "triton":
+        monkeypatch.setenv(pairwise_cuda.OPT_OUT, "0")
+        return
+    if kind != "l1":
+        pytest.skip("the NVRTC kernels are L1's only")
+    if not hasattr(torch.cuda, "_compile_kernel"):
+        pytest.skip(f"torch {torch.__version__} cannot compile CUDA kernels at run time")
+    monkeypatch.delenv(pairwise_cuda.OPT_OUT, raising=False)
+    assert pairwise_cuda.serves(torch.ones(1, 1, 1, device="cuda"))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("implementation", ["nvrtc", "triton"])
+@pytest.mark.parametrize("kind", ["l1", "modulus"])
+# Ragged tiles; many candidates to few queries (the candidates' gradient sliced); one row of each.
+@pytest.mark.parametrize("shape", [(3, 517, 301, 136, 130), (1, 70, 1500, 100, 100), (2, 33, 31, 8, 6),
+                                   (2, 5, 3000, 40, 38), (1, 1, 1, 4, 4)])
+def test_gpu_kernels_match_torch_version(monkeypatch, implementation, kind, shape):
+    use_gpu_kernels(monkeypatch, implementation, kind)
     queries, candidates, weights = random_inputs(shape, dtype=torch.float32, device="cuda")
     queries = torch.nn.functional.pad(queries, (0, 5))[..., :shape[3]]  # rows strided wider than w
     dim = shape[4]
@@ -114,9 +132,9 @@ def with_ties_positive(gradients, weights, queries, candidates, dim):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_triton_l1_gradient_takes_plus_one_at_exact_ties():
-    if not pairwise.use_triton(torch.empty(1, device="cuda")):
-        pytest.skip("needs Triton")
+@pytest.mark.parametrize("implementation", ["nvrtc", "triton"])
+def test_gpu_l1_gradient_takes_plus_one_at_exact_ties(monkeypatch, implementation):
+    use_gpu_kernels(monkeypatch, implementation, "l1")
     queries, candidates, weights = random_inputs((2, 40, 50, 12, 12), integers=True, dtype=torch.float32,
                                                  device="cuda")
     reference = pairwise._backward_torch(weights, queries, candidates, 12, "l1")
@@ -124,3 +142,34 @@ def test_triton_l1_gradient_takes_plus_one_at_exact_ties():
     assert not torch.allclose(ties_positive[0], reference[0])  # the inputs hold ties: the conventions differ
     for result, expected in zip(pairwise_backward(weights, queries, candidates, 12, "l1"), ties_positive):
         torch.testing.assert_close(result, expected, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_triton_kernels_serve_where_nvrtc_fails(monkeypatch):
+    if not pairwise.use_triton(torch.empty(1, device="cuda")):
+        pytest.skip("needs Triton")
+
+    def refuse(source, name):
+        raise RuntimeError("no NVRTC here")
+    monkeypatch.setattr(pairwise_cuda, "compile_kernel", refuse)
+    monkeypatch.setattr(pairwise_cuda, "_kernels", {})  # compiled kernels of earlier tests are forgotten
+    monkeypatch.delenv(pairwise_cuda.OPT_OUT, raising=False)
+    queries, candidates, weights = random_inputs((2, 30, 20, 12, 10), dtype=torch.float32, device="cuda")
+    with pytest.warns(RuntimeWarning, match="Triton kernels serve instead"):
+        scores = pairwise_scores(queries, candidates, 10, "l1")
+    torch.testing.assert_close(scores, pairwise._scores_torch(queries, candidates, 10, "l1"))
+    assert not pairwise_cuda.serves(queries, candidates)  # refused once, not compiled again
+
+
+def test_nvrtc_kernels_take_only_float32_cuda_blocks(monkeypatch):
+    cpu = torch.ones(1, 2, 3)
+    assert not pairwise_cuda.serves(cpu)
+    assert pairwise._compiled_inputs("l1", cpu, cpu) is None
+    if torch.cuda.is_available():
+        gpu = cpu.cuda()
+        assert pairwise._compiled_inputs("modulus", gpu, gpu) is None
+        assert not pairwise_cuda.serves(gpu.double(), gpu)
+        assert not pairwise_cuda.serves(gpu[..., :0])
+        monkeypatch.setenv(pairwise_cuda.OPT_OUT, "0")
+        assert not pairwise_cuda.serves(gpu)

@@ -1,0 +1,240 @@
+"""TransE-L1's score block and its two gradients: the NVRTC kernels (marius_py/step/pairwise_cuda.py)
+against the Triton kernels they replaced, and unshipped variants of them (one GPU).
+
+    python bench/pairwise_cuda.py --json bench/results/gpu-pairwise-cuda.json
+
+The block is the step's: 10 groups of 10,000 queries against 1,000 candidates, dim 100 and 400. Rows:
+
+- ``triton ... (before)``: pairwise.py's Triton kernels, which served L1 before the NVRTC kernels;
+- ``nvrtc ... (shipped)``: what ``pairwise_scores`` / ``pairwise_backward`` run now;
+- ``nvrtc scores half2`` (not shipped): the scores' coordinates in packed halves, two a PTX f16x2
+  instruction, each pair's sums flushed into float32 every 16 coordinates;
+- ``gradient_{side}_r{rows}_b{blocks} x{slices}``: the gradient kernel with ``rows`` rows a thread, a launch
+  bound of ``blocks`` blocks per SM, and the candidates' reduction over queries cut in ``slices``
+  (summed afterwards); the shipped choice is pairwise_cuda.GRADIENT_ROWS / GRADIENT_MIN_BLOCKS, slices
+  by pairwise_cuda.WAVES.
+
+Each row: median ms, the share of the issue floor it reaches (2 instructions a triple for the scores, 3
+for each gradient, as bench/kernels.py counts them), the largest error against the Triton kernel's output
+relative to that output's largest magnitude, and the registers and spilled bytes a thread.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from kernels import sm_clock_hz, time_ms  # noqa: E402  (bench/kernels.py, beside this file)
+from marius_py.step import pairwise, pairwise_cuda  # noqa: E402
+
+ISSUE_SLOTS_PER_SM = 4 * 32
+GRADIENT_VARIANTS = [(8, 2), (4, 2), (4, 3), (4, 4)]  # (rows a thread, launch bound's blocks per SM)
+
+SCORES_HALF2_SOURCE = r"""
+// Packed halves through PTX (f16x2), so that no CUDA header is needed.
+__device__ __forceinline__ unsigned pack_half2(float lo, float hi) {
+    unsigned r; asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo)); return r;
+}
+__device__ __forceinline__ unsigned add_abs_difference(unsigned total, unsigned a, unsigned b) {
+    unsigned r;
+    asm("{ .reg .b32 t; sub.f16x2 t, %1, %2; abs.f16x2 t, t; add.f16x2 %0, %3, t; }"
+        : "=r"(r) : "r"(a), "r"(b), "r"(total));
+    return r;
+}
+__device__ __forceinline__ float half2_sum(unsigned v) {
+    float lo, hi;
+    asm("{ .reg .f16 l, h; mov.b32 {l, h}, %2; cvt.f32.f16 %0, l; cvt.f32.f16 %1, h; }" : "=f"(lo), "=f"(hi) : "r"(v));
+    return lo + hi;
+}
+extern "C" __global__ void __launch_bounds__(256, 1)
+l1_scores_half2(const float* __restrict__ q, const float* __restrict__ c, float* __restrict__ s,
+                int M, int N, int dim, int q_group, int q_row, int c_group, int c_row)
+{
+    // As l1_scores, with coordinate pairs (2p, 2p+1) packed in one register: tiles of 16 coordinates.
+    __shared__ __align__(16) unsigned sq[8][128];
+    __shared__ __align__(16) unsigned sc[8][128];
+    const int g = blockIdx.z, m0 = blockIdx.y * 128, n0 = blockIdx.x * 128;
+    const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
+    const int lrow = tid >> 1, lk = (tid & 1) * 8;
+    const float* qrow = q + (long long)g * q_group + (long long)min(m0 + lrow, M - 1) * q_row;
+    const float* crow = c + (long long)g * c_group + (long long)min(n0 + lrow, N - 1) * c_row;
+    float total[8][8];
+    #pragma unroll
+    for (int i = 0; i < 8; ++i)
+        #pragma unroll
+        for (int j = 0; j < 8; ++j) total[i][j] = 0.f;
+    for (int k0 = 0; k0 < dim; k0 += 16) {
+        #pragma unroll
+        for (int p = 0; p < 4; ++p) {
+            int k = k0 + lk + 2 * p;
+            float q0 = k < dim ? qrow[k] : 0.f, q1 = k + 1 < dim ? qrow[k + 1] : 0.f;
+            float c0 = k < dim ? crow[k] : 0.f, c1 = k + 1 < dim ? crow[k + 1] : 0.f;
+            sq[lk / 2 + p][lrow] = pack_half2(q0, q1);
+            sc[lk / 2 + p][lrow] = pack_half2(c0, c1);
+        }
+        __syncthreads();
+        unsigned acc[8][8];
+        #pragma unroll
+        for (int i = 0; i < 8; ++i)
+            #pragma unroll
+            for (int j = 0; j < 8; ++j) acc[i][j] = 0u;  // +0, +0
+        #pragma unroll
+        for (int kk = 0; kk < 8; ++kk) {
+            uint4 a0 = *(const uint4*)&sq[kk][ty * 4], a1 = *(const uint4*)&sq[kk][64 + ty * 4];
+            uint4 b0 = *(const uint4*)&sc[kk][tx * 4], b1 = *(const uint4*)&sc[kk][64 + tx * 4];
+            unsigned a[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+            unsigned b[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+            #pragma unroll
+            for (int i = 0; i < 8; ++i)
+                #pragma unroll
+                for (int j = 0; j < 8; ++j) acc[i][j] = add_abs_difference(acc[i][j], a[i], b[j]);
+        }
+        #pragma unroll
+        for (int i = 0; i < 8; ++i)
+            #pragma unroll
+            for (int j = 0; j < 8; ++j) total[i][j] += half2_sum(acc[i][j]);
+        __syncthreads();
+    }
+    float* out = s + (long long)g * M * N;
+    #pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        int row = m0 + (i < 4 ? ty * 4 + i : 60 + ty * 4 + i);
+        if (row >= M) continue;
+        #pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            int col = n0 + (j < 4 ? tx * 4 + j : 60 + tx * 4 + j);
+            if (col < N) out[(long long)row * N + col] = -total[i][j];
+        }
+    }
+}
+"""
+
+def compile_kernels() -> tuple[dict, dict]:
+    """(kernels by name, compile errors by name): a kernel NVRTC refuses leaves its rows out."""
+    sources = {"scores_half2": (SCORES_HALF2_SOURCE, "l1_scores_half2")}
+    for side, x_minus_y in (("queries", True), ("candidates", False)):  # d = x - y, or y - x
+        for rows, min_blocks in GRADIENT_VARIANTS:
+            name = f"gradient_{side}_r{rows}_b{min_blocks}"
+            sources[name] = (pairwise_cuda.gradient_source(x_minus_y, rows, min_blocks, name), name)
+    kernels, errors = {}, {}
+    for name, (source, entry) in sources.items():
+        try:
+            kernels[name] = pairwise_cuda.compile_kernel(source, entry)
+        except Exception as error:  # noqa: BLE001 - reported in the table and the JSON
+            errors[name] = str(error)
+            print(f"{name}: not compiled: {error}", file=sys.stderr)
+    return kernels, errors
+
+
+def half2_scores(kernel, q: torch.Tensor, c: torch.Tensor, dim: int) -> torch.Tensor:
+    groups, num_queries, num_candidates = q.shape[0], q.shape[1], c.shape[1]
+    scores = torch.empty(groups, num_queries, num_candidates, device=q.device)
+    kernel(grid=(-(-num_candidates // 128), -(-num_queries // 128), groups), block=(256, 1, 1),
+           args=[q, c, scores, num_queries, num_candidates, dim, q.stride(0), q.stride(1), c.stride(0), c.stride(1)])
+    return scores
+
+
+def variant_gradient(kernel, weights: torch.Tensor, x: torch.Tensor, y: torch.Tensor, dim: int,
+                     transposed: bool, splits: int, threads: int) -> torch.Tensor:
+    """As pairwise_cuda._gradient with a given kernel, thread count and number of reduction slices."""
+    groups, rows, others = x.shape[0], x.shape[1], y.shape[1]
+    w_a, w_b = (weights.stride(2), weights.stride(1)) if transposed else (weights.stride(1), weights.stride(2))
+    out = torch.zeros(splits, groups, rows, x.shape[2], device=x.device)
+    kernel(grid=(-(-dim // 32), splits * -(-rows // 128), groups), block=(threads, 1, 1),
+           args=[weights, x, y, out, rows, others, dim, weights.stride(0), w_a, w_b, x.stride(0), x.stride(1),
+                 y.stride(0), y.stride(1), out.stride(1), out.stride(2), out.stride(0), -(-others // splits),
+                 0 if transposed else 1])
+    return out[0] if splits == 1 else out.sum(0)
+
+
+def kernel_attributes(kernel) -> dict:
+    """Registers a thread and local (spilled) bytes a thread, as the driver reports them."""
+    import ctypes
+    libcuda = torch.cuda._utils._get_gpu_runtime_library()
+    values = {}
+    for name, attribute in (("registers", 4), ("local_bytes", 3)):  # CU_FUNC_ATTRIBUTE_NUM_REGS, _LOCAL_SIZE_BYTES
+        value = ctypes.c_int()
+        libcuda.cuFuncGetAttribute(ctypes.byref(value), attribute, kernel.func)
+        values[name] = value.value
+    return values
+
+
+def relative_error(values: torch.Tensor, reference: torch.Tensor) -> float:
+    return ((values.double() - reference.double()).abs().max() / reference.double().abs().max()).item()
+
+
+def issue_floor_ms(triples: int, instructions: int, properties, clock_hz: float) -> float:
+    return triples * instructions / (properties.multi_processor_count * ISSUE_SLOTS_PER_SM * clock_hz) * 1e3
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--groups", type=int, default=10)
+    parser.add_argument("--queries", type=int, default=10_000)
+    parser.add_argument("--candidates", type=int, default=1000)
+    parser.add_argument("--dims", type=int, nargs="+", default=[100, 400])
+    parser.add_argument("--splits", type=int, nargs="+", default=[2, 4, 8],
+                        help="slices of the candidates' gradient reduction tried with each variant")
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    kernels, compile_errors = compile_kernels()
+    properties, clock = torch.cuda.get_device_properties(0), sm_clock_hz(0)
+    rows = []
+    for dim in args.dims:
+        q = torch.randn(args.groups, args.queries, dim, device="cuda") * 0.3  # TransE-scale rows
+        c = torch.randn(args.groups, args.candidates, dim, device="cuda") * 0.3
+        weights = torch.randn(args.groups, args.queries, args.candidates, device="cuda") * 1e-3
+        assert pairwise_cuda.serves(weights, q, c), "the NVRTC kernels do not serve this block"
+        triples = args.groups * args.queries * args.candidates * dim
+        triton_scores = pairwise._scores_triton(q, c, dim, "l1")
+        triton_q, triton_c = pairwise._backward_triton(weights, q, c, dim, "l1")
+        measured = {  # name: (work, instructions a triple, reference output, bench kernel it needs)
+            "triton scores (before)": (lambda: pairwise._scores_triton(q, c, dim, "l1"), 2, None, None),
+            "nvrtc scores (shipped)": (lambda: pairwise.pairwise_scores(q, c, dim, "l1"), 2, triton_scores, None),
+            "nvrtc scores half2": (lambda: half2_scores(kernels["scores_half2"], q, c, dim), 2, triton_scores,
+                                   "scores_half2"),
+            "triton gradients, both (before)": (lambda: pairwise._backward_triton(weights, q, c, dim, "l1"), 6,
+                                                None, None),
+            "nvrtc gradients, both (shipped)": (lambda: pairwise.pairwise_backward(weights, q, c, dim, "l1"), 6,
+                                                None, None),
+        }
+        for thread_rows, min_blocks in GRADIENT_VARIANTS:
+            sides = [("queries", q, c, False, 1, triton_q)] + [("candidates", c, q, True, splits, triton_c)
+                                                                 for splits in args.splits]
+            for side, x, y, transposed, splits, reference in sides:
+                name = f"gradient_{side}_r{thread_rows}_b{min_blocks}"
+                measured[f"{name} x{splits}"] = (
+                    lambda name=name, x=x, y=y, transposed=transposed, splits=splits, threads=1024 // thread_rows:
+                    variant_gradient(kernels[name], weights, x, y, dim, transposed, splits, threads), 3,
+                    reference, name)
+        for name, (work, instructions, reference, needs) in measured.items():
+            if needs is not None and needs not in kernels:
+                continue
+            ms = time_ms(work)
+            floor = issue_floor_ms(triples, instructions, properties, clock)
+            rows.append({"kernel": name, "dim": dim, "ms": ms, "issue_floor_ms": floor,
+                         **(kernel_attributes(kernels[needs]) if needs else {}),
+                         "share_of_issue_rate": floor / ms if clock else None,
+                         "error_vs_triton": relative_error(work(), reference) if reference is not None else None})
+    print(f"{'kernel':<36} {'dim':>4} {'ms':>8} {'floor ms':>9} {'of issue rate':>14} {'error vs Triton':>16} "
+          f"{'regs':>5} {'spill B':>8}")
+    for row in rows:
+        error = f"{row['error_vs_triton']:.1e}" if row["error_vs_triton"] is not None else "-"
+        share = f"{row['share_of_issue_rate']:.0%}" if row["share_of_issue_rate"] is not None else "-"
+        print(f"{row['kernel']:<36} {row['dim']:>4} {row['ms']:8.3f} {row['issue_floor_ms']:9.3f} {share:>14} "
+              f"{error:>16} {row.get('registers', '-'):>5} {row.get('local_bytes', '-'):>8}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({
+            "device": torch.cuda.get_device_name(), "clock_hz": clock, "torch": torch.__version__,
+            "compile_errors": compile_errors, "args": vars(args), "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
