@@ -1,22 +1,21 @@
-"""TransE-L1's score block and its two gradients: the NVRTC kernels (marius_py/step/pairwise_cuda.py)
-against the Triton kernels they replaced, and unshipped variants of them (one GPU).
+"""Distance score blocks (TransE-L1, RotatE's modulus) and their two gradients: the NVRTC kernels
+(marius_py/step/pairwise_cuda.py) against the Triton kernels they replaced, and variants (one GPU).
 
     python bench/pairwise_cuda.py --json bench/results/gpu-pairwise-cuda.json
 
 The block is the step's: 10 groups of 10,000 queries against 1,000 candidates, dim 100 and 400. Rows:
 
-- ``triton ... (before)``: pairwise.py's Triton kernels, which served L1 before the NVRTC kernels;
+- ``triton ... (before)``: pairwise.py's Triton kernels, which served before the NVRTC kernels;
 - ``nvrtc ... (shipped)``: what ``pairwise_scores`` / ``pairwise_backward`` run now;
-- ``nvrtc scores half2`` (not shipped): the scores' coordinates in packed halves, two a PTX f16x2
+- ``nvrtc scores half2`` (L1, not shipped): the coordinates in packed halves, two a PTX f16x2
   instruction, each pair's sums flushed into float32 every 16 coordinates;
-- ``gradient_{side}_r{rows}_b{blocks} x{slices}``: the gradient kernel with ``rows`` rows a thread, a launch
-  bound of ``blocks`` blocks per SM, and the candidates' reduction over queries cut in ``slices``
-  (summed afterwards); the shipped choice is pairwise_cuda.GRADIENT_ROWS / GRADIENT_MIN_BLOCKS, slices
-  by pairwise_cuda.WAVES.
+- ``{kind}_{kernel}_b{blocks} [x{slices}]``: a kernel compiled with a launch bound of ``blocks`` blocks per
+  SM (the shipped choice is pairwise_cuda.MIN_BLOCKS) and, for the gradients, the reduction cut in
+  ``slices`` summed afterwards (the shipped choice follows pairwise_cuda.WAVES; the queries' is 1 here).
 
-Each row: median ms, the share of the issue floor it reaches (2 instructions a triple for the scores, 3
-for each gradient, as bench/kernels.py counts them), the largest error against the Triton kernel's output
-relative to that output's largest magnitude, and the registers and spilled bytes a thread.
+Each row: median ms, the share of the issue floor it reaches (INSTRUCTIONS below), the largest error
+against the Triton kernel's output relative to that output's largest magnitude, and the registers and
+spilled bytes a thread.
 """
 
 from __future__ import annotations
@@ -34,7 +33,13 @@ from kernels import sm_clock_hz, time_ms  # noqa: E402  (bench/kernels.py, besid
 from marius_py.step import pairwise, pairwise_cuda  # noqa: E402
 
 ISSUE_SLOTS_PER_SM = 4 * 32
-GRADIENT_VARIANTS = [(8, 2), (4, 2), (4, 3), (4, 4)]  # (rows a thread, launch bound's blocks per SM)
+# Instructions a triple (a complex coordinate for the modulus): (scores, each gradient), as bench/kernels.py
+# counts them. The modulus's square roots go to 16 special-function lanes an SM: its floor there is the
+# issue floor times 8 / 6 (scores) and 8 / 8 (gradients); the table gives the issue floor only.
+INSTRUCTIONS = {"l1": (2, 3), "modulus": (6, 8)}
+# (kind, kernel, launch bound's blocks per SM) compiled besides the shipped pairwise_cuda.MIN_BLOCKS
+VARIANTS = [(kind, kernel, blocks) for kind in ("l1", "modulus") for kernel, counts in
+            (("scores", (1, 2)), ("grad_queries", (1, 2, 3)), ("grad_candidates", (1, 2, 3))) for blocks in counts]
 
 SCORES_HALF2_SOURCE = r"""
 // Packed halves through PTX (f16x2), so that no CUDA header is needed.
@@ -118,10 +123,9 @@ l1_scores_half2(const float* __restrict__ q, const float* __restrict__ c, float*
 def compile_kernels() -> tuple[dict, dict]:
     """(kernels by name, compile errors by name): a kernel NVRTC refuses leaves its rows out."""
     sources = {"scores_half2": (SCORES_HALF2_SOURCE, "l1_scores_half2")}
-    for side, x_minus_y in (("queries", True), ("candidates", False)):  # d = x - y, or y - x
-        for rows, min_blocks in GRADIENT_VARIANTS:
-            name = f"gradient_{side}_r{rows}_b{min_blocks}"
-            sources[name] = (pairwise_cuda.gradient_source(x_minus_y, rows, min_blocks, name), name)
+    for kind, kernel, min_blocks in VARIANTS:
+        name = f"{kind}_{kernel}_b{min_blocks}"
+        sources[name] = (pairwise_cuda.kernel_source(kind, kernel, min_blocks, name), name)
     kernels, errors = {}, {}
     for name, (source, entry) in sources.items():
         try:
@@ -140,17 +144,14 @@ def half2_scores(kernel, q: torch.Tensor, c: torch.Tensor, dim: int) -> torch.Te
     return scores
 
 
-def variant_gradient(kernel, weights: torch.Tensor, x: torch.Tensor, y: torch.Tensor, dim: int,
-                     transposed: bool, splits: int, threads: int) -> torch.Tensor:
-    """As pairwise_cuda._gradient with a given kernel, thread count and number of reduction slices."""
-    groups, rows, others = x.shape[0], x.shape[1], y.shape[1]
-    w_a, w_b = (weights.stride(2), weights.stride(1)) if transposed else (weights.stride(1), weights.stride(2))
-    out = torch.zeros(splits, groups, rows, x.shape[2], device=x.device)
-    kernel(grid=(-(-dim // 32), splits * -(-rows // 128), groups), block=(threads, 1, 1),
-           args=[weights, x, y, out, rows, others, dim, weights.stride(0), w_a, w_b, x.stride(0), x.stride(1),
-                 y.stride(0), y.stride(1), out.stride(1), out.stride(2), out.stride(0), -(-others // splits),
-                 0 if transposed else 1])
-    return out[0] if splits == 1 else out.sum(0)
+def variant_scores(kernel, kind: str, q: torch.Tensor, c: torch.Tensor, dim: int) -> torch.Tensor:
+    groups, num_queries, num_candidates = q.shape[0], q.shape[1], c.shape[1]
+    scores = torch.empty(groups, num_queries, num_candidates, device=q.device)
+    coordinates, imag_offset = pairwise._coordinates(dim, kind)
+    kernel(grid=(-(-num_candidates // 128), -(-num_queries // 128), groups), block=(256, 1, 1),
+           args=[q, c, scores, num_queries, num_candidates, coordinates, imag_offset, q.stride(0), q.stride(1),
+                 c.stride(0), c.stride(1)])
+    return scores
 
 
 def kernel_attributes(kernel) -> dict:
@@ -179,6 +180,7 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=10_000)
     parser.add_argument("--candidates", type=int, default=1000)
     parser.add_argument("--dims", type=int, nargs="+", default=[100, 400])
+    parser.add_argument("--kinds", nargs="+", default=["l1", "modulus"], choices=["l1", "modulus"])
     parser.add_argument("--splits", type=int, nargs="+", default=[2, 4, 8],
                         help="slices of the candidates' gradient reduction tried with each variant")
     parser.add_argument("--json", default=None)
@@ -187,49 +189,59 @@ def main() -> None:
     kernels, compile_errors = compile_kernels()
     properties, clock = torch.cuda.get_device_properties(0), sm_clock_hz(0)
     rows = []
-    for dim in args.dims:
+    for kind, dim in [(kind, dim) for kind in args.kinds for dim in args.dims]:
         q = torch.randn(args.groups, args.queries, dim, device="cuda") * 0.3  # TransE-scale rows
         c = torch.randn(args.groups, args.candidates, dim, device="cuda") * 0.3
         weights = torch.randn(args.groups, args.queries, args.candidates, device="cuda") * 1e-3
-        assert pairwise_cuda.serves(weights, q, c), "the NVRTC kernels do not serve this block"
-        triples = args.groups * args.queries * args.candidates * dim
-        triton_scores = pairwise._scores_triton(q, c, dim, "l1")
-        triton_q, triton_c = pairwise._backward_triton(weights, q, c, dim, "l1")
+        assert pairwise_cuda.serves(kind, weights, q, c), "the NVRTC kernels do not serve this block"
+        triples = args.groups * args.queries * args.candidates * pairwise._coordinates(dim, kind)[0]
+        count = INSTRUCTIONS[kind]
+        triton_scores = pairwise._scores_triton(q, c, dim, kind)
+        triton_q, triton_c = pairwise._backward_triton(weights, q, c, dim, kind)
         measured = {  # name: (work, instructions a triple, reference output, bench kernel it needs)
-            "triton scores (before)": (lambda: pairwise._scores_triton(q, c, dim, "l1"), 2, None, None),
-            "nvrtc scores (shipped)": (lambda: pairwise.pairwise_scores(q, c, dim, "l1"), 2, triton_scores, None),
-            "nvrtc scores half2": (lambda: half2_scores(kernels["scores_half2"], q, c, dim), 2, triton_scores,
-                                   "scores_half2"),
-            "triton gradients, both (before)": (lambda: pairwise._backward_triton(weights, q, c, dim, "l1"), 6,
-                                                None, None),
-            "nvrtc gradients, both (shipped)": (lambda: pairwise.pairwise_backward(weights, q, c, dim, "l1"), 6,
-                                                None, None),
+            "triton scores (before)": (lambda: pairwise._scores_triton(q, c, dim, kind), count[0], None, None),
+            "nvrtc scores (shipped)": (lambda: pairwise.pairwise_scores(q, c, dim, kind), count[0], triton_scores,
+                                       None),
+            "triton gradients, both (before)": (lambda: pairwise._backward_triton(weights, q, c, dim, kind),
+                                                2 * count[1], None, None),
+            "nvrtc gradients, both (shipped)": (lambda: pairwise.pairwise_backward(weights, q, c, dim, kind),
+                                                2 * count[1], None, None),
         }
-        for thread_rows, min_blocks in GRADIENT_VARIANTS:
-            sides = [("queries", q, c, False, 1, triton_q)] + [("candidates", c, q, True, splits, triton_c)
-                                                                 for splits in args.splits]
-            for side, x, y, transposed, splits, reference in sides:
-                name = f"gradient_{side}_r{thread_rows}_b{min_blocks}"
-                measured[f"{name} x{splits}"] = (
-                    lambda name=name, x=x, y=y, transposed=transposed, splits=splits, threads=1024 // thread_rows:
-                    variant_gradient(kernels[name], weights, x, y, dim, transposed, splits, threads), 3,
-                    reference, name)
-        for name, (work, instructions, reference, needs) in measured.items():
-            if needs is not None and needs not in kernels:
+        if kind == "l1":
+            measured["nvrtc scores half2"] = (lambda: half2_scores(kernels["scores_half2"], q, c, dim), count[0],
+                                              triton_scores, "scores_half2")
+        strides = weights.stride()
+        for variant_kind, kernel, blocks in VARIANTS:
+            name = f"{variant_kind}_{kernel}_b{blocks}"
+            if variant_kind != kind or name not in kernels:
                 continue
+            if kernel == "scores":
+                measured[name] = (lambda name=name: variant_scores(kernels[name], kind, q, c, dim), count[0],
+                                  triton_scores, name)
+                continue
+            side = (q, c, (strides[0], strides[1], strides[2]), [1], triton_q) if kernel == "grad_queries" else \
+                (c, q, (strides[0], strides[2], strides[1]), args.splits, triton_c)
+            x, y, weight_strides, slices, reference = side
+            for splits in slices:
+                measured[f"{name} x{splits}"] = (
+                    lambda name=name, kernel=kernel, x=x, y=y, weight_strides=weight_strides, splits=splits:
+                    pairwise_cuda.gradient(kernel, weights, x, y, kind, *pairwise._coordinates(dim, kind),
+                                           weight_strides, splits, kernels[name]),
+                    count[1], reference, name)
+        for name, (work, instructions, reference, needs) in measured.items():
             ms = time_ms(work)
             floor = issue_floor_ms(triples, instructions, properties, clock)
-            rows.append({"kernel": name, "dim": dim, "ms": ms, "issue_floor_ms": floor,
+            rows.append({"kind": kind, "kernel": name, "dim": dim, "ms": ms, "issue_floor_ms": floor,
                          **(kernel_attributes(kernels[needs]) if needs else {}),
                          "share_of_issue_rate": floor / ms if clock else None,
                          "error_vs_triton": relative_error(work(), reference) if reference is not None else None})
-    print(f"{'kernel':<36} {'dim':>4} {'ms':>8} {'floor ms':>9} {'of issue rate':>14} {'error vs Triton':>16} "
-          f"{'regs':>5} {'spill B':>8}")
+    print(f"{'kind':<8} {'kernel':<36} {'dim':>4} {'ms':>8} {'floor ms':>9} {'of issue rate':>14} "
+          f"{'error vs Triton':>16} {'regs':>5} {'spill B':>8}")
     for row in rows:
         error = f"{row['error_vs_triton']:.1e}" if row["error_vs_triton"] is not None else "-"
         share = f"{row['share_of_issue_rate']:.0%}" if row["share_of_issue_rate"] is not None else "-"
-        print(f"{row['kernel']:<36} {row['dim']:>4} {row['ms']:8.3f} {row['issue_floor_ms']:9.3f} {share:>14} "
-              f"{error:>16} {row.get('registers', '-'):>5} {row.get('local_bytes', '-'):>8}")
+        print(f"{row['kind']:<8} {row['kernel']:<36} {row['dim']:>4} {row['ms']:8.3f} {row['issue_floor_ms']:9.3f} "
+              f"{share:>14} {error:>16} {row.get('registers', '-'):>5} {row.get('local_bytes', '-'):>8}")
     if args.json:
         Path(args.json).write_text(json.dumps({
             "device": torch.cuda.get_device_name(), "clock_hz": clock, "torch": torch.__version__,

@@ -79,19 +79,17 @@ def test_rejects_bad_arguments():
 
 
 def use_gpu_kernels(monkeypatch, implementation: str, kind: str) -> None:
-    """Route the block to ``implementation``: "nvrtc" (pairwise_cuda, l1 only) or "triton"; skip where the
-    machine has neither, so that no test silently checks the same kernels twice."""
+    """Route the block to ``implementation``: "nvrtc" (pairwise_cuda) or "triton"; skip where the machine
+    has neither, so that no test silently checks the same kernels twice."""
     if not pairwise.use_triton(torch.empty(1, device="cuda")):
         pytest.skip("needs Triton")
     if implementation == "triton":
         monkeypatch.setenv(pairwise_cuda.OPT_OUT, "0")
         return
-    if kind != "l1":
-        pytest.skip("the NVRTC kernels are L1's only")
     if not hasattr(torch.cuda, "_compile_kernel"):
         pytest.skip(f"torch {torch.__version__} cannot compile CUDA kernels at run time")
     monkeypatch.delenv(pairwise_cuda.OPT_OUT, raising=False)
-    assert pairwise_cuda.serves(torch.ones(1, 1, 1, device="cuda"))
+    assert pairwise_cuda.serves(kind, torch.ones(1, 1, 1, device="cuda"))
 
 
 @pytest.mark.gpu
@@ -159,17 +157,16 @@ def test_triton_kernels_serve_where_nvrtc_fails(monkeypatch):
     with pytest.warns(RuntimeWarning, match="Triton kernels serve instead"):
         scores = pairwise_scores(queries, candidates, 10, "l1")
     torch.testing.assert_close(scores, pairwise._scores_torch(queries, candidates, 10, "l1"))
-    assert not pairwise_cuda.serves(queries, candidates)  # refused once, not compiled again
+    assert not pairwise_cuda.serves("l1", queries, candidates)  # refused once, not compiled again
 
 
 def test_nvrtc_kernels_take_only_float32_cuda_blocks(monkeypatch):
-    cpu = torch.ones(1, 2, 3)
-    assert not pairwise_cuda.serves(cpu)
-    assert pairwise._compiled_inputs("l1", cpu, cpu) is None
+    cpu = torch.ones(1, 2, 4)
+    assert not pairwise_cuda.serves("l1", cpu)
+    assert pairwise._compiled_inputs("modulus", cpu, cpu) is None
     if torch.cuda.is_available():
         gpu = cpu.cuda()
-        assert pairwise._compiled_inputs("modulus", gpu, gpu) is None
-        assert not pairwise_cuda.serves(gpu.double(), gpu)
-        assert not pairwise_cuda.serves(gpu[..., :0])
+        assert not pairwise_cuda.serves("l1", gpu.double(), gpu)
+        assert not pairwise_cuda.serves("l1", gpu[..., :0])
         monkeypatch.setenv(pairwise_cuda.OPT_OUT, "0")
-        assert not pairwise_cuda.serves(gpu)
+        assert not pairwise_cuda.serves("l1", gpu)

@@ -12,8 +12,8 @@ sum(weights * S) are computed directly, tile by tile, with explicit formulas:
   dS/dq = -(q - c) / m per part, dS/dc = +(q - c) / m.
 
 Each function has Triton kernels for float32 CUDA inputs and a torch version (CPU, float64, CUDA without
-Triton) that the tests use as reference. For ``l1`` on float32 CUDA inputs, CUDA C++ kernels compiled at
-run time (``pairwise_cuda.py``) come first where torch can compile them: about 1.4-1.9x the Triton ones. Columns past ``dim`` (row padding) are ignored and get zero
+Triton) that the tests use as reference. On float32 CUDA inputs, CUDA C++ kernels compiled at run time
+(``pairwise_cuda.py``) come first where torch can compile them: 1.4-1.9x faster than the Triton ones. Columns past ``dim`` (row padding) are ignored and get zero
 gradients. At an exact L1 tie (q_k == c_k) the two take different subgradients of |x| at 0: torch's
 sign(0) = 0, the kernels the sign bit of the difference (+1 for q_k - c_k = +0).
 """
@@ -59,7 +59,7 @@ def pairwise_scores(queries: torch.Tensor, candidates: torch.Tensor, dim: int, k
     """
     _check(queries, candidates, dim, kind)
     if inputs := _compiled_inputs(kind, queries, candidates):
-        return pairwise_cuda.scores(*inputs, dim)
+        return pairwise_cuda.scores(*inputs, kind, *_coordinates(dim, kind))
     if _triton_serves(queries, candidates):
         return _scores_triton(queries, candidates, dim, kind)
     return _scores_torch(queries, candidates, dim, kind)
@@ -76,7 +76,7 @@ def pairwise_backward(weights: torch.Tensor, queries: torch.Tensor, candidates: 
         raise ValueError(f"weights {tuple(weights.shape)} do not match queries {tuple(queries.shape)} "
                          f"and candidates {tuple(candidates.shape)}")
     if inputs := _compiled_inputs(kind, weights, queries, candidates):
-        return pairwise_cuda.backward(*inputs, dim)
+        return pairwise_cuda.backward(*inputs, kind, *_coordinates(dim, kind))
     if _triton_serves(queries, candidates):
         return _backward_triton(weights, queries, candidates, dim, kind)
     return _backward_torch(weights, queries, candidates, dim, kind)
@@ -95,12 +95,12 @@ def _check(queries: torch.Tensor, candidates: torch.Tensor, dim: int, kind: str)
 
 
 def _compiled_inputs(kind: str, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...] | None:
-    """The tensors (rows made unit-stride) where the NVRTC kernels of ``pairwise_cuda`` take this block: L1
-    on float32 CUDA tensors; None otherwise (then the Triton or torch version)."""
-    if kind != "l1" or not all(t.is_cuda and t.dtype == torch.float32 for t in tensors):
+    """The tensors (rows made unit-stride) where the NVRTC kernels of ``pairwise_cuda`` take this block
+    (float32 CUDA tensors); None otherwise (then the Triton or torch version)."""
+    if not all(t.is_cuda and t.dtype == torch.float32 for t in tensors):
         return None
     tensors = tuple(_rows_contiguous(t) for t in tensors)
-    return tensors if pairwise_cuda.serves(*tensors) else None
+    return tensors if pairwise_cuda.serves(kind, *tensors) else None
 
 
 def _triton_serves(queries: torch.Tensor, candidates: torch.Tensor) -> bool:
