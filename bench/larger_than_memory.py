@@ -82,10 +82,12 @@ def measure(args) -> None:
     faulthandler.register(signal.SIGTERM, all_threads=True, chain=True)
     import marius_py as mp
     from marius_py.dataset import Dataset
+    from marius_py.resources import keep_freed_memory
     from marius_py.trainer import Trainer
     from orderings import simulate
     from storage.chunk_files import ChunkFiles
 
+    allocator_settings_taken = args.allocator == "command" and keep_freed_memory()
     config = mp.make_config(None, config_overrides(Path(args.dataset), args))
     started = time.perf_counter()
     trainer = Trainer(config, Dataset(args.dataset), args.run_dir, progress=False)
@@ -124,7 +126,7 @@ def measure(args) -> None:
     print(json.dumps({
         "mode": args.mode, "seconds": seconds, "setup_seconds": setup_seconds, **evaluation,
         "num_edges": trainer.dataset.metadata.num_train, "num_nodes": trainer.dataset.num_nodes,
-        "peak_rss_bytes": peak_rss,
+        "peak_rss_bytes": peak_rss, "allocator_settings_taken": allocator_settings_taken,
         "buffer_bytes": trainer._buffer_bytes(), "max_state_edges": max(state_edges),
         "store_bytes": chunk_bytes * trainer.store.num_partitions,
         "counters": (trainer.partition_buffer().counters.snapshot() if args.mode != "eval"
@@ -167,6 +169,9 @@ def main() -> None:
     parser.add_argument("--dd-gib", type=int, default=0, help="first measure the disk with dd (O_DIRECT), GiB")
     parser.add_argument("--eval", action="store_true", help="after the full pass, time the test split's "
                         "sampled evaluation (1,000 uniform + 1,000 degree negatives, as Marius)")
+    parser.add_argument("--allocator", choices=("command", "system"), default="command",
+                        help="command: glibc malloc as `marius-py train` sets it (resources.keep_freed_memory); "
+                             "system: glibc's defaults, as the library leaves them")
     parser.add_argument("--out", default="bench/results/larger_than_memory.json")
     parser.add_argument("--mode", choices=("io", "compute", "full", "eval"), help=argparse.SUPPRESS)
     parser.add_argument("--dataset", help=argparse.SUPPRESS)
@@ -200,7 +205,7 @@ def main() -> None:
             str(args.buffer), "--batch-size", str(args.batch_size), "--negatives", str(args.negatives),
             "--degree-fraction", str(args.degree_fraction), "--decoder", args.decoder, "--adagrad", args.adagrad,
             "--device", args.device, "--ordering", args.ordering, "--lookahead", str(args.lookahead),
-            "--edge-assignment", args.edge_assignment] + (["--eval"] if args.eval else [])
+            "--edge-assignment", args.edge_assignment, "--allocator", args.allocator] + (["--eval"] if args.eval else [])
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     if args.dd_gib:
@@ -219,29 +224,33 @@ def main() -> None:
                   f"(MRR {passes[mode]['test_mrr']:.4f}), peak RSS through it "
                   f"{passes[mode]['peak_rss_through_eval_bytes'] / GiB:.2f} GiB", flush=True)
         write_report(out, steps, passes, {})  # after every pass: a run cut short keeps what finished
-    if not set(passes) >= {"io", "compute", "full"}:
+    if "full" not in passes:
         return
     full = passes["full"]
-    ram = memory_total()
     bound = full["buffer_bytes"] + GiB + 200 * full["max_state_edges"]
-    summary = {
-        "ram_bytes": ram, "store_bytes": full["store_bytes"], "store_over_ram": full["store_bytes"] / ram,
-        "epoch_seconds": full["seconds"], "edges_per_s": full["num_edges"] / full["seconds"],
-        "io_only_seconds": passes["io"]["seconds"], "compute_only_seconds": passes["compute"]["seconds"],
-        "epoch_over_max": full["seconds"] / max(passes["io"]["seconds"], passes["compute"]["seconds"]),
-        "peak_rss_bytes": full["peak_rss_bytes"], "rss_bound_bytes": bound,
-        "counters_match_simulator": all(full["counters"][key] == value for key, value in full["predicted"].items()),
-    }
-    print(f"nodes {full['num_nodes']:,}  edges {full['num_edges']:,}  store {full['store_bytes'] / GiB:.1f} GiB "
-          f"= {summary['store_over_ram']:.2f} x RAM ({ram / GiB:.1f} GiB)")
-    print(f"epoch {full['seconds']:.1f} s ({summary['edges_per_s']:,.0f} edges/s); IO only "
-          f"{passes['io']['seconds']:.1f} s; compute only {passes['compute']['seconds']:.1f} s; "
-          f"epoch / max = {summary['epoch_over_max']:.2f}")
+    summary = {"peak_rss_bytes": full["peak_rss_bytes"], "rss_bound_bytes": bound,
+               "allocator_settings_taken": full["allocator_settings_taken"],
+               "counters_match_simulator": all(full["counters"][key] == value
+                                               for key, value in full["predicted"].items())}
     print(f"peak RSS {full['peak_rss_bytes'] / GiB:.2f} GiB (bound {bound / GiB:.2f} GiB: buffer "
-          f"{full['buffer_bytes'] / GiB:.2f} + 1 GiB + 200 B x {full['max_state_edges']:,} edges of the largest state)")
+          f"{full['buffer_bytes'] / GiB:.2f} + 1 GiB + 200 B x {full['max_state_edges']:,} edges of the largest "
+          f"state; allocator: {args.allocator}"
+          f"{', settings not taken' if args.allocator == 'command' and not full['allocator_settings_taken'] else ''})")
     print(f"IO counters {full['counters']} vs simulator {full['predicted']}: "
           f"{'match' if summary['counters_match_simulator'] else 'MISMATCH'}")
-    if "dd" in steps:
+    if set(passes) >= {"io", "compute"}:
+        ram = memory_total()
+        summary.update({
+            "ram_bytes": ram, "store_bytes": full["store_bytes"], "store_over_ram": full["store_bytes"] / ram,
+            "epoch_seconds": full["seconds"], "edges_per_s": full["num_edges"] / full["seconds"],
+            "io_only_seconds": passes["io"]["seconds"], "compute_only_seconds": passes["compute"]["seconds"],
+            "epoch_over_max": full["seconds"] / max(passes["io"]["seconds"], passes["compute"]["seconds"])})
+        print(f"nodes {full['num_nodes']:,}  edges {full['num_edges']:,}  store {full['store_bytes'] / GiB:.1f} "
+              f"GiB = {summary['store_over_ram']:.2f} x RAM ({ram / GiB:.1f} GiB)")
+        print(f"epoch {full['seconds']:.1f} s ({summary['edges_per_s']:,.0f} edges/s); IO only "
+              f"{passes['io']['seconds']:.1f} s; compute only {passes['compute']['seconds']:.1f} s; "
+              f"epoch / max = {summary['epoch_over_max']:.2f}")
+    if "dd" in steps and "io" in passes:
         disk = steps["dd"]["read_bytes_per_s"] + steps["dd"]["write_bytes_per_s"]
         summary["io_pass_over_dd"] = passes["io"]["disk_bytes_per_s"] * 2 / disk
         print(f"partition IO of the IO-only pass {summary['io_pass_over_dd']:.0%} of dd's (mean of read and write)")
