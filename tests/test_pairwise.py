@@ -170,3 +170,22 @@ def test_nvrtc_kernels_take_only_float32_cuda_blocks(monkeypatch):
         assert not pairwise_cuda.serves("l1", gpu[..., :0])
         monkeypatch.setenv(pairwise_cuda.OPT_OUT, "0")
         assert not pairwise_cuda.serves("l1", gpu)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+@pytest.mark.parametrize("kind", ["l1", "modulus"])
+def test_nvrtc_kernels_run_on_a_second_gpu_while_another_is_current(monkeypatch, kind):
+    use_gpu_kernels(monkeypatch, "nvrtc", kind)
+    queries, candidates, weights = random_inputs((2, 300, 200, 40, 40), dtype=torch.float32, device="cuda:1")
+    assert pairwise_cuda.serves(kind, queries, candidates)
+    with torch.cuda.device(0):  # each device has its own compiled kernels and stream
+        results = pairwise_scores(queries, candidates, 40, kind), *pairwise_backward(weights, queries, candidates,
+                                                                                      40, kind)
+    expected = pairwise._scores_torch(queries, candidates, 40, kind), \
+        *pairwise._backward_torch(weights, queries, candidates, 40, kind)
+    if kind == "l1":
+        expected = expected[0], *with_ties_positive(expected[1:], weights, queries, candidates, 40)
+    for result, reference in zip(results, expected):
+        assert result.device == torch.device("cuda:1")
+        torch.testing.assert_close(result, reference, rtol=1e-4, atol=1e-4 * max(1.0, reference.abs().max().item()))
