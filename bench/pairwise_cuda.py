@@ -59,9 +59,10 @@ __device__ __forceinline__ float half2_sum(unsigned v) {
 }
 extern "C" __global__ void __launch_bounds__(256, 1)
 l1_scores_half2(const float* __restrict__ q, const float* __restrict__ c, float* __restrict__ s,
-                int M, int N, int dim, int q_group, int q_row, int c_group, int c_row)
+                int M, int N, int dim, int imag_offset, int q_group, int q_row, int c_group, int c_row)
 {
-    // As l1_scores, with coordinate pairs (2p, 2p+1) packed in one register: tiles of 16 coordinates.
+    // As the shipped L1 scores (same arguments; imag_offset unused), with coordinate pairs (2p, 2p+1) packed
+    // in one register: tiles of 16 coordinates.
     __shared__ __align__(16) unsigned sq[8][128];
     __shared__ __align__(16) unsigned sc[8][128];
     const int g = blockIdx.z, m0 = blockIdx.y * 128, n0 = blockIdx.x * 128;
@@ -136,24 +137,6 @@ def compile_kernels() -> tuple[dict, dict]:
     return kernels, errors
 
 
-def half2_scores(kernel, q: torch.Tensor, c: torch.Tensor, dim: int) -> torch.Tensor:
-    groups, num_queries, num_candidates = q.shape[0], q.shape[1], c.shape[1]
-    scores = torch.empty(groups, num_queries, num_candidates, device=q.device)
-    kernel(grid=(-(-num_candidates // 128), -(-num_queries // 128), groups), block=(256, 1, 1),
-           args=[q, c, scores, num_queries, num_candidates, dim, q.stride(0), q.stride(1), c.stride(0), c.stride(1)])
-    return scores
-
-
-def variant_scores(kernel, kind: str, q: torch.Tensor, c: torch.Tensor, dim: int) -> torch.Tensor:
-    groups, num_queries, num_candidates = q.shape[0], q.shape[1], c.shape[1]
-    scores = torch.empty(groups, num_queries, num_candidates, device=q.device)
-    coordinates, imag_offset = pairwise._coordinates(dim, kind)
-    kernel(grid=(-(-num_candidates // 128), -(-num_queries // 128), groups), block=(256, 1, 1),
-           args=[q, c, scores, num_queries, num_candidates, coordinates, imag_offset, q.stride(0), q.stride(1),
-                 c.stride(0), c.stride(1)])
-    return scores
-
-
 def kernel_attributes(kernel) -> dict:
     """Registers a thread and local (spilled) bytes a thread, as the driver reports them."""
     import ctypes
@@ -166,7 +149,10 @@ def kernel_attributes(kernel) -> dict:
     return values
 
 
-def relative_error(values: torch.Tensor, reference: torch.Tensor) -> float:
+def relative_error(values, reference) -> float:
+    """Largest difference relative to the reference's largest magnitude; of the worse one for pairs."""
+    if isinstance(values, tuple):
+        return max(relative_error(v, r) for v, r in zip(values, reference))
     return ((values.double() - reference.double()).abs().max() / reference.double().abs().max()).item()
 
 
@@ -205,18 +191,19 @@ def main() -> None:
             "triton gradients, both (before)": (lambda: pairwise._backward_triton(weights, q, c, dim, kind),
                                                 2 * count[1], None, None),
             "nvrtc gradients, both (shipped)": (lambda: pairwise.pairwise_backward(weights, q, c, dim, kind),
-                                                2 * count[1], None, None),
+                                                2 * count[1], (triton_q, triton_c), None),
         }
-        if kind == "l1":
-            measured["nvrtc scores half2"] = (lambda: half2_scores(kernels["scores_half2"], q, c, dim), count[0],
-                                              triton_scores, "scores_half2")
+        layout = (kind, *pairwise._coordinates(dim, kind))
+        if kind == "l1" and "scores_half2" in kernels:
+            measured["nvrtc scores half2"] = (lambda: pairwise_cuda.scores(q, c, *layout, kernels["scores_half2"]),
+                                              count[0], triton_scores, "scores_half2")
         strides = weights.stride()
         for variant_kind, kernel, blocks in VARIANTS:
             name = f"{variant_kind}_{kernel}_b{blocks}"
             if variant_kind != kind or name not in kernels:
                 continue
             if kernel == "scores":
-                measured[name] = (lambda name=name: variant_scores(kernels[name], kind, q, c, dim), count[0],
+                measured[name] = (lambda name=name: pairwise_cuda.scores(q, c, *layout, kernels[name]), count[0],
                                   triton_scores, name)
                 continue
             side = (q, c, (strides[0], strides[1], strides[2]), [1], triton_q) if kernel == "grad_queries" else \
@@ -225,12 +212,11 @@ def main() -> None:
             for splits in slices:
                 measured[f"{name} x{splits}"] = (
                     lambda name=name, kernel=kernel, x=x, y=y, weight_strides=weight_strides, splits=splits:
-                    pairwise_cuda.gradient(kernel, weights, x, y, kind, *pairwise._coordinates(dim, kind),
-                                           weight_strides, splits, kernels[name]),
+                    pairwise_cuda.gradient(kernel, weights, x, y, *layout, weight_strides, splits, kernels[name]),
                     count[1], reference, name)
         for name, (work, instructions, reference, needs) in measured.items():
             ms = time_ms(work)
-            floor = issue_floor_ms(triples, instructions, properties, clock)
+            floor = issue_floor_ms(triples, instructions, properties, clock) if clock else None
             rows.append({"kind": kind, "kernel": name, "dim": dim, "ms": ms, "issue_floor_ms": floor,
                          **(kernel_attributes(kernels[needs]) if needs else {}),
                          "share_of_issue_rate": floor / ms if clock else None,
@@ -240,7 +226,8 @@ def main() -> None:
     for row in rows:
         error = f"{row['error_vs_triton']:.1e}" if row["error_vs_triton"] is not None else "-"
         share = f"{row['share_of_issue_rate']:.0%}" if row["share_of_issue_rate"] is not None else "-"
-        print(f"{row['kind']:<8} {row['kernel']:<36} {row['dim']:>4} {row['ms']:8.3f} {row['issue_floor_ms']:9.3f} "
+        floor = f"{row['issue_floor_ms']:9.3f}" if row["issue_floor_ms"] is not None else f"{'-':>9}"
+        print(f"{row['kind']:<8} {row['kernel']:<36} {row['dim']:>4} {row['ms']:8.3f} {floor} "
               f"{share:>14} {error:>16} {row.get('registers', '-'):>5} {row.get('local_bytes', '-'):>8}")
     if args.json:
         Path(args.json).write_text(json.dumps({

@@ -96,7 +96,7 @@ def use_gpu_kernels(monkeypatch, implementation: str, kind: str) -> None:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("implementation", ["nvrtc", "triton"])
 @pytest.mark.parametrize("kind", ["l1", "modulus"])
-# Ragged tiles; many candidates to few queries (the candidates' gradient sliced); one row of each.
+# Ragged tiles; few queries to many candidates (on most GPUs the queries' reduction is sliced); one row each.
 @pytest.mark.parametrize("shape", [(3, 517, 301, 136, 130), (1, 70, 1500, 100, 100), (2, 33, 31, 8, 6),
                                    (2, 5, 3000, 40, 38), (1, 1, 1, 4, 4)])
 def test_gpu_kernels_match_torch_version(monkeypatch, implementation, kind, shape):
@@ -160,16 +160,67 @@ def test_triton_kernels_serve_where_nvrtc_fails(monkeypatch):
     assert not pairwise_cuda.serves("l1", queries, candidates)  # refused once, not compiled again
 
 
-def test_nvrtc_kernels_take_only_float32_cuda_blocks(monkeypatch):
+def test_nvrtc_kernels_take_only_float32_cuda_blocks_within_their_limits(monkeypatch):
     cpu = torch.ones(1, 2, 4)
     assert not pairwise_cuda.serves("l1", cpu)
     assert pairwise._compiled_inputs("modulus", cpu, cpu) is None
     if torch.cuda.is_available():
+        monkeypatch.delenv(pairwise_cuda.OPT_OUT, raising=False)
         gpu = cpu.cuda()
+        assert pairwise_cuda.serves("l1", gpu) == hasattr(torch.cuda, "_compile_kernel")
         assert not pairwise_cuda.serves("l1", gpu.double(), gpu)
         assert not pairwise_cuda.serves("l1", gpu[..., :0])
-        monkeypatch.setenv(pairwise_cuda.OPT_OUT, "0")
-        assert not pairwise_cuda.serves("l1", gpu)
+        huge_strides = gpu.as_strided((1, 1, 4), (2**31, 2**31, 1))  # integers past the kernels' 32 bits
+        assert not pairwise_cuda.serves("l1", huge_strides)
+        assert not pairwise_cuda.serves("l1", torch.ones(70_000, 1, 4, device="cuda"))  # G past the grid's z
+        for value in ("0", "off", "False"):
+            monkeypatch.setenv(pairwise_cuda.OPT_OUT, value)
+            assert not pairwise_cuda.serves("l1", gpu)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("implementation", ["nvrtc", "triton"])
+@pytest.mark.parametrize("kind", ["l1", "modulus"])
+def test_gpu_kernels_give_float32_whatever_the_default_dtype(monkeypatch, implementation, kind):
+    use_gpu_kernels(monkeypatch, implementation, kind)
+    queries, candidates, weights = random_inputs((2, 30, 20, 12, 10), dtype=torch.float32, device="cuda")
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        results = pairwise_scores(queries, candidates, 10, kind), *pairwise_backward(weights, queries, candidates,
+                                                                                      10, kind)
+    finally:
+        torch.set_default_dtype(default)
+    expected = pairwise._scores_torch(queries, candidates, 10, kind), \
+        *pairwise._backward_torch(weights, queries, candidates, 10, kind)
+    if kind == "l1":
+        expected = expected[0], *with_ties_positive(expected[1:], weights, queries, candidates, 10)
+    for result, reference in zip(results, expected):
+        assert result.dtype == torch.float32
+        torch.testing.assert_close(result, reference, rtol=1e-4, atol=1e-4 * max(1.0, reference.abs().max().item()))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("implementation", ["nvrtc", "triton"])
+def test_modulus_padding_adds_nothing(monkeypatch, implementation):
+    """Identical rows: each of the 3 complex coordinates adds sqrt(1e-12) = 1e-6 and nothing else, however many
+    padded coordinates the kernel's last tile holds."""
+    use_gpu_kernels(monkeypatch, implementation, "modulus")
+    rows = torch.zeros(1, 3, 6, device="cuda")
+    scores = pairwise_scores(rows, rows[:, :2], 6, "modulus")
+    torch.testing.assert_close(scores, torch.full((1, 3, 2), -3e-6, device="cuda"), rtol=0, atol=1e-9)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_blocks_past_the_nvrtc_grid_go_to_triton(monkeypatch):
+    use_gpu_kernels(monkeypatch, "nvrtc", "l1")
+    queries, candidates, weights = random_inputs((70_000, 2, 3, 4, 4), dtype=torch.float32, device="cuda")
+    assert not pairwise_cuda.serves("l1", weights, queries, candidates)
+    torch.testing.assert_close(pairwise_scores(queries, candidates, 4, "l1"),
+                               pairwise._scores_torch(queries, candidates, 4, "l1"))
 
 
 @pytest.mark.gpu

@@ -6,13 +6,14 @@ the GPU's instruction issue rate on the L1 triple loop. These kernels keep SGEMM
 thread owns a register micro-tile of outputs and streams shared-memory columns through it; for L1, 2
 instructions a (query, candidate, coordinate) triple for the scores and 3 for each gradient (difference,
 sign-bit flip of the weight, add). On one H100 at the step's block (10 x 10,000 x 1,000), L1: scores 1.6 ->
-0.96 ms at d=100 and 6.4 -> 3.3 ms at d=400; both gradients 5.2 -> 3.7 ms and 16.7 -> 11.8 ms
-(``bench/pairwise_cuda.py``; RESULTS.md has the modulus rows).
+0.96 ms at d=100 and 6.4 -> 3.3 ms at d=400; both gradients 5.2 -> 3.8 ms and 16.7 -> 12.2 ms; the modulus
+kernels gain 1.1-1.3x (``bench/pairwise_cuda.py``, bench/RESULTS.md twelfth session).
 
 NVRTC comes with CUDA builds of torch and ``torch.cuda._compile_kernel`` (torch >= 2.8) compiles and
 launches through it: no CUDA toolkit and no build step, the source ships as text as Triton's does. Where
-that function is missing, compilation fails, a size exceeds the kernels' 32-bit arguments, or
-MARIUS_PY_NVRTC=0, ``serves`` says no and ``pairwise.py`` takes its Triton kernels.
+that function is missing (silently: torch < 2.8 is supported), compilation fails (warned once), a size
+exceeds the kernels' 32-bit arguments or CUDA's grid, or MARIUS_PY_NVRTC is 0 (or false, off, no),
+``serves`` says no and ``pairwise.py`` takes its Triton kernels.
 
 Conventions are the Triton kernels': columns >= dim are ignored and get zero gradients; at an exact L1 tie the
 sign bit of q_k - c_k (+0: +1) decides the subgradient; the modulus adds 1e-12 under each square root, and
@@ -133,14 +134,14 @@ extern "C" __global__ void __launch_bounds__(256, MIN_BLOCKS)
 KERNEL_NAME(const float* __restrict__ w, const float* __restrict__ x, const float* __restrict__ y,
             float* __restrict__ out, int A, int B, int coordinates, int imag_offset, int w_group, int w_a, int w_b,
             int x_group, int x_row, int y_group, int y_row, int out_group, int out_row, int out_split,
-            int b_per_split, int negate)
+            int b_per_split)
 {
-    // out[split, g, a, k] = (negate ? -1 : 1) * sum over this split's b of w(a, b) * D(d), d the difference
+    // out[split, g, a, k] = (X_MINUS_Y ? -1 : 1) * sum over this split's b of w(a, b) * D(d), d the difference
     // of coordinate k: L1: D = +-1 by d's sign bit (+0 counts as positive), as a flip of w's sign bit;
     // modulus: D = d / m per part, m the modulus of the complex difference.
     // Block: 128 rows x 32 coordinates. Thread (ta, tk) owns rows ta*4..+3 and coordinates tk*4..+3, its x
     // values in registers.
-    __shared__ __align__(16) float sw[16][132];  // padded: the b-contiguous loads store without bank conflicts
+    __shared__ __align__(16) float sw[16][132];  // padded: the b-contiguous loads store with 2-way bank conflicts, not 16
     __shared__ __align__(16) float sy[16][32];
 #if MODULUS
     __shared__ __align__(16) float syi[16][32];
@@ -242,19 +243,19 @@ KERNEL_NAME(const float* __restrict__ w, const float* __restrict__ x, const floa
         for (int j = 0; j < 4; ++j) {
             int k = k0 + tk * 4 + j;
             if (k >= coordinates) continue;
-            o[(long long)row * out_row + k] = negate ? -acc[i][j] : acc[i][j];
+            // The queries' side (d = q - c) takes -sum: S = -dist.
+            o[(long long)row * out_row + k] = X_MINUS_Y ? -acc[i][j] : acc[i][j];
 #if MODULUS
-            o[(long long)row * out_row + imag_offset + k] = negate ? -acci[i][j] : acci[i][j];
+            o[(long long)row * out_row + imag_offset + k] = X_MINUS_Y ? -acci[i][j] : acci[i][j];
 #endif
         }
     }
 }
 """
 
-# Shared by both kernels: float4 reads of a thread's columns in shared rows, the approximate square roots
-# Triton's tl.sqrt and tl.rsqrt use, and RotatE's epsilon (MODULUS_EPS in pairwise.py).
+# Shared by both kernels: float4 reads of a thread's columns in shared rows, and the approximate square roots
+# Triton's tl.sqrt and tl.rsqrt use. (MODULUS_EPS is defined from pairwise.MODULUS_EPS by kernel_source.)
 COMMON_SOURCE = r"""
-#define MODULUS_EPS 1e-12f
 #define LOAD4(v, row, t) { float4 f = *(const float4*)&(row)[(t) * 4]; v[0] = f.x; v[1] = f.y; v[2] = f.z; v[3] = f.w; }
 #define LOAD8(v, row, t) { float4 f0 = *(const float4*)&(row)[(t) * 4], f1 = *(const float4*)&(row)[64 + (t) * 4]; \
     v[0] = f0.x; v[1] = f0.y; v[2] = f0.z; v[3] = f0.w; v[4] = f1.x; v[5] = f1.y; v[6] = f1.z; v[7] = f1.w; }
@@ -263,19 +264,24 @@ __device__ __forceinline__ float rsqrt_approx(float v) { float r; asm("rsqrt.app
 """
 
 # Launch bounds (blocks per SM) measured fastest on one H100 (bench/pairwise_cuda.py). A higher bound caps the
-# registers a thread: L1's gradient spilled at 3 blocks; the modulus gradient (230 registers at 1 block) ran
-# 20% slower when held to 128 registers at 2.
+# registers a thread: L1's gradient spilled at 3 blocks; the modulus gradient (222 registers at 1 block) ran
+# 23-36% slower at d=100 when held to 128 registers at 2.
 MIN_BLOCKS = {("l1", "scores"): 2, ("l1", "gradient"): 2, ("modulus", "scores"): 2, ("modulus", "gradient"): 1}
 SPLIT_MIN_REDUCTION = 256  # a reduction slice of the gradients covers at least this many rows
 WAVES = 4  # a gradient launch aims at this many blocks per SM, slicing its reduction when rows are few
 KERNELS = ("scores", "grad_queries", "grad_candidates")
+GRID_YZ_MAX = 65535  # CUDA's limit on a grid's y and z dimensions (x: 2^31 - 1)
+ROWS_PER_BLOCK = 128  # rows of a block in both kernels (the scores' 128 x 128 tile, the gradients' 128 rows)
+SWITCHED_OFF = ("0", "false", "off", "no")
 
 
 def kernel_source(kind: str, kernel: str, min_blocks: int | None = None, name: str | None = None) -> str:
     """CUDA source of ``kernel`` ("scores", "grad_queries" or "grad_candidates") for ``kind``, entry ``name``."""
+    from marius_py.step.pairwise import MODULUS_EPS  # (pairwise imports this module)
     role = "scores" if kernel == "scores" else "gradient"
     defines = {"MODULUS": int(kind == "modulus"), "X_MINUS_Y": int(kernel == "grad_queries"),
-               "MIN_BLOCKS": min_blocks or MIN_BLOCKS[kind, role], "KERNEL_NAME": name or f"{kind}_{kernel}"}
+               "MIN_BLOCKS": min_blocks or MIN_BLOCKS[kind, role], "KERNEL_NAME": name or f"{kind}_{kernel}",
+               "MODULUS_EPS": f"{MODULUS_EPS!r}f"}
     return "".join(f"#define {key} {value}\n" for key, value in defines.items()) + COMMON_SOURCE + \
         (SCORES_SOURCE if role == "scores" else GRADIENT_SOURCE)
 
@@ -286,10 +292,12 @@ _kernels: dict[tuple[int, str], dict | None] = {}  # (device index, kind) -> ker
 
 def compile_kernel(source: str, name: str):
     """NVRTC through torch (torch >= 2.8), for the current device; raises where that is not possible."""
-    compile_with_nvrtc = getattr(torch.cuda, "_compile_kernel", None)
-    if compile_with_nvrtc is None:
-        raise RuntimeError(f"torch {torch.__version__} has no torch.cuda._compile_kernel")
-    return compile_with_nvrtc(source, name)
+    return torch.cuda._compile_kernel(source, name)
+
+
+def enabled() -> bool:
+    """Whether these kernels may serve at all: torch can compile them and MARIUS_PY_NVRTC does not say no."""
+    return hasattr(torch.cuda, "_compile_kernel") and os.environ.get(OPT_OUT, "1").lower() not in SWITCHED_OFF
 
 
 def _device_kernels(device: torch.device, kind: str) -> dict | None:
@@ -308,25 +316,31 @@ def _device_kernels(device: torch.device, kind: str) -> dict | None:
     return _kernels[key]
 
 
-def serves(kind: str, *tensors: torch.Tensor) -> bool:
-    """Whether these kernels take a ``kind`` block of these float32 CUDA tensors (rows of unit stride, sizes
-    and strides within 32 bits, nothing empty) and compile on their device."""
-    if os.environ.get(OPT_OUT, "1") == "0":
+def serves(kind: str, *blocks: torch.Tensor) -> bool:
+    """Whether these kernels take a ``kind`` block of these float32 CUDA tensors, each [G, rows, ...]: rows of
+    unit stride, nothing empty, the integers the kernels take within 32 bits (shapes, strides, and the
+    element counts of the query and candidate rows, the last two tensors), the grid within CUDA's limits;
+    and the kernels compile on their device."""
+    if not enabled():
         return False
-    if not all(t.is_cuda and t.dtype == torch.float32 and t.numel() > 0 and t.stride(-1) == 1 for t in tensors):
+    if not all(t.is_cuda and t.dtype == torch.float32 and t.numel() > 0 and t.stride(-1) == 1 for t in blocks):
         return False
-    if any(max(*t.shape, *t.stride(), t.numel()) > INT32_MAX for t in tensors):
+    if any(max(*t.shape, *t.stride()) > INT32_MAX for t in blocks) or \
+            any(t.numel() > INT32_MAX for t in blocks[-2:]):
         return False
-    return _device_kernels(tensors[0].device, kind) is not None
+    if any(t.shape[0] > GRID_YZ_MAX or -(-t.shape[1] // ROWS_PER_BLOCK) > GRID_YZ_MAX for t in blocks):
+        return False
+    return _device_kernels(blocks[0].device, kind) is not None
 
 
-def scores(queries: torch.Tensor, candidates: torch.Tensor, kind: str, coordinates: int,
-           imag_offset: int) -> torch.Tensor:
+def scores(queries: torch.Tensor, candidates: torch.Tensor, kind: str, coordinates: int, imag_offset: int,
+           compiled=None) -> torch.Tensor:
     """S [G, M, N] = -dist (as ``pairwise.pairwise_scores``); ``coordinates`` and ``imag_offset`` as
-    ``pairwise._coordinates`` gives them."""
+    ``pairwise._coordinates`` gives them; ``compiled``: another kernel of the same arguments (benchmarks)."""
     groups, num_queries, num_candidates = queries.shape[0], queries.shape[1], candidates.shape[1]
-    out = torch.empty(groups, num_queries, num_candidates, device=queries.device)  # indexed in 64 bits
-    _launch(queries.device, kind, "scores", (-(-num_candidates // 128), -(-num_queries // 128), groups),
+    out = torch.empty(groups, num_queries, num_candidates, dtype=torch.float32, device=queries.device)
+    _launch(compiled or _device_kernels(queries.device, kind)["scores"], queries.device,
+            (-(-num_candidates // ROWS_PER_BLOCK), -(-num_queries // ROWS_PER_BLOCK), groups),
             [queries, candidates, out, num_queries, num_candidates, coordinates, imag_offset, queries.stride(0),
              queries.stride(1), candidates.stride(0), candidates.stride(1)])
     return out
@@ -343,29 +357,28 @@ def backward(weights: torch.Tensor, queries: torch.Tensor, candidates: torch.Ten
     return grad_queries, grad_candidates
 
 
-def gradient(kernel: str, weights, x, y, kind: str, coordinates: int, imag_offset: int,
+def gradient(side: str, weights, x, y, kind: str, coordinates: int, imag_offset: int,
              weight_strides: tuple[int, int, int], splits: int | None = None, compiled=None) -> torch.Tensor:
-    """Gradient for the rows ``x`` against the rows ``y``; ``weight_strides``: (group, along x, along y).
-    ``splits`` (slices of the reduction over y) and ``compiled`` (a kernel) are for benchmarks."""
+    """The gradient of ``side`` ("grad_queries": x = queries, y = candidates; "grad_candidates": the other way
+    round); ``weight_strides``: (group, along x, along y). ``splits`` (slices of the reduction over y) and
+    ``compiled`` (another kernel of the same arguments) are for benchmarks."""
     groups, rows, others = x.shape[0], x.shape[1], y.shape[1]
     if coordinates == 0:
-        return torch.zeros(x.shape, device=x.device)
-    blocks = -(-coordinates // 32) * -(-rows // 128) * groups
+        return torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+    row_blocks = -(-rows // ROWS_PER_BLOCK)
     if splits is None:
+        blocks = -(-coordinates // 32) * row_blocks * groups
         sms = torch.cuda.get_device_properties(x.device).multi_processor_count
-        splits = max(1, min(-(-WAVES * sms // blocks), others // SPLIT_MIN_REDUCTION))
-        if splits * x.numel() > INT32_MAX:
-            splits = 1
-    out = torch.zeros(splits, *x.shape, device=x.device)  # columns >= dim stay 0
-    _launch(x.device, kind, kernel, (-(-coordinates // 32), splits * -(-rows // 128), groups),
+        splits = max(1, min(-(-WAVES * sms // blocks), others // SPLIT_MIN_REDUCTION, GRID_YZ_MAX // row_blocks))
+    out = torch.zeros(splits, *x.shape, dtype=torch.float32, device=x.device)  # columns >= dim stay 0
+    _launch(compiled or _device_kernels(x.device, kind)[side], x.device,
+            (-(-coordinates // 32), splits * row_blocks, groups),
             [weights, x, y, out, rows, others, coordinates, imag_offset, *weight_strides, x.stride(0), x.stride(1),
-             y.stride(0), y.stride(1), out.stride(1), out.stride(2), out.stride(0), -(-others // splits),
-             int(kernel == "grad_queries")], compiled)
+             y.stride(0), y.stride(1), out.stride(1), out.stride(2), out.stride(0), -(-others // splits)])
     return out[0] if splits == 1 else out.sum(0)
 
 
-def _launch(device: torch.device, kind: str, kernel: str, grid: tuple[int, int, int], args: list,
-            compiled=None) -> None:
+def _launch(compiled, device: torch.device, grid: tuple[int, int, int], args: list) -> None:
+    # Given no stream, the launcher takes torch.cuda.current_stream(): inside this block, the device's.
     with torch.cuda.device(device):  # the kernel belongs to this device's context
-        function = compiled or _device_kernels(device, kind)[kernel]
-        function(grid=grid, block=(256, 1, 1), args=args, stream=torch.cuda.current_stream(device))
+        compiled(grid=grid, block=(256, 1, 1), args=args)
