@@ -107,23 +107,13 @@ l1_scores_half2(const float* __restrict__ q, const float* __restrict__ c, float*
             for (int j = 0; j < 8; ++j) total[i][j] += half2_sum(acc[i][j]);
         __syncthreads();
     }
-    float* out = s + (long long)g * M * N;
-    #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-        int row = m0 + (i < 4 ? ty * 4 + i : 60 + ty * 4 + i);
-        if (row >= M) continue;
-        #pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            int col = n0 + (j < 4 ? tx * 4 + j : 60 + tx * 4 + j);
-            if (col < N) out[(long long)row * N + col] = -total[i][j];
-        }
-    }
+    store_score_tile(s + (long long)g * M * N, total, 0.f, m0, n0, ty, tx, M, N);
 }
 """
 
 def compile_kernels() -> tuple[dict, dict]:
     """(kernels by name, compile errors by name): a kernel NVRTC refuses leaves its rows out."""
-    sources = {"scores_half2": (SCORES_HALF2_SOURCE, "l1_scores_half2")}
+    sources = {"scores_half2": (pairwise_cuda.COMMON_SOURCE + SCORES_HALF2_SOURCE, "l1_scores_half2")}
     for kind, kernel, min_blocks in VARIANTS:
         name = f"{kind}_{kernel}_b{min_blocks}"
         sources[name] = (pairwise_cuda.kernel_source(kind, kernel, min_blocks, name), name)

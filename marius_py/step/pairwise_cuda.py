@@ -114,17 +114,7 @@ KERNEL_NAME(const float* __restrict__ q, const float* __restrict__ c, float* __r
 #else
     const float padding = 0.f;
 #endif
-    float* out = s + (long long)g * M * N;
-    #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-        int row = m0 + (i < 4 ? ty * 4 + i : 60 + ty * 4 + i);
-        if (row >= M) continue;
-        #pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            int col = n0 + (j < 4 ? tx * 4 + j : 60 + tx * 4 + j);
-            if (col < N) out[(long long)row * N + col] = padding - acc[i][j];
-        }
-    }
+    store_score_tile(s + (long long)g * M * N, acc, padding, m0, n0, ty, tx, M, N);
 }
 """
 
@@ -253,14 +243,30 @@ KERNEL_NAME(const float* __restrict__ w, const float* __restrict__ x, const floa
 }
 """
 
-# Shared by both kernels: float4 reads of a thread's columns in shared rows, and the approximate square roots
-# Triton's tl.sqrt and tl.rsqrt use. (MODULUS_EPS is defined from pairwise.MODULUS_EPS by kernel_source.)
+# Shared by the kernels: float4 reads of a thread's columns in shared rows, the approximate square roots
+# Triton's tl.sqrt and tl.rsqrt use, and the score tile's store (bench/pairwise_cuda.py's variant uses it too).
+# (MODULUS_EPS is defined from pairwise.MODULUS_EPS by kernel_source.)
 COMMON_SOURCE = r"""
 #define LOAD4(v, row, t) { float4 f = *(const float4*)&(row)[(t) * 4]; v[0] = f.x; v[1] = f.y; v[2] = f.z; v[3] = f.w; }
 #define LOAD8(v, row, t) { float4 f0 = *(const float4*)&(row)[(t) * 4], f1 = *(const float4*)&(row)[64 + (t) * 4]; \
     v[0] = f0.x; v[1] = f0.y; v[2] = f0.z; v[3] = f0.w; v[4] = f1.x; v[5] = f1.y; v[6] = f1.z; v[7] = f1.w; }
 __device__ __forceinline__ float sqrt_approx(float v) { float r; asm("sqrt.approx.f32 %0, %1;" : "=f"(r) : "f"(v)); return r; }
 __device__ __forceinline__ float rsqrt_approx(float v) { float r; asm("rsqrt.approx.f32 %0, %1;" : "=f"(r) : "f"(v)); return r; }
+// S[row, col] = offset - sums[i][j] for the 128 x 128 score tile at (m0, n0) of one group's [M, N] block:
+// thread (ty, tx) owns rows {ty*4..+3, 64+ty*4..+3} and the same columns.
+__device__ __forceinline__ void store_score_tile(float* out, const float (&sums)[8][8], float offset, int m0,
+                                                 int n0, int ty, int tx, int M, int N) {
+    #pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        int row = m0 + (i < 4 ? ty * 4 + i : 60 + ty * 4 + i);
+        if (row >= M) continue;
+        #pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            int col = n0 + (j < 4 ? tx * 4 + j : 60 + tx * 4 + j);
+            if (col < N) out[(long long)row * N + col] = offset - sums[i][j];
+        }
+    }
+}
 """
 
 # Launch bounds (blocks per SM) measured fastest on one H100 (bench/pairwise_cuda.py). A higher bound caps the
@@ -272,6 +278,7 @@ WAVES = 4  # a gradient launch aims at this many blocks per SM, slicing its redu
 KERNELS = ("scores", "grad_queries", "grad_candidates")
 GRID_YZ_MAX = 65535  # CUDA's limit on a grid's y and z dimensions (x: 2^31 - 1)
 ROWS_PER_BLOCK = 128  # rows of a block in both kernels (the scores' 128 x 128 tile, the gradients' 128 rows)
+GRADIENT_COORDINATES_PER_BLOCK = 32  # the gradient kernel's block: 128 rows x 32 coordinates
 SWITCHED_OFF = ("0", "false", "off", "no")
 
 
@@ -367,12 +374,12 @@ def gradient(side: str, weights, x, y, kind: str, coordinates: int, imag_offset:
         return torch.zeros(x.shape, dtype=torch.float32, device=x.device)
     row_blocks = -(-rows // ROWS_PER_BLOCK)
     if splits is None:
-        blocks = -(-coordinates // 32) * row_blocks * groups
+        blocks = -(-coordinates // GRADIENT_COORDINATES_PER_BLOCK) * row_blocks * groups
         sms = torch.cuda.get_device_properties(x.device).multi_processor_count
         splits = max(1, min(-(-WAVES * sms // blocks), others // SPLIT_MIN_REDUCTION, GRID_YZ_MAX // row_blocks))
     out = torch.zeros(splits, *x.shape, dtype=torch.float32, device=x.device)  # columns >= dim stay 0
     _launch(compiled or _device_kernels(x.device, kind)[side], x.device,
-            (-(-coordinates // 32), splits * row_blocks, groups),
+            (-(-coordinates // GRADIENT_COORDINATES_PER_BLOCK), splits * row_blocks, groups),
             [weights, x, y, out, rows, others, coordinates, imag_offset, *weight_strides, x.stride(0), x.stride(1),
              y.stride(0), y.stride(1), out.stride(1), out.stride(2), out.stride(0), -(-others // splits)])
     return out[0] if splits == 1 else out.sum(0)
