@@ -44,7 +44,8 @@ def test_matches_autograd_with_masked_candidates_and_padding():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize(("candidates", "rows"), [(7, 50), (1000, 64), (1000, 50), (2500, 48)])
+@pytest.mark.parametrize(("candidates", "rows"), [(7, 50), (1000, 64), (1000, 50), (2500, 48), (1001, 64),
+                                                 (2501, 48), (14541, 16)])
 def test_triton_kernel_matches_autograd(candidates, rows):
     case = make_case(groups=3, rows=rows, candidates=candidates, dim=16, nodes=400, device="cuda",
                      dtype=torch.float32)
@@ -54,6 +55,40 @@ def test_triton_kernel_matches_autograd(candidates, rows):
     bf16 = grads(lambda *a: shared_negative_softmax_ce(*a, score_dtype=torch.bfloat16), case)
     for got, want in zip(bf16, expected):
         torch.testing.assert_close(got, want, rtol=5e-2, atol=5e-3)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[
+    pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")])])
+def test_candidates_with_id_minus_one_are_padding(device):
+    """Padding candidates (id -1, as cuBLAS's aligned kernels get them) change neither the loss nor a gradient,
+    and their own gradient is zero."""
+    from marius_py.step.fused_loss import softmax_ce_gradients
+    dtype = torch.float64 if device == "cpu" else torch.float32
+    q, c, pos, target_ids, candidate_ids, weight = (t.detach() for t in make_case(
+        groups=2, rows=6, candidates=9, dim=5, device=device, dtype=dtype))
+    padded_c = torch.cat([c, torch.randn(2, 3, 5, dtype=dtype, device=device)], 1)  # any values
+    padded_ids = torch.cat([candidate_ids, torch.full((2, 3), -1, device=device)], 1)
+    whole = softmax_ce_gradients(q, c, pos, target_ids, candidate_ids, weight, dtype)
+    padded = softmax_ce_gradients(q, padded_c, pos, target_ids, padded_ids, weight, dtype)
+    tolerance = {"rtol": 1e-12, "atol": 1e-14} if dtype == torch.float64 else {"rtol": 1e-4, "atol": 1e-5}
+    for got, expected in zip([padded[0], padded[1], padded[2][:, :9], padded[3]], whole):
+        torch.testing.assert_close(got, expected, **tolerance)
+    assert (padded[2][:, 9:] == 0).all()
+
+
+def test_candidates_are_padded_to_16_bytes_on_cuda_for_matmuls():
+    """cuBLAS runs its tensor-core kernels only on score rows of whole 16 bytes: 14,546 candidates get 2 more
+    (float32) or 6 (bfloat16) on CUDA; none on the CPU, and none for the pairwise (L1, RotatE) kernels."""
+    from marius_py.step.fused_loss import candidate_padding, pad_candidate_ids, score_form
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert candidate_padding(14546, torch.float32, cuda, score_form("dot", 8)) == 2
+    assert candidate_padding(14546, torch.bfloat16, cuda, score_form("dot", 8)) == 6
+    assert candidate_padding(14546, torch.float32, cuda, score_form("l2", 8)) == 2
+    assert candidate_padding(14544, torch.float32, cuda, score_form("dot", 8)) == 0
+    assert candidate_padding(14546, torch.float32, cpu, score_form("dot", 8)) == 0
+    assert candidate_padding(14546, torch.float32, cuda, score_form("l1", 8)) == 0
+    padded = pad_candidate_ids(torch.arange(6).view(2, 3), 2)
+    assert padded.tolist() == [[0, 1, 2, -1, -1], [3, 4, 5, -1, -1]]
 
 
 @pytest.mark.parametrize("tile_columns", [1, 3, 7, 50])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 
@@ -163,6 +165,19 @@ def test_fused_distance_step_matches_autograd_on_gpu(decoder, extra):
     name, *options = DISTANCE_DECODERS[decoder]
     compare_steps(name.split("=")[1], "full", "cuda", torch.float32, {"rtol": 1e-4, "atol": 1e-5},
                   [*options, *extra], warm_relations=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("decoder", ["complex", "transe-l2", "transe-l1"])
+def test_fused_one_vs_all_step_over_an_unaligned_node_count_matches_autograd_on_gpu(monkeypatch, decoder):
+    """61 nodes: the matmul forms' 1-vs-all blocks get 3 padding candidates (cuBLAS's aligned kernels; row 0
+    gathered in their place, their gradients exactly 0), and train as the autograd step does."""
+    monkeypatch.setattr(sys.modules[__name__], "NODES", 61)
+    name, *options = DISTANCE_DECODERS.get(decoder, [f"model.decoder={decoder}"])
+    compare_steps(name.split("=")[1], "full", "cuda", torch.float32, {"rtol": 1e-4, "atol": 1e-5},
+                  ["training.num_negatives=-1", "model.regularizer=n3", "model.reg_weight=0.05", *options],
+                  warm_relations=True)
 
 
 @pytest.mark.gpu

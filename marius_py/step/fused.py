@@ -32,7 +32,8 @@ import contextlib
 import torch
 
 from marius_py.step.edge_kernels import OPERATORS, EdgeMaths, edge_backward_, edge_queries, relation_prediction_
-from marius_py.step.fused_loss import SCORE_DTYPES, score_form, softmax_ce_gradients
+from marius_py.step.fused_loss import (SCORE_DTYPES, candidate_padding, pad_candidate_ids, score_form,
+                                      softmax_ce_gradients)
 from marius_py.negatives import by_chunk, chunk_row_weights
 from pipeline.row_kernels import gather_rows, scatter_add_rows_, sparse_adagrad_
 
@@ -128,7 +129,12 @@ class FusedStep:
             source, relations, ids, score_dtype, mask)
 
         _join(unique_stream)  # from here on the plan's rows are needed
-        scatter_add_rows_(grad_rows, plan.local[2 * batch:], grad_candidates.reshape(-1, grad_candidates.shape[-1]))
+        candidate_rows = plan.local[2 * batch:]
+        groups, columns = grad_candidates.shape[:2]
+        if columns * groups != len(candidate_rows):  # padded candidates: their zero gradients go to row 0
+            candidate_rows = pad_candidate_ids(candidate_rows.view(groups, -1), columns - len(candidate_rows) // groups,
+                                               value=0).reshape(-1)
+        scatter_add_rows_(grad_rows, candidate_rows, grad_candidates.reshape(-1, grad_candidates.shape[-1]))
         grad_relations = None if relations is None else torch.zeros_like(relations)
         edge_backward_(grad_rows, grad_relations, source, relations, ids.edges, plan.local,
                        grad_queries.reshape(-1, grad_queries.shape[-1]), grad_positive.reshape(-1), head_offset,
@@ -175,15 +181,18 @@ class FusedStep:
         width = _aligned_width(dim, score_dtype)
         queries, positive, reg = edge_queries(source, relations, edges, score_dtype, width, self.maths, mask)
         candidate_ids = torch.cat([ids.tail_negatives, ids.head_negatives])
-        candidates = gather_rows(source, candidate_ids.reshape(-1),
+        pad = candidate_padding(num_candidates, score_dtype, source.device, self.score_form)
+        if pad:  # gathered padded (row 0 stands in), rather than copied into a padded block
+            candidate_ids = pad_candidate_ids(candidate_ids, pad)
+        candidates = gather_rows(source, (candidate_ids.clamp(min=0) if pad else candidate_ids).reshape(-1),
                                  torch.empty(candidate_ids.numel(), width, dtype=score_dtype, device=source.device))
         stacked = by_chunk(queries, batch, num_chunks)
         weights = chunk_row_weights(batch, stacked.shape[1], num_chunks, positive.dtype, positive.device)
         self.constants_used = weights  # cached outside any graph: a graph that captured it keeps it alive
         loss, *gradients = softmax_ce_gradients(
-            stacked, candidates.reshape(2 * num_chunks, num_candidates, width), by_chunk(positive, batch, num_chunks),
-            by_chunk(torch.cat([edges[:, 2], edges[:, 0]]), batch, num_chunks), candidate_ids, weights, score_dtype,
-            self.score_form)
+            stacked, candidates.reshape(2 * num_chunks, num_candidates + pad, width),
+            by_chunk(positive, batch, num_chunks), by_chunk(torch.cat([edges[:, 2], edges[:, 0]]), batch, num_chunks),
+            candidate_ids, weights, score_dtype, self.score_form)
         if reg is not None:
             loss = loss + self.reg_weight * reg.sum().to(loss.dtype) / batch
         return (loss, *gradients, stacked.shape[1] * num_chunks)

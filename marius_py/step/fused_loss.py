@@ -23,6 +23,7 @@ expansion cancels in bfloat16.
 from __future__ import annotations
 
 import torch
+from torch.nn import functional as F
 
 SCORE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}  # training.score_dtype
 
@@ -45,6 +46,7 @@ class ScoreForm:
     """How a [G, M, N] block of scores of queries against candidates is made and differentiated: <q, c>."""
 
     squared_l2 = False  # the block holds squared distances that the row kernel turns into -distance
+    matmul = True  # the block is made and differentiated by matmuls (cuBLAS)
 
     def scores(self, q: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
         return torch.bmm(q, c.transpose(1, 2))
@@ -105,6 +107,8 @@ def _widened(x: torch.Tensor, *columns: torch.Tensor) -> torch.Tensor:
 
 class PairwiseForm(ScoreForm):
     """-dist(q, c) without a matmul form: L1 (``l1``) or the sum of complex moduli (``modulus``, RotatE)."""
+
+    matmul = False
 
     def __init__(self, kind: str, dim: int):
         self.kind, self.dim = kind, dim
@@ -168,18 +172,49 @@ def softmax_ce_gradients(queries: torch.Tensor, candidates: torch.Tensor, positi
     """
     form = form or ScoreForm()
     q, c = queries.to(score_dtype), candidates.to(score_dtype)
+    columns = c.shape[1]
+    pad = candidate_padding(columns, c.dtype, c.device, form)
+    if pad:  # callers on the hot path (FusedStep) gather their candidates padded already
+        c, candidate_ids = F.pad(c, (0, 0, 0, pad)), pad_candidate_ids(candidate_ids, pad)
     exact = torch.float64 if score_dtype == torch.float64 else torch.float32
     column_bytes = q.shape[0] * q.shape[1] * q.element_size()  # one candidate's column of the block
     if column_bytes * c.shape[1] > SCORE_BLOCK_BYTES:
         # A tile lives as scores, their float32 copy and its exponentials at once.
         tile = SCORE_BLOCK_BYTES // (q.shape[0] * q.shape[1] * (q.element_size() + 2 * exact.itemsize))
-        return _tiled_softmax_ce_gradients(q, c, positive.to(exact), target_ids, candidate_ids, weight.to(exact),
-                                           max(1, tile), form)
-    scores = form.scores(q, c)
-    loss_rows, grad_positive = softmax_rows_(scores, positive.to(exact), target_ids, candidate_ids,
-                                             weight.to(exact), form.squared_l2)
-    loss = (loss_rows * weight.to(loss_rows.dtype)).sum()
-    return (loss, *form.backward(scores, q, c), grad_positive)
+        if c.is_cuda and form.matmul:  # aligned tiles too (see candidate_padding)
+            tile = max(16, tile - tile % 16)
+        loss, grad_q, grad_c, grad_positive = _tiled_softmax_ce_gradients(
+            q, c, positive.to(exact), target_ids, candidate_ids, weight.to(exact), max(1, tile), form)
+    else:
+        scores = form.scores(q, c)
+        loss_rows, grad_positive = softmax_rows_(scores, positive.to(exact), target_ids, candidate_ids,
+                                                 weight.to(exact), form.squared_l2)
+        loss = (loss_rows * weight.to(loss_rows.dtype)).sum()
+        grad_q, grad_c = form.backward(scores, q, c)
+    return loss, grad_q, grad_c[:, :columns], grad_positive
+
+
+def candidate_padding(columns: int, dtype: torch.dtype, device: torch.device, form: ScoreForm) -> int:
+    """Candidates to append (id -1: never scored, gradient exactly 0) so that score rows fill whole 16 bytes.
+
+    cuBLAS's Hopper tensor-core kernels need the block's row length to be a
+    multiple of 16 bytes; a 1-vs-all block has a column per node (FB15k-237:
+    14,541), and there it fell back to unaligned kernels, 2.1x slower, in the
+    scores and in both gradient matmuls that read the block (an H100).
+    """
+    if device.type != "cuda" or not form.matmul:
+        return 0
+    return -columns % (16 // dtype.itemsize)
+
+
+def pad_candidate_ids(candidate_ids: torch.Tensor, pad: int, value: int = -1) -> torch.Tensor:
+    """[G, N] ids (or positions) followed by ``pad`` columns of ``value`` per group."""
+    return F.pad(candidate_ids, (0, pad), value=value)
+
+
+def _masked(target_ids: torch.Tensor, candidate_ids: torch.Tensor) -> torch.Tensor:
+    """[G, M, N]: candidates equal to the row's target, or padding (id -1), left out of the softmax."""
+    return (target_ids[:, :, None] == candidate_ids[:, None, :]) | (candidate_ids < 0)[:, None, :]
 
 
 def _tiled_softmax_ce_gradients(q, c, positive, target_ids, candidate_ids, weight, tile: int, form: ScoreForm):
@@ -199,7 +234,7 @@ def _tiled_softmax_ce_gradients(q, c, positive, target_ids, candidate_ids, weigh
         s = raw_scores(start)
         if form.squared_l2:
             s = -s.clamp_min(0).sqrt()
-        return s.masked_fill(target_ids[:, :, None] == ids[:, None, :], float("-inf"))
+        return s.masked_fill(_masked(target_ids, ids), float("-inf"))
 
     top, total = positive.clone(), torch.ones_like(positive)
     for start in range(0, c.shape[1], tile):
@@ -236,7 +271,7 @@ def softmax_rows_(scores: torch.Tensor, positive: torch.Tensor, target_ids: torc
         s = -s.clamp_min(0).sqrt()
     # In place: on a CPU each pass over the block is memory traffic, and each new block an allocation.
     grad = s.clone() if squared_l2 else s  # s is still needed for the chain rule through sqrt
-    grad.masked_fill_(target_ids[:, :, None] == candidate_ids[:, None, :], float("-inf"))
+    grad.masked_fill_(_masked(target_ids, candidate_ids), float("-inf"))
     top = torch.maximum(grad.amax(-1), positive)
     total = grad.sub_(top[..., None]).exp_().sum(-1) + torch.exp(positive - top)
     log_total = top + torch.log(total)
@@ -287,7 +322,7 @@ if triton is not None:
             s = _scores_of(tl.load(row_scores + cols[None, :], mask=inside[None, :], other=float("-inf")),
                            SQUARED_L2)
             ids = tl.load(group_ids + cols, mask=inside, other=-1)[None, :]
-            s = tl.where(ids == target, float("-inf"), s)
+            s = tl.where((ids == target) | (ids < 0), float("-inf"), s)
             top = tl.maximum(tl.max(s, 1), pos)
             log_total = top + tl.log(tl.sum(tl.exp(s - top[:, None]), 1) + tl.exp(pos - top))
         else:  # pass 1: running max and sum of exponentials (online softmax)
@@ -298,7 +333,7 @@ if triton is not None:
                 s = _scores_of(tl.load(row_scores + start + cols[None, :], mask=inside[None, :],
                                        other=float("-inf")), SQUARED_L2)
                 ids = tl.load(group_ids + start + cols, mask=inside, other=-1)[None, :]
-                s = tl.where(ids == target, float("-inf"), s)
+                s = tl.where((ids == target) | (ids < 0), float("-inf"), s)
                 new_top = tl.maximum(top, tl.max(s, 1))
                 total = total * tl.exp(top - new_top) + tl.sum(tl.exp(s - new_top[:, None]), 1)
                 top = new_top
@@ -315,7 +350,7 @@ if triton is not None:
                 s = _scores_of(tl.load(row_scores + start + cols[None, :], mask=inside[None, :],
                                        other=float("-inf")), SQUARED_L2)
                 ids = tl.load(group_ids + start + cols, mask=inside, other=-1)[None, :]
-                p = tl.where(ids == target, 0.0, tl.exp(s - log_total[:, None])) * w[:, None]
+                p = tl.where((ids == target) | (ids < 0), 0.0, tl.exp(s - log_total[:, None])) * w[:, None]
                 if SQUARED_L2:
                     p = p * _squared_l2_factor(s)
                 tl.store(row_scores + start + cols[None, :], p.to(scores.dtype.element_ty), mask=inside[None, :])
