@@ -64,7 +64,7 @@ def gather_rows(table: torch.Tensor, rows: torch.Tensor, out: torch.Tensor, coun
     dim, width = table.shape[1], out.shape[1]
     if count is not None and not isinstance(count, torch.Tensor):
         rows, count = rows[:count], None
-    if not use_triton(out) or table.dtype != torch.float32:
+    if not _gathers_by_kernel(table, out):
         limit = _host_count(count, len(rows))
         wanted = rows[:limit]
         values = table[wanted.to(table.device)].to(out.device)
@@ -81,6 +81,12 @@ def gather_rows(table: torch.Tensor, rows: torch.Tensor, out: torch.Tensor, coun
         cache.slot_of if cached else rows, cache.embeddings if cached else table,
         COUNT_ON_DEVICE=count is not None, CACHED=cached, BLOCK_R=block_r, BLOCK_D=block_d)
     return out
+
+
+def _gathers_by_kernel(table: torch.Tensor, out: torch.Tensor) -> bool:
+    """float32 tables into float32 or bfloat16 rows (bfloat16 score blocks gather their candidates cast)."""
+    return (out.is_cuda and triton is not None and table.dtype == torch.float32
+            and out.dtype in (torch.float32, torch.bfloat16))
 
 
 def move_rows(source: torch.Tensor, target: torch.Tensor, count: torch.Tensor | int,

@@ -246,10 +246,13 @@ def test_triton_kernels_match_torch_versions(dim):
         sparse_adagrad_(n, state, torch.randperm(500, generator=torch.Generator().manual_seed(2))[:40].to(device),
                         grad_rows, torch.tensor([37], device=device), lr=0.1, eps=1e-10)
         gathered = gather_rows(n, lo[:50], torch.full((50, dim + 5), float("nan"), device=device))
+        gathered_bf16 = gather_rows(n, lo[:50], torch.full((50, dim + 5), float("nan"), dtype=torch.bfloat16,
+                                                           device=device))
         scatter_add_rows_(grad_rows, lo[:300] % 40, gq[:300])
-        outputs.append([t.cpu() for t in (queries, positive, grad_rows, grad_relations, n, state, gathered)])
+        outputs.append([t.cpu() for t in (queries, positive, grad_rows, grad_relations, n, state, gathered,
+                                          gathered_bf16)])
     for got, expected in zip(outputs[1], outputs[0]):
-        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)  # bfloat16 rows: the same rounding
 
 
 @pytest.mark.parametrize("decoder", ["complex", "transe-l2", "transe-l1", "rotate"])

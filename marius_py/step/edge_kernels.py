@@ -177,18 +177,22 @@ def relation_prediction_(grad_rows: torch.Tensor, grad_relations: torch.Tensor, 
     the head one; d logits = weight (softmax - onehot) / B. Torch operations
     (two small matmuls), on every device.
     """
-    batch = len(edges)
+    batch, count = len(edges), len(relations)
     heads, tails = nodes[edges[:, 0]], nodes[edges[:, 2]]
     phi = torch.cat([features(heads, tails), features(tails, heads)])
-    logits = phi @ relations.T.to(phi.dtype)
-    targets = torch.cat([edges[:, 1], edges[:, 1] + len(relations) // 2])
+    # On CUDA, relations padded to whole 16-byte logit rows (cuBLAS's aligned kernels), their logits -inf.
+    table = F.pad(relations.to(phi.dtype), (0, 0, 0, -count % (16 // phi.element_size()) if phi.is_cuda else 0))
+    logits = phi @ table.T
+    if len(table) > count:
+        logits[:, count:] = float("-inf")
+    targets = torch.cat([edges[:, 1], edges[:, 1] + count // 2])
     log_norm = torch.logsumexp(logits, 1)
     loss = (log_norm - logits.gather(1, targets[:, None]).squeeze(1)).sum() * (weight / batch)
     grad_logits = torch.softmax(logits, 1)
     grad_logits[torch.arange(2 * batch, device=logits.device), targets] -= 1
     grad_logits *= weight / batch
-    grad_relations.add_((grad_logits.T @ phi).to(grad_relations.dtype))
-    grad_features = grad_logits @ relations.to(phi.dtype)
+    grad_relations.add_((grad_logits.T @ phi)[:count].to(grad_relations.dtype))
+    grad_features = grad_logits @ table
     grad_heads, grad_tails = _relation_features_backward(grad_features[:batch], heads, tails, maths)
     grad_tails_2, grad_heads_2 = _relation_features_backward(grad_features[batch:], tails, heads, maths)
     grad_rows.index_add_(0, local[:batch], (grad_heads + grad_heads_2).to(grad_rows.dtype))
