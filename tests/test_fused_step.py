@@ -137,6 +137,22 @@ def test_supported_models_only():
     assert not supports_fused_step(make_model("distmult", "full", "cpu", False, ["model.loss=logistic"]))
 
 
+def test_only_one_vs_all_over_every_row_shares_its_candidates():
+    """The shared block needs candidate j to be plan row j: 1-vs-all over an in-memory table (and its rows
+    gathered), not sampled negatives, rows regrouped for several devices, or the pairwise (L1) kernels."""
+    nodes, _, edges = make_tables("full", "cpu", torch.float64)
+    generator = torch.Generator().manual_seed(1)
+    complex_step = FusedStep(make_model("complex", "full", "cpu", True, ["training.num_negatives=-1"]))
+    plan = complex_step.model.plan_batch(edges, generator, defer_count=True)
+    assert complex_step._shares_candidates(plan) and complex_step._shares_candidates(plan.in_row_positions())
+    assert torch.equal(plan.rows[:NODES], torch.arange(NODES)), "row j must be candidate j"
+    assert not complex_step._shares_candidates(plan.routed(plan.rows.flip(0), plan.local))
+    sampled = FusedStep(make_model("complex", "full", "cpu", True))
+    assert not sampled._shares_candidates(sampled.model.plan_batch(edges, generator))
+    l1 = FusedStep(make_model("transe", "full", "cpu", True, ["training.num_negatives=-1", "model.transe_norm=1"]))
+    assert not l1._shares_candidates(l1.model.plan_batch(edges, generator))
+
+
 def test_adagrad_skips_padding_rows():
     nodes, state = torch.ones(4, 2, dtype=torch.float64), torch.ones(4, 2, dtype=torch.float64)
     rows = torch.tensor([1, 3, 1, 1])  # two real rows, then padding that repeats a real one
@@ -257,9 +273,11 @@ def test_triton_kernels_match_torch_versions(dim):
 
 @pytest.mark.parametrize("decoder", ["complex", "transe-l2", "transe-l1", "rotate"])
 @pytest.mark.parametrize("dropout", [0.0, 0.2])
-def test_fused_one_vs_all_step_in_candidate_tiles_equals_autograd_step(monkeypatch, decoder, dropout):
-    """1-vs-all (every node a candidate): the fused step with its score block in tiles of 7 candidates (the
-    last of 60 holds 4) equals the autograd step with the whole block."""
+@pytest.mark.parametrize("tiled", [True, False])
+def test_fused_one_vs_all_step_equals_autograd_step(monkeypatch, decoder, dropout, tiled):
+    """1-vs-all (every node a candidate; the matmul forms score one block of candidates shared by both
+    directions): the fused step, with its score block whole or in tiles of 7 candidates (the last of 60 holds
+    4), equals the autograd step with the whole block."""
     from marius_py.step import fused_loss
     name, *options = DISTANCE_DECODERS.get(decoder, [f"model.decoder={decoder}"])
     decoder = name.split("=")[1]
@@ -269,7 +287,8 @@ def test_fused_one_vs_all_step_in_candidate_tiles_equals_autograd_step(monkeypat
     # A tile costs 2 directions x 23 queries x (float64 scores + two float64 copies) per candidate.
     tiles_of_7 = 2 * 23 * (8 + 2 * 8) * 7
     results = []
-    for step, budget in ((autograd_step, fused_loss.SCORE_BLOCK_BYTES), (fused_step, tiles_of_7)):
+    for step, budget in ((autograd_step, fused_loss.SCORE_BLOCK_BYTES),
+                         (fused_step, tiles_of_7 if tiled else fused_loss.SCORE_BLOCK_BYTES)):
         monkeypatch.setattr(fused_loss, "SCORE_BLOCK_BYTES", budget)
         model = make_model(decoder, "full", "cpu", True, extra)
         warm_relation_state(model)

@@ -118,23 +118,25 @@ class FusedStep:
         """
         ids = plan if in_place else plan.in_row_positions()
         dim, batch = source.shape[1], len(plan.edges)
-        # Zeroed beside the score block. Made on the side stream, used on this one: safe without
-        # record_stream because the side stream's next allocation follows its wait on this stream.
+        shared = self._shares_candidates(plan)
+        # Zeroed beside the score block (shared candidates write every real row instead). Made on the side
+        # stream, used on this one: safe without record_stream because the side stream's next allocation
+        # follows its wait on this stream.
         with _on_stream(unique_stream):
-            grad_rows = torch.zeros(len(plan.rows), dim, dtype=source.dtype, device=source.device)
+            grad_rows = (torch.empty if shared else torch.zeros)(len(plan.rows), dim, dtype=source.dtype,
+                                                                 device=source.device)
         score_dtype = torch.float64 if source.dtype == torch.float64 else self.score_dtype
         relations = None if self.relations is None else self.relations.detach()
         mask = self.dropout_mask(2 * batch, dim, source, generator)
         loss, grad_queries, grad_candidates, grad_positive, head_offset = self._score_block(
-            source, relations, ids, score_dtype, mask)
+            source, relations, ids, score_dtype, mask, shared)
 
         _join(unique_stream)  # from here on the plan's rows are needed
-        candidate_rows = plan.local[2 * batch:]
-        groups, columns = grad_candidates.shape[:2]
-        if columns * groups != len(candidate_rows):  # padded candidates: their zero gradients go to row 0
-            candidate_rows = pad_candidate_ids(candidate_rows.view(groups, -1), columns - len(candidate_rows) // groups,
-                                               value=0).reshape(-1)
-        scatter_add_rows_(grad_rows, candidate_rows, grad_candidates.reshape(-1, grad_candidates.shape[-1]))
+        if shared:  # candidate j is row j: its gradient is the row's first
+            num_rows = ids.tail_negatives.shape[1]
+            grad_rows[:num_rows].copy_(grad_candidates[0, :num_rows, :dim])
+        else:
+            self._add_candidate_gradients(grad_rows, plan.local[2 * batch:], grad_candidates)
         grad_relations = None if relations is None else torch.zeros_like(relations)
         edge_backward_(grad_rows, grad_relations, source, relations, ids.edges, plan.local,
                        grad_queries.reshape(-1, grad_queries.shape[-1]), grad_positive.reshape(-1), head_offset,
@@ -144,6 +146,21 @@ class FusedStep:
                                                self.maths, self.relation_prediction,
                                                self.model.decoder.relation_features)
         return grad_rows, grad_relations, loss
+
+    def _shares_candidates(self, plan) -> bool:
+        """1-vs-all over every row with a matmul score form: both directions score one [N, d] block of
+        candidates (one gather, one matmul for the candidates' gradient, written straight into the rows')."""
+        return plan.candidates_are_rows and self.score_form.matmul
+
+    @staticmethod
+    def _add_candidate_gradients(grad_rows: torch.Tensor, positions: torch.Tensor, grad_candidates: torch.Tensor):
+        """Scatter-add [G, N', w] candidate gradients to their rows (``positions``: [G x N]); padding
+        candidates (N' > N, ``fused_loss.candidate_padding``) have zero gradients, added to row 0."""
+        groups, columns = grad_candidates.shape[:2]
+        if columns * groups != len(positions):
+            positions = pad_candidate_ids(positions.view(groups, -1), columns - len(positions) // groups,
+                                          value=0).reshape(-1)
+        scatter_add_rows_(grad_rows, positions, grad_candidates.reshape(-1, grad_candidates.shape[-1]))
 
     def dropout_mask(self, rows: int, dim: int, like: torch.Tensor, generator: torch.Generator | None):
         """The [2B, d] queries' dropout mask, drawn as the autograd step draws it; None without dropout."""
@@ -169,18 +186,19 @@ class FusedStep:
         self._step_relations(grad)
 
     def _score_block(self, source: torch.Tensor, relations: torch.Tensor | None, ids, score_dtype: torch.dtype,
-                     mask: torch.Tensor | None):
+                     mask: torch.Tensor | None, shared: bool = False):
         """(loss, d/d queries, d/d candidates, d/d positive scores, row of the first head-corruption query).
 
         ``ids``: a plan whose node ids index ``source``. The query and
         candidate rows are padded to 16 bytes for the matmuls. The loss includes
-        the regulariser's.
+        the regulariser's. ``shared``: one block of candidates for both
+        directions, and d/d candidates summed over them ([1, N', w]).
         """
         edges, batch, dim = ids.edges, len(ids.edges), source.shape[1]
         num_chunks, num_candidates = ids.tail_negatives.shape
         width = _aligned_width(dim, score_dtype)
         queries, positive, reg = edge_queries(source, relations, edges, score_dtype, width, self.maths, mask)
-        candidate_ids = torch.cat([ids.tail_negatives, ids.head_negatives])
+        candidate_ids = ids.tail_negatives if shared else torch.cat([ids.tail_negatives, ids.head_negatives])
         pad = candidate_padding(num_candidates, score_dtype, source.device, self.score_form)
         if pad:  # gathered padded (row 0 stands in), rather than copied into a padded block
             candidate_ids = pad_candidate_ids(candidate_ids, pad)
@@ -190,9 +208,9 @@ class FusedStep:
         weights = chunk_row_weights(batch, stacked.shape[1], num_chunks, positive.dtype, positive.device)
         self.constants_used = weights  # cached outside any graph: a graph that captured it keeps it alive
         loss, *gradients = softmax_ce_gradients(
-            stacked, candidates.reshape(2 * num_chunks, num_candidates + pad, width),
+            stacked, candidates.reshape(-1, num_candidates + pad, width),
             by_chunk(positive, batch, num_chunks), by_chunk(torch.cat([edges[:, 2], edges[:, 0]]), batch, num_chunks),
-            candidate_ids, weights, score_dtype, self.score_form)
+            candidate_ids.expand(2 * num_chunks, -1), weights, score_dtype, self.score_form)
         if reg is not None:
             loss = loss + self.reg_weight * reg.sum().to(loss.dtype) / batch
         return (loss, *gradients, stacked.shape[1] * num_chunks)

@@ -43,17 +43,36 @@ except ImportError:  # pragma: no cover - depends on the torch build
 
 
 class ScoreForm:
-    """How a [G, M, N] block of scores of queries against candidates is made and differentiated: <q, c>."""
+    """How a [G, M, N] block of scores of queries against candidates is made and differentiated: <q, c>.
+
+    Candidates are [G, N, d], or [1, N, d] shared by every group (1-vs-all:
+    both directions score every node); d/d c then sums over the groups.
+    """
 
     squared_l2 = False  # the block holds squared distances that the row kernel turns into -distance
     matmul = True  # the block is made and differentiated by matmuls (cuBLAS)
 
     def scores(self, q: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-        return torch.bmm(q, c.transpose(1, 2))
+        return _by_groups(q, c.transpose(1, 2))
 
     def backward(self, grad: torch.Tensor, q: torch.Tensor, c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(d/d q, d/d c) given d loss / d (the block ``scores`` made)."""
-        return torch.bmm(grad, c), torch.bmm(grad.transpose(1, 2), q)
+        return _by_groups(grad, c), _transposed_by_groups(grad, q, len(c))
+
+
+def _by_groups(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """x [G, M, K] @ y [G, K, N], or y [1, K, N] shared by the groups: one matmul over all G x M rows."""
+    if len(y) == 1 and len(x) > 1:
+        return (x.reshape(-1, x.shape[-1]) @ y[0]).view(*x.shape[:2], -1)
+    return torch.bmm(x, y)
+
+
+def _transposed_by_groups(x: torch.Tensor, y: torch.Tensor, groups: int) -> torch.Tensor:
+    """x^T y per group ([G, N, K] from x [G, M, N], y [G, M, K]), or summed over the groups ([1, N, K]) when
+    ``groups`` is 1: one matmul with G x M terms."""
+    if groups == 1 and len(x) > 1:
+        return (x.reshape(-1, x.shape[-1]).T @ y.reshape(-1, y.shape[-1]))[None]
+    return torch.bmm(x.transpose(1, 2), y)
 
 
 class SquaredL2Form(ScoreForm):
@@ -73,13 +92,13 @@ class SquaredL2Form(ScoreForm):
         # 10 mantissa bits, so one column would add ~1e-3 of |q|^2 to distances that may be far smaller.
         q_hi, q_lo = _tf32_split((q * q).sum(-1))
         c_hi, c_lo = _tf32_split((c * c).sum(-1))
-        return torch.bmm(_widened(q, q_hi, q_lo, ones_q, ones_q),
-                         _widened(-2 * c, ones_c, ones_c, c_hi, c_lo).transpose(1, 2))
+        return _by_groups(_widened(q, q_hi, q_lo, ones_q, ones_q),
+                          _widened(-2 * c, ones_c, ones_c, c_hi, c_lo).transpose(1, 2))
 
     def backward(self, grad, q, c):
         dim = q.shape[-1]
-        by_c = torch.bmm(grad, _widened(c, c.new_ones(c.shape[:2])))
-        by_q = torch.bmm(grad.transpose(1, 2), _widened(q, q.new_ones(q.shape[:2])))
+        by_c = _by_groups(grad, _widened(c, c.new_ones(c.shape[:2])))
+        by_q = _transposed_by_groups(grad, _widened(q, q.new_ones(q.shape[:2])), len(c))
         grad_q = 2 * (q * by_c[..., dim:dim + 1] - by_c[..., :dim])
         grad_c = 2 * (c * by_q[..., dim:dim + 1] - by_q[..., :dim])
         return grad_q, grad_c
@@ -137,7 +156,8 @@ def shared_negative_softmax_ce(queries: torch.Tensor, candidates: torch.Tensor, 
     """sum_r weight_r * (logsumexp([pos_r, S_r with candidates equal to the target masked]) - pos_r).
 
     queries [G, M, d], candidates [G, N, d], positive/target_ids/weight [G, M],
-    candidate_ids [G, N]. Differentiable in queries, candidates and positive.
+    candidate_ids [G, N] (candidates may be [1, N, d], shared by the groups). Differentiable in queries,
+    candidates and positive.
     """
     if queries.dtype == torch.float64:  # exact checks against dense autograd run in float64
         score_dtype = torch.float64

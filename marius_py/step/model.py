@@ -119,7 +119,8 @@ class Model:
                 rows, local, count = unique_rows_async(ids, below_2_31=table_rows is not None and table_rows < 2**31)
             else:
                 (rows, local), count = torch.unique(ids, return_inverse=True), None
-        return BatchPlan(edges, rows, local, tail_negatives, head_negatives, count)
+        return BatchPlan(edges, rows, local, tail_negatives, head_negatives, count,
+                         candidates_are_rows=not draws and candidates.is_identity)
 
     def compute(self, plan: "BatchPlan", embeddings: torch.Tensor, state: torch.Tensor,
                 generator: torch.Generator) -> BatchUpdate:
@@ -244,18 +245,21 @@ class BatchPlan:
     tail_negatives: torch.Tensor   # [C, N] table rows
     head_negatives: torch.Tensor   # [C, N]
     unique_count: torch.Tensor | None = None  # [1] on the device: rows beyond it are padding
+    # 1-vs-all over every row of the table (``CandidateRows.is_identity``): the rows are 0..N-1 in order, and
+    # both directions' candidates are those rows (candidate j is row j).
+    candidates_are_rows: bool = False
 
     def tensors(self) -> list[torch.Tensor]:
         fields = [getattr(self, f.name) for f in dataclasses.fields(self)]
-        return [t for t in fields if t is not None]
+        return [t for t in fields if isinstance(t, torch.Tensor)]
 
     def trimmed(self, count: int) -> "BatchPlan":
         """The plan with its padding rows dropped, once ``unique_count`` has been read."""
-        return BatchPlan(self.edges, self.rows[:count], self.local, self.tail_negatives, self.head_negatives)
+        return dataclasses.replace(self, rows=self.rows[:count], unique_count=None)
 
     def routed(self, rows: torch.Tensor, local: torch.Tensor) -> BatchPlan:
         """The plan with its rows reordered (``local`` follows them), e.g. grouped by owner device."""
-        return dataclasses.replace(self, rows=rows, local=local)
+        return dataclasses.replace(self, rows=rows, local=local, candidates_are_rows=False)
 
     def in_row_positions(self) -> BatchPlan:
         """The plan with node ids replaced by positions in ``rows`` (for rows gathered into their own tensor)."""
@@ -263,10 +267,14 @@ class BatchPlan:
         local = self.local
         edges = torch.stack([local[:batch], self.edges[:, 1], local[batch:2 * batch]], dim=1)
         negatives = local[2 * batch:].reshape(2, num_chunks, -1)
-        return BatchPlan(edges, self.rows, local, negatives[0], negatives[1], self.unique_count)
+        return dataclasses.replace(self, edges=edges, tail_negatives=negatives[0], head_negatives=negatives[1])
 
     def pinned(self) -> "BatchPlan":
-        return BatchPlan(*(t.pin_memory() for t in self.tensors()))
+        return self._mapped(lambda t: t.pin_memory())
 
     def to(self, device: torch.device, non_blocking: bool = False) -> "BatchPlan":
-        return BatchPlan(*(t.to(device, non_blocking=non_blocking) for t in self.tensors()))
+        return self._mapped(lambda t: t.to(device, non_blocking=non_blocking))
+
+    def _mapped(self, move) -> "BatchPlan":
+        return dataclasses.replace(self, **{f.name: move(getattr(self, f.name)) for f in dataclasses.fields(self)
+                                            if isinstance(getattr(self, f.name), torch.Tensor)})
