@@ -59,18 +59,29 @@ def test_triton_kernel_matches_autograd(candidates, rows):
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[
     pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")])])
-def test_candidates_with_id_minus_one_are_padding(device):
+@pytest.mark.parametrize("form", ["dot", "l2"])
+@pytest.mark.parametrize("tiled", [False, True])
+def test_candidates_with_id_minus_one_are_padding(monkeypatch, device, form, tiled):
     """Padding candidates (id -1, as cuBLAS's aligned kernels get them) change neither the loss nor a gradient,
-    and their own gradient is zero."""
-    from marius_py.step.fused_loss import softmax_ce_gradients
+    and their own gradient is zero: whole blocks and candidate tiles, dot products and squared L2."""
+    from marius_py.step import fused_loss
     dtype = torch.float64 if device == "cpu" else torch.float32
     q, c, pos, target_ids, candidate_ids, weight = (t.detach() for t in make_case(
         groups=2, rows=6, candidates=9, dim=5, device=device, dtype=dtype))
     padded_c = torch.cat([c, torch.randn(2, 3, 5, dtype=dtype, device=device)], 1)  # any values
     padded_ids = torch.cat([candidate_ids, torch.full((2, 3), -1, device=device)], 1)
-    whole = softmax_ce_gradients(q, c, pos, target_ids, candidate_ids, weight, dtype)
-    padded = softmax_ce_gradients(q, padded_c, pos, target_ids, padded_ids, weight, dtype)
-    tolerance = {"rtol": 1e-12, "atol": 1e-14} if dtype == torch.float64 else {"rtol": 1e-4, "atol": 1e-5}
+    score_form = fused_loss.score_form(form, 5)
+    whole = fused_loss.softmax_ce_gradients(q, c, pos, target_ids, candidate_ids, weight, dtype, score_form)
+    tiles = []
+    if tiled:  # on the CPU, tiles of 3 candidates: the last holds padding only
+        monkeypatch.setattr(fused_loss, "SCORE_BLOCK_BYTES", 2 * 6 * (q.element_size() + 2 * 8) * 3)
+        tiled_gradients = fused_loss._tiled_softmax_ce_gradients
+        monkeypatch.setattr(fused_loss, "_tiled_softmax_ce_gradients",
+                            lambda *args: tiles.append(args[6]) or tiled_gradients(*args))
+    padded = fused_loss.softmax_ce_gradients(q, padded_c, pos, target_ids, padded_ids, weight, dtype, score_form)
+    if device == "cpu":  # (on CUDA the block fits this budget: tiles are at least 16 candidates there)
+        assert tiles == ([3] if tiled else [])
+    tolerance = {"rtol": 1e-10, "atol": 1e-12} if dtype == torch.float64 else {"rtol": 1e-4, "atol": 1e-5}
     for got, expected in zip([padded[0], padded[1], padded[2][:, :9], padded[3]], whole):
         torch.testing.assert_close(got, expected, **tolerance)
     assert (padded[2][:, 9:] == 0).all()

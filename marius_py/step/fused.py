@@ -112,7 +112,8 @@ class FusedStep:
                   unique_stream: torch.cuda.Stream | None = None, generator: torch.Generator | None = None):
         """(d loss / d rows [len(plan.rows), d], d loss / d relations or None, mean loss) of a planned batch.
 
-        ``source``: the node table (``in_place``: plan ids index it) or the
+        Rows past the plan's real ones (``unique_count``) are padding: zero,
+        or unset where 1-vs-all shares its candidate block. ``source``: the node table (``in_place``: plan ids index it) or the
         rows ``plan.rows`` gathered into their own tensor. ``generator`` draws
         the dropout mask (needed when the model has dropout).
         """
@@ -135,6 +136,8 @@ class FusedStep:
         if shared:  # candidate j is row j: its gradient is the row's first
             num_rows = ids.tail_negatives.shape[1]
             grad_rows[:num_rows].copy_(grad_candidates[0, :num_rows, :dim])
+            # Where endpoints that are not candidates would sit (none: every endpoint is a row of the table).
+            grad_rows[num_rows:num_rows + 2 * batch].zero_()
         else:
             self._add_candidate_gradients(grad_rows, plan.local[2 * batch:], grad_candidates)
         grad_relations = None if relations is None else torch.zeros_like(relations)
