@@ -30,6 +30,7 @@ import torch
 from torch.nn import functional as F
 
 from marius_py.models import complex_product, regularization
+from marius_py.step.fused_loss import to_16_bytes
 from pipeline.row_kernels import tile_shape, triton, use_triton
 
 if triton is not None:
@@ -181,7 +182,7 @@ def relation_prediction_(grad_rows: torch.Tensor, grad_relations: torch.Tensor, 
     heads, tails = nodes[edges[:, 0]], nodes[edges[:, 2]]
     phi = torch.cat([features(heads, tails), features(tails, heads)])
     # On CUDA, relations padded to whole 16-byte logit rows (cuBLAS's aligned kernels), their logits -inf.
-    table = F.pad(relations.to(phi.dtype), (0, 0, 0, -count % (16 // phi.element_size()) if phi.is_cuda else 0))
+    table = F.pad(relations.to(phi.dtype), (0, 0, 0, to_16_bytes(count, phi.dtype) if phi.is_cuda else 0))
     logits = phi @ table.T
     if len(table) > count:
         logits[:, count:] = float("-inf")

@@ -33,7 +33,7 @@ import torch
 
 from marius_py.step.edge_kernels import OPERATORS, EdgeMaths, edge_backward_, edge_queries, relation_prediction_
 from marius_py.step.fused_loss import (SCORE_DTYPES, candidate_padding, pad_candidate_ids, score_form,
-                                      softmax_ce_gradients)
+                                      softmax_ce_gradients, to_16_bytes)
 from marius_py.negatives import by_chunk, chunk_row_weights
 from pipeline.row_kernels import gather_rows, scatter_add_rows_, sparse_adagrad_
 
@@ -113,9 +113,10 @@ class FusedStep:
         """(d loss / d rows [len(plan.rows), d], d loss / d relations or None, mean loss) of a planned batch.
 
         Rows past the plan's real ones (``unique_count``) are padding: zero,
-        or unset where 1-vs-all shares its candidate block. ``source``: the node table (``in_place``: plan ids index it) or the
-        rows ``plan.rows`` gathered into their own tensor. ``generator`` draws
-        the dropout mask (needed when the model has dropout).
+        or unset where 1-vs-all shares its candidate block. ``source``: the
+        node table (``in_place``: plan ids index it) or the rows ``plan.rows``
+        gathered into their own tensor. ``generator`` draws the dropout mask
+        (needed when the model has dropout).
         """
         ids = plan if in_place else plan.in_row_positions()
         dim, batch = source.shape[1], len(plan.edges)
@@ -247,5 +248,4 @@ def _join(stream: torch.cuda.Stream | None) -> None:
 
 def _aligned_width(dim: int, dtype: torch.dtype) -> int:
     """d rounded up to whole 16-byte rows: cuBLAS picks its fastest kernels only for aligned rows."""
-    per_16_bytes = max(1, 16 // dtype.itemsize)
-    return -(-dim // per_16_bytes) * per_16_bytes
+    return dim + to_16_bytes(dim, dtype)

@@ -214,17 +214,21 @@ def softmax_ce_gradients(queries: torch.Tensor, candidates: torch.Tensor, positi
     return loss, grad_q, grad_c[:, :columns], grad_positive
 
 
+def to_16_bytes(count: int, dtype: torch.dtype) -> int:
+    """Elements to append to ``count`` of ``dtype`` to fill whole 16 bytes (cuBLAS's aligned matmul kernels)."""
+    return -count % max(1, 16 // dtype.itemsize)
+
+
 def candidate_padding(columns: int, dtype: torch.dtype, device: torch.device, form: ScoreForm) -> int:
-    """Candidates to append (id -1: never scored, gradient exactly 0) so that score rows fill whole 16 bytes.
+    """Candidates to append (id -1: left out of the softmax, gradient exactly 0) so that score rows fill whole
+    16 bytes.
 
     cuBLAS's Hopper tensor-core kernels need the block's row length to be a
     multiple of 16 bytes; a 1-vs-all block has a column per node (FB15k-237:
     14,541), and there it fell back to unaligned kernels, 2.1x slower, in the
     scores and in both gradient matmuls that read the block (an H100).
     """
-    if device.type != "cuda" or not form.matmul:
-        return 0
-    return -columns % (16 // dtype.itemsize)
+    return to_16_bytes(columns, dtype) if device.type == "cuda" and form.matmul else 0
 
 
 def pad_candidate_ids(candidate_ids: torch.Tensor, pad: int, value: int = -1) -> torch.Tensor:
