@@ -9,6 +9,8 @@ exercise the static tensors.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -18,6 +20,27 @@ from pipeline.lanes import LOAD_PRIORITY, StepState
 from pipeline.row_kernels import triton_available
 
 GRAPH_STALENESS = 2  # graphed steps alternate between two sets of static tensors
+
+
+@contextlib.contextmanager
+def capturing(graph: torch.cuda.CUDAGraph, **kwargs):
+    """``torch.cuda.graph(graph, **kwargs)`` with Python's cycle collector held off.
+
+    torch no longer collects before a capture, so a collection could start
+    inside one and free an unreachable runner's graphs; destroying a graph
+    while a stream captures is not permitted and breaks the capture (seen as
+    "operation not permitted when stream is capturing (function reset)" and a
+    wrong step). No collection starts until the capture ends; none is forced
+    before it either (a full collection per graph, 20 graphs a runner).
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        with torch.cuda.graph(graph, **kwargs):
+            yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 class PhaseGraphs:
@@ -35,8 +58,8 @@ class PhaseGraphs:
 
     @staticmethod
     def supported(runner) -> bool:
-        """CUDA with Triton, deduplication, steps that can apply relation gradients without host work."""
-        return (runner.dedup and triton_available() and all(d.type == "cuda" for d in runner.devices)
+        """CUDA with Triton, steps that can apply relation gradients without host work."""
+        return (triton_available() and all(d.type == "cuda" for d in runner.devices)
                 and all(getattr(s, "graphable", False) for s in runner.steps))
 
     def ready_for(self, context) -> bool:
@@ -79,7 +102,7 @@ class PhaseGraphs:
         else:
             runner.run_phase(devices, "compute", step.loaded, lambda g: graphs["compute"][g].replay(), step.computed)
             runner.run_phase(devices, "compute", step.computed, lambda g: graphs["relations"][g].replay(), [])
-            runner.run_phase(devices, "update", step.computed, lambda g: graphs["update"][g].replay(), step.updated)
+            runner.run_updates(step, lambda g: graphs["update"][g].replay())
             for model in runner.steps:
                 model.count_relation_step()
         return True
@@ -88,7 +111,7 @@ class PhaseGraphs:
         """Capture the five phases on every device, in phase order (each reads what the last one made)."""
         runner = self.runner
         phases = {"plan": lambda g: runner.plan_phase(step, g, context),
-                  "read": lambda g: runner.read_phase(step, g, context),
+                  "read": lambda g: runner.read(step, g, context),
                   "compute": lambda g: runner.compute_phase(step, g, context),
                   "relations": lambda g: runner.relations_phase(step, g, count=False),
                   "update": lambda g: runner.update_phase(step, g, context)}
@@ -106,7 +129,7 @@ class PhaseGraphs:
         torch.cuda.synchronize(device)
         graph = torch.cuda.CUDAGraph()
         stream = torch.cuda.Stream(device, priority=priority)
-        with torch.cuda.device(device), torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local"):
+        with torch.cuda.device(device), capturing(graph, stream=stream, capture_error_mode="thread_local"):
             phase(g)
         return graph
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from marius_py.step.fused import FusedStep
+from pipeline.phase_graphs import capturing
 from pipeline.row_kernels import triton_available
 from marius_py.negatives import CandidateRows
 
@@ -88,7 +89,7 @@ class GraphedFusedStep:
             self.warmed_up = True
             return
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        with capturing(graph):
             self._step(nodes, state, candidates)
         # Tensors made outside the graph that it reads (the cached row weights) must outlive it.
         self.kept_alive = self.fused.constants_used
