@@ -47,7 +47,7 @@ import torch
 from pipeline.device_cache import RowCache, endpoint_degree, hot_rows
 from pipeline.lanes import Lanes, StepState, enable_peer_access, on, put, record, wait
 from pipeline.phase_graphs import GRAPH_STALENESS, PhaseGraphs
-from pipeline.routing import (CACHE_HITS, DEVICE_ROWS, RECEIVED_ROWS, UNION_ROWS, TransferCounters,
+from pipeline.routing import (CACHE_HITS, DEVICE_ROWS, RECEIVED_ROWS, UNION_ROWS, GroupedRows, TransferCounters,
                               group_by_owner, group_steps_by_head, union_of_requests)
 from pipeline.row_kernels import gather_rows, move_rows, triton_available
 from pipeline.step import BatchStep
@@ -62,7 +62,7 @@ class MultiDeviceRunner:
                  staleness_bound: int, dedup: bool = True, cache_rows: int = 0, cache_all: bool = False,
                  shared_negatives: bool = False, grouping_window: int = 0, graphs: bool = False):
         """``steps[g]``: device g's step (its own relation replica). ``node_update(nodes, state, rows,
-        grads, count, cache=)``: the in-place optimizer update of rows (``row_kernels.sparse_adagrad_``).
+        grads, count, cache=, present=)``: the in-place optimizer update of rows (``row_kernels.sparse_adagrad_``).
         ``cache_rows``: rows each owner keeps per span (its hottest); ``cache_all``: all it owns (tables
         split across the devices' memory, kept there across spans of the same tables). ``grouping_window``:
         steps whose edges ``group_steps_by_head`` reorders together (0: the span's order). ``graphs``:
@@ -220,9 +220,8 @@ class MultiDeviceRunner:
         if self.graphs is not None and self.graphs.replays(step, "load", context):
             return step
         self.run_phase(range(step.active), "load", [], lambda g: self.plan_phase(step, g, context), step.planned)
-        read = self.read_phase if self.dedup else self.read_own_phase
         self.run_phase(range(self.num_devices if self.dedup else step.active), "load", step.planned + reads_after,
-                    lambda d: read(step, d, context), step.loaded)
+                    lambda d: self.read(step, d, context), step.loaded)
         return step
 
     def _finish(self, step: StepState, context, on_batch) -> StepState:
@@ -233,18 +232,25 @@ class MultiDeviceRunner:
             # for before its compute(i+2) rewrites the gradients read here: no event is needed.
             self.run_phase(range(self.num_devices), "compute", step.computed, lambda d: self.relations_phase(step, d),
                         [])
-            if self.dedup:  # one owner per row: its updates are ordered on its own stream
-                self.run_phase(range(self.num_devices), "update", step.computed,
-                            lambda d: self.update_phase(step, d, context), step.updated)
-            else:  # every device updates any row: one chain, in device order, across steps
-                self.run_phase(range(self.num_devices), "update", step.computed + self._last_update,
-                            lambda d: self.update_phase(step, d, context), step.updated, in_order=True)
-                self._last_update = step.updated[-1:]
+            self.run_updates(step, lambda d: self.update_phase(step, d, context))
             if self.graphs is not None and step.active == self.num_devices:
                 self.graphs.warmed_up = True
         self.counters.relation_bytes += self._relation_bytes(step)
         on_batch(step.active)
         return step
+
+    def run_updates(self, step: StepState, run: Callable[[int], None]) -> None:
+        """The update phase, ``run(d)`` on every device's update lane once the step's gradients exist."""
+        if self.dedup:  # one owner per row: its updates are ordered on its own stream
+            self.run_phase(range(self.num_devices), "update", step.computed, run, step.updated)
+        else:  # every device updates any row: one chain, in device order, across steps
+            self.run_phase(range(self.num_devices), "update", step.computed + self._last_update, run, step.updated,
+                           in_order=True)
+            self._last_update = step.updated[-1:]
+
+    def read(self, step: StepState, d: int, context) -> None:
+        """The read phase of device d: an owner's union (dedup) or its own rows (baseline)."""
+        (self.read_phase if self.dedup else self.read_own_phase)(step, d, context)
 
     def run_phase(self, devices, lane: str, waits: list, run: Callable[[int], None], events: list,
                in_order: bool = False) -> None:
@@ -285,8 +291,12 @@ class MultiDeviceRunner:
         model = self.steps[g]
         plan = model.plan_batch(step.edges[g], None, context.candidates[g], defer_count=True, draws=step.draws[g],
                                 table_rows=len(context.nodes))
-        grouped = group_by_owner(plan.rows, plan.local, plan.unique_count, self.num_devices)
-        put(step.plans, g, plan.routed(grouped.rows, grouped.local))
+        if self.dedup:
+            grouped = group_by_owner(plan.rows, plan.local, plan.unique_count, self.num_devices)
+            plan = plan.routed(grouped.rows, grouped.local)
+        else:  # each device reads and updates its own rows: no owners
+            grouped = GroupedRows(plan.rows, plan.local, None, None, plan.unique_count)
+        put(step.plans, g, plan)
         put(step.grouped, g, grouped)
         self.counters.on_device[g][DEVICE_ROWS:DEVICE_ROWS + 1].add_(grouped.count)
 
@@ -344,12 +354,15 @@ class MultiDeviceRunner:
         nodes, state = context.nodes, context.state
         if self.dedup:
             union, device = step.owners[d], self.devices[d]
-            stacked = torch.zeros(step.active, len(union.rows), nodes.shape[1], dtype=nodes.dtype, device=device)
+            # Only the rows a device sent are written and flagged: no fill of [G, padded rows, d].
+            stacked = torch.empty(step.active, len(union.rows), nodes.shape[1], dtype=nodes.dtype, device=device)
+            present = torch.zeros(step.active, len(union.rows), dtype=torch.bool, device=device)
             for g in range(step.active):
                 grouped = step.grouped[g]
                 move_rows(step.grads[g], stacked[g], grouped.per_owner[d:d + 1], target_rows=union.positions[g],
                           source_start=grouped.offsets[d:d + 1])
-            self.node_update(nodes, state, union.rows, stacked, union.count, cache=self.caches[d])
+                present[g].index_fill_(0, union.positions[g], True)  # a padded request marks the sentinel's slot
+            self.node_update(nodes, state, union.rows, stacked, union.count, cache=self.caches[d], present=present)
         elif d < step.active:  # in device order: the caller chains the updates
             grouped = step.grouped[d]
             self.node_update(nodes, state, grouped.rows, step.grads[d], grouped.count, cache=None)

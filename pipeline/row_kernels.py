@@ -160,7 +160,8 @@ def scatter_add_rows_(target: torch.Tensor, positions: torch.Tensor, source: tor
 
 
 def sparse_adagrad_(nodes: torch.Tensor, state: torch.Tensor, rows: torch.Tensor, grad: torch.Tensor,
-                    count: torch.Tensor | int | None, lr: float, eps: float, cache: RowCache | None = None) -> None:
+                    count: torch.Tensor | int | None, lr: float, eps: float, cache: RowCache | None = None,
+                    present: torch.Tensor | None = None) -> None:
     """Adagrad on table rows ``rows[:count]`` (unique) with gradients ``grad``, in place.
 
     ``grad`` is [rows, d], or [G, rows, d]: G gradients of each row applied
@@ -170,6 +171,8 @@ def sparse_adagrad_(nodes: torch.Tensor, state: torch.Tensor, rows: torch.Tensor
     one-element device tensor (a plan's padded rows), read by the kernel.
     Rows held by ``cache`` are updated in its GPU copy, the others in the
     tables (which may be pinned host memory: written over PCIe).
+    ``present`` ([G, rows] bool): which gradients a row has; the others are
+    never read (they may be uninitialised) and count as zero.
     """
     grads = grad if grad.dim() == 3 else grad[None]
     if use_triton(grads):
@@ -180,11 +183,14 @@ def sparse_adagrad_(nodes: torch.Tensor, state: torch.Tensor, rows: torch.Tensor
             nodes, state, rows, grads, count if on_device else rows,
             _host_count(count, len(rows)) if not on_device else 0, lr, eps, dim, len(grads), grads.stride(0),
             cache.slot_of if cached else rows, cache.embeddings if cached else nodes,
-            cache.state if cached else state, COUNT_ON_DEVICE=on_device, ROWWISE=state.shape[1] == 1,
-            CACHED=cached, BLOCK_R=block_r, BLOCK_D=block_d)
+            cache.state if cached else state, rows if present is None else present.view(torch.uint8),
+            0 if present is None else present.stride(0), COUNT_ON_DEVICE=on_device, ROWWISE=state.shape[1] == 1,
+            CACHED=cached, PRESENT=present is not None, BLOCK_R=block_r, BLOCK_D=block_d)
         return
     limit = _host_count(count, len(rows))
     rows = rows[:limit]
+    if present is not None:
+        grads = torch.where(present[..., None], grads, 0)
     if cache is None:
         _adagrad_rows_torch(nodes, state, rows.to(nodes.device), grads[:, :limit].to(nodes.device), lr, eps)
         return
@@ -278,9 +284,9 @@ if triton is not None:
 
     @triton.jit
     def _sparse_adagrad_kernel(nodes, state, rows, grad, count, num_rows, lr, eps, dim, num_grads, grad_stride,
-                               slot_of, cache_nodes, cache_state, COUNT_ON_DEVICE: tl.constexpr,
-                               ROWWISE: tl.constexpr, CACHED: tl.constexpr, BLOCK_R: tl.constexpr,
-                               BLOCK_D: tl.constexpr):
+                               slot_of, cache_nodes, cache_state, present, present_stride,
+                               COUNT_ON_DEVICE: tl.constexpr, ROWWISE: tl.constexpr, CACHED: tl.constexpr,
+                               PRESENT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
         r, inside, table_rows = row_block(rows, count, num_rows, BLOCK_R, COUNT_ON_DEVICE)
         cols = tl.arange(0, BLOCK_D)
         mask = inside[:, None] & (cols < dim)[None, :]
@@ -303,7 +309,11 @@ if triton is not None:
             else:
                 accumulated = load_rows(state, table_rows, cols, mask, dim)
         for g in range(num_grads):  # the devices' gradients as consecutive Adagrad steps
-            gradient = load_rows(grad + g * grad_stride, r, cols, mask, dim)
+            if PRESENT:  # absent gradients may be uninitialised: masked off, they load as zero
+                has = tl.load(present + g * present_stride + r, mask=inside, other=0) != 0
+                gradient = load_rows(grad + g * grad_stride, r, cols, mask & has[:, None], dim)
+            else:
+                gradient = load_rows(grad + g * grad_stride, r, cols, mask, dim)
             squared = gradient * gradient
             if ROWWISE:
                 accumulated = accumulated + tl.sum(squared, 1) / dim

@@ -162,16 +162,16 @@ def test_deduplicated_training_equals_every_device_reading_its_own_rows(small_co
     assert cached["cache_hits"] > 0
 
 
-@pytest.mark.parametrize("shared", [False, True])
-def test_replayed_static_steps_equal_eager_steps(small_config, shared):
+@pytest.mark.parametrize("shared, dedup", [(False, True), (True, True), (False, False)])
+def test_replayed_static_steps_equal_eager_steps(small_config, shared, dedup):
     """The graphed runner's static tensors, alternating per step, train exactly like fresh ones (CPU:
-    each 'graph' replays its phase eagerly into the static state)."""
+    each 'graph' replays its phase eagerly into the static state), with and without dedup."""
     from pipeline.phase_graphs import PhaseGraphs
     results = []
     for graphed in (False, True):
         config, replicas, nodes, state, edges = setup(small_config, ["cpu", "cpu"], "model.decoder=distmult",
                                                       "model.reg_weight=0", f"training.shared_negatives={shared}",
-                                                      "pipeline.cache_rows=8")
+                                                      "pipeline.cache_rows=8", f"pipeline.dedup={dedup}")
         runner = build_multi_device_runner(replicas, "host", config, [r.device for r in replicas],
                                            2 * config.model.dim * 4)
         if graphed:
@@ -249,6 +249,13 @@ def test_adagrad_of_several_gradients_equals_consecutive_steps():
             sparse_adagrad_(*one_by_one, rows[:4], grad[:4], 4, lr=0.3, eps=1e-10)
         torch.testing.assert_close(at_once, one_by_one, rtol=0, atol=1e-15)
         assert torch.equal(at_once[0][0], nodes[0]), "rows past the count must stay"
+        flagged = (nodes.clone(), state.clone())  # absent gradients as flags: their entries are never read
+        present = torch.ones(3, 5, dtype=torch.bool)
+        present[1, 2] = False
+        garbage = grads.clone()
+        garbage[1, 2] = float("nan")
+        sparse_adagrad_(*flagged, rows, garbage, torch.tensor([4]), lr=0.3, eps=1e-10, present=present)
+        torch.testing.assert_close(flagged, at_once, rtol=0, atol=0)
 
 
 def test_cached_rows_are_read_and_updated_in_the_cache_until_flushed():
@@ -411,7 +418,7 @@ def test_two_gpus_dedup_equals_baseline(small_config, decoder, devices):
         runner, loss = run_runner(config, replicas, nodes, state, edges, bound=2 if "bound 2" in variant else 1)
         torch.cuda.synchronize()
         results[variant] = nodes, state, loss.cpu(), runner.counters.snapshot(4, 8)
-        if variant != "baseline" and decoder == "distmult":
+        if decoder == "distmult":
             assert runner.graphs is not None and runner.graphs.graphs != [None, None], "no graphed step"
     assert runner.max_in_flight == 2  # loads ran ahead of finishes
     nodes, state, loss, _ = results["baseline"]
@@ -429,19 +436,23 @@ def test_two_gpus_dedup_equals_baseline(small_config, decoder, devices):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("rowwise", [False, True])
-def test_cached_multi_gradient_kernels_match_torch_versions(rowwise):
+@pytest.mark.parametrize("flagged", [False, True])
+def test_cached_multi_gradient_kernels_match_torch_versions(rowwise, flagged):
     generator = torch.Generator().manual_seed(4)
     nodes = torch.randn(300, 100, generator=generator)
     state = torch.rand(300, 1 if rowwise else 100, generator=generator)
     rows = torch.randperm(300, generator=generator)[:120]
     grads = torch.randn(3, 120, 100, generator=generator)
+    present = torch.rand(3, 120, generator=generator) < 0.6 if flagged else None
+    if flagged:  # absent gradients hold garbage the kernels must not read
+        grads[~present] = float("nan")
     outputs = []
     for device in ("cpu", "cuda"):
         tables = [t.clone().to(device) if device == "cpu" else t.clone().pin_memory() for t in (nodes, state)]
         cache = RowCache.empty(300, 40, 100, state.shape[1], device)
         cache.admit(rows[::4][:40], *tables)
         sparse_adagrad_(*tables, rows.to(device), grads.to(device), torch.tensor([111], device=device), 0.1,
-                        1e-10, cache)
+                        1e-10, cache, present=None if present is None else present.to(device))
         read = gather_rows(tables[0], rows.to(device), torch.full((120, 104), float("nan"), device=device),
                            torch.tensor([117], device=device), cache)
         torch.cuda.synchronize()
