@@ -24,6 +24,10 @@ nothing): the ceiling of one process per GPU for the host step.
 Part ``disk``: epochs of ``marius-py train`` over an R-MAT graph on disk
 (bench/throughput.py's disk part), one GPU against two.
 
+Part ``rows``: the zero-copy row kernels alone: a gather and an Adagrad
+read-modify-write of ``--row-count`` random rows of pinned host tables, from
+each GPU alone and from both at once (the links' rate for the step's row sizes).
+
 Part ``peaks``: copy bandwidth to hold those against: pinned host to one GPU,
 to both at once, and GPU to GPU (1 GiB copies, best of 5).
 
@@ -35,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import itertools
 import json
 import os
 import subprocess
@@ -191,16 +196,21 @@ def measure_two(dim: int, placement: str, dedup: bool, args) -> dict:
         counts = runner.counters.snapshot(dim * 4, 2 * dim * 4)
         for sampler in samplers:
             sampler.__exit__(None, None, None)
-        if args.trace and dedup and placement == "host" and dim == args.dims[0]:
+        traced = args.trace and placement == "host" and dim == args.dims[0]
+        if traced:
             from torch.profiler import ProfilerActivity, profile
             with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
                 run(10)
-            prof.export_chrome_trace(args.trace)
+            path = args.trace.replace(".json", f"-{'dedup' if dedup else 'no-dedup'}.json")
+            prof.export_chrome_trace(path)
+            trace = summarize_trace(path, 10)
+            print(json.dumps(trace, indent=1), flush=True)
     return {"part": "step", "gpus": 2, "placement": placement, "dim": dim, "dedup": dedup,
             "edges_per_s": num_steps * step_edges / seconds, "seconds": seconds, "host_issue_seconds": issued[2],
             "gpu_util": [s.mean for s in samplers], "staleness_bound": runner.staleness_bound,
             "h2d_gb_per_s": counts["host_to_device"]["bytes"] / 1e9 / seconds,
-            "d2d_gb_per_s": counts["device_to_device"]["bytes"] / 1e9 / seconds, "transfers": counts}
+            "d2d_gb_per_s": counts["device_to_device"]["bytes"] / 1e9 / seconds, "transfers": counts,
+            **({"trace": trace} if traced else {})}
 
 
 def measure_one(dim: int, placement: str, args) -> dict:
@@ -253,6 +263,75 @@ def measure_peaks() -> dict:
             "peer_access": torch.cuda.can_device_access_peer(0, 1)}
 
 
+def measure_rows(dim: int, args) -> list[dict]:
+    """ms of one gather and one Adagrad read-modify-write of ``--row-count`` random rows, per GPU alone and
+    both at once (each GPU its own rows, ``row % 2 == g`` as owners hold them)."""
+    from pipeline import row_kernels
+    from pipeline.row_kernels import gather_rows, sparse_adagrad_
+    default_tile = row_kernels.TILE
+    nodes, state = host_tables(args.nodes, dim, pin=True)
+    generator = torch.Generator().manual_seed(1)
+    picked = torch.randperm(args.nodes // 2, generator=generator)[:args.row_count] * 2
+    rows = [(picked + g).sort().values.to(f"cuda:{g}") for g in range(2)]
+    outs = [torch.empty(args.row_count, dim, device=f"cuda:{g}") for g in range(2)]
+    grads = [torch.full((args.row_count, dim), 1e-3, device=f"cuda:{g}") for g in range(2)]
+    kernels = {"gather": lambda g: gather_rows(nodes, rows[g], outs[g]),
+               "adagrad": lambda g: sparse_adagrad_(nodes, state, rows[g], grads[g], None, 0.1, 1e-10)}
+    results = []
+    for (name, kernel), tile in itertools.product(kernels.items(), args.tiles):
+        row_kernels.TILE = tile
+        for gpus in ([0], [1], [0, 1]):
+            times = []
+            for _ in range(20):
+                for g in gpus:
+                    torch.cuda.synchronize(g)
+                started = time.perf_counter()
+                for g in gpus:
+                    with torch.cuda.device(g):
+                        kernel(g)
+                for g in gpus:
+                    torch.cuda.synchronize(g)
+                times.append(time.perf_counter() - started)
+            seconds = float(np.median(times[5:]))
+            moved = args.row_count * dim * 4 * (1 if name == "gather" else 4) * len(gpus)
+            results.append({"part": "rows", "kernel": name, "tile": tile, "gpus_at_once": gpus, "dim": dim,
+                            "rows_per_gpu": args.row_count, "ms": seconds * 1e3, "gb_per_s": moved / seconds / 1e9})
+    row_kernels.TILE = default_tile
+    return results
+
+
+def summarize_trace(path: str, steps: int) -> dict:
+    """Per device: each stream's busy ms a step, all streams' union, and the heaviest kernels (ms a step)."""
+    events = [e for e in json.loads(Path(path).read_text())["traceEvents"]
+              if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    for e in events:  # a peer copy names fromDevice / toDevice instead
+        e["args"].setdefault("device", e["args"].get("fromDevice", e.get("pid")))
+    summary = {}
+    for device in sorted({e["args"]["device"] for e in events}):
+        mine = [e for e in events if e["args"]["device"] == device]
+        streams = {s: _busy([e for e in mine if e["args"]["stream"] == s]) / steps / 1e3
+                   for s in sorted({e["args"]["stream"] for e in mine})}
+        kernels: dict[str, float] = {}
+        for e in mine:
+            kernels[e["name"][:90]] = kernels.get(e["name"][:90], 0.0) + e["dur"] / steps / 1e3
+        span = (max(e["ts"] + e["dur"] for e in mine) - min(e["ts"] for e in mine)) / steps / 1e3
+        summary[f"cuda:{device}"] = {"step_span_ms": span, "any_stream_busy_ms": _busy(mine) / steps / 1e3,
+                                     "stream_busy_ms": streams,
+                                     "top_kernels_ms": dict(sorted(kernels.items(), key=lambda kv: -kv[1])[:15])}
+    return summary
+
+
+def _busy(events: list[dict]) -> float:
+    """Microseconds covered by at least one of ``events``."""
+    total, end = 0.0, None
+    for start, finish in sorted((e["ts"], e["ts"] + e["dur"]) for e in events):
+        if end is None or start > end:
+            total, end = total + finish - start, finish
+        elif finish > end:
+            total, end = total + finish - end, finish
+    return total
+
+
 def measure_fb15k(args, gpus: int, extra: list[str]) -> dict:
     """The shipped fb15k-237 config trained to the end; test MRR of the best-validation checkpoint."""
     import marius_py as mp
@@ -281,6 +360,10 @@ def measure_fb15k(args, gpus: int, extra: list[str]) -> dict:
 def print_row(row: dict) -> None:
     if row["part"] == "bytes":
         return
+    if row["part"] == "rows":
+        print(f"rows      {row['kernel']:<8} tile {row['tile']:<6} d={row['dim']:<4} GPUs {row['gpus_at_once']}  {row['rows_per_gpu']} rows "
+              f"each  {row['ms']:.3f} ms  {row['gb_per_s']:.1f} GB/s", flush=True)
+        return
     if row["part"] == "peaks":
         print(f"peaks     host->GPU {row['host_to_gpu_gb_s']:.1f} GB/s, host->both GPUs "
               f"{row['host_to_both_gpus_gb_s']:.1f} GB/s, GPU->GPU {row['gpu_to_gpu_gb_s']:.1f} GB/s "
@@ -302,7 +385,7 @@ def print_row(row: dict) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--parts", nargs="+", default=["bytes", "step", "processes"],
-                        choices=["peaks", "bytes", "step", "processes", "disk", "fb15k"])
+                        choices=["peaks", "rows", "bytes", "step", "processes", "disk", "fb15k"])
     parser.add_argument("--devices", default="cuda:0,cuda:1", help="bytes: the devices (cpu,cpu simulates two)")
     parser.add_argument("--fb15k", default=".data/fb15k-237", help="FB15k-237 directory (raw or preprocessed)")
     parser.add_argument("--cache-fraction", type=float, default=0.05,
@@ -318,12 +401,16 @@ def main() -> None:
                         help="step: extra config overrides (repeatable)")
     parser.add_argument("--fb15k-variants", nargs="+", default=["1", "2", "2:training.batch_size=500"],
                         help="fb15k: GPUS[:override,...] per run")
+    parser.add_argument("--row-count", type=int, default=20_000, help="rows: rows per GPU")
+    parser.add_argument("--tiles", nargs="+", type=int, default=[4096],
+                        help="rows: elements of a kernel program's tile (row_kernels.TILE) to compare")
     parser.add_argument("--partitions", type=int, default=16)
     parser.add_argument("--disk-edges", type=int, default=8_000_000)
     parser.add_argument("--score-dtype", default="float32")
     parser.add_argument("--workdir", default="/tmp/multi-gpu")
     parser.add_argument("--json", default=None)
-    parser.add_argument("--trace", help="step: write a Chrome trace of ten two-GPU host steps here")
+    parser.add_argument("--trace", help="step: Chrome traces of ten two-GPU host steps at the first d, one per "
+                        "variant (NAME-dedup.json, NAME-no-dedup.json), summarised into the JSON")
     args = parser.parse_args()
     Path(args.workdir).mkdir(parents=True, exist_ok=True)
     record = row_recorder(args.json, print_row)
@@ -339,6 +426,9 @@ def main() -> None:
         for row in transfer_bytes(f"power-law-{args.nodes // 1000}k", edges, args.nodes, args.relations, args):
             record(row)
     for dim in args.dims:
+        if "rows" in args.parts:
+            for row in measure_rows(dim, args):
+                record(row)
         if "step" in args.parts:
             for placement in args.placements:
                 record(measure_one(dim, placement, args))
