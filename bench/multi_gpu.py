@@ -205,7 +205,9 @@ def measure_two(dim: int, placement: str, dedup: bool, args) -> dict:
             prof.export_chrome_trace(path)
             trace = summarize_trace(path, 10)
             print(json.dumps(trace, indent=1), flush=True)
+    from pipeline import row_kernels
     return {"part": "step", "gpus": 2, "placement": placement, "dim": dim, "dedup": dedup,
+            "row_tiles": [row_kernels.ZERO_COPY_GATHER_TILE, row_kernels.ZERO_COPY_ADAGRAD_TILE],
             "edges_per_s": num_steps * step_edges / seconds, "seconds": seconds, "host_issue_seconds": issued[2],
             "gpu_util": [s.mean for s in samplers], "staleness_bound": runner.staleness_bound,
             "h2d_gb_per_s": counts["host_to_device"]["bytes"] / 1e9 / seconds,
@@ -216,7 +218,9 @@ def measure_two(dim: int, placement: str, dedup: bool, args) -> dict:
 def measure_one(dim: int, placement: str, args) -> dict:
     one_args = argparse.Namespace(**{**vars(args), "load_threads": 1, "profile": False})
     row = measure_step(dim, placement, "float32", one_args, "graph" if placement == "device" else "fused")
-    return {**row, "gpus": 1, "gpu_util": [row["gpu_util"]]}
+    from pipeline import row_kernels
+    return {**row, "gpus": 1, "gpu_util": [row["gpu_util"]],
+            "row_tiles": [row_kernels.ZERO_COPY_GATHER_TILE, row_kernels.ZERO_COPY_ADAGRAD_TILE]}
 
 
 def measure_processes(dim: int, args) -> dict:
@@ -268,7 +272,7 @@ def measure_rows(dim: int, args) -> list[dict]:
     both at once (each GPU its own rows, ``row % 2 == g`` as owners hold them)."""
     from pipeline import row_kernels
     from pipeline.row_kernels import gather_rows, sparse_adagrad_
-    default_tile = row_kernels.TILE
+    defaults = {"gather": row_kernels.ZERO_COPY_GATHER_TILE, "adagrad": row_kernels.ZERO_COPY_ADAGRAD_TILE}
     nodes, state = host_tables(args.nodes, dim, pin=True)
     generator = torch.Generator().manual_seed(1)
     picked = torch.randperm(args.nodes // 2, generator=generator)[:args.row_count] * 2
@@ -279,7 +283,7 @@ def measure_rows(dim: int, args) -> list[dict]:
                "adagrad": lambda g: sparse_adagrad_(nodes, state, rows[g], grads[g], None, 0.1, 1e-10)}
     results = []
     for (name, kernel), tile in itertools.product(kernels.items(), args.tiles):
-        row_kernels.TILE = tile
+        setattr(row_kernels, f"ZERO_COPY_{name.upper()}_TILE", tile)
         for gpus in ([0], [1], [0, 1]):
             times = []
             for _ in range(20):
@@ -296,7 +300,7 @@ def measure_rows(dim: int, args) -> list[dict]:
             moved = args.row_count * dim * 4 * (1 if name == "gather" else 4) * len(gpus)
             results.append({"part": "rows", "kernel": name, "tile": tile, "gpus_at_once": gpus, "dim": dim,
                             "rows_per_gpu": args.row_count, "ms": seconds * 1e3, "gb_per_s": moved / seconds / 1e9})
-    row_kernels.TILE = default_tile
+        setattr(row_kernels, f"ZERO_COPY_{name.upper()}_TILE", defaults[name])
     return results
 
 
@@ -338,8 +342,8 @@ def measure_fb15k(args, gpus: int, extra: list[str]) -> dict:
     from marius_py.api import make_config
     names = ",".join(f"cuda:{g}" for g in range(gpus))
     devices = ["training.device=cuda"] if gpus == 1 else [f"training.devices={names}"]
-    config = make_config("fb15k-237", [f"dataset.path={args.fb15k}", *devices, *extra])
-    run_dir = Path(args.workdir) / f"fb15k-{gpus}gpu-{'-'.join(extra) or 'shipped'}"
+    config = make_config(args.quality_config, [f"dataset.path={args.fb15k}", *devices, *extra])
+    run_dir = Path(args.workdir) / f"{args.quality_config}-{gpus}gpu-{'-'.join(extra) or 'shipped'}"
     subprocess.run(["rm", "-rf", str(run_dir)], check=True)
     samplers = [UtilisationSampler(torch.device("cuda", g)) for g in range(gpus)]
     for sampler in samplers:
@@ -350,7 +354,7 @@ def measure_fb15k(args, gpus: int, extra: list[str]) -> dict:
     epochs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     epochs = [r for r in epochs if r.get("event") == "epoch"]
     seconds = sum(r["seconds"] for r in epochs)
-    return {"part": "fb15k", "gpus": gpus, "placement": epochs[-1]["pipeline"]["placement"],
+    return {"part": "fb15k", "config": args.quality_config, "gpus": gpus, "placement": epochs[-1]["pipeline"]["placement"],
             "dim": config.model.dim, "overrides": extra, "test_mrr": model.test_metrics["mrr"],
             "hits@10": model.test_metrics["hits@10"], "train_seconds": seconds,
             "edges_per_s": float(np.mean([r["edges_per_s"] for r in epochs[1:] or epochs])),  # past compilation
@@ -399,6 +403,12 @@ def main() -> None:
     parser.add_argument("--warmup-batches", type=int, default=10)
     parser.add_argument("--set", dest="overrides", nargs="*", action="extend", default=[],
                         help="step: extra config overrides (repeatable)")
+    parser.add_argument("--quality-config", default="fb15k-237",
+                        help="fb15k: the shipped config to train (its dataset at --fb15k), e.g. codex-m")
+    parser.add_argument("--row-tiles", nargs=2, type=int, metavar=("GATHER", "ADAGRAD"),
+                        help="step: elements of the zero-copy kernels' program tiles (row_kernels.ZERO_COPY_*_TILE)")
+    parser.add_argument("--two-gpu-variants", nargs="+", default=["dedup", "no-dedup"], choices=["dedup", "no-dedup"],
+                        help="step: which two-GPU rows to measure with host tables")
     parser.add_argument("--fb15k-variants", nargs="+", default=["1", "2", "2:training.batch_size=500"],
                         help="fb15k: GPUS[:override,...] per run")
     parser.add_argument("--row-count", type=int, default=20_000, help="rows: rows per GPU")
@@ -413,6 +423,9 @@ def main() -> None:
                         "variant (NAME-dedup.json, NAME-no-dedup.json), summarised into the JSON")
     args = parser.parse_args()
     Path(args.workdir).mkdir(parents=True, exist_ok=True)
+    if args.row_tiles:
+        from pipeline import row_kernels
+        row_kernels.ZERO_COPY_GATHER_TILE, row_kernels.ZERO_COPY_ADAGRAD_TILE = args.row_tiles
     record = row_recorder(args.json, print_row)
 
     if "peaks" in args.parts:
@@ -432,9 +445,8 @@ def main() -> None:
         if "step" in args.parts:
             for placement in args.placements:
                 record(measure_one(dim, placement, args))
-                record(measure_two(dim, placement, True, args))
-                if placement == "host":
-                    record(measure_two(dim, placement, False, args))
+                for variant in args.two_gpu_variants if placement == "host" else ["dedup"]:
+                    record(measure_two(dim, placement, variant == "dedup", args))
         if "processes" in args.parts:
             record(measure_processes(dim, args))
         if "disk" in args.parts:
