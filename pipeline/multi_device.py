@@ -20,8 +20,11 @@ slots). A step runs in five phases, each on every device:
    read-modify-write.
 
 Without deduplication (``dedup=False``, the baseline) every device reads its
-own rows from the host and applies its own update, in device order: the same
-arithmetic, so both train the same model (tests compare them).
+own rows from the host, and each owner applies every device's gradients of its
+rows one device after the other, a read-modify-write each, reading the rows'
+ids and gradients from the device that computed them: the same arithmetic, so
+both train the same model (tests compare them), and no update waits for another
+device's (the updates' reads of the host are not deduplicated either).
 
 Rows move by ``move_rows``, a kernel on the receiving device that reads the
 sender's memory directly, with counts and offsets left where they were
@@ -47,7 +50,7 @@ import torch
 from pipeline.device_cache import RowCache, endpoint_degree, hot_rows
 from pipeline.lanes import Lanes, StepState, enable_peer_access, on, put, record, wait
 from pipeline.phase_graphs import GRAPH_STALENESS, PhaseGraphs
-from pipeline.routing import (CACHE_HITS, DEVICE_ROWS, RECEIVED_ROWS, UNION_ROWS, GroupedRows, TransferCounters,
+from pipeline.routing import (CACHE_HITS, DEVICE_ROWS, RECEIVED_ROWS, UNION_ROWS, TransferCounters,
                               group_by_owner, group_steps_by_head, union_of_requests)
 from pipeline.row_kernels import gather_rows, move_rows, triton_available
 from pipeline.step import BatchStep
@@ -139,7 +142,6 @@ class MultiDeviceRunner:
         bound = self.effective_staleness
         in_flight: deque[StepState] = deque()
         done: deque[StepState] = deque()
-        self._last_update = []  # the baseline chains every update after the previous one, across steps too
         for index, start in enumerate(range(0, len(edges), step_edges)):
             batches = [edges[s:s + self.batch_size] for s in range(start, min(start + step_edges, len(edges)),
                                                                    self.batch_size)]
@@ -240,26 +242,22 @@ class MultiDeviceRunner:
         return step
 
     def run_updates(self, step: StepState, run: Callable[[int], None]) -> None:
-        """The update phase, ``run(d)`` on every device's update lane once the step's gradients exist."""
-        if self.dedup:  # one owner per row: its updates are ordered on its own stream
-            self.run_phase(range(self.num_devices), "update", step.computed, run, step.updated)
-        else:  # every device updates any row: one chain, in device order, across steps
-            self.run_phase(range(self.num_devices), "update", step.computed + self._last_update, run, step.updated,
-                           in_order=True)
-            self._last_update = step.updated[-1:]
+        """The update phase, ``run(d)`` on every device's update lane once the step's gradients exist: one
+        owner per row, so a row's updates are ordered on its owner's stream and owners never wait for each
+        other."""
+        self.run_phase(range(self.num_devices), "update", step.computed, run, step.updated)
 
     def read(self, step: StepState, d: int, context) -> None:
         """The read phase of device d: an owner's union (dedup) or its own rows (baseline)."""
         (self.read_phase if self.dedup else self.read_own_phase)(step, d, context)
 
-    def run_phase(self, devices, lane: str, waits: list, run: Callable[[int], None], events: list,
-               in_order: bool = False) -> None:
+    def run_phase(self, devices, lane: str, waits: list, run: Callable[[int], None], events: list) -> None:
         """``run(d)`` on each device's ``lane`` stream once ``waits`` are done; an event per device into
-        ``events``. ``in_order``: each device also waits for the one before it."""
+        ``events``."""
         for d in devices:
             stream = getattr(self.lanes[d], lane)
             with on(stream):
-                wait(stream, waits + (events[-1:] if in_order else []))
+                wait(stream, waits)
                 run(d)
                 events.append(record(stream))
 
@@ -291,12 +289,8 @@ class MultiDeviceRunner:
         model = self.steps[g]
         plan = model.plan_batch(step.edges[g], None, context.candidates[g], defer_count=True, draws=step.draws[g],
                                 table_rows=len(context.nodes))
-        if self.dedup:
-            grouped = group_by_owner(plan.rows, plan.local, plan.unique_count, self.num_devices)
-            plan = plan.routed(grouped.rows, grouped.local)
-        else:  # each device reads and updates its own rows: no owners
-            grouped = GroupedRows(plan.rows, plan.local, None, None, plan.unique_count)
-        put(step.plans, g, plan)
+        grouped = group_by_owner(plan.rows, plan.local, plan.unique_count, self.num_devices)
+        put(step.plans, g, plan.routed(grouped.rows, grouped.local))
         put(step.grouped, g, grouped)
         self.counters.on_device[g][DEVICE_ROWS:DEVICE_ROWS + 1].add_(grouped.count)
 
@@ -350,7 +344,8 @@ class MultiDeviceRunner:
         put(step.relation_grads, g, relation_grads)
 
     def update_phase(self, step: StepState, d: int, context) -> None:
-        """Device d: the node update of its rows (owner) or of its batch's rows (baseline)."""
+        """Owner d: one update of each of its rows with every device's gradient (dedup), or each device's
+        update of its share of that device's rows, in device order (baseline: the same arithmetic)."""
         nodes, state = context.nodes, context.state
         if self.dedup:
             union, device = step.owners[d], self.devices[d]
@@ -363,9 +358,11 @@ class MultiDeviceRunner:
                           source_start=grouped.offsets[d:d + 1])
                 present[g].index_fill_(0, union.positions[g], True)  # a padded request marks the sentinel's slot
             self.node_update(nodes, state, union.rows, stacked, union.count, cache=self.caches[d], present=present)
-        elif d < step.active:  # in device order: the caller chains the updates
-            grouped = step.grouped[d]
-            self.node_update(nodes, state, grouped.rows, step.grads[d], grouped.count, cache=None)
+        else:  # rows and gradients read from each device where they are (peer access)
+            for g in range(step.active):
+                grouped = step.grouped[g]
+                self.node_update(nodes, state, grouped.rows, step.grads[g], grouped.per_owner[d:d + 1], cache=None,
+                                 start=grouped.offsets[d:d + 1])
 
     def relations_phase(self, step: StepState, d: int, count: bool = True) -> None:
         """All-reduce: replica d sums the devices' relation gradients in device order and takes one step."""

@@ -167,7 +167,7 @@ def scatter_add_rows_(target: torch.Tensor, positions: torch.Tensor, source: tor
 
 def sparse_adagrad_(nodes: torch.Tensor, state: torch.Tensor, rows: torch.Tensor, grad: torch.Tensor,
                     count: torch.Tensor | int | None, lr: float, eps: float, cache: RowCache | None = None,
-                    present: torch.Tensor | None = None) -> None:
+                    present: torch.Tensor | None = None, start: torch.Tensor | None = None) -> None:
     """Adagrad on table rows ``rows[:count]`` (unique) with gradients ``grad``, in place.
 
     ``grad`` is [rows, d], or [G, rows, d]: G gradients of each row applied
@@ -178,7 +178,10 @@ def sparse_adagrad_(nodes: torch.Tensor, state: torch.Tensor, rows: torch.Tensor
     Rows held by ``cache`` are updated in its GPU copy, the others in the
     tables (which may be pinned host memory: written over PCIe).
     ``present`` ([G, rows] bool): which gradients a row has; the others are
-    never read (they may be uninitialised) and count as zero.
+    never read (they may be uninitialised) and count as zero. ``start`` (a
+    one-element device tensor): update ``rows[start:start + count]`` with the
+    same positions of ``grad`` (an owner's share of another device's rows).
+    ``rows``, ``grad`` and ``start`` may be on another GPU (peer access).
     """
     grads = grad if grad.dim() == 3 else grad[None]
     if use_triton(grads):
@@ -190,9 +193,13 @@ def sparse_adagrad_(nodes: torch.Tensor, state: torch.Tensor, rows: torch.Tensor
             _host_count(count, len(rows)) if not on_device else 0, lr, eps, dim, len(grads), grads.stride(0),
             cache.slot_of if cached else rows, cache.embeddings if cached else nodes,
             cache.state if cached else state, rows if present is None else present.view(torch.uint8),
-            0 if present is None else present.stride(0), COUNT_ON_DEVICE=on_device, ROWWISE=state.shape[1] == 1,
-            CACHED=cached, PRESENT=present is not None, BLOCK_R=block_r, BLOCK_D=block_d)
+            0 if present is None else present.stride(0), rows if start is None else start,
+            COUNT_ON_DEVICE=on_device, ROWWISE=state.shape[1] == 1, CACHED=cached, PRESENT=present is not None,
+            OFFSET=start is not None, BLOCK_R=block_r, BLOCK_D=block_d)
         return
+    if start is not None:
+        first = int(start)
+        rows, grads = rows[first:].to(nodes.device), grads[:, first:].to(nodes.device)
     limit = _host_count(count, len(rows))
     rows = rows[:limit]
     if present is not None:
@@ -290,9 +297,14 @@ if triton is not None:
 
     @triton.jit
     def _sparse_adagrad_kernel(nodes, state, rows, grad, count, num_rows, lr, eps, dim, num_grads, grad_stride,
-                               slot_of, cache_nodes, cache_state, present, present_stride,
+                               slot_of, cache_nodes, cache_state, present, present_stride, start,
                                COUNT_ON_DEVICE: tl.constexpr, ROWWISE: tl.constexpr, CACHED: tl.constexpr,
-                               PRESENT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+                               PRESENT: tl.constexpr, OFFSET: tl.constexpr, BLOCK_R: tl.constexpr,
+                               BLOCK_D: tl.constexpr):
+        if OFFSET:  # rows[start:] and grad[start:] (an owner's share of another device's rows)
+            first = tl.load(start).to(tl.int64)
+            rows += first
+            grad += first * dim
         r, inside, table_rows = row_block(rows, count, num_rows, BLOCK_R, COUNT_ON_DEVICE)
         cols = tl.arange(0, BLOCK_D)
         mask = inside[:, None] & (cols < dim)[None, :]

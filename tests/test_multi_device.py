@@ -256,6 +256,10 @@ def test_adagrad_of_several_gradients_equals_consecutive_steps():
         garbage[1, 2] = float("nan")
         sparse_adagrad_(*flagged, rows, garbage, torch.tensor([4]), lr=0.3, eps=1e-10, present=present)
         torch.testing.assert_close(flagged, at_once, rtol=0, atol=0)
+        offset, sliced = (nodes.clone(), state.clone()), (nodes.clone(), state.clone())  # an owner's share
+        sparse_adagrad_(*offset, rows, grads[0], torch.tensor([2]), lr=0.3, eps=1e-10, start=torch.tensor([1]))
+        sparse_adagrad_(*sliced, rows[1:3], grads[0, 1:3], 2, lr=0.3, eps=1e-10)
+        torch.testing.assert_close(offset, sliced, rtol=0, atol=0)
 
 
 def test_cached_rows_are_read_and_updated_in_the_cache_until_flushed():
