@@ -201,7 +201,7 @@ def measure_two(dim: int, placement: str, dedup: bool, args) -> dict:
             from torch.profiler import ProfilerActivity, profile
             with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
                 run(10)
-            path = args.trace.replace(".json", f"-{'dedup' if dedup else 'no-dedup'}.json")
+            path = f"{args.trace.removesuffix('.json')}-{'dedup' if dedup else 'no-dedup'}.json"
             prof.export_chrome_trace(path)
             trace = summarize_trace(path, 10)
             print(json.dumps(trace, indent=1), flush=True)
@@ -407,13 +407,16 @@ def main() -> None:
                         help="fb15k: the shipped config to train (its dataset at --fb15k), e.g. codex-m")
     parser.add_argument("--row-tiles", nargs=2, type=int, metavar=("GATHER", "ADAGRAD"),
                         help="step: elements of the zero-copy kernels' program tiles (row_kernels.ZERO_COPY_*_TILE)")
+    parser.add_argument("--one-gpu-again", action="store_true",
+                        help="step: measure one GPU again after the two-GPU rows (a second baseline)")
     parser.add_argument("--two-gpu-variants", nargs="+", default=["dedup", "no-dedup"], choices=["dedup", "no-dedup"],
                         help="step: which two-GPU rows to measure with host tables")
     parser.add_argument("--fb15k-variants", nargs="+", default=["1", "2", "2:training.batch_size=500"],
                         help="fb15k: GPUS[:override,...] per run")
     parser.add_argument("--row-count", type=int, default=20_000, help="rows: rows per GPU")
     parser.add_argument("--tiles", nargs="+", type=int, default=[4096],
-                        help="rows: elements of a kernel program's tile (row_kernels.TILE) to compare")
+                        help="rows: elements of a zero-copy kernel program's tile (row_kernels.ZERO_COPY_*_TILE) "
+                        "to compare")
     parser.add_argument("--partitions", type=int, default=16)
     parser.add_argument("--disk-edges", type=int, default=8_000_000)
     parser.add_argument("--score-dtype", default="float32")
@@ -447,6 +450,8 @@ def main() -> None:
                 record(measure_one(dim, placement, args))
                 for variant in args.two_gpu_variants if placement == "host" else ["dedup"]:
                     record(measure_two(dim, placement, variant == "dedup", args))
+                if args.one_gpu_again:  # the one-GPU figure moves most between processes: measured twice
+                    record({**measure_one(dim, placement, args), "repeat": 2})
         if "processes" in args.parts:
             record(measure_processes(dim, args))
         if "disk" in args.parts:

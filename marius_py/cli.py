@@ -248,8 +248,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--buffer", type=int, help="same as storage.buffer_capacity=C")
     p.add_argument("--gpus", type=int, help="train on the first N GPUs sharing the tables "
                    "(same as training.devices=cuda:0,...,cuda:N-1)")
-    p.add_argument("--no-dedup", action="store_true", help="several GPUs: every GPU reads and writes its own "
-                   "rows over PCIe (same as pipeline.dedup=false; the baseline of the dedup counters)")
+    p.add_argument("--no-dedup", action="store_true", help="several GPUs: every GPU reads its own rows over "
+                   "PCIe (same as pipeline.dedup=false; the baseline of the dedup counters)")
     p.add_argument("--help-config", action="store_true", help="list every config key with default and help")
     p.set_defaults(func=cmd_train)
 

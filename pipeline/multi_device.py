@@ -223,7 +223,7 @@ class MultiDeviceRunner:
             return step
         self.run_phase(range(step.active), "load", [], lambda g: self.plan_phase(step, g, context), step.planned)
         self.run_phase(range(self.num_devices if self.dedup else step.active), "load", step.planned + reads_after,
-                    lambda d: self.read(step, d, context), step.loaded)
+                    lambda d: self.read_phase(step, d, context), step.loaded)
         return step
 
     def _finish(self, step: StepState, context, on_batch) -> StepState:
@@ -247,9 +247,10 @@ class MultiDeviceRunner:
         other."""
         self.run_phase(range(self.num_devices), "update", step.computed, run, step.updated)
 
-    def read(self, step: StepState, d: int, context) -> None:
-        """The read phase of device d: an owner's union (dedup) or its own rows (baseline)."""
-        (self.read_phase if self.dedup else self.read_own_phase)(step, d, context)
+    def read_phase(self, step: StepState, d: int, context) -> None:
+        """Device d reads rows from the host: as an owner, the union of the requests (dedup), or its own
+        rows (baseline)."""
+        (self.read_union_phase if self.dedup else self.read_own_phase)(step, d, context)
 
     def run_phase(self, devices, lane: str, waits: list, run: Callable[[int], None], events: list) -> None:
         """``run(d)`` on each device's ``lane`` stream once ``waits`` are done; an event per device into
@@ -294,7 +295,7 @@ class MultiDeviceRunner:
         put(step.grouped, g, grouped)
         self.counters.on_device[g][DEVICE_ROWS:DEVICE_ROWS + 1].add_(grouped.count)
 
-    def read_phase(self, step: StepState, owner: int, context) -> None:
+    def read_union_phase(self, step: StepState, owner: int, context) -> None:
         """Owner: the union of the rows every device requests from it, read once (cache or host)."""
         nodes, device = context.nodes, self.devices[owner]
         lengths = [len(step.grouped[g].rows) for g in range(step.active)]
@@ -328,14 +329,16 @@ class MultiDeviceRunner:
 
     def compute_phase(self, step: StepState, g: int, context) -> None:
         grouped = step.grouped[g]
+        # Rows of this batch that other devices own: their rows come from there (dedup), or their
+        # gradients go there (baseline: the owners read them).
+        crossing = grouped.count - grouped.per_owner[g:g + 1]
+        self.counters.on_device[g][RECEIVED_ROWS:RECEIVED_ROWS + 1].add_(crossing)
         if self.dedup:  # pull each owner's rows over NVLink, in grouped order
             inputs = torch.empty(len(grouped.rows), context.nodes.shape[1], dtype=context.nodes.dtype,
                                  device=self.devices[g])
             for owner in range(self.num_devices):
                 move_rows(step.read[owner], inputs, grouped.per_owner[owner:owner + 1],
                           source_rows=step.owners[owner].positions[g], target_start=grouped.offsets[owner:owner + 1])
-            received = grouped.count - grouped.per_owner[g:g + 1]
-            self.counters.on_device[g][RECEIVED_ROWS:RECEIVED_ROWS + 1].add_(received)
             put(step.inputs, g, inputs)
         plan = step.plans[g]
         grad, relation_grads, loss = self.steps[g].gradients(plan, step.inputs[g], context.dropout[g])
@@ -344,8 +347,8 @@ class MultiDeviceRunner:
         put(step.relation_grads, g, relation_grads)
 
     def update_phase(self, step: StepState, d: int, context) -> None:
-        """Owner d: one update of each of its rows with every device's gradient (dedup), or each device's
-        update of its share of that device's rows, in device order (baseline: the same arithmetic)."""
+        """Owner d: one update of each of its rows with every device's gradient (dedup); or, device by
+        device, the update of the rows it owns in that device's batch (baseline: the same arithmetic)."""
         nodes, state = context.nodes, context.state
         if self.dedup:
             union, device = step.owners[d], self.devices[d]

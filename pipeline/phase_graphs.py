@@ -111,7 +111,7 @@ class PhaseGraphs:
         """Capture the five phases on every device, in phase order (each reads what the last one made)."""
         runner = self.runner
         phases = {"plan": lambda g: runner.plan_phase(step, g, context),
-                  "read": lambda g: runner.read(step, g, context),
+                  "read": lambda g: runner.read_phase(step, g, context),
                   "compute": lambda g: runner.compute_phase(step, g, context),
                   "relations": lambda g: runner.relations_phase(step, g, count=False),
                   "update": lambda g: runner.update_phase(step, g, context)}

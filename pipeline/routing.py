@@ -84,8 +84,10 @@ class TransferCounters:
     with deduplication, once per device that needs them without), with the
     update's read-modify-writes and cache admissions in the bytes;
     device->host: rows the updates and cache write-backs write; device->device:
-    rows an owner sends another device (NVLink), with the returning gradients,
-    the row requests and the relation gradients in the bytes. ``device_rows``
+    rows of a batch that another device owns: with dedup the owner sends the row
+    (NVLink) and the gradient returns, with the row requests and the relation
+    gradients in the bytes; without, the owner reads the gradient and the row's
+    id. ``device_rows``
     sums each device's row set per step, ``union_rows`` the owners' unions:
     rho = device_rows / union_rows.
     """
@@ -116,7 +118,8 @@ class TransferCounters:
             "device_to_host": {"rows": read + self.written_back_rows,
                                "bytes": read * row_bytes + self.written_back_bytes},
             "device_to_device": {"rows": received,
-                                 "bytes": received * (2 * embedding_bytes + 8) + self.relation_bytes},
+                                 "bytes": received * ((2 if self.dedup else 1) * embedding_bytes + 8)
+                                 + self.relation_bytes},
             "device_rows": device_rows,
             "union_rows": union,
             "shared_rows": device_rows - union,

@@ -29,7 +29,7 @@ except ImportError:  # pragma: no cover - depends on the torch build
 
 TILE = 4096  # elements of one [edges or rows, d] tile per Triton program
 # The gather and the Adagrad read-modify-write of pinned host rows (zero copy) wait on PCIe, where more,
-# smaller programs keep more reads in flight: on two H200s the two-GPU host step with dedup ran 7.4-7.9%
+# smaller programs keep more reads in flight: on two H200s the two-GPU host step with dedup ran 7.6-7.8%
 # faster with these than with TILE, without dedup 3%, one GPU's -2% to +3% (bench/multi_gpu.py --parts rows
 # step). Tables in GPU memory keep TILE.
 ZERO_COPY_GATHER_TILE = 1024
@@ -139,10 +139,15 @@ def _moves_by_kernel(source: torch.Tensor, target: torch.Tensor) -> bool:
     return triton is not None and (target.is_cuda or source.is_cuda and target.is_pinned())
 
 
-def _move_rows_torch(src, dst, count, source_rows, target_rows, source_start, target_start) -> None:
-    for value in (count, source_start, target_start):
-        if isinstance(value, torch.Tensor) and value.is_cuda:  # made on some stream of its device: wait for it
+def _wait_for(*values) -> None:
+    """Before the host reads device counts or offsets made on some stream of their device (maybe another GPU)."""
+    for value in values:
+        if isinstance(value, torch.Tensor) and value.is_cuda:
             torch.cuda.synchronize(value.device)
+
+
+def _move_rows_torch(src, dst, count, source_rows, target_rows, source_start, target_start) -> None:
+    _wait_for(count, source_start, target_start)
     count = int(count)
     if count == 0:
         return
@@ -179,10 +184,13 @@ def sparse_adagrad_(nodes: torch.Tensor, state: torch.Tensor, rows: torch.Tensor
     tables (which may be pinned host memory: written over PCIe).
     ``present`` ([G, rows] bool): which gradients a row has; the others are
     never read (they may be uninitialised) and count as zero. ``start`` (a
-    one-element device tensor): update ``rows[start:start + count]`` with the
-    same positions of ``grad`` (an owner's share of another device's rows).
-    ``rows``, ``grad`` and ``start`` may be on another GPU (peer access).
+    one-element tensor, with ``count`` a tensor and no ``present``): update
+    ``rows[start:start + count]`` with the same positions of ``grad`` (an
+    owner's share of another device's rows). ``rows``, ``grad``, ``count`` and
+    ``start`` may be on another GPU (peer access).
     """
+    if start is not None and (not isinstance(count, torch.Tensor) or present is not None):
+        raise ValueError("sparse_adagrad_: start needs count as a tensor and no present")
     grads = grad if grad.dim() == 3 else grad[None]
     if use_triton(grads):
         dim = nodes.shape[1]
@@ -198,8 +206,9 @@ def sparse_adagrad_(nodes: torch.Tensor, state: torch.Tensor, rows: torch.Tensor
             OFFSET=start is not None, BLOCK_R=block_r, BLOCK_D=block_d)
         return
     if start is not None:
+        _wait_for(start, count)
         first = int(start)
-        rows, grads = rows[first:].to(nodes.device), grads[:, first:].to(nodes.device)
+        rows, grads = rows[first:], grads[:, first:]
     limit = _host_count(count, len(rows))
     rows = rows[:limit]
     if present is not None:
