@@ -60,6 +60,7 @@ from marius_py.step.runners import build_multi_device_runner  # noqa: E402
 from marius_py.step.model import Model  # noqa: E402
 from marius_py.random_streams import epoch_generator  # noqa: E402
 from marius_py.trainer import tf32_matmuls  # noqa: E402
+from pipeline import row_kernels  # noqa: E402
 
 BYTES_VARIANTS = {
     "baseline (no dedup)": ["pipeline.dedup=false"],
@@ -205,9 +206,8 @@ def measure_two(dim: int, placement: str, dedup: bool, args) -> dict:
             prof.export_chrome_trace(path)
             trace = summarize_trace(path, 10)
             print(json.dumps(trace, indent=1), flush=True)
-    from pipeline import row_kernels
     return {"part": "step", "gpus": 2, "placement": placement, "dim": dim, "dedup": dedup,
-            "row_tiles": [row_kernels.ZERO_COPY_GATHER_TILE, row_kernels.ZERO_COPY_ADAGRAD_TILE],
+            "row_tiles": zero_copy_tiles(),
             "edges_per_s": num_steps * step_edges / seconds, "seconds": seconds, "host_issue_seconds": issued[2],
             "gpu_util": [s.mean for s in samplers], "staleness_bound": runner.staleness_bound,
             "h2d_gb_per_s": counts["host_to_device"]["bytes"] / 1e9 / seconds,
@@ -218,9 +218,12 @@ def measure_two(dim: int, placement: str, dedup: bool, args) -> dict:
 def measure_one(dim: int, placement: str, args) -> dict:
     one_args = argparse.Namespace(**{**vars(args), "load_threads": 1, "profile": False})
     row = measure_step(dim, placement, "float32", one_args, "graph" if placement == "device" else "fused")
-    from pipeline import row_kernels
-    return {**row, "gpus": 1, "gpu_util": [row["gpu_util"]],
-            "row_tiles": [row_kernels.ZERO_COPY_GATHER_TILE, row_kernels.ZERO_COPY_ADAGRAD_TILE]}
+    return {**row, "gpus": 1, "gpu_util": [row["gpu_util"]], "row_tiles": zero_copy_tiles()}
+
+
+def zero_copy_tiles() -> list[int]:
+    """The program tiles (elements) of the zero-copy gather and read-modify-write in use."""
+    return [row_kernels.ZERO_COPY_GATHER_TILE, row_kernels.ZERO_COPY_ADAGRAD_TILE]
 
 
 def measure_processes(dim: int, args) -> dict:
@@ -270,17 +273,15 @@ def measure_peaks() -> dict:
 def measure_rows(dim: int, args) -> list[dict]:
     """ms of one gather and one Adagrad read-modify-write of ``--row-count`` random rows, per GPU alone and
     both at once (each GPU its own rows, ``row % 2 == g`` as owners hold them)."""
-    from pipeline import row_kernels
-    from pipeline.row_kernels import gather_rows, sparse_adagrad_
-    defaults = {"gather": row_kernels.ZERO_COPY_GATHER_TILE, "adagrad": row_kernels.ZERO_COPY_ADAGRAD_TILE}
+    defaults = dict(zip(("gather", "adagrad"), zero_copy_tiles()))
     nodes, state = host_tables(args.nodes, dim, pin=True)
     generator = torch.Generator().manual_seed(1)
     picked = torch.randperm(args.nodes // 2, generator=generator)[:args.row_count] * 2
     rows = [(picked + g).sort().values.to(f"cuda:{g}") for g in range(2)]
     outs = [torch.empty(args.row_count, dim, device=f"cuda:{g}") for g in range(2)]
     grads = [torch.full((args.row_count, dim), 1e-3, device=f"cuda:{g}") for g in range(2)]
-    kernels = {"gather": lambda g: gather_rows(nodes, rows[g], outs[g]),
-               "adagrad": lambda g: sparse_adagrad_(nodes, state, rows[g], grads[g], None, 0.1, 1e-10)}
+    kernels = {"gather": lambda g: row_kernels.gather_rows(nodes, rows[g], outs[g]),
+               "adagrad": lambda g: row_kernels.sparse_adagrad_(nodes, state, rows[g], grads[g], None, 0.1, 1e-10)}
     results = []
     for (name, kernel), tile in itertools.product(kernels.items(), args.tiles):
         setattr(row_kernels, f"ZERO_COPY_{name.upper()}_TILE", tile)
@@ -354,7 +355,8 @@ def measure_fb15k(args, gpus: int, extra: list[str]) -> dict:
     epochs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     epochs = [r for r in epochs if r.get("event") == "epoch"]
     seconds = sum(r["seconds"] for r in epochs)
-    return {"part": "fb15k", "config": args.quality_config, "gpus": gpus, "placement": epochs[-1]["pipeline"]["placement"],
+    return {"part": "fb15k", "config": args.quality_config, "gpus": gpus,
+            "placement": epochs[-1]["pipeline"]["placement"],
             "dim": config.model.dim, "overrides": extra, "test_mrr": model.test_metrics["mrr"],
             "hits@10": model.test_metrics["hits@10"], "train_seconds": seconds,
             "edges_per_s": float(np.mean([r["edges_per_s"] for r in epochs[1:] or epochs])),  # past compilation
@@ -365,8 +367,8 @@ def print_row(row: dict) -> None:
     if row["part"] == "bytes":
         return
     if row["part"] == "rows":
-        print(f"rows      {row['kernel']:<8} tile {row['tile']:<6} d={row['dim']:<4} GPUs {row['gpus_at_once']}  {row['rows_per_gpu']} rows "
-              f"each  {row['ms']:.3f} ms  {row['gb_per_s']:.1f} GB/s", flush=True)
+        print(f"rows      {row['kernel']:<8} tile {row['tile']:<6} d={row['dim']:<4} GPUs {row['gpus_at_once']}  "
+              f"{row['rows_per_gpu']} rows each  {row['ms']:.3f} ms  {row['gb_per_s']:.1f} GB/s", flush=True)
         return
     if row["part"] == "peaks":
         print(f"peaks     host->GPU {row['host_to_gpu_gb_s']:.1f} GB/s, host->both GPUs "
@@ -427,7 +429,6 @@ def main() -> None:
     args = parser.parse_args()
     Path(args.workdir).mkdir(parents=True, exist_ok=True)
     if args.row_tiles:
-        from pipeline import row_kernels
         row_kernels.ZERO_COPY_GATHER_TILE, row_kernels.ZERO_COPY_ADAGRAD_TILE = args.row_tiles
     record = row_recorder(args.json, print_row)
 
