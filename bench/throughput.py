@@ -49,7 +49,8 @@ STEP_SETTINGS = ["model.decoder=distmult", "model.loss=softmax_ce", "training.ba
                  "training.num_chunks=10", "training.num_negatives=1000", "model.reg_weight=0"]
 # --decoders names beyond the decoders' own: TransE's two distances.
 DECODER_SETTINGS = {"transe-l1": ["model.decoder=transe", "model.transe_norm=1"],
-                    "transe-l2": ["model.decoder=transe", "model.transe_norm=2"]}
+                    "transe-l2": ["model.decoder=transe", "model.transe_norm=2"],
+                    "rotate-l2": ["model.decoder=rotate", "model.rotate_norm=2"]}
 
 
 class UtilisationSampler:
@@ -304,7 +305,7 @@ def main() -> None:
     parser.add_argument("--score-dtypes", nargs="+", default=["float32"], choices=["float32", "bfloat16"])
     parser.add_argument("--decoders", nargs="+", default=["distmult"],
                         help="step: decoders to time side by side (dot, distmult, complex, transe-l1, transe-l2, "
-                             "rotate)")
+                             "rotate, rotate-l2)")
     parser.add_argument("--fb15k-set", nargs="*", default=[], metavar="KEY=VALUE",
                         help="fb15k: config overrides for every --fb15k-configs run")
     parser.add_argument("--nodes", type=int, default=1_000_000)

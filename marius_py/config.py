@@ -53,6 +53,8 @@ class ModelConfig:
     dim: int = _f(256, "embedding dimension (real numbers per node; complex decoders use dim/2 complex pairs)")
     init_scale: float = _f(1e-3, "standard deviation of the normal initialisation")
     transe_norm: int = _f(1, "TransE distance norm: 1 or 2")
+    rotate_norm: int = _f(1, "RotatE distance: 1 sums the complex moduli of h*r - t (Sun et al. 2019); 2 takes "
+                             "its L2 norm (PyKEEN's RotatE), scored on matmuls, several times faster on a GPU")
     loss: str = _f("softmax_ce", f"training loss, one of {LOSSES}")
     margin: float = _f(1.0, "margin of the margin ranking loss")
     regularizer: str = _f("n3", f"regulariser on the batch's embeddings, one of {REGULARIZERS}")
@@ -299,6 +301,7 @@ def validate(config: Config, origins: dict | None = None) -> Config:
     _check(t.num_chunks <= t.batch_size, "training.num_chunks", "expected <= training.batch_size",
            t.num_chunks)
     _check(m.transe_norm in (1, 2), "model.transe_norm", "expected 1 or 2", m.transe_norm)
+    _check(m.rotate_norm in (1, 2), "model.rotate_norm", "expected 1 or 2", m.rotate_norm)
     _check(t.relation_prediction >= 0, "training.relation_prediction", "expected >= 0", t.relation_prediction)
     _check(t.relation_prediction == 0 or m.decoder in ("distmult", "complex"), "training.relation_prediction",
            f"needs a decoder linear in the relation vector (distmult, complex), not {m.decoder}",

@@ -165,15 +165,22 @@ class TransE(DistanceComparator):
 
 
 class RotatE(DistanceComparator):
-    """score = -sum_k |h_k * r_k - t_k| with |r_k| = 1 (Sun et al. 2019).
+    """score = -||h * r - t|| with |r_k| = 1 (Sun et al. 2019).
 
-    Relations are phases (dim/2 per relation); the distance is the sum of the
-    complex moduli of the difference.
+    Relations are phases (dim/2 per relation). With norm 1 the distance is the
+    sum of the complex moduli of the difference, as Sun et al. define it; with
+    norm 2 it is the L2 norm of the difference (the square root of the sum of
+    the squared moduli), as PyKEEN's RotatE does, which expands into dot
+    products like TransE-L2 and so scores on matmuls.
     """
 
     name = "rotate"
     complex_valued = True
     regularize_relations = False
+
+    def __init__(self, num_relations, dim, init_scale, norm: int = 1):
+        super().__init__(num_relations, dim, init_scale)
+        self.norm = norm
 
     def relation_dim(self, dim):
         return dim // 2
@@ -186,6 +193,8 @@ class RotatE(DistanceComparator):
         return complex_product(nodes, rotation)
 
     def distance(self, difference):
+        if self.norm == 2:
+            return super().distance(difference)
         re, im = difference.chunk(2, dim=-1)
         return torch.sqrt(re * re + im * im + 1e-12).sum(-1)
 
@@ -203,13 +212,15 @@ DECODER_CLASSES = {cls.name: cls for cls in (Dot, DistMult, ComplEx, TransE, Rot
 
 
 def build_decoder(name: str, num_relations: int, dim: int, init_scale: float,
-                  transe_norm: int = 1) -> Decoder:
+                  transe_norm: int = 1, rotate_norm: int = 1) -> Decoder:
     try:
         cls = DECODER_CLASSES[name]
     except KeyError:  # the CLI checks names in config.validate; this guards library callers
         raise ValueError(f"unknown decoder {name!r}; known: {', '.join(DECODER_CLASSES)}") from None
     if cls is TransE:
         return TransE(num_relations, dim, init_scale, norm=transe_norm)
+    if cls is RotatE:
+        return RotatE(num_relations, dim, init_scale, norm=rotate_norm)
     return cls(num_relations, dim, init_scale)
 
 

@@ -44,7 +44,8 @@ def hand_score(name, norm, anchor, rel, cand):
     if name == "complex":
         return sum(a * r * c.conjugate() for a, r, c in zip(_c(anchor), _c(rel), _c(cand))).real
     if name == "rotate":
-        return -sum(abs(a * cmath.exp(1j * th) - c) for a, th, c in zip(_c(anchor), rel, _c(cand)))
+        moduli = [abs(a * cmath.exp(1j * th) - c) for a, th, c in zip(_c(anchor), rel, _c(cand))]
+        return -sum(moduli) if norm == 1 else -math.sqrt(sum(x * x for x in moduli))
     raise AssertionError(name)
 
 
@@ -90,14 +91,14 @@ def make_model(name, norm, seed, duplicate_rows=False):
         nodes[5] = nodes[3]
         nodes[7] = nodes[3]
         nodes[10] = nodes[1]
-    decoder = build_decoder(name, NUM_RELATIONS, DIM, 1.0, transe_norm=norm).double()
+    decoder = build_decoder(name, NUM_RELATIONS, DIM, 1.0, transe_norm=norm, rotate_norm=norm).double()
     with torch.no_grad():
         decoder.relations.copy_(torch.randn(decoder.relations.shape, generator=g, dtype=torch.float64))
     return decoder, nodes
 
 
-CASES = [("distmult", 1), ("transe", 1), ("transe", 2), ("complex", 1), ("rotate", 1)]
-CASE_IDS = ["distmult", "transe-L1", "transe-L2", "complex", "rotate"]
+CASES = [("distmult", 1), ("transe", 1), ("transe", 2), ("complex", 1), ("rotate", 1), ("rotate", 2)]
+CASE_IDS = ["distmult", "transe-L1", "transe-L2", "complex", "rotate", "rotate-L2"]
 
 
 @pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
@@ -320,7 +321,7 @@ def test_evaluate_sampled_tie_with_sampled_copy_of_target(case, captured_ranks):
     name, norm = case
     g = torch.Generator().manual_seed(0)
     nodes = torch.randn(40, 16, generator=g, dtype=torch.float64)
-    decoder = build_decoder(name, 2, 16, 1.0, transe_norm=norm).double()
+    decoder = build_decoder(name, 2, 16, 1.0, transe_norm=norm, rotate_norm=norm).double()
     with torch.no_grad():
         decoder.relations.copy_(torch.randn(decoder.relations.shape, generator=g, dtype=torch.float64))
     for i in range(40):

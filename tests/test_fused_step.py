@@ -95,15 +95,16 @@ def test_fused_step_with_regulariser_and_dropout_equals_autograd_step(decoder, r
 
 DISTANCE_DECODERS = {"transe-l1": ["model.decoder=transe", "model.transe_norm=1"],
                      "transe-l2": ["model.decoder=transe", "model.transe_norm=2"],
-                     "rotate": ["model.decoder=rotate"]}
+                     "rotate": ["model.decoder=rotate"],
+                     "rotate-l2": ["model.decoder=rotate", "model.rotate_norm=2"]}
 
 
 @pytest.mark.parametrize("decoder", list(DISTANCE_DECODERS))
 @pytest.mark.parametrize("regularizer", ["none", "n3", "l2"])
 @pytest.mark.parametrize("dropout", [0.0, 0.3])
 def test_fused_distance_step_equals_autograd_step(decoder, regularizer, dropout):
-    """TransE (translation; L1 or L2 distance) and RotatE (rotation by phases; sum of complex moduli): loss,
-    rows and relations after two steps against autograd in float64."""
+    """TransE (translation; L1 or L2 distance) and RotatE (rotation by phases; sum of complex moduli, or L2):
+    loss, rows and relations after two steps against autograd in float64."""
     compare_steps(DISTANCE_DECODERS[decoder][0].split("=")[1], "full", "cpu", torch.float64,
                   {"rtol": 1e-9, "atol": 1e-12},
                   [*DISTANCE_DECODERS[decoder][1:], f"model.regularizer={regularizer}",
@@ -195,7 +196,7 @@ def test_fused_distance_step_matches_autograd_on_gpu(decoder, extra):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("decoder", ["complex", "transe-l2", "transe-l1"])
+@pytest.mark.parametrize("decoder", ["complex", "transe-l2", "transe-l1", "rotate-l2"])
 def test_fused_one_vs_all_step_over_an_unaligned_node_count_matches_autograd_on_gpu(monkeypatch, decoder):
     """61 nodes: the matmul forms' 1-vs-all blocks get 3 padding candidates (cuBLAS's aligned kernels; row 0
     gathered in their place, their gradients exactly 0), and train as the autograd step does."""
@@ -281,7 +282,7 @@ def test_triton_kernels_match_torch_versions(dim):
         torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)  # bfloat16 rows: the same rounding
 
 
-@pytest.mark.parametrize("decoder", ["complex", "transe-l2", "transe-l1", "rotate"])
+@pytest.mark.parametrize("decoder", ["complex", "transe-l2", "transe-l1", "rotate", "rotate-l2"])
 @pytest.mark.parametrize("dropout", [0.0, 0.2])
 @pytest.mark.parametrize("tiled", [True, False])
 def test_fused_one_vs_all_step_equals_autograd_step(monkeypatch, decoder, dropout, tiled):

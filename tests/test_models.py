@@ -63,7 +63,12 @@ def hand_rotate(h, theta, t):
     return -sum(abs(a * cmath.exp(1j * th) - c) for a, th, c in zip(hc, theta, tc))
 
 
-# (decoder name, transe_norm) -> hand score; every registered decoder must appear.
+def hand_rotate_l2(h, theta, t):
+    hc, tc = _as_complex(h), _as_complex(t)
+    return -math.sqrt(sum(abs(a * cmath.exp(1j * th) - c) ** 2 for a, th, c in zip(hc, theta, tc)))
+
+
+# (decoder name, its distance norm) -> hand score; every registered decoder must appear.
 HAND_SCORES = {
     ("dot", 1): hand_dot,
     ("distmult", 1): hand_distmult,
@@ -71,9 +76,10 @@ HAND_SCORES = {
     ("transe", 1): hand_transe_l1,
     ("transe", 2): hand_transe_l2,
     ("rotate", 1): hand_rotate,
+    ("rotate", 2): hand_rotate_l2,
 }
 CASES = list(HAND_SCORES)
-CASE_IDS = [f"{name}-L{norm}" if name == "transe" else name for name, norm in CASES]
+CASE_IDS = [f"{name}-L{norm}" if name == "transe" or norm == 2 else name for name, norm in CASES]
 
 # Explicit relation tables: rows 0..R-1 forward, R..2R-1 inverse.
 RELATIONS_DIM4 = [[0.5, -1.0, 2.0, 0.0],
@@ -103,7 +109,7 @@ def relation_table(name):
 
 
 def make_decoder(name, norm=1, num_relations=NUM_RELATIONS, dim=DIM):
-    decoder = build_decoder(name, num_relations, dim, 0.1, transe_norm=norm).double()
+    decoder = build_decoder(name, num_relations, dim, 0.1, transe_norm=norm, rotate_norm=norm).double()
     if num_relations == NUM_RELATIONS and dim == DIM:
         table = torch.tensor(relation_table(name), dtype=torch.float64).reshape(2 * NUM_RELATIONS, -1)
         if (name, norm) in HAND_SCORES:
@@ -147,14 +153,16 @@ def test_hand_functions_on_written_out_numbers():
     # rotations by i and -1: (-3+1i) - (2-1i) = -5+2i ; (-2-4i) - (1+3i) = -3-7i
     assert hand_rotate(h, [math.pi / 2, math.pi], t) == pytest.approx(-(math.sqrt(29) + math.sqrt(58)),
                                                                         abs=1e-12)
+    assert hand_rotate_l2(h, [math.pi / 2, math.pi], t) == pytest.approx(-math.sqrt(29 + 58), abs=1e-12)
 
 
 @pytest.mark.parametrize("name,expected", [
     ("dot", 13.0), ("distmult", -7.0), ("complex", -28.5), ("transe-1", -7.5),
-    ("transe-2", -math.sqrt(37.25)), ("rotate", -(math.sqrt(29) + math.sqrt(58)))])
+    ("transe-2", -math.sqrt(37.25)), ("rotate", -(math.sqrt(29) + math.sqrt(58))),
+    ("rotate-2", -math.sqrt(87))])
 def test_library_score_on_written_out_numbers(name, expected):
     base, _, norm = name.partition("-")
-    decoder = build_decoder(base, 1, 4, 0.1, transe_norm=int(norm or 1)).double()
+    decoder = build_decoder(base, 1, 4, 0.1, transe_norm=int(norm or 1), rotate_norm=int(norm or 1)).double()
     rel = [math.pi / 2, math.pi] if base == "rotate" else ([] if base == "dot" else [0.5, -1, 2, 0])
     with torch.no_grad():
         decoder.relations.copy_(t64([rel, rel]).reshape(2, -1))
@@ -389,7 +397,8 @@ def _dense_score(name, norm, anchor, rel, cand):
         return (a * r * c.conj()).sum().real
     if name == "rotate":
         rotation = torch.complex(torch.cos(rel), torch.sin(rel))
-        return -(a * rotation - c).abs().sum()
+        moduli = (a * rotation - c).abs()
+        return -(moduli.sum() if norm == 1 else torch.sqrt((moduli * moduli).sum()))
     raise AssertionError(name)
 
 
@@ -409,6 +418,7 @@ def _make_model(name, norm, loss="softmax_ce", num_negatives=-1, num_chunks=1, d
     config = Config()
     config.model.decoder = name
     config.model.transe_norm = norm
+    config.model.rotate_norm = norm
     config.model.dim = dim
     config.model.loss = loss
     config.model.dropout = 0.0

@@ -13,7 +13,7 @@ The distance decoders have the same structure with other parts: TransE's
 operator is a translation (h + r), RotatE's a rotation by relation phases
 (h * e^{i phi}, whose phase gradient is Im(conj(q) dq)); their positive
 scores and candidates are compared by -||q - t|| (L2, L1, or RotatE's sum of
-complex moduli: ``EdgeMaths.comparator``).
+complex moduli; RotatE with norm 2 takes L2: ``EdgeMaths.comparator``).
 
 ``edge_queries`` computes the forward part, ``edge_backward_`` adds each
 edge's gradients of h, t (into per-row gradients) and of its relation
@@ -83,11 +83,11 @@ class EdgeMaths:
 
 def comparator_of(decoder) -> str:
     """How a decoder compares queries with targets: dot, l2, l1 or modulus."""
-    if decoder.name == "rotate":
-        return "modulus"
-    if decoder.name == "transe":
-        return "l1" if decoder.norm == 1 else "l2"
-    return "dot"
+    if decoder.name not in ("transe", "rotate"):
+        return "dot"
+    if decoder.norm == 2:
+        return "l2"
+    return "modulus" if decoder.name == "rotate" else "l1"
 
 
 def _on_triton(nodes: torch.Tensor, maths: EdgeMaths) -> bool:
