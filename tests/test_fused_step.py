@@ -218,7 +218,8 @@ def test_fused_relation_prediction_matches_autograd_on_gpu(decoder):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("operator, comparator", [("identity", "dot"), ("diagonal", "dot"), ("complex", "dot"),
-                                                  ("translation", "l2"), ("translation", "l1")])
+                                                  ("translation", "l2"), ("translation", "l1"), ("rotation", "l2"),
+                                                  ("rotation", "modulus")])
 @pytest.mark.parametrize("regularizer", ["none", "n3", "l2"])
 @pytest.mark.parametrize("dropout", [False, True])
 def test_edge_kernels_match_torch_versions(operator, comparator, regularizer, dropout):
@@ -226,7 +227,8 @@ def test_edge_kernels_match_torch_versions(operator, comparator, regularizer, dr
     dim, width, batch = 100, 104, 333
     generator = torch.Generator().manual_seed(7)
     nodes = torch.randn(500, dim, generator=generator)
-    relations = None if operator == "identity" else torch.randn(2 * 9, dim, generator=generator)
+    relation_dim = dim // 2 if operator == "rotation" else dim  # RotatE's relations: phases
+    relations = None if operator == "identity" else torch.randn(2 * 9, relation_dim, generator=generator)
     edges = torch.stack([torch.randint(500, (batch,), generator=generator),
                          torch.randint(9, (batch,), generator=generator),
                          torch.randint(500, (batch,), generator=generator)], dim=1)
@@ -234,7 +236,7 @@ def test_edge_kernels_match_torch_versions(operator, comparator, regularizer, dr
     mask = (torch.rand(2 * batch, dim, generator=generator) > 0.3).float() / 0.7 if dropout else None
     grad_q = torch.randn(2 * 340, width, generator=generator)
     grad_pos = torch.randn(2 * 340, generator=generator)
-    maths = EdgeMaths(operator, regularizer, operator != "identity", comparator)
+    maths = EdgeMaths(operator, regularizer, operator not in ("identity", "rotation"), comparator)
     outputs = []
     for device in ("cpu", "cuda"):
         to = (lambda t: None if t is None else t.to(device))

@@ -17,9 +17,10 @@ complex moduli; RotatE with norm 2 takes L2: ``EdgeMaths.comparator``).
 
 ``edge_queries`` computes the forward part, ``edge_backward_`` adds each
 edge's gradients of h, t (into per-row gradients) and of its relation
-vectors. For dot-product decoders each has Triton kernels for float32 CUDA
-tables; the torch versions (CPU, float64, and the distance decoders, whose
-time goes to the score block) are what the tests compare with autograd.
+vectors. Each has Triton kernels for float32 CUDA tables (a real form, and a
+complex one over [re | im] halves for ComplEx and RotatE); the torch versions
+(CPU, float64) are what the tests compare with autograd, and the GPU tests
+compare the kernels with them.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ if triton is not None:
 OPERATORS = {"dot": "identity", "distmult": "diagonal", "complex": "complex", "transe": "translation",
              "rotate": "rotation"}
 _OPERATOR_CODE = {"identity": 0, "diagonal": 1, "translation": 2}
-_COMPARATOR_CODE = {"dot": 0, "l2": 1, "l1": 2}
+_COMPARATOR_CODE = {"dot": 0, "l2": 1, "l1": 2, "modulus": 3}
 _REGULARIZER_CODE = {"none": 0, "n3": 1, "l2": 2}
 # Elements of one [edges, d] tile per program, for the query and the backward kernels (``_launch``). The
 # backward kernels hold ~20 such tiles live; at 4096 they spilled registers: ComplEx with N3 took 1.25 ms
@@ -72,7 +73,7 @@ class EdgeMaths:
 
     @property
     def complex(self) -> bool:
-        """ComplEx's complex product (the Triton kernels' complex form)."""
+        """ComplEx's complex product."""
         return self.operator == "complex"
 
     @property
@@ -91,9 +92,8 @@ def comparator_of(decoder) -> str:
 
 
 def _on_triton(nodes: torch.Tensor, maths: EdgeMaths) -> bool:
-    """Triton serves the dot-product decoders and TransE; RotatE's per-edge part stays in torch (its
-    pairwise score block is most of its step)."""
-    return use_triton(nodes) and maths.operator != "rotation"
+    """Triton serves every decoder's per-edge part on float32 CUDA tables."""
+    return use_triton(nodes)
 
 
 def edge_queries(nodes: torch.Tensor, relations: torch.Tensor | None, edges: torch.Tensor,
@@ -333,19 +333,21 @@ def _warps_for(elements: int) -> int:
 
 def _launch(complex_kernel, real_kernel, args, batch: int, width: int, maths: EdgeMaths, mask, relations,
             tile=None, num_warps=None) -> None:
-    """One program per block of edges: the complex kernel over [re | im] halves, the real one over rows of ``width``."""
+    """One program per block of edges: the complex kernel over [re | im] halves (ComplEx, RotatE), the real one
+    over rows of ``width``."""
     flags = dict(DROPOUT=mask is not None, REG=_REGULARIZER_CODE[maths.regularizer],
-                 REG_RELATIONS=maths.reg_relations and relations is not None and maths.operator != "identity")
+                 REG_RELATIONS=maths.reg_relations and relations is not None and maths.operator != "identity",
+                 COMPARATOR=_COMPARATOR_CODE[maths.comparator])
     tile = tile or EDGE_TILE
-    if maths.complex:
+    if maths.complex_moduli:
         block_e, block_h = tile_shape(args[0].shape[1] // 2, tile)  # args[0]: the node table
         flags["num_warps"] = num_warps or _warps_for(block_e * block_h)
-        complex_kernel[(triton.cdiv(batch, block_e),)](*args, **flags, BLOCK_E=block_e, BLOCK_H=block_h)
+        complex_kernel[(triton.cdiv(batch, block_e),)](*args, ROTATION=maths.operator == "rotation", **flags,
+                                                       BLOCK_E=block_e, BLOCK_H=block_h)
     else:
         block_e, block_d = tile_shape(width, tile)
         flags["num_warps"] = num_warps or _warps_for(block_e * block_d)
-        real_kernel[(triton.cdiv(batch, block_e),)](*args, OPERATOR=_OPERATOR_CODE[maths.operator],
-                                                    COMPARATOR=_COMPARATOR_CODE[maths.comparator], **flags,
+        real_kernel[(triton.cdiv(batch, block_e),)](*args, OPERATOR=_OPERATOR_CODE[maths.operator], **flags,
                                                     BLOCK_E=block_e, BLOCK_D=block_d)
 
 
@@ -502,17 +504,52 @@ if triton is not None:
         return load_rows(table, ids, cols, mask, dim), load_rows(table + half, ids, cols, mask, dim)
 
     @triton.jit
-    def _complex_edges(nodes, relations, edges, num_edges, num_relations, dim, BLOCK_E: tl.constexpr,
-                       BLOCK_H: tl.constexpr):
+    def _relation_halves(relations, rels, cols, mask, dim, ROTATION: tl.constexpr):
+        """A relation row as [re | im] halves: ComplEx's as stored, RotatE's e^{i phi} from its dim/2 phases."""
+        if ROTATION:
+            phases = load_rows(relations, rels, cols, mask, dim // 2)
+            return tl.cos(phases), tl.sin(phases)
+        return _halves(relations, rels, cols, mask, dim)
+
+    @triton.jit
+    def _complex_edges(nodes, relations, edges, num_edges, num_relations, dim, ROTATION: tl.constexpr,
+                       BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr):
         """This program's edges and the [re | im] halves of their h, t, forward and inverse relation rows."""
         e, inside, heads, rels, tails = _load_edges(edges, tl.program_id(0) * BLOCK_E, num_edges, BLOCK_E)
         cols = tl.arange(0, BLOCK_H)
         mask_cols = inside[:, None] & (cols < dim // 2)[None, :]
         h_re, h_im = _halves(nodes, heads, cols, mask_cols, dim)
         t_re, t_im = _halves(nodes, tails, cols, mask_cols, dim)
-        f_re, f_im = _halves(relations, rels, cols, mask_cols, dim)
-        i_re, i_im = _halves(relations, rels + num_relations, cols, mask_cols, dim)
+        f_re, f_im = _relation_halves(relations, rels, cols, mask_cols, dim, ROTATION)
+        i_re, i_im = _relation_halves(relations, rels + num_relations, cols, mask_cols, dim, ROTATION)
         return e, inside, rels, cols, mask_cols, h_re, h_im, t_re, t_im, f_re, f_im, i_re, i_im
+
+    @triton.jit
+    def _complex_pair_score(q_re, q_im, t_re, t_im, mask, COMPARATOR: tl.constexpr):
+        """Per row: Re <q, conj(t)>, -||q - t||_2, or -(sum of the complex moduli of q - t, each with RotatE's
+        1e-12 under its square root; coordinates outside ``mask`` count 0)."""
+        if COMPARATOR == 0:
+            return tl.sum(q_re * t_re + q_im * t_im, 1)
+        d_re = q_re - t_re
+        d_im = q_im - t_im
+        squared = d_re * d_re + d_im * d_im
+        if COMPARATOR == 1:
+            return -tl.sqrt(tl.sum(squared, 1))
+        return -tl.sum(tl.where(mask, tl.sqrt(squared + 1e-12), 0.0), 1)
+
+    @triton.jit
+    def _complex_pair_gradients(q_re, q_im, t_re, t_im, COMPARATOR: tl.constexpr):
+        """(d score / d q, d score / d t) of ``_complex_pair_score`` as re, im halves; 0 at distance 0 (L2)."""
+        if COMPARATOR == 0:
+            return t_re, t_im, q_re, q_im
+        d_re = q_re - t_re
+        d_im = q_im - t_im
+        if COMPARATOR == 1:
+            norm = tl.sqrt(tl.sum(d_re * d_re + d_im * d_im, 1))[:, None]
+            scale = -1.0 / tl.where(norm > 0, norm, 1.0)
+        else:
+            scale = -1.0 / tl.sqrt(d_re * d_re + d_im * d_im + 1e-12)
+        return d_re * scale, d_im * scale, -d_re * scale, -d_im * scale
 
     @triton.jit
     def _complex_product(a_re, a_im, b_re, b_im):
@@ -546,10 +583,11 @@ if triton is not None:
 
     @triton.jit
     def _complex_queries_kernel(nodes, relations, edges, mask, queries, positive, reg_out, num_edges,
-                                num_relations, dim, width, DROPOUT: tl.constexpr, REG: tl.constexpr,
-                                REG_RELATIONS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr):
+                                num_relations, dim, width, ROTATION: tl.constexpr, COMPARATOR: tl.constexpr,
+                                DROPOUT: tl.constexpr, REG: tl.constexpr, REG_RELATIONS: tl.constexpr,
+                                BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr):
         e, inside, rels, cols, mask_cols, h_re, h_im, t_re, t_im, f_re, f_im, i_re, i_im = _complex_edges(
-            nodes, relations, edges, num_edges, num_relations, dim, BLOCK_E, BLOCK_H)
+            nodes, relations, edges, num_edges, num_relations, dim, ROTATION, BLOCK_E, BLOCK_H)
         half = dim // 2
         tail_re, tail_im = _complex_product(h_re, h_im, f_re, f_im)
         head_re, head_im = _complex_product(t_re, t_im, i_re, i_im)
@@ -561,8 +599,9 @@ if triton is not None:
         kind = queries.dtype.element_ty
         _store_halves(queries, e, cols, tail_re.to(kind), tail_im.to(kind), mask_cols, width, half)
         _store_halves(queries, e + num_edges, cols, head_re.to(kind), head_im.to(kind), mask_cols, width, half)
-        tl.store(positive + e, tl.sum(tail_re * t_re + tail_im * t_im, 1), mask=inside)
-        tl.store(positive + num_edges + e, tl.sum(head_re * h_re + head_im * h_im, 1), mask=inside)
+        tl.store(positive + e, _complex_pair_score(tail_re, tail_im, t_re, t_im, mask_cols, COMPARATOR), mask=inside)
+        tl.store(positive + num_edges + e, _complex_pair_score(head_re, head_im, h_re, h_im, mask_cols, COMPARATOR),
+                 mask=inside)
         if REG != 0:
             value = _complex_reg_sum(h_re, h_im, REG) + _complex_reg_sum(t_re, t_im, REG)
             if REG_RELATIONS:
@@ -572,47 +611,64 @@ if triton is not None:
     @triton.jit
     def _complex_backward_kernel(nodes, relations, edges, local, mask, grad_queries, grad_positive, grad_rows,
                                  grad_relations, num_edges, num_relations, dim, grad_stride, head_offset, reg_scale,
-                                 DROPOUT: tl.constexpr, REG: tl.constexpr, REG_RELATIONS: tl.constexpr,
-                                 BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr):
+                                 ROTATION: tl.constexpr, COMPARATOR: tl.constexpr, DROPOUT: tl.constexpr,
+                                 REG: tl.constexpr, REG_RELATIONS: tl.constexpr, BLOCK_E: tl.constexpr,
+                                 BLOCK_H: tl.constexpr):
         e, inside, rels, cols, mask_cols, h_re, h_im, t_re, t_im, f_re, f_im, i_re, i_im = _complex_edges(
-            nodes, relations, edges, num_edges, num_relations, dim, BLOCK_E, BLOCK_H)
+            nodes, relations, edges, num_edges, num_relations, dim, ROTATION, BLOCK_E, BLOCK_H)
         half = dim // 2
         pos_tail = tl.load(grad_positive + e, mask=inside, other=0.0)[:, None]
         pos_head = tl.load(grad_positive + head_offset + e, mask=inside, other=0.0)[:, None]
-        # d loss / d (dropped query) of each direction: the softmax's part plus the positive score's
-        gq_re = load_rows(grad_queries, e, cols, mask_cols, grad_stride).to(tl.float32) + pos_tail * t_re
-        gq_im = load_rows(grad_queries + half, e, cols, mask_cols, grad_stride).to(tl.float32) + pos_tail * t_im
-        gk_re = load_rows(grad_queries, e + head_offset, cols, mask_cols, grad_stride).to(tl.float32) + pos_head * h_re
-        gk_im = load_rows(grad_queries + half, e + head_offset, cols, mask_cols, grad_stride).to(tl.float32) \
-            + pos_head * h_im
         tail_re, tail_im = _complex_product(h_re, h_im, f_re, f_im)  # the queries, for the positives
         head_re, head_im = _complex_product(t_re, t_im, i_re, i_im)
+        full_tail_re, full_tail_im, full_head_re, full_head_im = tail_re, tail_im, head_re, head_im
+        keep_tail_re, keep_tail_im, keep_head_re, keep_head_im = 1.0, 1.0, 1.0, 1.0
         if DROPOUT:
-            keep_re, keep_im = _halves(mask, e, cols, mask_cols, dim)
-            gq_re, gq_im = gq_re * keep_re, gq_im * keep_im
-            tail_re, tail_im = tail_re * keep_re, tail_im * keep_im
-            keep_re, keep_im = _halves(mask, e + num_edges, cols, mask_cols, dim)
-            gk_re, gk_im = gk_re * keep_re, gk_im * keep_im
-            head_re, head_im = head_re * keep_re, head_im * keep_im
-        # dq * conj(r) for the node, dq * conj(node) for the relation
-        gh_re = gq_re * f_re + gq_im * f_im + pos_head * head_re
-        gh_im = gq_im * f_re - gq_re * f_im + pos_head * head_im
-        gt_re = gk_re * i_re + gk_im * i_im + pos_tail * tail_re
-        gt_im = gk_im * i_re - gk_re * i_im + pos_tail * tail_im
-        gf_re, gf_im = gq_re * h_re + gq_im * h_im, gq_im * h_re - gq_re * h_im
-        gi_re, gi_im = gk_re * t_re + gk_im * t_im, gk_im * t_re - gk_re * t_im
+            keep_tail_re, keep_tail_im = _halves(mask, e, cols, mask_cols, dim)
+            keep_head_re, keep_head_im = _halves(mask, e + num_edges, cols, mask_cols, dim)
+            tail_re, tail_im = tail_re * keep_tail_re, tail_im * keep_tail_im
+            head_re, head_im = head_re * keep_head_re, head_im * keep_head_im
+        # the positive scores' gradients: d/d (dropped query) and d/d its target
+        bq_tail_re, bq_tail_im, bt_tail_re, bt_tail_im = _complex_pair_gradients(tail_re, tail_im, t_re, t_im,
+                                                                                 COMPARATOR)
+        bq_head_re, bq_head_im, bt_head_re, bt_head_im = _complex_pair_gradients(head_re, head_im, h_re, h_im,
+                                                                                 COMPARATOR)
+        # d loss / d (dropped query) of each direction: the softmax's part plus the positive score's
+        gq_re = (load_rows(grad_queries, e, cols, mask_cols, grad_stride).to(tl.float32)
+                 + pos_tail * bq_tail_re) * keep_tail_re
+        gq_im = (load_rows(grad_queries + half, e, cols, mask_cols, grad_stride).to(tl.float32)
+                 + pos_tail * bq_tail_im) * keep_tail_im
+        gk_re = (load_rows(grad_queries, e + head_offset, cols, mask_cols, grad_stride).to(tl.float32)
+                 + pos_head * bq_head_re) * keep_head_re
+        gk_im = (load_rows(grad_queries + half, e + head_offset, cols, mask_cols, grad_stride).to(tl.float32)
+                 + pos_head * bq_head_im) * keep_head_im
+        # dq * conj(r) for the node; dq * conj(node) for a ComplEx relation, Im(conj(q) dq) for RotatE's phase
+        gh_re = gq_re * f_re + gq_im * f_im + pos_head * bt_head_re
+        gh_im = gq_im * f_re - gq_re * f_im + pos_head * bt_head_im
+        gt_re = gk_re * i_re + gk_im * i_im + pos_tail * bt_tail_re
+        gt_im = gk_im * i_re - gk_re * i_im + pos_tail * bt_tail_im
         if REG != 0:
             reg_re, reg_im = _complex_reg_grad(h_re, h_im, REG)
             gh_re, gh_im = gh_re + reg_scale * reg_re, gh_im + reg_scale * reg_im
             reg_re, reg_im = _complex_reg_grad(t_re, t_im, REG)
             gt_re, gt_im = gt_re + reg_scale * reg_re, gt_im + reg_scale * reg_im
-            if REG_RELATIONS:
+        if ROTATION:  # the phases are not regularised (RotatE's regularize_relations)
+            phase_f = gq_im * full_tail_re - gq_re * full_tail_im
+            phase_i = gk_im * full_head_re - gk_re * full_head_im
+            tl.atomic_add(grad_relations + rels[:, None] * half + cols[None, :], phase_f, mask=mask_cols,
+                          sem="relaxed")
+            tl.atomic_add(grad_relations + (rels + num_relations)[:, None] * half + cols[None, :], phase_i,
+                          mask=mask_cols, sem="relaxed")
+        else:
+            gf_re, gf_im = gq_re * h_re + gq_im * h_im, gq_im * h_re - gq_re * h_im
+            gi_re, gi_im = gk_re * t_re + gk_im * t_im, gk_im * t_re - gk_re * t_im
+            if REG != 0 and REG_RELATIONS:
                 reg_re, reg_im = _complex_reg_grad(f_re, f_im, REG)
                 gf_re, gf_im = gf_re + reg_scale * reg_re, gf_im + reg_scale * reg_im
                 reg_re, reg_im = _complex_reg_grad(i_re, i_im, REG)
                 gi_re, gi_im = gi_re + reg_scale * reg_re, gi_im + reg_scale * reg_im
-        _add_halves(grad_relations, rels, cols, gf_re, gf_im, mask_cols, dim)
-        _add_halves(grad_relations, rels + num_relations, cols, gi_re, gi_im, mask_cols, dim)
+            _add_halves(grad_relations, rels, cols, gf_re, gf_im, mask_cols, dim)
+            _add_halves(grad_relations, rels + num_relations, cols, gi_re, gi_im, mask_cols, dim)
         local_heads = tl.load(local + e, mask=inside, other=0)
         local_tails = tl.load(local + num_edges + e, mask=inside, other=0)
         _add_halves(grad_rows, local_heads, cols, gh_re, gh_im, mask_cols, dim)
