@@ -97,7 +97,8 @@ def make_runner(overrides: list[str], devices: list[torch.device], num_nodes: in
                 routing_only: bool = False):
     """(config, replicas, runner) for ``devices`` with the step settings and ``overrides``."""
     names = ",".join(str(d) for d in devices)
-    config = load_config(None, [*STEP_SETTINGS, f"training.devices={names}", *overrides])
+    placed = f"training.devices={names}" if len(devices) > 1 else f"training.device={devices[0].type}"
+    config = load_config(None, [*STEP_SETTINGS, placed, *overrides])
     torch.manual_seed(0)
     replicas = [Model(config, num_nodes, num_relations, devices[0])]
     for device in devices[1:]:
@@ -160,9 +161,10 @@ def fb15k_edges(path: str):
     return torch.from_numpy(dataset.train), dataset.num_nodes, dataset.num_relations
 
 
-def measure_two(dim: int, placement: str, dedup: bool, args) -> dict:
-    """Edges/s of the step on the first two GPUs (fused DistMult, power-law edges, tables in host memory)."""
-    devices = [torch.device("cuda", g) for g in range(2)]
+def measure_runner(dim: int, placement: str, dedup: bool, args, gpus: int = 2) -> dict:
+    """Edges/s of the multi-device runner's step on the first ``gpus`` GPUs (fused DistMult, power-law edges,
+    tables in host memory)."""
+    devices = [torch.device("cuda", g) for g in range(gpus)]
     overrides = [f"model.dim={dim}", f"pipeline.dedup={str(dedup).lower()}", "training.score_dtype=float32",
                  f"pipeline.placement={placement}", "pipeline.cache_rows=0", *args.overrides]
     config, _, runner = make_runner(overrides, devices, args.nodes, args.relations)
@@ -206,7 +208,7 @@ def measure_two(dim: int, placement: str, dedup: bool, args) -> dict:
             prof.export_chrome_trace(path)
             trace = summarize_trace(path, 10)
             print(json.dumps(trace, indent=1), flush=True)
-    return {"part": "step", "gpus": 2, "placement": placement, "dim": dim, "dedup": dedup,
+    return {"part": "step", "gpus": gpus, "runner": "multi-device", "placement": placement, "dim": dim, "dedup": dedup,
             "row_tiles": zero_copy_tiles(),
             "edges_per_s": num_steps * step_edges / seconds, "seconds": seconds, "host_issue_seconds": issued[2],
             "gpu_util": [s.mean for s in samplers], "staleness_bound": runner.staleness_bound,
@@ -411,8 +413,10 @@ def main() -> None:
                         help="step: elements of the zero-copy kernels' program tiles (row_kernels.ZERO_COPY_*_TILE)")
     parser.add_argument("--one-gpu-again", action="store_true",
                         help="step: measure one GPU again after the two-GPU rows (a second baseline)")
-    parser.add_argument("--two-gpu-variants", nargs="+", default=["dedup", "no-dedup"], choices=["dedup", "no-dedup"],
-                        help="step: which two-GPU rows to measure with host tables")
+    parser.add_argument("--one-gpu-runner", action="store_true",
+                        help="step: also the multi-device runner (graphed) on one GPU, host tables, no dedup")
+    parser.add_argument("--two-gpu-variants", nargs="*", default=["dedup", "no-dedup"], choices=["dedup", "no-dedup"],
+                        help="step: which two-GPU rows to measure with host tables (none: one GPU only)")
     parser.add_argument("--fb15k-variants", nargs="+", default=["1", "2", "2:training.batch_size=500"],
                         help="fb15k: GPUS[:override,...] per run")
     parser.add_argument("--row-count", type=int, default=20_000, help="rows: rows per GPU")
@@ -449,8 +453,10 @@ def main() -> None:
         if "step" in args.parts:
             for placement in args.placements:
                 record(measure_one(dim, placement, args))
+                if args.one_gpu_runner and placement == "host":
+                    record(measure_runner(dim, placement, False, args, gpus=1))
                 for variant in args.two_gpu_variants if placement == "host" else ["dedup"]:
-                    record(measure_two(dim, placement, variant == "dedup", args))
+                    record(measure_runner(dim, placement, variant == "dedup", args))
                 if args.one_gpu_again:  # the one-GPU figure moves most between processes: measured twice
                     record({**measure_one(dim, placement, args), "repeat": 2})
         if "processes" in args.parts:

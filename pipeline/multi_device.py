@@ -70,8 +70,8 @@ class MultiDeviceRunner:
         split across the devices' memory, kept there across spans of the same tables). ``grouping_window``:
         steps whose edges ``group_steps_by_head`` reorders together (0: the span's order). ``graphs``:
         replay full steps as CUDA graphs where ``PhaseGraphs.supported``."""
-        if len(steps) != len(devices) or len(devices) < 2:
-            raise ValueError("a multi-device runner needs one step per device and at least two devices")
+        if len(steps) != len(devices) or not devices:
+            raise ValueError("a multi-device runner needs one step per device")
         self.steps, self.node_update, self.devices = steps, node_update, devices
         self.batch_size, self.staleness_bound = batch_size, max(1, staleness_bound)
         self.dedup, self.cache_rows, self.cache_all = dedup, cache_rows, cache_all

@@ -509,3 +509,32 @@ def test_cached_multi_gradient_kernels_match_torch_versions(rowwise, flagged):
         outputs.append([t.cpu() for t in (*tables, read[:117])])
     for got, expected in zip(outputs[1], outputs[0]):
         torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_one_device_runner_trains_as_with_dedup_and_replayed(small_config):
+    """One device (the one-GPU host placement's graphed step): without dedup, with dedup, and replayed through
+    PhaseGraphs (CPU: each 'graph' replays its phase eagerly), the same model from the same seed."""
+    from pipeline.phase_graphs import PhaseGraphs
+    results = {}
+    for variant in ("no-dedup", "dedup", "replayed"):
+        config, replicas, nodes, state, edges = setup(small_config, ["cpu"], "model.decoder=distmult",
+                                                      "model.reg_weight=0", "pipeline.cache_rows=0",
+                                                      f"pipeline.dedup={variant == 'dedup'}")
+        runner = build_multi_device_runner(replicas, "host", config, [r.device for r in replicas],
+                                           2 * config.model.dim * 4)
+        if variant == "replayed":
+            runner.graphs = PhaseGraphs(runner)
+        loss = torch.zeros(())
+        runner.staleness_bound = 2
+        runner.run(edges, nodes, state, None, [epoch_generator(0, 1, "cpu", stream=2)],
+                   [epoch_generator(0, 1, "cpu", stream=9)], loss, lambda n: None)
+        results[variant] = nodes, state, replicas[0].decoder.relations.detach(), loss, runner
+    nodes, state, relations, loss, _ = results["no-dedup"]
+    assert float(loss) > 0 and not torch.equal(state, torch.zeros_like(state)), "nothing trained"
+    assert results["replayed"][4].graphs.graphs[0] is not None, "no step was replayed"
+    for variant in ("dedup", "replayed"):
+        got_nodes, got_state, got_relations, got_loss, _ = results[variant]
+        torch.testing.assert_close(got_nodes, nodes, rtol=0, atol=1e-6)
+        torch.testing.assert_close(got_state, state, rtol=0, atol=1e-6)
+        torch.testing.assert_close(got_relations, relations, rtol=0, atol=1e-6)
+        torch.testing.assert_close(got_loss, loss, rtol=1e-6, atol=0)
