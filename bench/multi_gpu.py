@@ -416,7 +416,8 @@ def main() -> None:
     parser.add_argument("--one-gpu-runner", action="store_true",
                         help="step: also the multi-device runner (graphed) on one GPU, host tables, no dedup")
     parser.add_argument("--two-gpu-variants", nargs="*", default=["dedup", "no-dedup"], choices=["dedup", "no-dedup"],
-                        help="step: which two-GPU rows to measure with host tables (none: one GPU only)")
+                        help="step: which two-GPU rows to measure with host tables (none: only one GPU with host "
+                        "tables; the device placement always measures two GPUs with dedup)")
     parser.add_argument("--fb15k-variants", nargs="+", default=["1", "2", "2:training.batch_size=500"],
                         help="fb15k: GPUS[:override,...] per run")
     parser.add_argument("--row-count", type=int, default=20_000, help="rows: rows per GPU")

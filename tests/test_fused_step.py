@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from marius_py.config import load_config
-from marius_py.step.edge_kernels import EdgeMaths, edge_backward_, edge_queries
+from marius_py.models import build_decoder
+from marius_py.step.edge_kernels import EdgeMaths, comparator_of, edge_backward_, edge_queries
 from marius_py.step.fused import FusedStep, supports_fused_step
 from pipeline.row_kernels import gather_rows, scatter_add_rows_, sparse_adagrad_
 from marius_py.optim import SparseAdagrad
@@ -97,6 +98,15 @@ DISTANCE_DECODERS = {"transe-l1": ["model.decoder=transe", "model.transe_norm=1"
                      "transe-l2": ["model.decoder=transe", "model.transe_norm=2"],
                      "rotate": ["model.decoder=rotate"],
                      "rotate-l2": ["model.decoder=rotate", "model.rotate_norm=2"]}
+
+
+def test_each_decoder_takes_its_comparator():
+    """The L2 forms of TransE and RotatE share the matmul expansion (l2); their L1 forms take the pairwise
+    kernels (l1, modulus); the rest compare by dot products."""
+    expected = {("dot", 1): "dot", ("distmult", 1): "dot", ("complex", 1): "dot", ("transe", 1): "l1",
+                ("transe", 2): "l2", ("rotate", 1): "modulus", ("rotate", 2): "l2"}
+    for (name, norm), comparator in expected.items():
+        assert comparator_of(build_decoder(name, 2, 8, 0.1, transe_norm=norm, rotate_norm=norm)) == comparator
 
 
 @pytest.mark.parametrize("decoder", list(DISTANCE_DECODERS))

@@ -465,6 +465,29 @@ def test_two_gpus_dedup_equals_baseline(small_config, decoder, devices):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_one_gpu_runner_replays_its_phases_and_trains_as_eager(small_config):
+    """The multi-device runner on one GPU (``bench/multi_gpu.py --one-gpu-runner``): replayed as CUDA graphs it
+    trains as it does eagerly (bound 1, so both see every earlier update). A first run is thrown away: a
+    process's first GPU run rounds the first step's near-zero gradients differently (RESULTS, twelfth session)."""
+    results = {}
+    for variant in ("throwaway", "eager", "graphed"):
+        config, replicas, nodes, state, edges = setup(small_config, ["cuda:0"], "model.decoder=distmult",
+                                                      "model.reg_weight=0", "pipeline.dedup=false",
+                                                      f"training.cuda_graphs={variant == 'graphed'}")
+        nodes, state = nodes.pin_memory(), state.pin_memory()
+        runner, loss = run_runner(config, replicas, nodes, state, edges, bound=1)
+        torch.cuda.synchronize()
+        assert (runner.graphs is not None and runner.graphs.graphs != [None, None]) == (variant == "graphed")
+        results[variant] = nodes, loss.cpu()
+    (nodes, loss), (got_nodes, got_loss) = results["eager"], results["graphed"]
+    assert not torch.equal(nodes, setup(small_config, ["cuda:0"])[2]), "nothing trained"
+    close = torch.isclose(got_nodes, nodes, rtol=1e-4, atol=1e-5)
+    assert close.float().mean() > 0.999, f"{int((~close).sum())} entries differ"
+    torch.testing.assert_close(got_loss, loss, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_adagrad_of_an_owners_share_matches_the_torch_version():
     """``start``: the Triton kernel updates rows[start:start + count] with the same gradient rows."""
     generator = torch.Generator().manual_seed(6)

@@ -60,8 +60,10 @@ class EdgeMaths:
     operator: str                   # identity (Dot), diagonal (DistMult), complex (ComplEx), translation
                                     # (TransE), rotation (RotatE)
     regularizer: str = "none"       # none, n3, l2
-    reg_relations: bool = False     # whether the relation rows are regularised too (not with identity)
-    comparator: str = "dot"         # dot, l2, l1 (TransE), modulus (RotatE: sum of complex moduli)
+    reg_relations: bool = False     # whether the relation rows are regularised too (not with identity
+                                    # or rotation: RotatE's phases are not)
+    comparator: str = "dot"         # dot, l2 (TransE, RotatE with norm 2), l1 (TransE), modulus (RotatE:
+                                    # sum of complex moduli)
 
     @classmethod
     def of(cls, model) -> "EdgeMaths":
@@ -91,11 +93,6 @@ def comparator_of(decoder) -> str:
     return "modulus" if decoder.name == "rotate" else "l1"
 
 
-def _on_triton(nodes: torch.Tensor, maths: EdgeMaths) -> bool:
-    """Triton serves every decoder's per-edge part on float32 CUDA tables."""
-    return use_triton(nodes)
-
-
 def edge_queries(nodes: torch.Tensor, relations: torch.Tensor | None, edges: torch.Tensor,
                  score_dtype: torch.dtype, width: int | None, maths: EdgeMaths,
                  mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
@@ -106,7 +103,7 @@ def edge_queries(nodes: torch.Tensor, relations: torch.Tensor | None, edges: tor
     """
     dim = nodes.shape[1]
     width = width or dim
-    if _on_triton(nodes, maths):
+    if use_triton(nodes):  # every decoder's per-edge part, on float32 CUDA tables
         return _edge_queries_triton(nodes, relations, edges, score_dtype, width, maths, mask)
     heads, tails = nodes[edges[:, 0]], nodes[edges[:, 2]]
     forward, inverse = _relation_rows(relations, edges[:, 1])
@@ -133,7 +130,7 @@ def edge_backward_(grad_rows: torch.Tensor, grad_relations: torch.Tensor | None,
     ignored). ``reg_scale``: the regulariser's weight over the batch size.
     """
     batch, dim = len(edges), nodes.shape[1]
-    if _on_triton(nodes, maths):
+    if use_triton(nodes):  # every decoder's per-edge part, on float32 CUDA tables
         _edge_backward_triton(grad_rows, grad_relations, nodes, relations, edges, local, grad_queries,
                               grad_positive, head_offset, maths, mask, reg_scale)
         return
@@ -336,7 +333,8 @@ def _launch(complex_kernel, real_kernel, args, batch: int, width: int, maths: Ed
     """One program per block of edges: the complex kernel over [re | im] halves (ComplEx, RotatE), the real one
     over rows of ``width``."""
     flags = dict(DROPOUT=mask is not None, REG=_REGULARIZER_CODE[maths.regularizer],
-                 REG_RELATIONS=maths.reg_relations and relations is not None and maths.operator != "identity",
+                 REG_RELATIONS=maths.reg_relations and relations is not None
+                 and maths.operator not in ("identity", "rotation"),
                  COMPARATOR=_COMPARATOR_CODE[maths.comparator])
     tile = tile or EDGE_TILE
     if maths.complex_moduli:
@@ -528,6 +526,7 @@ if triton is not None:
     def _complex_pair_score(q_re, q_im, t_re, t_im, mask, COMPARATOR: tl.constexpr):
         """Per row: Re <q, conj(t)>, -||q - t||_2, or -(sum of the complex moduli of q - t, each with RotatE's
         1e-12 under its square root; coordinates outside ``mask`` count 0)."""
+        tl.static_assert(COMPARATOR != 2, "L1 has no complex form")
         if COMPARATOR == 0:
             return tl.sum(q_re * t_re + q_im * t_im, 1)
         d_re = q_re - t_re
@@ -540,6 +539,7 @@ if triton is not None:
     @triton.jit
     def _complex_pair_gradients(q_re, q_im, t_re, t_im, COMPARATOR: tl.constexpr):
         """(d score / d q, d score / d t) of ``_complex_pair_score`` as re, im halves; 0 at distance 0 (L2)."""
+        tl.static_assert(COMPARATOR != 2, "L1 has no complex form")
         if COMPARATOR == 0:
             return t_re, t_im, q_re, q_im
         d_re = q_re - t_re
