@@ -12,26 +12,35 @@ or of K with ``comet:P:C:K``; ``default:P:C`` is the default ordering over P
 physical partitions, its group size chosen as training does); ``+key=value``
 suffixes override that variant's config only, e.g.
 ``beta:16:4+storage.negative_cache=0.1``.
+
+``order:P:C`` trains in memory (every node a candidate, no buffer) but takes an
+epoch's edges state by state, in the order the default P:C ordering would train
+them (shuffled within each state): the ordering's correlation without the
+buffer's restricted candidates. ``+key=value`` suffixes apply to that run.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+import torch
+
 sys.path.insert(0, str(Path(__file__).parent))
 from quality import machine, run_one  # noqa: E402
 
 import marius_py as mp  # noqa: E402
-from marius_py.trainer import epoch_ordering  # noqa: E402
+from marius_py.trainer import Trainer, TrainingSpan, epoch_ordering  # noqa: E402
 from orderings import simulate  # noqa: E402
 from orderings.simulator import format_bytes  # noqa: E402
 from storage.negative_cache import cache_bytes_per_epoch, cache_row_bytes  # noqa: E402
-from storage.partitioning import partition_size  # noqa: E402
+from storage.partitioning import partition_of, partition_size  # noqa: E402
 
 
 def variant_overrides(spec: str, group_size: int) -> list[str]:
@@ -45,6 +54,52 @@ def variant_overrides(spec: str, group_size: int) -> list[str]:
     k = int(k[0]) if k else (group_size if ordering == "comet" else 1)
     return [f"storage.ordering={ordering}", f"storage.num_partitions={int(p) * k}",
             f"storage.buffer_capacity={int(c) * k}", f"storage.comet_group_size={k}", *extra]
+
+
+def state_ordered_spans(partitioned):
+    """A ``Trainer._spans`` for an in-memory run: each state of ``partitioned``'s ordering in turn, with the edges
+    of the buckets it trains and every node a candidate."""
+    def spans(trainer, epoch, first_state=0, ordering=None):
+        ordering = epoch_ordering(partitioned, epoch)
+        p = ordering.num_physical_partitions
+        state_of_bucket = np.full((p, p), -1)
+        for k, buckets in enumerate(ordering.buckets):
+            for i, j in buckets:
+                state_of_bucket[i, j] = k
+        train = trainer.dataset.train
+        ends = partition_of(train[:, [0, 2]], trainer.dataset.num_nodes, p)
+        states = state_of_bucket[ends[:, 0], ends[:, 1]]
+        assert (states >= 0).all(), "a bucket without a state"
+        order = np.argsort(states, kind="stable")
+        bounds = np.searchsorted(states[order], np.arange(ordering.num_states + 1))
+        for k in range(ordering.num_states):
+            edges = torch.from_numpy(train[order[bounds[k]:bounds[k + 1]]])
+            yield TrainingSpan(edges, None), trainer.nodes, trainer.node_state
+    return spans
+
+
+@contextlib.contextmanager
+def ordered_in_memory(spec: str, dataset: Path, config_name: str, overrides: list[str], group_size: int):
+    """For an ``order:P:C`` variant: in-memory training whose epochs follow the default P:C ordering's states."""
+    if not spec.startswith("order:"):
+        yield
+        return
+    layout = spec.split("+")[0].replace("order:", "default:", 1)
+    partitioned = mp.make_config(config_name, [f"dataset.path={dataset}", *overrides,
+                                               *variant_overrides(layout, group_size)])
+    original = Trainer._spans
+    Trainer._spans = state_ordered_spans(partitioned)
+    try:
+        yield
+    finally:
+        Trainer._spans = original
+
+
+def run_overrides(spec: str, group_size: int) -> list[str]:
+    """The overrides a variant's run trains with (``order:`` runs train in memory, with only its suffixes)."""
+    if spec.startswith("order:"):
+        return spec.split("+")[1:]
+    return variant_overrides(spec, group_size)
 
 
 def predicted_io(config: dict, num_nodes: int) -> dict:
@@ -84,8 +139,9 @@ def main() -> None:
     results = []
     with tempfile.TemporaryDirectory() as workdir:
         runs = [] if args.skip_p1 else [("p=1", [])]
-        for label, extra in runs + [(v, variant_overrides(v, args.group_size)) for v in args.variants]:
-            result = run_one(Path(args.dataset), args.config, args.set + extra, Path(workdir))
+        for label, extra in runs + [(v, run_overrides(v, args.group_size)) for v in args.variants]:
+            with ordered_in_memory(label, Path(args.dataset), args.config, args.set, args.group_size):
+                result = run_one(Path(args.dataset), args.config, args.set + extra, Path(workdir))
             result["variant"] = label
             io_match = ""
             if result["io"] is not None:
