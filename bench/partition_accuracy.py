@@ -78,17 +78,27 @@ def state_ordered_spans(partitioned):
     return spans
 
 
+def order_config(spec: str, dataset: Path, config_name: str, overrides: list[str], group_size: int):
+    """The partitioned config whose ordering an ``order:P:C[+key=value...]`` run follows: the default P:C with
+    the run's overrides and suffixes, its store split fitted to the nodes as ``Trainer`` fits it."""
+    layout, *suffixes = spec.split("+")
+    config = mp.make_config(config_name, [f"dataset.path={dataset}", *overrides, *suffixes,
+                                          *variant_overrides(layout.replace("order:", "default:", 1), group_size)])
+    mp.api.open_dataset(config, progress=False).close()  # fits storage.comet_split to the nodes
+    if config.storage.edge_assignment != "bucket":
+        raise ValueError(f"{spec}: order runs follow whole-bucket assignment, not storage.edge_assignment="
+                         f"{config.storage.edge_assignment}")
+    return config
+
+
 @contextlib.contextmanager
 def ordered_in_memory(spec: str, dataset: Path, config_name: str, overrides: list[str], group_size: int):
     """For an ``order:P:C`` variant: in-memory training whose epochs follow the default P:C ordering's states."""
     if not spec.startswith("order:"):
         yield
         return
-    layout = spec.split("+")[0].replace("order:", "default:", 1)
-    partitioned = mp.make_config(config_name, [f"dataset.path={dataset}", *overrides,
-                                               *variant_overrides(layout, group_size)])
     original = Trainer._spans
-    Trainer._spans = state_ordered_spans(partitioned)
+    Trainer._spans = state_ordered_spans(order_config(spec, dataset, config_name, overrides, group_size))
     try:
         yield
     finally:
@@ -97,9 +107,12 @@ def ordered_in_memory(spec: str, dataset: Path, config_name: str, overrides: lis
 
 def run_overrides(spec: str, group_size: int) -> list[str]:
     """The overrides a variant's run trains with (``order:`` runs train in memory, with only its suffixes)."""
-    if spec.startswith("order:"):
-        return spec.split("+")[1:]
-    return variant_overrides(spec, group_size)
+    if not spec.startswith("order:"):
+        return variant_overrides(spec, group_size)
+    suffixes = spec.split("+")[1:]
+    if any(s.startswith(("storage.num_partitions", "storage.buffer_capacity")) for s in suffixes):
+        raise ValueError(f"{spec}: an order run trains in memory; its layout is P:C")
+    return suffixes
 
 
 def predicted_io(config: dict, num_nodes: int) -> dict:
