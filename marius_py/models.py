@@ -135,9 +135,11 @@ class ComplEx(DotProductComparator):
 
 
 class DistanceComparator(Decoder):
-    """Comparator -||q - t||_p; subclasses set the norm."""
+    """Comparator -||q - t||_p, p (``norm``) 1 or 2; 2 has a matmul form (|q|^2 + |t|^2 - 2 q.t)."""
 
-    norm = 1
+    def __init__(self, num_relations, dim, init_scale, norm: int = 1):
+        super().__init__(num_relations, dim, init_scale)
+        self.norm = norm
 
     def compare_pairs(self, queries, targets):
         return -self.distance(queries - targets)
@@ -156,10 +158,6 @@ class TransE(DistanceComparator):
 
     name = "transe"
 
-    def __init__(self, num_relations, dim, init_scale, norm: int = 1):
-        super().__init__(num_relations, dim, init_scale)
-        self.norm = norm
-
     def operator(self, nodes, relations):
         return nodes + relations
 
@@ -177,10 +175,6 @@ class RotatE(DistanceComparator):
     name = "rotate"
     complex_valued = True
     regularize_relations = False
-
-    def __init__(self, num_relations, dim, init_scale, norm: int = 1):
-        super().__init__(num_relations, dim, init_scale)
-        self.norm = norm
 
     def relation_dim(self, dim):
         return dim // 2
@@ -217,10 +211,8 @@ def build_decoder(name: str, num_relations: int, dim: int, init_scale: float,
         cls = DECODER_CLASSES[name]
     except KeyError:  # the CLI checks names in config.validate; this guards library callers
         raise ValueError(f"unknown decoder {name!r}; known: {', '.join(DECODER_CLASSES)}") from None
-    if cls is TransE:
-        return TransE(num_relations, dim, init_scale, norm=transe_norm)
-    if cls is RotatE:
-        return RotatE(num_relations, dim, init_scale, norm=rotate_norm)
+    if issubclass(cls, DistanceComparator):
+        return cls(num_relations, dim, init_scale, norm=rotate_norm if cls is RotatE else transe_norm)
     return cls(num_relations, dim, init_scale)
 
 

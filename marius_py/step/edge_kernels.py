@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 from torch.nn import functional as F
 
-from marius_py.models import complex_product, regularization
+from marius_py.models import DistanceComparator, complex_product, regularization
 from marius_py.step.fused_loss import to_16_bytes
 from pipeline.row_kernels import tile_shape, triton, use_triton
 
@@ -86,7 +86,7 @@ class EdgeMaths:
 
 def comparator_of(decoder) -> str:
     """How a decoder compares queries with targets: dot, l2, l1 or modulus."""
-    if decoder.name not in ("transe", "rotate"):
+    if not isinstance(decoder, DistanceComparator):
         return "dot"
     if decoder.norm == 2:
         return "l2"
