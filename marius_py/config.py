@@ -52,7 +52,8 @@ class ModelConfig:
     decoder: str = _f("complex", f"scoring function, one of {DECODERS}")
     dim: int = _f(256, "embedding dimension (real numbers per node; complex decoders use dim/2 complex pairs)")
     init_scale: float = _f(1e-3, "standard deviation of the normal initialisation")
-    transe_norm: int = _f(1, "TransE distance norm: 1 or 2")
+    transe_norm: int = _f(1, "TransE distance norm: 1 or 2 (2 is scored on matmuls, several times faster on a "
+                             "GPU; the norms want different model.reg_weight, see README)")
     rotate_norm: int = _f(1, "RotatE distance: 1 sums the complex moduli of h*r - t (Sun et al. 2019); 2 takes "
                              "its L2 norm (PyKEEN's RotatE), scored on matmuls, several times faster on a GPU")
     loss: str = _f("softmax_ce", f"training loss, one of {LOSSES}")
