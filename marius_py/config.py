@@ -55,7 +55,8 @@ class ModelConfig:
     transe_norm: int = _f(1, "TransE distance norm: 1 or 2 (2 is scored on matmuls, several times faster on a "
                              "GPU; the norms want different model.reg_weight, see README)")
     rotate_norm: int = _f(1, "RotatE distance: 1 sums the complex moduli of h*r - t (Sun et al. 2019); 2 takes "
-                             "its L2 norm (PyKEEN's RotatE), scored on matmuls, several times faster on a GPU")
+                             "its L2 norm (PyKEEN's RotatE), scored on matmuls, several times faster on a GPU; the "
+                             "norms want different model.reg_weight, see README")
     loss: str = _f("softmax_ce", f"training loss, one of {LOSSES}")
     margin: float = _f(1.0, "margin of the margin ranking loss")
     regularizer: str = _f("n3", f"regulariser on the batch's embeddings, one of {REGULARIZERS}")

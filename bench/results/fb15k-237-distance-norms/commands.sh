@@ -1,3 +1,4 @@
+# .runs/prefix.sh installs the device's missing wheels into /tmp/site and sets PYTHONPATH.
 # call 1 (three seeds at N3 0.1):
 source .runs/prefix.sh
 common="--runs fb15k-237:fb15k-237 --datasets-root .data --set model.decoder=transe --set model.dim=400 --set training.relation_prediction=0 --set training.score_dtype=float32 --set model.reg_weight=0.1 --set training.epochs=30"
@@ -9,7 +10,7 @@ wait
 for f in /tmp/q-transe-*.log; do echo "[$f]"; grep -v "Warning\|warn" $f | tail -n 4; done > $OUT/rows.log
 cat $OUT/rows.log
 
-# calls 2-5 (the N3 weight per norm), in order:
+# call 2
 source .runs/prefix.sh
 common="--runs fb15k-237:fb15k-237 --datasets-root .data --set model.decoder=transe --set model.dim=400 --set training.relation_prediction=0 --set training.score_dtype=float32 --set training.epochs=30"
 for norm in 1 2; do for reg in 0 0.01 0.03; do
@@ -19,6 +20,8 @@ done; done
 wait
 for f in /tmp/q-transe-*.log; do echo "[$f]"; grep -v "Warning\|warn" $f | tail -n 4; done > $OUT/rows.log
 cat $OUT/rows.log
+
+# call 3
 source .runs/prefix.sh
 base="--runs fb15k-237:fb15k-237 --datasets-root .data --set model.dim=400 --set training.relation_prediction=0 --set training.score_dtype=float32 --set training.epochs=30"
 go() { name=$1; shift; timeout 570 python bench/quality.py $base "$@" --out $OUT/$name.json > /tmp/$name.log 2>&1 & }
@@ -31,6 +34,8 @@ go q-rotate-norm2-reg0 --set model.decoder=rotate --set model.rotate_norm=2 --se
 go q-rotate-norm2-reg0.01 --set model.decoder=rotate --set model.rotate_norm=2 --set model.reg_weight=0.01
 wait
 for f in /tmp/q-*.log; do echo "[$f]"; grep -v "Warning\|warn" $f | tail -n 3; done
+
+# call 4
 source .runs/prefix.sh
 base="--runs fb15k-237:fb15k-237 --datasets-root .data --set model.dim=400 --set training.relation_prediction=0 --set training.score_dtype=float32 --set training.epochs=30"
 go() { name=$1; shift; timeout 570 python bench/quality.py $base "$@" --out $OUT/$name.json > /tmp/$name.log 2>&1 & }
@@ -42,6 +47,8 @@ go q-rotate-norm1-reg1 --set model.decoder=rotate --set model.rotate_norm=1 --se
 go q-rotate-norm2-reg0.01-seed1 --set model.decoder=rotate --set model.rotate_norm=2 --set model.reg_weight=0.01 --set training.seed=1
 wait
 for f in /tmp/q-*.log; do echo "[$f]"; grep -v "Warning\|warn" $f | tail -n 2 | head -1; done
+
+# call 5
 source .runs/prefix.sh
 base="--runs fb15k-237:fb15k-237 --datasets-root .data --set model.dim=400 --set training.relation_prediction=0 --set training.score_dtype=float32 --set training.epochs=30"
 go() { name=$1; shift; timeout 560 python bench/quality.py $base "$@" --out $OUT/$name.json > /tmp/$name.log 2>&1 & }
