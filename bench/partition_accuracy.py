@@ -19,7 +19,12 @@ them (shuffled within each state). ``+key=value`` suffixes apply to that run. On
 FB15k-237 it costs 0.022 at 16:4 and at 16:8 alike, where the buffer costs
 0.010 and 0.0007: scoring the nodes outside a state is what costs there, so it
 does not isolate the order's share of the buffer's gap (RESULTS, fifteenth
-session).
+session). ``resident:P:C`` is the same with each state's candidates limited to
+its resident nodes, as in the buffer: the buffer's training without its tables,
+IO or swaps (tests/test_partition_accuracy.py checks it trains as the buffer).
+``shuffled:P:C`` keeps those states' candidates and edge counts but draws each
+state's edges from the whole epoch's: the buffer's candidates without its
+correlated edges.
 """
 
 from __future__ import annotations
@@ -37,13 +42,20 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from quality import machine, run_one  # noqa: E402
+from rank_split import group_of_nodes, rank_split  # noqa: E402
 
 import marius_py as mp  # noqa: E402
+from marius_py.negatives import CandidateRows  # noqa: E402
 from marius_py.trainer import Trainer, TrainingSpan, epoch_ordering  # noqa: E402
 from orderings import simulate  # noqa: E402
 from orderings.simulator import format_bytes  # noqa: E402
 from storage.negative_cache import cache_bytes_per_epoch, cache_row_bytes  # noqa: E402
-from storage.partitioning import partition_of, partition_size  # noqa: E402
+from storage.partitioning import partition_bounds, partition_of, partition_size  # noqa: E402
+
+
+# In memory, in a P:C ordering's states (module docstring): prefix -> state_ordered_spans' options.
+IN_MEMORY_VARIANTS = {"order:": {}, "resident:": {"resident_candidates": True},
+                      "shuffled:": {"resident_candidates": True, "shuffled_edges": True}}
 
 
 def variant_overrides(spec: str, group_size: int) -> list[str]:
@@ -59,9 +71,11 @@ def variant_overrides(spec: str, group_size: int) -> list[str]:
             f"storage.buffer_capacity={int(c) * k}", f"storage.comet_group_size={k}", *extra]
 
 
-def state_ordered_spans(partitioned):
+def state_ordered_spans(partitioned, resident_candidates: bool = False, shuffled_edges: bool = False):
     """A ``Trainer._spans`` for an in-memory run: each state of ``partitioned``'s ordering in turn, with the edges
-    of the buckets it trains and every node a candidate."""
+    of the buckets it trains in the order a buffer reads them (bucket after bucket). Candidates: every node, or
+    with ``resident_candidates`` the nodes of the state's resident partitions, as in the buffer.
+    ``shuffled_edges``: each state trains as many edges, drawn from the whole epoch's instead of its buckets'."""
     def spans(trainer, epoch, first_state=0, ordering=None):
         ordering = epoch_ordering(partitioned, epoch)
         p = ordering.num_physical_partitions
@@ -69,24 +83,31 @@ def state_ordered_spans(partitioned):
         for k, buckets in enumerate(ordering.buckets):
             for i, j in buckets:
                 state_of_bucket[i, j] = k
-        train = trainer.dataset.train
-        ends = partition_of(train[:, [0, 2]], trainer.dataset.num_nodes, p)
+        train, num_nodes = trainer.dataset.train, trainer.dataset.num_nodes
+        ends = partition_of(train[:, [0, 2]], num_nodes, p)
         states = state_of_bucket[ends[:, 0], ends[:, 1]]
         assert (states >= 0).all(), "a bucket without a state"
-        order = np.argsort(states, kind="stable")
+        order = np.lexsort((ends[:, 0] * p + ends[:, 1], states))  # stable: file order inside a bucket
         bounds = np.searchsorted(states[order], np.arange(ordering.num_states + 1))
+        if shuffled_edges:
+            order = np.random.default_rng([partitioned.training.seed, epoch]).permutation(len(train))
         for k in range(ordering.num_states):
             edges = torch.from_numpy(train[order[bounds[k]:bounds[k + 1]]])
-            yield TrainingSpan(edges, None), trainer.nodes, trainer.node_state
+            candidates = None
+            if resident_candidates:
+                ranges = [partition_bounds(num_nodes, p, q) for q in ordering.resident(k)]
+                candidates = CandidateRows([(start, end - start) for start, end in ranges], trainer.table_device)
+            yield TrainingSpan(edges, candidates), trainer.nodes, trainer.node_state
     return spans
 
 
 def order_config(spec: str, dataset: Path, config_name: str, overrides: list[str], group_size: int):
-    """The partitioned config whose ordering an ``order:P:C[+key=value...]`` run follows: the default P:C with
-    the run's overrides and suffixes, its store split fitted to the nodes as ``Trainer`` fits it."""
+    """The partitioned config whose ordering an ``order:P:C[+key=value...]`` (or ``resident:``) run follows: the
+    default P:C with the run's overrides and suffixes, its store split fitted to the nodes as ``Trainer`` fits it."""
     layout, *suffixes = spec.split("+")
+    layout = "default:" + layout.split(":", 1)[1]
     config = mp.make_config(config_name, [f"dataset.path={dataset}", *overrides, *suffixes,
-                                          *variant_overrides(layout.replace("order:", "default:", 1), group_size)])
+                                          *variant_overrides(layout, group_size)])
     mp.api.open_dataset(config, progress=False).close()  # fits storage.comet_split to the nodes
     if config.storage.edge_assignment != "bucket":
         raise ValueError(f"{spec}: order runs follow whole-bucket assignment, not storage.edge_assignment="
@@ -96,12 +117,15 @@ def order_config(spec: str, dataset: Path, config_name: str, overrides: list[str
 
 @contextlib.contextmanager
 def ordered_in_memory(spec: str, dataset: Path, config_name: str, overrides: list[str], group_size: int):
-    """For an ``order:P:C`` variant: in-memory training whose epochs follow the default P:C ordering's states."""
-    if not spec.startswith("order:"):
+    """For an ``order:``, ``resident:`` or ``shuffled:P:C`` variant: in-memory training whose epochs follow the
+    default P:C ordering's states."""
+    prefix = spec.split(":", 1)[0] + ":"
+    if prefix not in IN_MEMORY_VARIANTS:
         yield
         return
     original = Trainer._spans
-    Trainer._spans = state_ordered_spans(order_config(spec, dataset, config_name, overrides, group_size))
+    Trainer._spans = state_ordered_spans(order_config(spec, dataset, config_name, overrides, group_size),
+                                         **IN_MEMORY_VARIANTS[prefix])
     try:
         yield
     finally:
@@ -109,8 +133,9 @@ def ordered_in_memory(spec: str, dataset: Path, config_name: str, overrides: lis
 
 
 def run_overrides(spec: str, group_size: int) -> list[str]:
-    """The overrides a variant's run trains with (``order:`` runs train in memory, with only its suffixes)."""
-    if not spec.startswith("order:"):
+    """The overrides a variant's run trains with (in-memory variants, ``IN_MEMORY_VARIANTS``, with only their
+    suffixes)."""
+    if not spec.startswith(tuple(IN_MEMORY_VARIANTS)):
         return variant_overrides(spec, group_size)
     suffixes = spec.split("+")[1:]
     if any(s.startswith(("storage.num_partitions", "storage.buffer_capacity")) for s in suffixes):
@@ -150,14 +175,24 @@ def main() -> None:
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--set", nargs="*", action="extend", default=[],
                         help="extra key=value overrides for every run (repeatable)")
+    parser.add_argument("--rank-split", metavar="default:P:C",
+                        help="also split each run's test ranking errors by the logical partitions of this "
+                             "ordering's last epoch (bench/rank_split.py)")
     parser.add_argument("--out", default="bench/results/partition_accuracy.json")
     args = parser.parse_args()
+    inspect = None
+    if args.rank_split:
+        split_config = order_config(args.rank_split, Path(args.dataset), args.config, args.set, args.group_size)
+
+        def inspect(model):
+            groups = group_of_nodes(split_config, split_config.training.epochs, model.dataset.num_nodes)
+            return {"rank_split": rank_split(model, groups)}
     results = []
     with tempfile.TemporaryDirectory() as workdir:
         runs = [] if args.skip_p1 else [("p=1", [])]
         for label, extra in runs + [(v, run_overrides(v, args.group_size)) for v in args.variants]:
             with ordered_in_memory(label, Path(args.dataset), args.config, args.set, args.group_size):
-                result = run_one(Path(args.dataset), args.config, args.set + extra, Path(workdir))
+                result = run_one(Path(args.dataset), args.config, args.set + extra, Path(workdir), inspect)
             result["variant"] = label
             io_match = ""
             if result["io"] is not None:
@@ -169,8 +204,11 @@ def main() -> None:
             results.append(result)
             baseline = results[0]["test"]["mrr"]
             t = result["test"]
+            split = result.get("rank_split")
+            split = (f" | split: in-group MRR {split['mrr_in_group']:.4f}, other groups {split['mrr_other_groups']:.4f}, "
+                     f"above-rate other/in {split['other_over_same']:.3f}") if split else ""
             print(f"{label:16s} MRR {t['mrr']:.4f} (diff {t['mrr'] - baseline:+.4f}) H@10 {t['hits@10']:.3f} "
-                  f"train {result['train_seconds']:6.1f}s {result['edges_per_s']:10,.0f} edges/s {io_match}",
+                  f"train {result['train_seconds']:6.1f}s {result['edges_per_s']:10,.0f} edges/s {io_match}{split}",
                   flush=True)
             write(args.out, results)  # after every run: a cut-off command keeps what finished
 

@@ -45,7 +45,8 @@ def machine() -> str:
     return f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads"
 
 
-def run_one(dataset: Path, config_name: str, overrides: list[str], workdir: Path) -> dict:
+def run_one(dataset: Path, config_name: str, overrides: list[str], workdir: Path, inspect=None) -> dict:
+    """Trains one run and returns its figures; ``inspect(model)``'s dict joins them."""
     config = mp.make_config(config_name, [f"dataset.path={dataset}"] + overrides)
     run_dir = Path(tempfile.mkdtemp(dir=workdir))
     mp.api.open_dataset(config, progress=False).close()  # preprocessing outside the timer
@@ -65,7 +66,7 @@ def run_one(dataset: Path, config_name: str, overrides: list[str], workdir: Path
             "best_valid": {"epoch": best_valid["epoch"], "mrr": best_valid["mrr"]} if best_valid else None,
             "wall_seconds": seconds, "train_seconds": train_seconds,
             "edges_per_s": edges / max(train_seconds, 1e-9), "device": config.training.device, "io": io,
-            "resolved_config": config.to_dict()}
+            "resolved_config": config.to_dict(), **(inspect(model) if inspect else {})}
 
 
 def main() -> None:

@@ -8,15 +8,19 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+import torch
 
 import marius_py as mp
+from marius_py.checkpoint import RunDirectory, load_version
 from marius_py.dataset import Dataset
+from marius_py.evaluation import KnownAnswers
 from marius_py.trainer import Trainer, epoch_ordering
 from storage.partitioning import partition_of
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 from partition_accuracy import (order_config, ordered_in_memory, run_overrides, state_ordered_spans,  # noqa: E402
                                 variant_overrides)
+from rank_split import group_of_nodes, rank_split  # noqa: E402
 
 
 def test_order_runs_follow_the_ordering_a_partitioned_trainer_trains(umls_dataset, tmp_path):
@@ -47,6 +51,30 @@ def test_state_ordered_spans_train_every_edge_once_in_its_states_order(umls_data
     assert sorted(map(tuple, trained.tolist())) == sorted(map(tuple, dataset.train.tolist()))
 
 
+
+def test_resident_and_shuffled_spans_share_the_states_candidates_and_sizes(umls_dataset):
+    """``resident:`` states offer their resident partitions' nodes as candidates; ``shuffled:`` ones the same
+    nodes and as many edges, drawn from the whole epoch (each edge still once)."""
+    partitioned = order_config("resident:4:2", umls_dataset, None, [], 8)
+    dataset = Dataset(str(umls_dataset))
+    trainer = SimpleNamespace(dataset=dataset, nodes="nodes", node_state="state", table_device="cpu")
+    ordering = epoch_ordering(partitioned, 3)
+    p = ordering.num_physical_partitions
+    resident = list(state_ordered_spans(partitioned, resident_candidates=True)(trainer, 3))
+    shuffled = list(state_ordered_spans(partitioned, resident_candidates=True, shuffled_edges=True)(trainer, 3))
+    outside_buckets = 0
+    for k, ((kept, _, _), (drawn, _, _)) in enumerate(zip(resident, shuffled)):
+        rows = kept.candidates.all(torch.device("cpu")).numpy()
+        assert set(partition_of(rows, dataset.num_nodes, p).tolist()) == set(ordering.resident(k))
+        assert len(rows) == len(set(rows.tolist()))
+        assert torch.equal(drawn.candidates.all(torch.device("cpu")), kept.candidates.all(torch.device("cpu")))
+        assert len(drawn.edges) == len(kept.edges)
+        ends = partition_of(drawn.edges.numpy()[:, [0, 2]], dataset.num_nodes, p)
+        outside_buckets += sum(pair not in set(ordering.buckets[k]) for pair in map(tuple, ends.tolist()))
+    assert outside_buckets > len(dataset.train) // 2
+    drawn = np.concatenate([span.edges.numpy() for span, _, _ in shuffled])
+    assert sorted(map(tuple, drawn.tolist())) == sorted(map(tuple, dataset.train.tolist()))
+
 def test_order_runs_patch_the_trainer_only_while_they_run(umls_dataset):
     original = Trainer._spans
     with ordered_in_memory("order:4:2", umls_dataset, None, [], 8):
@@ -62,3 +90,105 @@ def test_order_runs_patch_the_trainer_only_while_they_run(umls_dataset):
         run_overrides("order:4:2+storage.num_partitions=8", 8)
     with pytest.raises(ValueError, match="edge_assignment"):
         order_config("order:4:2+storage.edge_assignment=edge", umls_dataset, None, [], 8)
+
+
+def latest_nodes(run_dir: Path):
+    nodes, state, _, _ = load_version(RunDirectory(run_dir).latest_version())
+    return torch.as_tensor(nodes), torch.as_tensor(state)
+
+
+@pytest.mark.parametrize("negatives", ["training.num_negatives=32", "training.num_negatives=-1"],
+                         ids=["sampled", "one-vs-all"])
+def test_resident_runs_train_as_the_buffer(umls_dataset, tmp_path, negatives):
+    """A ``resident:`` run trains the buffer's states, edges and candidates in memory: after two epochs its
+    embeddings and Adagrad state equal a partitioned run's (to float rounding: rows are gathered in another
+    order). An ``order:`` run, whose candidates are every node, does not."""
+    overrides = ["training.device=cpu", "model.dim=8", "training.batch_size=256", "training.num_chunks=2",
+                 "training.epochs=2", "training.seed=5", "evaluation.every=0", negatives]
+    base = [f"dataset.path={umls_dataset}", *overrides]
+    mp.train(mp.make_config(None, base + variant_overrides("default:4:2", 8)), tmp_path / "buffer", progress=False)
+    for spec in ("resident:4:2", "order:4:2"):
+        with ordered_in_memory(spec, umls_dataset, None, overrides, 8):
+            mp.train(mp.make_config(None, base + run_overrides(spec, 8)), tmp_path / spec, progress=False)
+    buffer_nodes, buffer_state = latest_nodes(tmp_path / "buffer")
+    resident_nodes, resident_state = latest_nodes(tmp_path / "resident:4:2")
+    order_nodes, _ = latest_nodes(tmp_path / "order:4:2")
+    torch.testing.assert_close(resident_nodes, buffer_nodes, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(resident_state, buffer_state, rtol=1e-4, atol=1e-5)
+    assert (order_nodes - buffer_nodes).abs().max() > 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_resident_runs_train_as_the_buffer_on_the_gpu(umls_dataset, tmp_path):
+    """The same on the GPU, with the `fb15k-237` config's training (ComplEx-N3, 1-vs-all, relation prediction,
+    bfloat16 scores): the GPU buffer's tables, swaps and write-backs against an in-memory table. GPU training
+    is not bitwise repeatable (atomic row sums), so a second buffer run measures how far two runs of the same
+    training drift apart; the resident run must stay within a few times that, the order run far outside."""
+    overrides = ["training.device=cuda", "model.dim=32", "training.batch_size=256", "training.epochs=2",
+                 "training.seed=5", "evaluation.every=0"]
+    base = [f"dataset.path={umls_dataset}", *overrides]
+    for name in ("buffer", "buffer-again"):
+        mp.train(mp.make_config("fb15k-237", base + variant_overrides("default:4:2", 8)), tmp_path / name,
+                 progress=False)
+    for spec in ("resident:4:2", "order:4:2"):
+        with ordered_in_memory(spec, umls_dataset, "fb15k-237", overrides, 8):
+            mp.train(mp.make_config("fb15k-237", base + run_overrides(spec, 8)), tmp_path / spec, progress=False)
+    buffer_nodes, buffer_state = latest_nodes(tmp_path / "buffer")
+    gaps = {}
+    for name in ("buffer-again", "resident:4:2", "order:4:2"):
+        nodes, state = latest_nodes(tmp_path / name)
+        gaps[name] = ((nodes - buffer_nodes).abs().mean().item(), (state - buffer_state).abs().mean().item())
+    print("mean |run - buffer| (embeddings, Adagrad state):", gaps)
+    for part in (0, 1):
+        assert gaps["resident:4:2"][part] <= 4 * gaps["buffer-again"][part] + 1e-6
+    assert gaps["order:4:2"][0] > 10 * gaps["resident:4:2"][0]
+
+
+def test_group_of_nodes_follows_the_orderings_groups(umls_dataset):
+    partitioned = order_config("default:4:2", umls_dataset, None, [], 8)
+    num_nodes = Dataset(str(umls_dataset)).num_nodes
+    groups = group_of_nodes(partitioned, 2, num_nodes)
+    ordering = epoch_ordering(partitioned, 2)
+    physical = partition_of(np.arange(num_nodes), num_nodes, ordering.num_physical_partitions)
+    assert all(physical[node] in ordering.partitions_of(groups[node]) for node in range(num_nodes))
+    assert set(groups.tolist()) == set(range(ordering.num_partitions))
+
+
+class DotDecoder:
+    """Scores <anchor, candidate>, whatever the relation: a model whose score levels a test can set."""
+
+    def query(self, anchors, relations, inverse):
+        return anchors
+
+    def compare_all(self, queries, candidates):
+        return queries @ candidates.transpose(-1, -2)
+
+
+def test_rank_split_finds_a_group_scored_above_the_rest():
+    """Rows of group 1 lifted by a shared coordinate outrank every target of group 0: its ranking errors then
+    lie outside the target's group. Without the lift they lie in and out of it alike."""
+    generator = torch.Generator().manual_seed(0)
+    num_nodes, dim = 60, 8
+    nodes = torch.randn(num_nodes, dim, generator=generator)
+    nodes[:, -1] = 1.0
+    groups = np.arange(num_nodes) % 3
+    test = np.stack([np.arange(0, 30), np.zeros(30, dtype=np.int64), np.arange(30, 60)], axis=1)
+    test = test[(groups[test[:, 0]] == 0) & (groups[test[:, 2]] == 0)]  # tail and head targets in group 0
+    nodes[test[:, 2], :-1] = nodes[test[:, 0], :-1] + 0.3 * torch.randn(len(test), dim - 1, generator=generator)
+    dataset = SimpleNamespace(test=test, num_relations=1)
+    known = {inverse: KnownAnswers(test, 1, inverse) for inverse in (False, True)}
+
+    def model(table):
+        return SimpleNamespace(device=torch.device("cpu"), dataset=dataset, decoder=DotDecoder(),
+                               embeddings=lambda: table.numpy(), known_answers=lambda inverse: known[inverse])
+
+    plain = rank_split(model(nodes), groups)
+    assert plain["mrr"] > 0.3 and 0.5 < plain["other_over_same"] < 2
+    lifted = nodes.clone()
+    lifted[groups == 1, -1] = 100.0
+    split = rank_split(model(lifted), groups)
+    assert split["above_rate_in_group"] == pytest.approx(plain["above_rate_in_group"])
+    assert split["above_rate_other_groups"] >= 0.5  # group 1, half of the other rows, is above every target
+    assert split["other_over_same"] > 5 * plain["other_over_same"]
+    assert split["mrr_in_group"] == pytest.approx(plain["mrr_in_group"]) and split["mrr"] <= 1 / 21
