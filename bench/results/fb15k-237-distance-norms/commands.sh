@@ -58,3 +58,11 @@ go q-rotate-norm1-reg3 --set model.decoder=rotate --set model.rotate_norm=1 --se
 go q-rotate-norm1-reg10 --set model.decoder=rotate --set model.rotate_norm=1 --set model.reg_weight=10
 wait
 for f in /tmp/q-*.log; do echo "[$f]"; grep -v "Warning\|warn" $f | tail -n 2 | head -1; done
+
+# seventeenth session (the two RotatE runs of bench/results/fb15k-237-resident-emulation/commands.sh, call 2):
+source .runs/prefix.sh
+q="--runs fb15k-237:fb15k-237 --datasets-root .data --set model.dim=400 --set training.relation_prediction=0 --set training.score_dtype=float32 --set training.epochs=30"
+gq() { name=$1; shift; timeout 575 python bench/quality.py $q "$@" --out $OUT/$name.json > /tmp/$name.log 2>&1 & }
+gq q-rotate-norm1-reg30 --set model.decoder=rotate --set model.rotate_norm=1 --set model.reg_weight=30
+gq q-rotate-norm1-reg100 --set model.decoder=rotate --set model.rotate_norm=1 --set model.reg_weight=100
+wait
