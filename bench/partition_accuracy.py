@@ -73,7 +73,8 @@ def variant_overrides(spec: str, group_size: int) -> list[str]:
 
 def state_ordered_spans(partitioned, resident_candidates: bool = False, shuffled_edges: bool = False):
     """A ``Trainer._spans`` for an in-memory run: each state of ``partitioned``'s ordering in turn, with the edges
-    of the buckets it trains in the order a buffer reads them (bucket after bucket). Candidates: every node, or
+    of the buckets it trains in the order a buffer reads them (bucket after bucket; the trainer shuffles each
+    span, so the order only makes a ``resident:`` run bitwise equal to the buffer's). Candidates: every node, or
     with ``resident_candidates`` the nodes of the state's resident partitions, as in the buffer.
     ``shuffled_edges``: each state trains as many edges, drawn from the whole epoch's instead of its buckets'."""
     def spans(trainer, epoch, first_state=0, ordering=None):
@@ -102,15 +103,16 @@ def state_ordered_spans(partitioned, resident_candidates: bool = False, shuffled
 
 
 def order_config(spec: str, dataset: Path, config_name: str, overrides: list[str], group_size: int):
-    """The partitioned config whose ordering an ``order:P:C[+key=value...]`` (or ``resident:``) run follows: the
-    default P:C with the run's overrides and suffixes, its store split fitted to the nodes as ``Trainer`` fits it."""
+    """The partitioned config whose ordering an in-memory run (``order:``, ``resident:`` or ``shuffled:P:C``, with
+    any ``+key=value``) follows, or ``--rank-split`` groups by: the default P:C with the run's overrides and
+    suffixes, its store split fitted to the nodes as ``Trainer`` fits it."""
     layout, *suffixes = spec.split("+")
     layout = "default:" + layout.split(":", 1)[1]
     config = mp.make_config(config_name, [f"dataset.path={dataset}", *overrides, *suffixes,
                                           *variant_overrides(layout, group_size)])
     mp.api.open_dataset(config, progress=False).close()  # fits storage.comet_split to the nodes
     if config.storage.edge_assignment != "bucket":
-        raise ValueError(f"{spec}: order runs follow whole-bucket assignment, not storage.edge_assignment="
+        raise ValueError(f"{spec}: in-memory runs follow whole-bucket assignment, not storage.edge_assignment="
                          f"{config.storage.edge_assignment}")
     return config
 
@@ -139,7 +141,7 @@ def run_overrides(spec: str, group_size: int) -> list[str]:
         return variant_overrides(spec, group_size)
     suffixes = spec.split("+")[1:]
     if any(s.startswith(("storage.num_partitions", "storage.buffer_capacity")) for s in suffixes):
-        raise ValueError(f"{spec}: an order run trains in memory; its layout is P:C")
+        raise ValueError(f"{spec}: an in-memory run has no buffer; its layout is P:C")
     return suffixes
 
 
@@ -180,11 +182,13 @@ def main() -> None:
                              "ordering's last epoch (bench/rank_split.py)")
     parser.add_argument("--out", default="bench/results/partition_accuracy.json")
     args = parser.parse_args()
-    inspect = None
+    split_ranks = None
     if args.rank_split:
+        if not args.rank_split.startswith("default:"):
+            parser.error(f"--rank-split {args.rank_split}: expected default:P:C")
         split_config = order_config(args.rank_split, Path(args.dataset), args.config, args.set, args.group_size)
 
-        def inspect(model):
+        def split_ranks(model):
             groups = group_of_nodes(split_config, split_config.training.epochs, model.dataset.num_nodes)
             return {"rank_split": rank_split(model, groups)}
     results = []
@@ -192,7 +196,7 @@ def main() -> None:
         runs = [] if args.skip_p1 else [("p=1", [])]
         for label, extra in runs + [(v, run_overrides(v, args.group_size)) for v in args.variants]:
             with ordered_in_memory(label, Path(args.dataset), args.config, args.set, args.group_size):
-                result = run_one(Path(args.dataset), args.config, args.set + extra, Path(workdir), inspect)
+                result = run_one(Path(args.dataset), args.config, args.set + extra, Path(workdir), split_ranks)
             result["variant"] = label
             io_match = ""
             if result["io"] is not None:

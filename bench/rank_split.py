@@ -3,7 +3,8 @@
 For every test edge (tail and head queries), counts the nodes scored above the
 target (filtered, ties half) inside the target's own group and in the other
 groups. The groups are the logical partitions of one epoch of a P:C ordering
-(``partition_accuracy.py --rank-split default:P:C`` uses its last epoch). If
+(``partition_accuracy.py --rank-split default:P:C`` uses its last epoch, whichever
+checkpoint the run tests). If
 out-of-core training let the groups' score levels drift apart, other groups'
 nodes would outrank the target more often than its own group's
 (``other_over_same`` above 1); an in-memory model has no reason to.
@@ -22,19 +23,24 @@ from storage.partitioning import partition_of
 def group_of_nodes(partitioned, epoch: int, num_nodes: int) -> np.ndarray:
     """Logical partition of every node in ``epoch`` of the partitioned config's ordering."""
     ordering = epoch_ordering(partitioned, epoch)
-    physical_group = np.empty(ordering.num_physical_partitions, dtype=np.int64)
+    physical_group = np.full(ordering.num_physical_partitions, -1, dtype=np.int64)
     for group in range(ordering.num_partitions):
         physical_group[list(ordering.partitions_of(group))] = group
+    assert (physical_group >= 0).all(), "a physical partition in no group"
     return physical_group[partition_of(np.arange(num_nodes), num_nodes, ordering.num_physical_partitions)]
 
 
 @torch.no_grad()
 def rank_split(model: TrainedModel, groups: np.ndarray, batch_size: int = 1024) -> dict:
-    """Nodes above each test target, in its group and outside it: rates per candidate and MRRs of each part."""
+    """Nodes above each test target, in its group and outside it: rates per candidate and MRRs of each part.
+    ``groups``: each node's group, 0..G-1, G >= 2 groups of >= 2 nodes (so both rates have candidates)."""
+    sizes = np.bincount(groups)
+    if len(sizes) < 2 or sizes.min() < 2:
+        raise ValueError(f"rank_split needs at least 2 groups of at least 2 nodes, got sizes {sizes.tolist()}")
     device = model.device
     nodes = torch.from_numpy(model.embeddings()).to(device)
     group = torch.from_numpy(groups).to(device)
-    sizes = torch.bincount(group).double()
+    sizes = torch.from_numpy(sizes).to(device).double()
     one_hot = torch.nn.functional.one_hot(group).float()  # [nodes, groups]
     edges = torch.from_numpy(model.dataset.test).to(device)
     same, other = [], []

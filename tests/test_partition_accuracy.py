@@ -51,7 +51,6 @@ def test_state_ordered_spans_train_every_edge_once_in_its_states_order(umls_data
     assert sorted(map(tuple, trained.tolist())) == sorted(map(tuple, dataset.train.tolist()))
 
 
-
 def test_resident_and_shuffled_spans_share_the_states_candidates_and_sizes(umls_dataset):
     """``resident:`` states offer their resident partitions' nodes as candidates; ``shuffled:`` ones the same
     nodes and as many edges, drawn from the whole epoch (each edge still once)."""
@@ -75,6 +74,7 @@ def test_resident_and_shuffled_spans_share_the_states_candidates_and_sizes(umls_
     drawn = np.concatenate([span.edges.numpy() for span, _, _ in shuffled])
     assert sorted(map(tuple, drawn.tolist())) == sorted(map(tuple, dataset.train.tolist()))
 
+
 def test_order_runs_patch_the_trainer_only_while_they_run(umls_dataset):
     original = Trainer._spans
     with ordered_in_memory("order:4:2", umls_dataset, None, [], 8):
@@ -86,7 +86,7 @@ def test_order_runs_patch_the_trainer_only_while_they_run(umls_dataset):
     with ordered_in_memory("default:4:2", umls_dataset, None, [], 8):
         assert Trainer._spans is original
     assert run_overrides("order:4:2+training.lr=0.2", 8) == ["training.lr=0.2"]
-    with pytest.raises(ValueError, match="in memory"):
+    with pytest.raises(ValueError, match="in-memory"):
         run_overrides("order:4:2+storage.num_partitions=8", 8)
     with pytest.raises(ValueError, match="edge_assignment"):
         order_config("order:4:2+storage.edge_assignment=edge", umls_dataset, None, [], 8)
@@ -140,8 +140,8 @@ def test_resident_runs_train_as_the_buffer_on_the_gpu(umls_dataset, tmp_path):
         nodes, state = latest_nodes(tmp_path / name)
         gaps[name] = ((nodes - buffer_nodes).abs().mean().item(), (state - buffer_state).abs().mean().item())
     print("mean |run - buffer| (embeddings, Adagrad state):", gaps)
-    for part in (0, 1):
-        assert gaps["resident:4:2"][part] <= 4 * gaps["buffer-again"][part] + 1e-6
+    for part, floor in ((0, 1e-4), (1, 1e-5)):  # floors: should two buffer runs ever come out equal
+        assert gaps["resident:4:2"][part] <= 4 * gaps["buffer-again"][part] + floor
     assert gaps["order:4:2"][0] > 10 * gaps["resident:4:2"][0]
 
 
@@ -192,3 +192,17 @@ def test_rank_split_finds_a_group_scored_above_the_rest():
     assert split["above_rate_other_groups"] >= 0.5  # group 1, half of the other rows, is above every target
     assert split["other_over_same"] > 5 * plain["other_over_same"]
     assert split["mrr_in_group"] == pytest.approx(plain["mrr_in_group"]) and split["mrr"] <= 1 / 21
+
+
+def test_rank_split_mrr_is_the_trainers_filtered_test_mrr(umls_dataset, tmp_path):
+    """The split counts as evaluation does (known answers filtered, ties half), so its MRR is the test MRR."""
+    config = mp.make_config(None, [f"dataset.path={umls_dataset}", "training.device=cpu", "model.dim=16",
+                                   "training.epochs=2", "evaluation.every=0"])
+    model = mp.train(config, tmp_path / "run", progress=False)
+    groups = np.arange(model.dataset.num_nodes) % 4
+    split = rank_split(model, groups)
+    assert split["mrr"] == pytest.approx(model.test_metrics["mrr"], abs=1e-9)
+    assert split["queries"] == 2 * len(model.dataset.test)
+    assert split["mrr"] < min(split["mrr_in_group"], split["mrr_other_groups"])
+    with pytest.raises(ValueError, match="2 groups of at least 2 nodes"):
+        rank_split(model, np.zeros(model.dataset.num_nodes, dtype=np.int64))
