@@ -28,3 +28,5 @@ go rl3-32-8 --set training.relation_lr=3.0 --skip-p1 --variants default:32:8
 go rl03-32-8 --set training.relation_lr=0.3 --skip-p1 --variants default:32:8
 wait
 for f in /tmp/rl*.log; do echo "[$f]"; grep -v "Warning\|warn" $f | grep "MRR\|Error\|error\|Traceback" | tail -3; done
+
+# call 5: see bench/results/codex-s-resident-share/commands.sh (the s1-* rows: training.seed=1)
