@@ -28,6 +28,10 @@ correlated edges. On FB15k-237 at 60 epochs (RESULTS, seventeenth session):
 ``resident:16:4`` -0.0108 beside the buffer's -0.0097; ``shuffled:`` -0.026 at
 16:4 and 16:8.
 
+``--storage-precision bfloat16`` (or ``bfloat16-nearest``) emulates node rows
+and Adagrad state stored in bfloat16 (bench/storage_precision.py): half the
+bytes, so a float32 16:4 buffer's memory would hold 16:8.
+
 ``--rank-split default:P:C`` adds to each run bench/rank_split.py's split of its
 test ranking errors by that ordering's last-epoch logical partitions.
 """
@@ -48,6 +52,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from quality import machine, run_one  # noqa: E402
 from rank_split import group_of_nodes, rank_split  # noqa: E402
+from storage_precision import PRECISIONS, emulated_storage, emulation_overrides, share_representable  # noqa: E402
 
 import marius_py as mp  # noqa: E402
 from marius_py.negatives import CandidateRows  # noqa: E402
@@ -185,8 +190,12 @@ def main() -> None:
     parser.add_argument("--rank-split", metavar="default:P:C",
                         help="also split each run's test ranking errors by the logical partitions of this "
                              "ordering's last epoch (bench/rank_split.py)")
+    parser.add_argument("--storage-precision", choices=PRECISIONS, default="float32",
+                        help="emulate node rows and Adagrad state stored at this precision, in every run "
+                             "(bench/storage_precision.py)")
     parser.add_argument("--out", default="bench/results/partition_accuracy.json")
     args = parser.parse_args()
+    args.set += emulation_overrides(args.storage_precision)
     split_ranks = None
     if args.rank_split:
         if not args.rank_split.startswith("default:"):
@@ -196,13 +205,19 @@ def main() -> None:
         def split_ranks(model):
             groups = group_of_nodes(split_config, split_config.training.epochs, model.dataset.num_nodes)
             return {"rank_split": rank_split(model, groups)}
+
+    def inspect(model):
+        return {"share_bfloat16_values": share_representable(model), **(split_ranks(model) if split_ranks else {})}
+
     results = []
     with tempfile.TemporaryDirectory() as workdir:
         runs = [] if args.skip_p1 else [("p=1", [])]
         for label, extra in runs + [(v, run_overrides(v, args.group_size)) for v in args.variants]:
-            with ordered_in_memory(label, Path(args.dataset), args.config, args.set, args.group_size):
-                result = run_one(Path(args.dataset), args.config, args.set + extra, Path(workdir), split_ranks)
+            with (ordered_in_memory(label, Path(args.dataset), args.config, args.set, args.group_size),
+                  emulated_storage(args.storage_precision)):
+                result = run_one(Path(args.dataset), args.config, args.set + extra, Path(workdir), inspect)
             result["variant"] = label
+            result["storage_precision"] = args.storage_precision
             io_match = ""
             if result["io"] is not None:
                 io = result["io"]
@@ -216,8 +231,10 @@ def main() -> None:
             split = result.get("rank_split")
             split = (f" | split: in-group MRR {split['mrr_in_group']:.4f}, other groups {split['mrr_other_groups']:.4f}, "
                      f"above-rate other/in {split['other_over_same']:.3f}") if split else ""
+            precision = (f" | {args.storage_precision}: {result['share_bfloat16_values']:.4%} of the embeddings bfloat16"
+                         if args.storage_precision != "float32" else "")
             print(f"{label:16s} MRR {t['mrr']:.4f} (diff {t['mrr'] - baseline:+.4f}) H@10 {t['hits@10']:.3f} "
-                  f"train {result['train_seconds']:6.1f}s {result['edges_per_s']:10,.0f} edges/s {io_match}{split}",
+                  f"train {result['train_seconds']:6.1f}s {result['edges_per_s']:10,.0f} edges/s {io_match}{split}{precision}",
                   flush=True)
             write(args.out, results)  # after every run: a cut-off command keeps what finished
 
