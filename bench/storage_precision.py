@@ -3,7 +3,8 @@
 Out of core, a buffer's bytes bound how many partitions it holds. Stored as
 bfloat16, rows and state take half the bytes: the memory of a 16:4 float32
 buffer holds 16:8, and each partition read or write moves half the bytes.
-This measures the accuracy that costs before anything is built: after every
+This measured the accuracy that costs before ``storage.dtype=bfloat16`` was
+built (bench/RESULTS.md, eighteenth session): after every
 node update (the fused step's ``sparse_adagrad_``, or the pipeline's
 ``add_rows_`` where the autograd step runs) the whole node and state tables are
 rounded to bfloat16 values, kept in their float32 tensors. Rounding
@@ -21,24 +22,21 @@ import torch
 
 from marius_py.step import fused
 from pipeline import span_runner
+from pipeline.row_kernels import round_stochastic_bfloat16
 
 PRECISIONS = ("float32", "bfloat16", "bfloat16-nearest")
 _LOW_BITS = 1 << 16  # float32 bits below bfloat16's mantissa
 
 
-def round_to_bfloat16_(table: torch.Tensor, stochastic: bool, generator: torch.Generator | None = None) -> None:
-    """Round a float32 tensor in place to bfloat16 values: to nearest (even), or stochastically (a value between two
-    bfloat16 neighbours goes to each with probability proportional to its closeness)."""
+def round_to_bfloat16_(table: torch.Tensor, stochastic: bool) -> None:
+    """Round a float32 tensor in place to bfloat16 values: to nearest (even), or stochastically as
+    ``storage.dtype=bfloat16`` training does (``round_stochastic_bfloat16``, a fresh seed per call)."""
     if table.dtype != torch.float32:
         raise TypeError(f"round_to_bfloat16_: expected float32, got {table.dtype}")
-    if not stochastic:
+    if stochastic:
+        table.copy_(round_stochastic_bfloat16(table, int(torch.randint(1 << 62, (1,)))))
+    else:
         table.copy_(table.to(torch.bfloat16))
-        return
-    # Sign and magnitude: adding uniform noise below the kept bits, then truncating them, rounds the magnitude up
-    # with probability equal to the dropped fraction, for either sign.
-    bits = table.view(torch.int32)
-    noise = torch.randint(0, _LOW_BITS, table.shape, dtype=torch.int32, device=table.device, generator=generator)
-    bits.add_(noise).bitwise_and_(-_LOW_BITS)
 
 
 @contextlib.contextmanager

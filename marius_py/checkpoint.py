@@ -79,6 +79,8 @@ def config_fingerprint(config: Config, metadata: DatasetMetadata) -> str:
              "num_partitions": config.storage.num_partitions,
              "num_nodes": metadata.num_nodes, "num_relations": metadata.num_relations,
              "num_train": metadata.num_train, "preprocess_seed": metadata.seed}
+    if config.storage.dtype != "float32":  # (absent for float32: earlier checkpoints keep their fingerprint)
+        shape["storage_dtype"] = config.storage.dtype
     return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:16]
 
 

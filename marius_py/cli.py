@@ -157,9 +157,14 @@ def cmd_ordering(args) -> None:
     if not 2 <= args.buffer <= args.partitions:
         raise MariusInputError(f"--buffer {args.buffer} with --partitions {args.partitions}", path="command line",
                                expected="2 <= --buffer <= --partitions")
+    if args.dtype != "float32" and args.negative_cache:
+        raise MariusInputError(f"--negative-cache with --dtype {args.dtype}", path="command line",
+                               expected="float32 with a negative cache (storage.dtype)")
     state_dim = 1 if args.rowwise else args.dim
+    itemsize = 2 if args.dtype == "bfloat16" else 4
+    row_bytes = (args.dim + state_dim) * itemsize
     rows = partition_size(num_nodes, args.partitions) if num_nodes else 0
-    partition_bytes = rows * (args.dim + state_dim) * 4
+    partition_bytes = rows * row_bytes
     from marius_py.config import fit_comet_split, load_config
     storage = load_config(None, [f"storage.num_partitions={args.partitions}",  # resolved as training does
                                  f"storage.buffer_capacity={args.buffer}",
@@ -171,7 +176,7 @@ def cmd_ordering(args) -> None:
     table = compare_orderings(args.partitions, args.buffer, partition_bytes, seed=args.seed,
                               group_size=group if split == 1 else None)
     if split > 1:  # comet's row over the finer store training keeps
-        split_bytes = (partition_size(num_nodes, physical) if num_nodes else 0) * (args.dim + state_dim) * 4
+        split_bytes = (partition_size(num_nodes, physical) if num_nodes else 0) * row_bytes
         comet = next(r for r in compare_orderings(physical, slots, split_bytes, seed=args.seed, group_size=group)
                      if r.ordering == "comet")
         table = [comet if r.ordering == "comet" else r for r in table]
@@ -181,7 +186,8 @@ def cmd_ordering(args) -> None:
     print(f"comet (training's default ordering): {stored}BETA over {physical // group} logical partitions of "
           f"{group} physical ones, regrouped at random every epoch (storage.comet_group_size={group})")
     if num_nodes:
-        print(f"partition = {rows:,} rows x (dim {args.dim} + optimizer state {state_dim}) x 4 B")
+        print(f"partition = {rows:,} rows x (dim {args.dim} + optimizer state {state_dim}) x {itemsize} B "
+              f"({args.dtype})")
     if num_nodes and args.negative_cache:
         from storage.negative_cache import cache_bytes_per_epoch, cache_row_bytes, cached_rows
         extra = cache_bytes_per_epoch(num_nodes, args.partitions, args.negative_cache,
@@ -301,6 +307,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nodes", type=int, help="node count, instead of --dataset")
     p.add_argument("--dim", type=int, default=100)
     p.add_argument("--rowwise", action="store_true", help="row-wise Adagrad state (one value per row)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                   help="storage.dtype: bfloat16 halves every partition's bytes")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--group-size", type=int, default=0,
                    help="comet: physical partitions per logical one (0: as training picks it)")

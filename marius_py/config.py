@@ -33,6 +33,7 @@ ORDERING_NAMES = tuple(ORDERINGS)
 NEGATIVE_KINDS = ("uniform", "degree", "mixed")
 PLACEMENTS = ("auto", "device", "host")
 DIRECT_IO = ("auto", "true", "false")
+STORAGE_DTYPES = ("float32", "bfloat16")
 
 
 def _f(default, help: str, **kw):
@@ -124,6 +125,12 @@ class EvaluationConfig:
 @dataclass
 class StorageConfig:
     num_partitions: int = _f(1, "node partitions on disk (1: embeddings wholly in memory)")
+    dtype: str = _f("float32", f"one of {STORAGE_DTYPES}: how node embeddings and their Adagrad state are stored "
+                               "(on disk, in the partition buffer, in memory tables). bfloat16 halves their "
+                               "memory and IO, so a buffer of the same bytes holds twice the partitions; "
+                               "training computes in float32 and rounds each update stochastically "
+                               "(measured on FB15k-237: no loss at p=1, where rounding to nearest lost 0.009 "
+                               "MRR; bench/RESULTS.md). One device only, without storage.negative_cache")
     buffer_capacity: int = _f(0, "partitions held in memory at once when num_partitions > 1 "
                                  "(0: all of them)")
     ordering: str = _f("comet", f"order of buffer states and buckets, one of {ORDERING_NAMES}. comet: BETA's "
@@ -274,6 +281,9 @@ def validate(config: Config, origins: dict | None = None) -> Config:
                ("pipeline.placement", config.pipeline.placement, PLACEMENTS),
                ("training.score_dtype", t.score_dtype, ("float32", "bfloat16"))]
     _check_devices(t.devices, _check)
+    _check(config.storage.dtype == "float32" or len(device_list(t.devices)) <= 1, "storage.dtype",
+           "expected float32 when training on several devices (bfloat16 tables train on one)",
+           config.storage.dtype)
     for path, value, allowed in choices:
         _check(value in allowed, path, f"expected one of {', '.join(allowed)}", value)
     positive = [("model.dim", m.dim), ("model.init_scale", m.init_scale), ("training.epochs", t.epochs),
@@ -339,6 +349,9 @@ def _check_devices(devices: str, _check) -> None:
 
 
 def _check_storage(s: StorageConfig, _check) -> None:
+    _check(s.dtype in STORAGE_DTYPES, "storage.dtype", f"expected one of {', '.join(STORAGE_DTYPES)}", s.dtype)
+    _check(s.dtype == "float32" or s.negative_cache == 0, "storage.dtype",
+           "expected float32 with storage.negative_cache (its rows are kept in float32 only)", s.dtype)
     _check(s.ordering in ORDERING_NAMES, "storage.ordering", f"expected one of {', '.join(ORDERING_NAMES)}",
            s.ordering)
     _check(s.buffer_capacity >= 0, "storage.buffer_capacity", "expected >= 0", s.buffer_capacity)

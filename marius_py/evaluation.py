@@ -17,7 +17,8 @@ import numpy as np
 import torch
 
 from marius_py.models import Decoder
-from storage.chunk_files import page_aligned_empty, slot_rows
+from pipeline.step import widened
+from storage.chunk_files import page_aligned_empty, raw_bytes, slot_rows
 from storage.embedding_store import EmbeddingStore
 
 PROTOCOL_FILTERED = "filtered ranking vs all nodes, both directions, realistic ties"
@@ -100,14 +101,14 @@ class InMemoryNodes(NodeTable):
         self.device = nodes.device if device is None else torch.device(device)
 
     def blocks(self):
-        if self.nodes.device == self.device:
+        if self.nodes.device == self.device and self.nodes.dtype != torch.bfloat16:
             yield 0, self.nodes
             return
         for start in range(0, self.num_nodes, self._BLOCK_ROWS):
-            yield start, self.nodes[start:start + self._BLOCK_ROWS].to(self.device)
+            yield start, widened(self.nodes[start:start + self._BLOCK_ROWS].to(self.device))
 
     def gather(self, ids):
-        return self.nodes[ids.to(self.nodes.device)].to(self.device)
+        return widened(self.nodes[ids.to(self.nodes.device)].to(self.device))
 
 
 class StoredNodes(NodeTable):
@@ -124,13 +125,13 @@ class StoredNodes(NodeTable):
         self.store, self.num_nodes, self.device = store, store.num_nodes, torch.device(device)
 
     def blocks(self):
-        budget_rows = self.BLOCK_BYTES // (4 * self.store.dim)
+        budget_rows = self.BLOCK_BYTES // (self.store.dtype.itemsize * self.store.dim)
         first = 0
         for last in range(self.store.num_partitions):
             start, end = self.store.bounds(first)[0], self.store.bounds(last)[1]
             if last + 1 < self.store.num_partitions and self.store.bounds(last + 1)[1] - start <= budget_rows:
                 continue  # the next partition joins this block
-            block = self._partition(first) if first == last else torch.from_numpy(self.store.embeddings[start:end])
+            block = self._partition(first) if first == last else self.store.embedding_rows(start, end)
             yield start, block.to(self.device)
             first = last + 1
 
@@ -138,9 +139,10 @@ class StoredNodes(NodeTable):
         """One (large) partition read whole, as the training buffer reads it (O_DIRECT, no page cache)."""
         files = self.store.chunk_files()[0]
         start, end = self.store.bounds(partition)
-        out = page_aligned_empty(slot_rows(files.rows_per_chunk, files.cols), files.cols)
-        files.read_into(partition, out.numpy())
-        return out[:end - start]
+        out = page_aligned_empty(slot_rows(files.rows_per_chunk, files.cols, itemsize=files.itemsize), files.cols,
+                                 dtype=files.dtype)
+        files.read_into(partition, raw_bytes(out))
+        return out[:end - start].float()
 
     def gather(self, ids):
         ids = ids.to(self.device)

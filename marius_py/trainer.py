@@ -198,7 +198,7 @@ class Trainer:
         EmbeddingStore.create(self.live_store_path, self.dataset.num_nodes, c.model.dim, state_dim,
                               c.storage.num_partitions,
                               init=init_rows(c.training.seed, c.model.init_scale, c.model.dim),
-                              threads=min(INIT_THREADS, os.cpu_count() or 1))
+                              threads=min(INIT_THREADS, os.cpu_count() or 1), dtype=self.table_dtype)
 
     def _start_new_run(self) -> None:
         """A new run (or one killed before its first commit): the seeded initial state, recreated identically
@@ -230,7 +230,7 @@ class Trainer:
         if not self.partitioned:
             # Host tables are pinned only for the fused step, whose GPU kernels read and write them in place;
             # otherwise they stay pageable and each batch's rows are gathered into pinned staging memory.
-            tables = [torch.from_numpy(table) for table in self.store.read_all()]
+            tables = self.store.read_tables()
             self.nodes, self.node_state = (table.pin_memory() if self._zero_copy_tables() else
                                            table.to(self.table_device) for table in tables)
 
@@ -252,13 +252,19 @@ class Trainer:
     def _row_bytes(self) -> int:
         """Bytes of one node's embedding and optimizer state."""
         dim = self.config.model.dim
-        return (dim + self.model.node_optimizer.state_dim(dim)) * 4
+        return (dim + self.model.node_optimizer.state_dim(dim)) * self.table_dtype.itemsize
+
+    @property
+    def table_dtype(self) -> torch.dtype:
+        """How node embeddings and optimizer state are stored (``storage.dtype``); training computes in float32."""
+        return getattr(torch, self.config.storage.dtype)
 
     def _buffer_bytes(self) -> int:
         rows, cols = self._partition_shape()
         s = self.config.storage
         return PartitionBuffer.bytes_needed(rows, cols, s.buffer_capacity, self._swap_size(), s.lookahead,
-                                            cached_rows(rows, s.negative_cache) * s.num_partitions)
+                                            cached_rows(rows, s.negative_cache) * s.num_partitions,
+                                            self.table_dtype.itemsize)
 
     def _partition_shape(self) -> tuple[int, tuple[int, int]]:
         """Rows of a partition, and the widths of its embedding and optimizer-state tables."""
@@ -296,7 +302,7 @@ class Trainer:
 
     def save_checkpoint(self, is_best: bool = False) -> None:
         if not self.partitioned:  # the buffer flushes itself at the end of every epoch
-            self.store.write_all(self.nodes.cpu().numpy(), self.node_state.cpu().numpy())
+            self.store.write_all(self.nodes.cpu(), self.node_state.cpu())
         self._commit(is_best)
 
     def node_table(self) -> NodeTable:

@@ -7,8 +7,13 @@ with no staging copy and no host work (the zero-copy path). A ``RowCache``
 the kernels then read and update the cached copy of those rows and touch the
 host only for the others.
 
-Each function has a Triton kernel for float32 CUDA tables and a torch version
-(CPU, float64, and CUDA without Triton) that the tests use as reference.
+Each function has a Triton kernel for CUDA tables and a torch version (CPU,
+float64, and CUDA without Triton) that the tests use as reference. Tables are
+float32, or bfloat16 (``storage.dtype=bfloat16``: half the memory and IO) with
+all arithmetic in float32: gathers widen the rows, and the Adagrad update writes
+its rows back with stochastic rounding (``round_stochastic_bfloat16``), since
+rounding to nearest loses the small steps. A ``RowCache`` serves float32 tables
+only.
 """
 
 from __future__ import annotations
@@ -34,6 +39,8 @@ TILE = 4096  # elements of one [edges or rows, d] tile per Triton program
 # step). Tables in GPU memory keep TILE.
 ZERO_COPY_GATHER_TILE = 1024
 ZERO_COPY_ADAGRAD_TILE = 2048
+_LOW_BITS = 1 << 16  # float32 bits below bfloat16's mantissa
+_STATE_SALT = 1  # the Adagrad state's salt (the embeddings' is 0): noise independent of the embeddings'
 
 
 def triton_available() -> bool:
@@ -60,13 +67,34 @@ def _host_count(count: torch.Tensor | int | None, default: int) -> int:
     return default if count is None else int(count)
 
 
+def round_stochastic_bfloat16(values: torch.Tensor, seed: int | torch.Tensor, salt: int = 0) -> torch.Tensor:
+    """float32 ``values`` rounded at random to bfloat16: each to one of its two bfloat16 neighbours, with
+    probability proportional to closeness (unbiased, so small updates survive on average).
+
+    The noise is a function of (seed, salt) alone (a generator on values' device), so the result is too;
+    values that bfloat16 represents stay as they are.
+    """
+    if values.dtype != torch.float32:
+        raise ValueError(f"round_stochastic_bfloat16: expected float32 values, got {values.dtype}")
+    generator = torch.Generator(device=values.device)
+    generator.manual_seed((int(seed) * 0x9E3779B97F4A7C15 + salt) % (1 << 64))  # distinct salts, distinct streams
+    noise = torch.randint(0, _LOW_BITS, values.shape, generator=generator, dtype=torch.int32, device=values.device)
+    # Sign and magnitude: adding noise below the kept bits, then dropping them, rounds the magnitude up with
+    # probability equal to the dropped fraction, for either sign; what remains is exactly a bfloat16 value.
+    bits = (values.contiguous().view(torch.int32) + noise).bitwise_and_(-_LOW_BITS)
+    return bits.view(torch.float32).to(torch.bfloat16)
+
+
 def gather_rows(table: torch.Tensor, rows: torch.Tensor, out: torch.Tensor, count: torch.Tensor | int | None = None,
                 cache: RowCache | None = None) -> torch.Tensor:
     """``out[u] = table[rows[u]]`` (cast to out's dtype, zeros past d) for u < count (an int or a device tensor).
 
-    ``table`` may be pinned host memory: the GPU reads it over PCIe in place.
-    Rows held by ``cache`` are read from its GPU copy instead.
+    ``table`` (float32 or bfloat16) may be pinned host memory: the GPU reads it
+    over PCIe in place. Rows held by ``cache`` are read from its GPU copy
+    instead (float32 tables only).
     """
+    if cache is not None and table.dtype == torch.bfloat16:
+        raise ValueError("gather_rows: a RowCache serves float32 tables only, not bfloat16")
     dim, width = table.shape[1], out.shape[1]
     if count is not None and not isinstance(count, torch.Tensor):
         rows, count = rows[:count], None
@@ -90,8 +118,9 @@ def gather_rows(table: torch.Tensor, rows: torch.Tensor, out: torch.Tensor, coun
 
 
 def _gathers_by_kernel(table: torch.Tensor, out: torch.Tensor) -> bool:
-    """float32 tables into float32 or bfloat16 rows (bfloat16 score blocks gather their candidates cast)."""
-    return (out.is_cuda and triton is not None and table.dtype == torch.float32
+    """float32 or bfloat16 tables into float32 or bfloat16 rows (bfloat16 score blocks gather their candidates
+    cast; bfloat16 tables widen to float32 rows)."""
+    return (out.is_cuda and triton is not None and table.dtype in (torch.float32, torch.bfloat16)
             and out.dtype in (torch.float32, torch.bfloat16))
 
 
@@ -172,7 +201,8 @@ def scatter_add_rows_(target: torch.Tensor, positions: torch.Tensor, source: tor
 
 def sparse_adagrad_(nodes: torch.Tensor, state: torch.Tensor, rows: torch.Tensor, grad: torch.Tensor,
                     count: torch.Tensor | int | None, lr: float, eps: float, cache: RowCache | None = None,
-                    present: torch.Tensor | None = None, start: torch.Tensor | None = None) -> None:
+                    present: torch.Tensor | None = None, start: torch.Tensor | None = None,
+                    seed: torch.Tensor | int | None = None) -> None:
     """Adagrad on table rows ``rows[:count]`` (unique) with gradients ``grad``, in place.
 
     ``grad`` is [rows, d], or [G, rows, d]: G gradients of each row applied
@@ -188,22 +218,31 @@ def sparse_adagrad_(nodes: torch.Tensor, state: torch.Tensor, rows: torch.Tensor
     ``rows[start:start + count]`` with the same positions of ``grad`` (an
     owner's share of another device's rows). ``rows``, ``grad``, ``count`` and
     ``start`` may be on another GPU (peer access).
+    bfloat16 tables (``nodes`` and ``state`` alike; no ``cache``): the rows are
+    read as float32, updated in float32 as float32 tables are, and written back
+    rounded stochastically with noise drawn from ``seed`` (required: an int, or
+    a one-element int64 tensor on the kernel's device, read there, so a caller
+    can draw a fresh seed per call without a host sync). ``grad`` stays float32.
     """
     if start is not None and (not isinstance(count, torch.Tensor) or present is not None):
         raise ValueError("sparse_adagrad_: start needs count as a tensor and no present")
+    stochastic = _check_bfloat16_tables(nodes, state, cache, seed)
     grads = grad if grad.dim() == 3 else grad[None]
     if use_triton(grads):
         dim = nodes.shape[1]
         block_r, block_d = tile_shape(dim, TILE if nodes.is_cuda else ZERO_COPY_ADAGRAD_TILE)
         on_device, cached = isinstance(count, torch.Tensor), cache is not None
+        if stochastic and not isinstance(seed, torch.Tensor):
+            seed = torch.tensor([seed], dtype=torch.int64, device=grads.device)
         _sparse_adagrad_kernel[(triton.cdiv(len(rows), block_r),)](
             nodes, state, rows, grads, count if on_device else rows,
             _host_count(count, len(rows)) if not on_device else 0, lr, eps, dim, len(grads), grads.stride(0),
             cache.slot_of if cached else rows, cache.embeddings if cached else nodes,
             cache.state if cached else state, rows if present is None else present.view(torch.uint8),
             0 if present is None else present.stride(0), rows if start is None else start,
+            seed if stochastic else rows, _STATE_SALT,
             COUNT_ON_DEVICE=on_device, ROWWISE=state.shape[1] == 1, CACHED=cached, PRESENT=present is not None,
-            OFFSET=start is not None, BLOCK_R=block_r, BLOCK_D=block_d)
+            OFFSET=start is not None, STOCHASTIC=stochastic, BLOCK_R=block_r, BLOCK_D=block_d)
         return
     if start is not None:
         _wait_for(start, count)
@@ -214,7 +253,7 @@ def sparse_adagrad_(nodes: torch.Tensor, state: torch.Tensor, rows: torch.Tensor
     if present is not None:
         grads = torch.where(present[..., None], grads, 0)
     if cache is None:
-        _adagrad_rows_torch(nodes, state, rows.to(nodes.device), grads[:, :limit].to(nodes.device), lr, eps)
+        _adagrad_rows_torch(nodes, state, rows.to(nodes.device), grads[:, :limit].to(nodes.device), lr, eps, seed)
         return
     slots = cache.slot_of[rows]
     hit = slots >= 0
@@ -223,7 +262,23 @@ def sparse_adagrad_(nodes: torch.Tensor, state: torch.Tensor, rows: torch.Tensor
     _adagrad_rows_torch(nodes, state, missed, grads[:, :limit][:, ~hit].to(nodes.device), lr, eps)
 
 
-def _adagrad_rows_torch(nodes, state, rows, grads, lr: float, eps: float) -> None:
+def _check_bfloat16_tables(nodes, state, cache, seed) -> bool:
+    """Whether the tables are bfloat16 (then rounded stochastically), after checking what that needs."""
+    if torch.bfloat16 not in (nodes.dtype, state.dtype):
+        return False
+    if nodes.dtype != state.dtype:
+        raise ValueError(f"sparse_adagrad_: nodes ({nodes.dtype}) and state ({state.dtype}) must share a dtype")
+    if cache is not None:
+        raise ValueError("sparse_adagrad_: a RowCache serves float32 tables only, not bfloat16")
+    if seed is None:
+        raise ValueError("sparse_adagrad_: bfloat16 tables need a seed for their stochastic rounding")
+    return True
+
+
+def _adagrad_rows_torch(nodes, state, rows, grads, lr: float, eps: float, seed=None) -> None:
+    if nodes.dtype == torch.bfloat16:
+        _adagrad_rows_bfloat16(nodes, state, rows, grads, lr, eps, seed)
+        return
     for grad in grads:
         squared = grad * grad
         if state.shape[1] == 1:
@@ -231,6 +286,20 @@ def _adagrad_rows_torch(nodes, state, rows, grads, lr: float, eps: float) -> Non
         accumulated = state[rows] + squared
         nodes.index_add_(0, rows, grad * (-lr / (torch.sqrt(accumulated) + eps)))
         state[rows] = accumulated
+
+
+def _adagrad_rows_bfloat16(nodes, state, rows, grads, lr: float, eps: float, seed) -> None:
+    """The float32 steps above on the rows widened to float32 (unique rows: each index_add_ is one addition),
+    then one stochastic rounding of each table's rows."""
+    embedding, accumulated = nodes[rows].float(), state[rows].float()
+    for grad in grads:
+        squared = grad * grad
+        if state.shape[1] == 1:
+            squared = squared.mean(dim=1, keepdim=True)
+        accumulated = accumulated + squared
+        embedding = embedding + grad * (-lr / (torch.sqrt(accumulated) + eps))
+    nodes[rows] = round_stochastic_bfloat16(embedding, seed, 0)
+    state[rows] = round_stochastic_bfloat16(accumulated, seed, _STATE_SALT)
 
 
 if triton is not None:
@@ -306,10 +375,10 @@ if triton is not None:
 
     @triton.jit
     def _sparse_adagrad_kernel(nodes, state, rows, grad, count, num_rows, lr, eps, dim, num_grads, grad_stride,
-                               slot_of, cache_nodes, cache_state, present, present_stride, start,
+                               slot_of, cache_nodes, cache_state, present, present_stride, start, seed, state_salt,
                                COUNT_ON_DEVICE: tl.constexpr, ROWWISE: tl.constexpr, CACHED: tl.constexpr,
-                               PRESENT: tl.constexpr, OFFSET: tl.constexpr, BLOCK_R: tl.constexpr,
-                               BLOCK_D: tl.constexpr):
+                               PRESENT: tl.constexpr, OFFSET: tl.constexpr, STOCHASTIC: tl.constexpr,
+                               BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
         if OFFSET:  # rows[start:] and grad[start:] (an owner's share of another device's rows)
             first = tl.load(start).to(tl.int64)
             rows += first
@@ -335,6 +404,8 @@ if triton is not None:
                 accumulated = tl.load(state + table_rows, mask=inside, other=0.0)
             else:
                 accumulated = load_rows(state, table_rows, cols, mask, dim)
+        # bfloat16 tables compute in float32 (a no-op for float32 tables)
+        embedding, accumulated = embedding.to(tl.float32), accumulated.to(tl.float32)
         for g in range(num_grads):  # the devices' gradients as consecutive Adagrad steps
             if PRESENT:  # absent gradients may be uninitialised: masked off, they load as zero
                 has = tl.load(present + g * present_stride + r, mask=inside, other=0) != 0
@@ -359,6 +430,16 @@ if triton is not None:
                 _store_rows(cache_state, slots, cols, accumulated, in_cache, state_cols)
                 _store_rows(state, table_rows, cols, accumulated, in_table, state_cols)
         else:
+            if STOCHASTIC:  # bfloat16 tables: values rounded at random to a neighbour, still float32 but exact in
+                # bfloat16, so the stores' cast is exact. One Philox draw per element, numbered row * d + column:
+                # its low 16 bits round the embedding, its high 16 bits the state (independent halves).
+                key = tl.load(seed)
+                bits = tl.randint(key, (table_rows.to(tl.int64)[:, None] * dim + cols[None, :]).to(tl.uint32))
+                embedding = _round_bfloat16(embedding, bits)
+                if ROWWISE:  # a draw per row, from another key
+                    accumulated = _round_bfloat16(accumulated, tl.randint(key + state_salt, table_rows.to(tl.uint32)))
+                else:
+                    accumulated = _round_bfloat16(accumulated, bits >> 16)
             _store_rows(nodes, table_rows, cols, embedding, mask, dim)
             if ROWWISE:
                 tl.store(state + table_rows, accumulated, mask=inside)
@@ -368,3 +449,11 @@ if triton is not None:
     @triton.jit
     def _store_rows(table, ids, cols, values, mask, stride):
         tl.store(table + ids[:, None] * stride + cols[None, :], values, mask=mask)
+
+    @triton.jit
+    def _round_bfloat16(values, bits):
+        """float32 values rounded at random to one of their two bfloat16 neighbours (as round_stochastic_bfloat16:
+        the low 16 of the random ``bits`` added below the kept bits carry the magnitude up with probability equal
+        to the dropped fraction), as float32."""
+        noise = (bits & 0xFFFF).to(tl.int32)
+        return ((values.to(tl.int32, bitcast=True) + noise) & -65536).to(tl.float32, bitcast=True)

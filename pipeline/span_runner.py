@@ -19,7 +19,8 @@ import torch
 from pipeline.placements import (PLACEMENT_DEVICE, PLACEMENT_HOST, build_pipeline, default_staleness,
                                  run_planned_ahead)
 from pipeline.row_kernels import gather_rows
-from pipeline.step import BatchStep, FusedBatchStep, GraphedBatchStep, PipelineSettings, add_rows_
+from pipeline.step import (BatchStep, FusedBatchStep, GraphedBatchStep, PipelineSettings, add_rows_, rounding_seed,
+                           widened)
 
 
 @dataclass
@@ -32,6 +33,7 @@ class BatchInFlight:
     state: torch.Tensor
     delta: torch.Tensor | None = None
     squared: torch.Tensor | None = None
+    seed: torch.Tensor | None = None  # stochastic rounding of the update into bfloat16 tables
 
     def inputs_to(self, device: torch.device) -> list[torch.Tensor]:
         self.plan = self.plan.to(device, non_blocking=True)
@@ -93,7 +95,10 @@ class SpanRunner:
         """Train ``edges`` (already shuffled) in batches; add each batch's loss x size to ``loss_sum``."""
         pin = self.placement == PLACEMENT_HOST  # host-to-device copies from pinned memory are asynchronous
         model = self.model
-        zero_copy = self.zero_copy and nodes.is_pinned() and state.is_pinned()
+        # bfloat16 tables in GPU memory take the same gathered step as zero copy: rows gathered into float32
+        # (neither the in-place step's kernels nor its CUDA graph read bfloat16 tables)
+        gathered_step = self.fused_step is not None and nodes.is_cuda and nodes.dtype != torch.float32
+        zero_copy = (self.zero_copy and nodes.is_pinned() and state.is_pinned()) or gathered_step
         if not zero_copy:
             edges = edges.to(sampling.device)  # once per span (zero copy moves each batch on its load stream)
         batches = (edges[start:start + self.batch_size] for start in range(0, len(edges), self.batch_size))
@@ -105,14 +110,15 @@ class SpanRunner:
             return BatchInFlight(plan, plan.rows, _gather(nodes, plan.rows, pin), _gather(state, plan.rows, pin))
 
         def compute(item: BatchInFlight) -> BatchInFlight:
-            update = model.compute(item.plan, item.embeddings, item.state, dropout)
+            update = model.compute(item.plan, widened(item.embeddings), widened(item.state), dropout)
             loss_sum.add_(update.loss * len(item.plan.edges))
             item.delta, item.squared = update.delta, update.squared
+            item.seed = rounding_seed(nodes, dropout)  # (here, in batch order: the update stage may lag)
             item.plan = item.embeddings = item.state = None  # free device memory early
             return item
 
         def update(item: BatchInFlight) -> None:
-            add_rows_(nodes, state, item.table_rows, item.delta, item.squared)
+            add_rows_(nodes, state, item.table_rows, item.delta, item.squared, seed=item.seed)
 
         if zero_copy:
             self._run_zero_copy(edges, nodes, state, candidates, sampling, dropout, loss_sum, on_batch)
@@ -145,6 +151,7 @@ class SpanRunner:
 
     def _run_zero_copy(self, edges, nodes, state, candidates, sampling, dropout, loss_sum, on_batch) -> None:
         """Host tables (pinned) read and written in place by GPU kernels over PCIe; no host work per row.
+        (bfloat16 tables in GPU memory run here too: their rows are gathered into float32 the same way.)
 
         The five stages become two CUDA streams: load (plan on the GPU from
         the host generator's draws; the rows' embeddings gathered from the host

@@ -82,10 +82,40 @@ class GraphedBatchStep(Protocol):
 
 
 def add_rows_(embeddings: torch.Tensor, state: torch.Tensor, rows: torch.Tensor, delta: torch.Tensor,
-              squared: torch.Tensor) -> None:
+              squared: torch.Tensor, seed: int | torch.Tensor | None = None) -> None:
     """The update stage: add an additive update (delta, g^2) to the stored rows, in place.
 
     Additions commute, so updates that overlap in an asynchronous pipeline are never lost.
+    A bfloat16 table (``rows`` unique) adds in float32 and stores the sum rounded
+    stochastically from ``seed`` (required then): rounding to nearest would drop
+    small updates for good.
     """
-    embeddings.index_add_(0, rows, delta)
-    state.index_add_(0, rows, squared)
+    from pipeline.row_kernels import round_stochastic_bfloat16  # local: this interface module imports torch alone
+
+    if seed is None and torch.bfloat16 in (embeddings.dtype, state.dtype):
+        raise ValueError("add_rows_: bfloat16 tables need a seed for their stochastic rounding")
+    for salt, (table, update) in enumerate(((embeddings, delta), (state, squared))):  # a salt per table
+        if table.dtype == torch.bfloat16:
+            table[rows] = round_stochastic_bfloat16(table[rows].float() + update.float(), seed, salt)
+        else:
+            table.index_add_(0, rows, update)
+
+
+def widened(rows: torch.Tensor) -> torch.Tensor:
+    """Rows of a bfloat16 table (``storage.dtype``) in float32, where training and evaluation compute; rows
+    of other tables as stored."""
+    return rows.float() if rows.dtype == torch.bfloat16 else rows
+
+
+def rounding_seed(table: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor | None:
+    """The seed of one update's stochastic rounding into a bfloat16 table (None for float32 tables).
+
+    Drawn from the epoch's dropout stream, on its device (no host sync), in batch
+    order: a run resumed from a checkpoint, which restores that stream, rounds as
+    the uninterrupted run does.
+    """
+    if table.dtype == torch.float32:
+        return None
+    if generator is None:
+        raise ValueError("rounding_seed: a bfloat16 table's update needs the epoch's generator")
+    return torch.randint(1 << 62, (1,), generator=generator, device=generator.device)

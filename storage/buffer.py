@@ -29,7 +29,7 @@ from typing import Iterator, Sequence
 
 import torch
 
-from storage.chunk_files import page_aligned_empty, slot_rows
+from storage.chunk_files import page_aligned_empty, raw_bytes, slot_rows
 from storage.embedding_store import EmbeddingStore
 from storage.negative_cache import NegativeCache
 from storage.partitioning import partition_bounds
@@ -117,7 +117,8 @@ class PartitionBuffer:
         self.device = torch.device(device)
         self.files = store.chunk_files(direct_io)
         self.rows = store.rows_per_partition
-        self.stride = slot_rows(self.rows, *(f.cols for f in self.files))
+        self.dtype = store.dtype
+        self.stride = slot_rows(self.rows, *(f.cols for f in self.files), itemsize=self.dtype.itemsize)
         self.num_partitions = store.num_partitions
         self.num_slots = capacity + swap_size * lookahead
         self.cache = cache
@@ -127,11 +128,11 @@ class PartitionBuffer:
             cache.base = slot_rows_total
         pin = self.device.type == "cuda" or pin_memory  # host slots that GPU kernels read in place are pinned too
         if self.device.type == "cpu":  # the host slots are the tables
-            self._host = [page_aligned_empty(table_rows, f.cols, pin) for f in self.files]
+            self._host = [page_aligned_empty(table_rows, f.cols, pin, self.dtype) for f in self.files]
             self.tables = self._host
         else:
-            self._host = [page_aligned_empty(slot_rows_total, f.cols, pin) for f in self.files]
-            self.tables = [torch.empty(table_rows, f.cols, device=self.device) for f in self.files]
+            self._host = [page_aligned_empty(slot_rows_total, f.cols, pin, self.dtype) for f in self.files]
+            self.tables = [torch.empty(table_rows, f.cols, device=self.device, dtype=self.dtype) for f in self.files]
         self.counters = IOCounters()
         self._slot_of: dict[int, int] = {}                   # resident partition -> slot
         self._free: list[int] = list(range(self.num_slots))
@@ -146,11 +147,11 @@ class PartitionBuffer:
 
     @staticmethod
     def bytes_needed(rows_per_partition: int, cols: tuple[int, ...], capacity: int, swap_size: int = 1,
-                     lookahead: int = 2, cache_rows: int = 0) -> int:
-        """Memory of the tables (``cols``: widths of the embedding and optimizer-state tables): the slots and
-        ``cache_rows`` rows of negative cache."""
-        slots = (capacity + swap_size * lookahead) * slot_rows(rows_per_partition, *cols)
-        return (slots + cache_rows) * 4 * sum(cols)
+                     lookahead: int = 2, cache_rows: int = 0, itemsize: int = 4) -> int:
+        """Memory of the tables (``cols``: widths of the embedding and optimizer-state tables, of
+        ``itemsize``-byte values): the slots and ``cache_rows`` rows of negative cache."""
+        slots = (capacity + swap_size * lookahead) * slot_rows(rows_per_partition, *cols, itemsize=itemsize)
+        return (slots + cache_rows) * itemsize * sum(cols)
 
     @property
     def embeddings(self) -> torch.Tensor:
@@ -172,7 +173,7 @@ class PartitionBuffer:
         # (a slot freed by an eviction: the GPU's last use of its rows preceded that write's copy)
         rows, nbytes = self._slot_rows(slot), 0
         for files, host, table in zip(self.files, self._host, self.tables):
-            nbytes += files.read_into(partition, host[rows].numpy())
+            nbytes += files.read_into(partition, raw_bytes(host[rows]))
             if table is not host:
                 with self._on_copy_stream():
                     table[rows].copy_(host[rows])  # (returns once copied)
@@ -206,7 +207,7 @@ class PartitionBuffer:
                     if trained is not None:
                         torch.cuda.current_stream(self.device).wait_event(trained)
                     host[rows].copy_(table[rows])
-            nbytes += files.write(partition, host[rows].numpy())
+            nbytes += files.write(partition, raw_bytes(host[rows]))
         if checkpoint:
             self.counters.add_checkpoint_write(nbytes)
         else:

@@ -36,30 +36,37 @@ def aligned(nbytes: int) -> int:
     return -(-nbytes // PAGE) * PAGE
 
 
-def slot_rows(rows: int, *cols: int) -> int:
-    """Rows of a buffer slot holding ``rows`` float32 rows, padded so that, for
+def slot_rows(rows: int, *cols: int, itemsize: int = 4) -> int:
+    """Rows of a buffer slot holding ``rows`` rows of ``itemsize``-byte values, padded so that, for
     every table width in ``cols``, a slot is whole pages.
 
     Slots of this size, in page-aligned tables, can be read and written with
     O_DIRECT: the disk DMAs into them and the page cache is not involved.
     """
-    unit = math.lcm(*(PAGE // math.gcd(PAGE, width * 4) for width in cols))  # rows filling whole pages
+    unit = math.lcm(*(PAGE // math.gcd(PAGE, width * itemsize) for width in cols))  # rows filling whole pages
     return -(-rows // unit) * unit
 
 
-def page_aligned_empty(rows: int, cols: int, pin_memory: bool = False) -> torch.Tensor:
-    """An uninitialised float32 [rows, cols] tensor whose data starts on a page boundary (page-locked with
+def page_aligned_empty(rows: int, cols: int, pin_memory: bool = False,
+                       dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """An uninitialised [rows, cols] tensor whose data starts on a page boundary (page-locked with
     ``pin_memory``, exactly its size: ``storage.pinned``)."""
-    nbytes = rows * cols * 4 + PAGE
-    raw = locked_empty(nbytes) if pin_memory else torch.empty(nbytes, dtype=torch.uint8)
+    size = rows * cols * dtype.itemsize
+    raw = locked_empty(size + PAGE) if pin_memory else torch.empty(size + PAGE, dtype=torch.uint8)
     offset = (-raw.data_ptr()) % PAGE
-    out = raw[offset:offset + rows * cols * 4].view(torch.float32).view(rows, cols)
+    out = raw[offset:offset + size].view(dtype).view(rows, cols)
     out._locked_base = raw  # keeps the registration (released with its base) as long as the table lives
     return out
 
 
+def raw_bytes(tensor: torch.Tensor) -> np.ndarray:
+    """A numpy view of a contiguous CPU tensor for file IO (bfloat16, which numpy lacks, as int16)."""
+    return (tensor.view(torch.int16) if tensor.dtype == torch.bfloat16 else tensor).numpy()
+
+
 class ChunkFiles:
-    """Direct access to chunk ``i`` (rows ``[i * rows, (i + 1) * rows)``) of a 2-D float32 array.
+    """Direct access to chunk ``i`` (rows ``[i * rows, (i + 1) * rows)``) of a 2-D float32 or bfloat16 array
+    (``dtype``; a store's bfloat16 array is uint16 in zarr's terms, ``_read_layout``).
 
     Buffers may be longer than a chunk (a padded buffer slot): the chunk fills
     their beginning. When a buffer starts on a page boundary and has room for
@@ -73,10 +80,11 @@ class ChunkFiles:
         fits in its memory exchange partitions at memory speed that way)."""
         self.path = Path(array_path)
         self.direct = direct
-        shape, chunks, self._key = _read_layout(self.path)
+        shape, chunks, self._key, self.dtype = _read_layout(self.path)
         self.num_rows, self.cols = shape
         self.rows_per_chunk = chunks[0]
-        self.chunk_bytes = self.rows_per_chunk * self.cols * 4
+        self.itemsize = self.dtype.itemsize
+        self.chunk_bytes = self.rows_per_chunk * self.cols * self.itemsize
         self.num_chunks = max(1, -(-self.num_rows // self.rows_per_chunk))
 
     def chunk_path(self, chunk: int) -> Path:
@@ -87,22 +95,24 @@ class ChunkFiles:
                 and array.nbytes >= aligned(self.chunk_bytes))
 
     def read_into(self, chunk: int, out: np.ndarray) -> int:
-        """Fill the first ``chunk_bytes`` of ``out`` (C-contiguous float32) with chunk ``chunk``."""
+        """Fill the first ``chunk_bytes`` of ``out`` (C-contiguous, ``raw_bytes`` of a ``dtype`` tensor) with
+        chunk ``chunk``."""
         direct = self._direct(out)
         return self._read(chunk, out, 0, self.chunk_bytes, aligned(self.chunk_bytes) if direct else None, direct)
 
     def read_rows(self, chunk: int, first: int, count: int, out: np.ndarray) -> int:
         """Rows ``[first, first + count)`` of chunk ``chunk`` into ``out`` (through the page cache)."""
-        return self._read(chunk, out, first * self.cols * 4, count * self.cols * 4, None, False)
+        row_bytes = self.cols * self.itemsize
+        return self._read(chunk, out, first * row_bytes, count * row_bytes, None, False)
 
     def _read(self, chunk: int, out: np.ndarray, offset: int, nbytes: int, length: int | None, direct: bool) -> int:
         """``nbytes`` of chunk ``chunk`` from byte ``offset`` into ``out``; O_DIRECT transfers ``length``
         (whole pages) into a buffer that has room for them."""
-        view = memoryview(_checked(out, nbytes)).cast("B")
+        view = memoryview(_checked(out, nbytes, self.itemsize)).cast("B")
         try:
             descriptor = _open(self.chunk_path(chunk), os.O_RDONLY, direct)
-        except FileNotFoundError:  # never written: zarr's fill value
-            out.reshape(-1)[:nbytes // 4] = 0.0
+        except FileNotFoundError:  # never written: zarr's fill value (zero bits are 0.0 in either dtype)
+            out.reshape(-1)[:nbytes // self.itemsize] = 0
             return nbytes
         try:
             filled = 0
@@ -122,7 +132,7 @@ class ChunkFiles:
         keeps the old bytes). Through the page cache a new file costs ~6x an overwrite (fresh pages;
         2-core box, 200 MB: 0.58 against 3.6 GB/s). An overwrite is not atomic: an unlinked file is only
         the live store's, which a resume rebuilds from a committed version."""
-        view = memoryview(_checked(data, self.chunk_bytes)).cast("B")
+        view = memoryview(_checked(data, self.chunk_bytes, self.itemsize)).cast("B")
         direct = self._direct(data)
         length = aligned(self.chunk_bytes) if direct else self.chunk_bytes
         body = lambda descriptor: _pwrite_all(descriptor, view[:length], 0)  # noqa: E731
@@ -155,9 +165,11 @@ class ChunkFiles:
     def write_generated(self, chunk: int, rows: Callable[[int, int], np.ndarray], piece_rows: int) -> int:
         """Replace chunk ``chunk`` atomically with ``rows(first, end)`` (its rows ``[first, end)``, zero past
         the array's end), drawn and written ``piece_rows`` at a time: memory is one piece, not a chunk."""
-        piece_rows = min(slot_rows(piece_rows, self.cols), slot_rows(self.rows_per_chunk, self.cols))
-        piece = page_aligned_empty(piece_rows, self.cols)  # whole pages: every piece starts page-aligned
-        view = memoryview(piece.numpy()).cast("B")
+        piece_rows = min(slot_rows(piece_rows, self.cols, itemsize=self.itemsize),
+                         slot_rows(self.rows_per_chunk, self.cols, itemsize=self.itemsize))
+        piece = page_aligned_empty(piece_rows, self.cols, dtype=self.dtype)  # whole pages: each piece aligned
+        view = memoryview(raw_bytes(piece)).cast("B")
+        row_bytes = self.cols * self.itemsize
         valid = max(0, min(self.rows_per_chunk, self.num_rows - chunk * self.rows_per_chunk))
 
         def write_pieces(descriptor: int) -> None:
@@ -165,9 +177,9 @@ class ChunkFiles:
                 count = min(piece_rows, self.rows_per_chunk - first)
                 filled = max(0, min(count, valid - first))
                 if filled:
-                    piece[:filled] = torch.from_numpy(rows(first, first + filled))
+                    piece[:filled] = torch.from_numpy(rows(first, first + filled))  # (rounded to dtype)
                 piece[filled:count] = 0.0
-                _pwrite_all(descriptor, view[:aligned(count * self.cols * 4)], first * self.cols * 4)
+                _pwrite_all(descriptor, view[:aligned(count * row_bytes)], first * row_bytes)
         return self._replace(chunk, self.direct and bool(_O_DIRECT), write_pieces)
 
     def _replace(self, chunk: int, direct: bool, write_body: Callable[[int], None]) -> int:
@@ -216,19 +228,35 @@ def _open(path: Path, flags: int, direct: bool) -> int:
     return os.open(path, flags, 0o644)
 
 
-def _checked(array: np.ndarray, nbytes: int) -> np.ndarray:
-    if array.dtype != np.float32 or not array.flags.c_contiguous or array.nbytes < nbytes:
-        raise ValueError(f"need a C-contiguous float32 buffer of at least {nbytes} bytes, got "
+def _checked(array: np.ndarray, nbytes: int, itemsize: int) -> np.ndarray:
+    if array.dtype.itemsize != itemsize or not array.flags.c_contiguous or array.nbytes < nbytes:
+        raise ValueError(f"need a C-contiguous buffer of {itemsize}-byte values and at least {nbytes} bytes, got "
                          f"{array.dtype} {array.shape} contiguous={array.flags.c_contiguous}")
     return array
 
 
+# A bfloat16 table is stored as zarr uint16 holding the bits, marked by this array attribute (numpy and zarr have
+# no bfloat16; a zarr reader views the values as bfloat16 through it).
+ELEMENT_TYPE_ATTRIBUTE = "element_type"
+
+
+def stored_dtype(data_type: str, attributes: dict) -> torch.dtype | None:
+    """The values' dtype from a zarr array's data type and attributes (None: neither float32 nor bfloat16)."""
+    if data_type in ("float32", "<f4"):
+        return torch.float32
+    if data_type in ("uint16", "<u2") and attributes.get(ELEMENT_TYPE_ATTRIBUTE) == "bfloat16":
+        return torch.bfloat16
+    return None
+
+
 def _read_layout(path: Path):
-    """(shape, chunks, chunk key function) of a v3 or v2 uncompressed float32 array."""
+    """(shape, chunks, chunk key function, element dtype) of a v3 or v2 uncompressed float32 or bfloat16
+    array."""
     if (path / "zarr.json").exists():
         meta = json.loads((path / "zarr.json").read_text())
         codecs = meta.get("codecs", [])
-        plain = (meta.get("data_type") == "float32" and len(codecs) == 1 and codecs[0]["name"] == "bytes"
+        dtype = stored_dtype(meta.get("data_type"), meta.get("attributes", {}))
+        plain = (dtype is not None and len(codecs) == 1 and codecs[0]["name"] == "bytes"
                  and codecs[0].get("configuration", {}).get("endian", "little") == "little")
         encoding = meta.get("chunk_key_encoding", {})
         separator = encoding.get("configuration", {}).get("separator", "/")
@@ -239,12 +267,14 @@ def _read_layout(path: Path):
         chunks = meta["chunk_grid"]["configuration"]["chunk_shape"]
     else:
         meta = json.loads((path / ".zarray").read_text())
-        plain = (meta.get("dtype") == "<f4" and meta.get("compressor") is None and not meta.get("filters")
+        attributes = json.loads((path / ".zattrs").read_text()) if (path / ".zattrs").exists() else {}
+        dtype = stored_dtype(meta.get("dtype"), attributes)
+        plain = (dtype is not None and meta.get("compressor") is None and not meta.get("filters")
                  and meta.get("order", "C") == "C")
         separator = meta.get("dimension_separator", ".")
         key = lambda i: f"{i}{separator}0"  # noqa: E731
         chunks = meta["chunks"]
     shape = meta["shape"]
     if not plain or len(shape) != 2 or chunks[1] != shape[1]:
-        raise ValueError(f"{path}: not an uncompressed little-endian float32 array chunked by rows")
-    return tuple(shape), tuple(chunks), key
+        raise ValueError(f"{path}: not an uncompressed little-endian float32 (or bfloat16) array chunked by rows")
+    return tuple(shape), tuple(chunks), key, dtype

@@ -4,7 +4,9 @@ A store is a directory holding two uncompressed zarr arrays, ``embeddings``
 [n, d] and ``state`` [n, s], chunked so that one node partition is exactly one
 chunk: a partition is read and written whole. Every chunk is written, even
 all-zero ones, so each partition is one file of raw rows. Any zarr tool can
-open the store.
+open the store. Values are float32, or bfloat16 (``storage.dtype``): zarr has
+no bfloat16, so those arrays are uint16 holding the bits, marked by the
+``element_type`` attribute.
 """
 
 from __future__ import annotations
@@ -16,9 +18,10 @@ from pathlib import Path
 from typing import Callable
 
 import numpy as np
+import torch
 import zarr
 
-from storage.chunk_files import ChunkFiles
+from storage.chunk_files import ELEMENT_TYPE_ATTRIBUTE, ChunkFiles, raw_bytes, stored_dtype
 from storage.partitioning import partition_bounds, partition_size
 
 EMBEDDINGS = "embeddings"
@@ -27,14 +30,18 @@ INIT_PIECE_ROWS = 65_536  # rows drawn and written at once per thread when a sto
 _ZARR_V3 = int(zarr.__version__.split(".")[0]) >= 3
 
 
-def _create_array(path: Path, shape: tuple[int, int], chunk_rows: int) -> zarr.Array:
+def _create_array(path: Path, shape: tuple[int, int], chunk_rows: int, dtype: torch.dtype) -> zarr.Array:
     chunks = (chunk_rows, shape[1])
+    bits = dtype == torch.bfloat16
+    zarr_dtype, attributes = ("uint16", {ELEMENT_TYPE_ATTRIBUTE: "bfloat16"}) if bits else ("float32", {})
     if _ZARR_V3:
-        return zarr.create_array(store=str(path), shape=shape, chunks=chunks, dtype="float32",
-                                 compressors=None, fill_value=0.0, overwrite=True,
+        return zarr.create_array(store=str(path), shape=shape, chunks=chunks, dtype=zarr_dtype,
+                                 compressors=None, fill_value=0, overwrite=True, attributes=attributes,
                                  config={"write_empty_chunks": True})
-    return zarr.open_array(str(path), mode="w", shape=shape, chunks=chunks, dtype="float32",
-                           compressor=None, fill_value=0.0, write_empty_chunks=True)
+    array = zarr.open_array(str(path), mode="w", shape=shape, chunks=chunks, dtype=zarr_dtype,
+                            compressor=None, fill_value=0, write_empty_chunks=True)
+    array.attrs.update(attributes)
+    return array
 
 
 class EmbeddingStore:
@@ -44,6 +51,10 @@ class EmbeddingStore:
         self.path = Path(path)
         self.embeddings = zarr.open_array(str(self.path / EMBEDDINGS), mode=mode)
         self.state = zarr.open_array(str(self.path / STATE), mode=mode)
+        self.dtype = stored_dtype(str(self.embeddings.dtype), dict(self.embeddings.attrs))
+        if self.dtype is None:
+            raise ValueError(f"{self.path / EMBEDDINGS}: expected float32 or bfloat16 values, got "
+                             f"{self.embeddings.dtype}")
         self.num_nodes, self.dim = self.embeddings.shape
         self.state_dim = self.state.shape[1]
         chunk_rows = self.embeddings.chunks[0]
@@ -51,17 +62,18 @@ class EmbeddingStore:
 
     @classmethod
     def create(cls, path: str | os.PathLike, num_nodes: int, dim: int, state_dim: int,
-               num_partitions: int,
-               init: Callable[[int, int], np.ndarray] | None = None, threads: int = 1) -> "EmbeddingStore":
-        """Create a store; ``init(start, end)`` gives the initial rows of each partition.
+               num_partitions: int, init: Callable[[int, int], np.ndarray] | None = None, threads: int = 1,
+               dtype: torch.dtype = torch.float32) -> "EmbeddingStore":
+        """Create a store of ``dtype`` values; ``init(start, end)`` gives the initial rows (float32) of each
+        partition.
 
         Rows are written a partition at a time per thread, so memory stays at ``threads`` partitions.
         """
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         rows = partition_size(num_nodes, num_partitions)
-        _create_array(path / EMBEDDINGS, (num_nodes, dim), rows)
-        _create_array(path / STATE, (num_nodes, state_dim), rows)
+        _create_array(path / EMBEDDINGS, (num_nodes, dim), rows, dtype)
+        _create_array(path / STATE, (num_nodes, state_dim), rows, dtype)
         store = cls(path)
         if init is not None:
             store._initialise(init, threads)
@@ -94,22 +106,38 @@ class EmbeddingStore:
     def bounds(self, partition: int) -> tuple[int, int]:
         return partition_bounds(self.num_nodes, self.num_partitions, partition)
 
-    def write_partition(self, partition: int, embeddings: np.ndarray, state: np.ndarray) -> None:
-        """Replace one partition whole (through ``ChunkFiles``, so snapshots keep the old bytes)."""
+    def write_partition(self, partition: int, embeddings: np.ndarray | torch.Tensor,
+                        state: np.ndarray | torch.Tensor) -> None:
+        """Replace one partition whole (through ``ChunkFiles``, so snapshots keep the old bytes); rows of another
+        dtype are converted to the store's."""
         start, end = self.bounds(partition)
         for files, rows in zip(self.chunk_files(), (embeddings, state)):
-            chunk = np.zeros((files.rows_per_chunk, files.cols), dtype=np.float32)
-            chunk[:end - start] = rows
-            files.write(partition, chunk)
+            chunk = torch.zeros((files.rows_per_chunk, files.cols), dtype=self.dtype)
+            chunk[:end - start] = torch.as_tensor(rows)
+            files.write(partition, raw_bytes(chunk))
+
+    def _tensor(self, values: np.ndarray) -> torch.Tensor:
+        """Values read through zarr as a tensor of the store's dtype."""
+        if self.dtype == torch.bfloat16:
+            return torch.from_numpy(values.view(np.int16)).view(torch.bfloat16)
+        return torch.from_numpy(values)
+
+    def read_tables(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Both tables whole, in the store's dtype."""
+        return self._tensor(self.embeddings[:]), self._tensor(self.state[:])
 
     def read_all(self) -> tuple[np.ndarray, np.ndarray]:
-        return self.embeddings[:], self.state[:]
+        """Both tables whole, as float32 arrays."""
+        return tuple(table.float().numpy() for table in self.read_tables())
 
-    def write_all(self, embeddings: np.ndarray, state: np.ndarray) -> None:
+    def embedding_rows(self, start: int, end: int) -> torch.Tensor:
+        """Embeddings of nodes ``[start, end)`` as float32."""
+        return self._tensor(self.embeddings[start:end]).float()
+
+    def write_all(self, embeddings: np.ndarray | torch.Tensor, state: np.ndarray | torch.Tensor) -> None:
         for part in range(self.num_partitions):
             start, end = self.bounds(part)
             self.write_partition(part, embeddings[start:end], state[start:end])
-
 
 
 def link_tree(source: str | os.PathLike, destination: str | os.PathLike) -> None:

@@ -68,6 +68,10 @@ class FollowerRunDirectory(RunDirectory):
 
 class DistributedTrainer(Trainer):
     def __init__(self, config, dataset, run_dir, group: Group, progress: bool = True):
+        if config.storage.dtype != "float32":
+            raise MariusInputError(f"storage.dtype={config.storage.dtype}: torchrun trainers exchange float32 "
+                                   "partitions", path=Path(run_dir) / "config.yaml",
+                                   expected="storage.dtype=float32 under torchrun")
         self.group = group
         self.holds_log = Path(run_dir) / DISTRIBUTED_DIR / f"rank{group.rank}.jsonl"
         super().__init__(config, dataset, run_dir, progress=progress and group.is_leader)

@@ -36,6 +36,7 @@ from marius_py.step.fused_loss import (SCORE_DTYPES, candidate_padding, pad_cand
                                       softmax_ce_gradients, to_16_bytes)
 from marius_py.negatives import by_chunk, chunk_row_weights
 from pipeline.row_kernels import gather_rows, scatter_add_rows_, sparse_adagrad_
+from pipeline.step import rounding_seed
 
 
 def supports_fused_step(model) -> bool:
@@ -105,7 +106,8 @@ class FusedStep:
                 self._step_relations(grad_relations)
             loss_sum.add_(loss * len(plan.edges))
         count = plan.unique_count if plan.unique_count is not None else len(plan.rows)
-        sparse_adagrad_(nodes, state, plan.rows, grad_rows, count, self.adagrad.lr, self.adagrad.eps)
+        sparse_adagrad_(nodes, state, plan.rows, grad_rows, count, self.adagrad.lr, self.adagrad.eps,
+                        seed=rounding_seed(nodes, generator))
         _join(unique_stream)
 
     def gradients(self, plan, source: torch.Tensor, in_place: bool = False,
