@@ -13,6 +13,10 @@ Part ``disk``: whole epochs of the trainer over a preprocessed R-MAT graph with
 its embeddings on disk in ``--partitions`` partitions and a buffer of p/4
 (BETA ordering).
 
+``--table-dtypes float32 bfloat16``: step and disk rows with the node tables
+stored in each (``storage.dtype``; bfloat16 tables take the gathered fused
+step, without CUDA graphs).
+
 Part ``fb15k``: FB15k-237 (``--fb15k``) for ``--budget`` seconds of training
 each: our shipped 1-vs-all config and a sampled-negative one, then PyKEEN and
 PyTorch-BigGraph with their recommended settings (bench/peers.py; install them
@@ -98,7 +102,7 @@ STEP_VARIANTS = {"graph": ["training.fused_step=true", "training.cuda_graphs=tru
 
 
 def measure_step(dim: int, placement: str, score_dtype: str, args, step: str = "graph",
-                 decoder: str = "distmult") -> dict:
+                 decoder: str = "distmult", table_dtype: str = "float32") -> dict:
     device = torch.device("cuda")
     decoder_settings = DECODER_SETTINGS.get(decoder, [f"model.decoder={decoder}"])
     config = load_config(None, [*STEP_SETTINGS, *decoder_settings, f"model.dim={dim}", *STEP_VARIANTS[step],
@@ -106,8 +110,9 @@ def measure_step(dim: int, placement: str, score_dtype: str, args, step: str = "
                                 f"training.score_dtype={score_dtype}", f"pipeline.load_threads={args.load_threads}"])
     model = Model(config, args.nodes, args.relations, device)
     table_device = device if placement == "device" else torch.device("cpu")
-    nodes = (torch.randn(args.nodes, dim) * 1e-3).to(table_device)
-    state = torch.zeros(args.nodes, dim, device=table_device)
+    dtype = getattr(torch, table_dtype)  # storage.dtype
+    nodes = (torch.randn(args.nodes, dim) * 1e-3).to(table_device, dtype)
+    state = torch.zeros(args.nodes, dim, device=table_device, dtype=dtype)
     if placement == "host":
         nodes, state = nodes.pin_memory(), state.pin_memory()
     runner = build_span_runner(model, placement, config, device)
@@ -140,9 +145,10 @@ def measure_step(dim: int, placement: str, score_dtype: str, args, step: str = "
             seconds = run(num_batches)
         if args.profile:
             print_profile(lambda: run(3), f"{placement} d={dim} scores={score_dtype}")
-    step = "graph" if runner.graphed_step else "fused" if runner.fused_step else "autograd"
+    step = "graph" if runner.graphed_step and dtype == torch.float32 else \
+        "fused" if runner.fused_step else "autograd"  # (bfloat16 tables: the gathered fused step, no graph)
     return {"part": "step", "placement": placement, "dim": dim, "score_dtype": score_dtype, "step": step,
-            "decoder": decoder,
+            "decoder": decoder, "table_dtype": table_dtype,
             "edges_per_s": num_batches * batch / seconds, "gpu_util": utilisation.mean,
             "batches": num_batches, "seconds": seconds, "warmup_seconds": warmup,
             "staleness_bound": runner.staleness_bound, "load_threads": args.load_threads}
@@ -185,6 +191,7 @@ def measure_disk(dim: int, args, extra: tuple[str, ...] = ()) -> dict:
             "score_dtype": args.score_dtype,
             "edges_per_s": last["edges_per_s"], "gpu_util": utilisation.mean, "seconds": last["seconds"],
             "partitions": args.partitions, "buffer": args.partitions // 4, "io": last.get("io"),
+            "table_dtype": next((o.split("=")[1] for o in extra if o.startswith("storage.dtype=")), "float32"),
             "devices": last.get("devices"), "overrides": list(extra)}
 
 
@@ -262,6 +269,8 @@ def print_row(row: dict) -> None:
             extra += f" (MRR {TARGET_MRR} at {row['seconds_to_target']:.1f} s)"
     if row.get("step"):
         extra += f"  {row['step']} step {row.get('decoder', '')}"
+    if row.get("table_dtype", "float32") != "float32":
+        extra += f"  tables {row['table_dtype']}"
     if row.get("staleness_bound") and row["part"] == "stale":
         extra += f"  bound {row['staleness_bound']}"
     print(f"{row['part']:<5} {row.get('system', 'marius-py'):<18} {row['placement']:<7} d={row['dim']:<4} "
@@ -303,6 +312,8 @@ def main() -> None:
                         help="step: the device placement's step (fused: hand-written gradients; graph: fused and "
                              "replayed as a CUDA graph; autograd)")
     parser.add_argument("--score-dtypes", nargs="+", default=["float32"], choices=["float32", "bfloat16"])
+    parser.add_argument("--table-dtypes", nargs="+", default=["float32"], choices=["float32", "bfloat16"],
+                        help="step and disk: node tables stored in these dtypes (storage.dtype)")
     parser.add_argument("--decoders", nargs="+", default=["distmult"],
                         help="step: decoders to time side by side (dot, distmult, complex, transe-l1, transe-l2, "
                              "rotate, rotate-l2)")
@@ -330,10 +341,12 @@ def main() -> None:
                         dict.fromkeys("fused" if step == "graph" else step for step in args.steps)  # no host graphs
                     for step in steps:
                         for decoder in args.decoders:
-                            record(measure_step(dim, placement, score_dtype, args, step, decoder))
+                            for table_dtype in args.table_dtypes:
+                                record(measure_step(dim, placement, score_dtype, args, step, decoder, table_dtype))
         if "disk" in args.parts:
             disk_args = argparse.Namespace(**{**vars(args), "score_dtype": args.score_dtypes[-1]})
-            record(measure_disk(dim, disk_args))
+            for table_dtype in args.table_dtypes:
+                record(measure_disk(dim, disk_args, (f"storage.dtype={table_dtype}",)))
     if "fb15k" in args.parts:
         for name in args.fb15k_configs:
             record(train_for_budget(name, args, args.fb15k_set, args.budget, eval_every=args.eval_every))
