@@ -22,10 +22,9 @@ import torch
 
 from marius_py.step import fused
 from pipeline import span_runner
-from pipeline.row_kernels import round_stochastic_bfloat16
+from pipeline.row_kernels import LOW_BITS, round_stochastic_bfloat16
 
 PRECISIONS = ("float32", "bfloat16", "bfloat16-nearest")
-_LOW_BITS = 1 << 16  # float32 bits below bfloat16's mantissa
 
 
 def round_to_bfloat16_(table: torch.Tensor, stochastic: bool) -> None:
@@ -74,7 +73,7 @@ def share_representable(model) -> float:
     held = total = 0
     for _, block in model.table.blocks():
         bits = block.float().contiguous().view(torch.int32)
-        held += int((bits & (_LOW_BITS - 1)).eq(0).sum())
+        held += int((bits & (LOW_BITS - 1)).eq(0).sum())
         total += bits.numel()
     return held / total
 

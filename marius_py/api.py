@@ -240,7 +240,7 @@ def load_checkpoint(run_dir: str | Path, which: str = "best", device: str | None
     model.load_state_dict(model_state)
     store = EmbeddingStore(version / NODES, mode="r")
     table = StoredNodes(store, target) if out_of_core else InMemoryNodes(
-        torch.from_numpy(store.read_all()[0]).to(target))
+        store.embedding_rows(0, store.num_nodes).to(target))
     trained = TrainedModel(config, dataset, model, table)
     trained.run_dir = Path(run_dir)
     return trained

@@ -12,6 +12,7 @@ import json
 import sys
 from pathlib import Path
 
+from marius_py.config import STORAGE_DTYPES
 from marius_py.errors import MariusInputError
 
 EXIT_USER_ERROR = 2
@@ -161,7 +162,8 @@ def cmd_ordering(args) -> None:
         raise MariusInputError(f"--negative-cache with --dtype {args.dtype}", path="command line",
                                expected="float32 with a negative cache (storage.dtype)")
     state_dim = 1 if args.rowwise else args.dim
-    itemsize = 2 if args.dtype == "bfloat16" else 4
+    import torch
+    itemsize = getattr(torch, args.dtype).itemsize
     row_bytes = (args.dim + state_dim) * itemsize
     rows = partition_size(num_nodes, args.partitions) if num_nodes else 0
     partition_bytes = rows * row_bytes
@@ -307,7 +309,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nodes", type=int, help="node count, instead of --dataset")
     p.add_argument("--dim", type=int, default=100)
     p.add_argument("--rowwise", action="store_true", help="row-wise Adagrad state (one value per row)")
-    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+    p.add_argument("--dtype", choices=STORAGE_DTYPES, default="float32",
                    help="storage.dtype: bfloat16 halves every partition's bytes")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--group-size", type=int, default=0,

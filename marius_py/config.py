@@ -128,9 +128,12 @@ class StorageConfig:
     dtype: str = _f("float32", f"one of {STORAGE_DTYPES}: how node embeddings and their Adagrad state are stored "
                                "(on disk, in the partition buffer, in memory tables). bfloat16 halves their "
                                "memory and IO, so a buffer of the same bytes holds twice the partitions; "
-                               "training computes in float32 and rounds each update stochastically "
-                               "(measured on FB15k-237: no loss at p=1, where rounding to nearest lost 0.009 "
-                               "MRR; bench/RESULTS.md). One device only, without storage.negative_cache")
+                               "training computes in float32 and rounds each update stochastically (FB15k-237: "
+                               "no measurable loss in memory, and 16:8 in a float32 16:4 buffer's memory within "
+                               "0.001 of in-memory; disk epochs 2x faster; bench/RESULTS.md). Tables that fit in "
+                               "GPU memory train slower in bfloat16 (no CUDA graph): keep float32 there. One "
+                               "device, not under torchrun, without storage.negative_cache; a run keeps the "
+                               "dtype it started with")
     buffer_capacity: int = _f(0, "partitions held in memory at once when num_partitions > 1 "
                                  "(0: all of them)")
     ordering: str = _f("comet", f"order of buffer states and buckets, one of {ORDERING_NAMES}. comet: BETA's "

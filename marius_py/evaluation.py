@@ -125,7 +125,7 @@ class StoredNodes(NodeTable):
         self.store, self.num_nodes, self.device = store, store.num_nodes, torch.device(device)
 
     def blocks(self):
-        budget_rows = self.BLOCK_BYTES // (self.store.dtype.itemsize * self.store.dim)
+        budget_rows = self.BLOCK_BYTES // (4 * self.store.dim)  # blocks arrive as float32
         first = 0
         for last in range(self.store.num_partitions):
             start, end = self.store.bounds(first)[0], self.store.bounds(last)[1]

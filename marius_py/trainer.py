@@ -211,10 +211,23 @@ class Trainer:
 
     def restore(self, version: Path) -> None:
         """Make ``version`` the live state: store files, model parameters, position."""
+        self._check_stored_dtype(version)
         _, _, model_state, self.state = load_version(version, self.fingerprint, with_nodes=False)
         self._position = load_position(version)
         self._link_live_store(version)
         self._open_live(model_state)
+
+    def _check_stored_dtype(self, version: Path) -> None:
+        """Refuse, by name, a ``storage.dtype`` other than the run's (the fingerprint would refuse it unnamed)."""
+        try:
+            stored = EmbeddingStore(version / NODES, mode="r").dtype
+        except (OSError, ValueError, KeyError):
+            return  # a damaged version: load_version reports it
+        if stored != self.table_dtype:
+            name = str(stored).removeprefix("torch.")
+            raise MariusInputError(f"the run stores {name} embeddings; this config has storage.dtype="
+                                   f"{self.config.storage.dtype}", path=version,
+                                   expected=f"storage.dtype={name} (a run keeps the dtype it started with)")
 
     def _link_live_store(self, version: Path) -> None:
         """The version's store files become the live store (hard links: no copy)."""

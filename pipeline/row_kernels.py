@@ -39,8 +39,13 @@ TILE = 4096  # elements of one [edges or rows, d] tile per Triton program
 # step). Tables in GPU memory keep TILE.
 ZERO_COPY_GATHER_TILE = 1024
 ZERO_COPY_ADAGRAD_TILE = 2048
-_LOW_BITS = 1 << 16  # float32 bits below bfloat16's mantissa
+LOW_BITS = 1 << 16  # float32 bits below bfloat16's mantissa
 _STATE_SALT = 1  # the Adagrad state's salt (the embeddings' is 0): noise independent of the embeddings'
+# Rounding noise is a hash of (seed, column, the value's own bits): it follows the value, not where its row sits
+# (a resumed partition buffer puts partitions in other slots), and the Triton and torch versions agree bit for bit.
+# The hash (a two-round multiply-xorshift) runs in int64 on 32-bit values with a 27-bit multiplier: no overflow.
+_HASH_MULTIPLIER = 0x45D9F3B
+_SALT_MULTIPLIER = 0x2545F49
 
 
 def triton_available() -> bool:
@@ -67,21 +72,42 @@ def _host_count(count: torch.Tensor | int | None, default: int) -> int:
     return default if count is None else int(count)
 
 
-def round_stochastic_bfloat16(values: torch.Tensor, seed: int | torch.Tensor, salt: int = 0) -> torch.Tensor:
-    """float32 ``values`` rounded at random to bfloat16: each to one of its two bfloat16 neighbours, with
-    probability proportional to closeness (unbiased, so small updates survive on average).
+def _low32(x: torch.Tensor) -> torch.Tensor:
+    return x - ((x >> 32) << 32)  # (x mod 2^32 for x >= 0, written with shifts as in the Triton version)
 
-    The noise is a function of (seed, salt) alone (a generator on values' device), so the result is too;
-    values that bfloat16 represents stay as they are.
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer hash of int64 tensors holding values in [0, 2^32)."""
+    x = _low32(((x >> 16) ^ x) * _HASH_MULTIPLIER)
+    x = _low32(((x >> 16) ^ x) * _HASH_MULTIPLIER)
+    return (x >> 16) ^ x
+
+
+def _fold_seed(seed: int) -> int:
+    return (seed ^ (seed >> 32)) & 0xFFFFFFFF
+
+
+def rounding_noise(values: torch.Tensor, seed: int, salt: int) -> torch.Tensor:
+    """Noise in [0, 2^16) for each value of a [rows, cols] float32 tensor: a hash of the seed, the salt, the
+    column and the value's bits (uniform over seeds, so the rounding it drives is unbiased)."""
+    cols = torch.arange(values.shape[-1], device=values.device, dtype=torch.int64)
+    key = _mix32(_low32(cols * _HASH_MULTIPLIER + _fold_seed(seed) + salt * _SALT_MULTIPLIER))
+    bits = values.contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    return _mix32(bits ^ key) & 0xFFFF
+
+
+def round_stochastic_bfloat16(values: torch.Tensor, seed: int | torch.Tensor, salt: int = 0) -> torch.Tensor:
+    """float32 ``values`` ([rows, cols]) rounded at random to bfloat16: each to one of its two bfloat16
+    neighbours, with probability proportional to closeness (unbiased over seeds, so small updates survive on
+    average). The result is a function of (values, seed, salt) (``rounding_noise``); values that bfloat16
+    represents stay as they are.
     """
     if values.dtype != torch.float32:
         raise ValueError(f"round_stochastic_bfloat16: expected float32 values, got {values.dtype}")
-    generator = torch.Generator(device=values.device)
-    generator.manual_seed((int(seed) * 0x9E3779B97F4A7C15 + salt) % (1 << 64))  # distinct salts, distinct streams
-    noise = torch.randint(0, _LOW_BITS, values.shape, generator=generator, dtype=torch.int32, device=values.device)
+    noise = rounding_noise(values, int(seed), salt).to(torch.int32)
     # Sign and magnitude: adding noise below the kept bits, then dropping them, rounds the magnitude up with
     # probability equal to the dropped fraction, for either sign; what remains is exactly a bfloat16 value.
-    bits = (values.contiguous().view(torch.int32) + noise).bitwise_and_(-_LOW_BITS)
+    bits = (values.contiguous().view(torch.int32) + noise).bitwise_and_(-LOW_BITS)
     return bits.view(torch.float32).to(torch.bfloat16)
 
 
@@ -289,8 +315,8 @@ def _adagrad_rows_torch(nodes, state, rows, grads, lr: float, eps: float, seed=N
 
 
 def _adagrad_rows_bfloat16(nodes, state, rows, grads, lr: float, eps: float, seed) -> None:
-    """The float32 steps above on the rows widened to float32 (unique rows: each index_add_ is one addition),
-    then one stochastic rounding of each table's rows."""
+    """The float32 steps above on the (unique) rows widened to float32, then one stochastic rounding of each
+    table's rows."""
     embedding, accumulated = nodes[rows].float(), state[rows].float()
     for grad in grads:
         squared = grad * grad
@@ -431,15 +457,14 @@ if triton is not None:
                 _store_rows(state, table_rows, cols, accumulated, in_table, state_cols)
         else:
             if STOCHASTIC:  # bfloat16 tables: values rounded at random to a neighbour, still float32 but exact in
-                # bfloat16, so the stores' cast is exact. One Philox draw per element, numbered row * d + column:
-                # its low 16 bits round the embedding, its high 16 bits the state (independent halves).
-                key = tl.load(seed)
-                bits = tl.randint(key, (table_rows.to(tl.int64)[:, None] * dim + cols[None, :]).to(tl.uint32))
-                embedding = _round_bfloat16(embedding, bits)
-                if ROWWISE:  # a draw per row, from another key
-                    accumulated = _round_bfloat16(accumulated, tl.randint(key + state_salt, table_rows.to(tl.uint32)))
+                # bfloat16, so the stores' cast is exact (the noise: rounding_noise's hash, bit for bit)
+                seed32 = tl.load(seed)
+                seed32 = _low32((seed32 ^ (seed32 >> 32)))
+                embedding = _round_bfloat16(embedding, cols.to(tl.int64)[None, :], seed32, 0)
+                if ROWWISE:  # one value per row: column 0, as the torch version's [rows, 1] state
+                    accumulated = _round_bfloat16(accumulated, table_rows * 0, seed32, state_salt)
                 else:
-                    accumulated = _round_bfloat16(accumulated, bits >> 16)
+                    accumulated = _round_bfloat16(accumulated, cols.to(tl.int64)[None, :], seed32, state_salt)
             _store_rows(nodes, table_rows, cols, embedding, mask, dim)
             if ROWWISE:
                 tl.store(state + table_rows, accumulated, mask=inside)
@@ -451,9 +476,21 @@ if triton is not None:
         tl.store(table + ids[:, None] * stride + cols[None, :], values, mask=mask)
 
     @triton.jit
-    def _round_bfloat16(values, bits):
-        """float32 values rounded at random to one of their two bfloat16 neighbours (as round_stochastic_bfloat16:
-        the low 16 of the random ``bits`` added below the kept bits carry the magnitude up with probability equal
-        to the dropped fraction), as float32."""
-        noise = (bits & 0xFFFF).to(tl.int32)
-        return ((values.to(tl.int32, bitcast=True) + noise) & -65536).to(tl.float32, bitcast=True)
+    def _low32(x):
+        return x - ((x >> 32) << 32)
+
+    @triton.jit
+    def _mix32(x):
+        """``_mix32`` of the torch version, on int64 tensors holding 32-bit values."""
+        x = _low32(((x >> 16) ^ x) * 0x45D9F3B)
+        x = _low32(((x >> 16) ^ x) * 0x45D9F3B)
+        return (x >> 16) ^ x
+
+    @triton.jit
+    def _round_bfloat16(values, cols, seed32, salt):
+        """float32 values rounded at random to one of their two bfloat16 neighbours, as round_stochastic_bfloat16
+        does (the same noise: a hash of seed, salt, column and the value's bits), as float32."""
+        key = _mix32(_low32(cols * 0x45D9F3B + seed32 + salt * 0x2545F49))
+        bits = values.to(tl.int32, bitcast=True)
+        noise = _mix32(_low32(bits.to(tl.int64)) ^ key) & 0xFFFF
+        return ((bits + noise.to(tl.int32)) & -65536).to(tl.float32, bitcast=True)

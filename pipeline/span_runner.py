@@ -151,7 +151,8 @@ class SpanRunner:
 
     def _run_zero_copy(self, edges, nodes, state, candidates, sampling, dropout, loss_sum, on_batch) -> None:
         """Host tables (pinned) read and written in place by GPU kernels over PCIe; no host work per row.
-        (bfloat16 tables in GPU memory run here too: their rows are gathered into float32 the same way.)
+        (bfloat16 tables in GPU memory run here too, their rows gathered into float32 the same way, with
+        load and compute on one stream: synchronous, as in-place training in GPU memory is.)
 
         The five stages become two CUDA streams: load (plan on the GPU from
         the host generator's draws; the rows' embeddings gathered from the host
@@ -164,6 +165,8 @@ class SpanRunner:
         """
         device, model = self.device, self.model
         load, compute = self._zero_copy_streams()
+        if nodes.is_cuda:  # bfloat16 tables in GPU memory: one stream, so that each gather follows every earlier
+            load = compute  # update, as training in GPU memory is synchronous whatever the bound
         for stream in (load, compute):  # after what the caller queued (the zeroed loss, earlier spans)
             stream.wait_stream(torch.cuda.current_stream(device))
         if candidates is not None:

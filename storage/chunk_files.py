@@ -229,14 +229,18 @@ def _open(path: Path, flags: int, direct: bool) -> int:
 
 
 def _checked(array: np.ndarray, nbytes: int, itemsize: int) -> np.ndarray:
-    if array.dtype.itemsize != itemsize or not array.flags.c_contiguous or array.nbytes < nbytes:
+    """A buffer for a chunk: float32 for a float32 array, 16-bit integers (``raw_bytes`` of bfloat16) for a
+    bfloat16 one."""
+    kinds = "f" if itemsize == 4 else "iu"
+    if (array.dtype.itemsize != itemsize or array.dtype.kind not in kinds or not array.flags.c_contiguous
+            or array.nbytes < nbytes):
         raise ValueError(f"need a C-contiguous buffer of {itemsize}-byte values and at least {nbytes} bytes, got "
                          f"{array.dtype} {array.shape} contiguous={array.flags.c_contiguous}")
     return array
 
 
 # A bfloat16 table is stored as zarr uint16 holding the bits, marked by this array attribute (numpy and zarr have
-# no bfloat16; a zarr reader views the values as bfloat16 through it).
+# no bfloat16: other zarr readers see uint16, to be viewed as bfloat16, e.g. torch's .view(torch.bfloat16)).
 ELEMENT_TYPE_ATTRIBUTE = "element_type"
 
 

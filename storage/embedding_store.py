@@ -52,9 +52,9 @@ class EmbeddingStore:
         self.embeddings = zarr.open_array(str(self.path / EMBEDDINGS), mode=mode)
         self.state = zarr.open_array(str(self.path / STATE), mode=mode)
         self.dtype = stored_dtype(str(self.embeddings.dtype), dict(self.embeddings.attrs))
-        if self.dtype is None:
-            raise ValueError(f"{self.path / EMBEDDINGS}: expected float32 or bfloat16 values, got "
-                             f"{self.embeddings.dtype}")
+        if self.dtype is None or stored_dtype(str(self.state.dtype), dict(self.state.attrs)) != self.dtype:
+            raise ValueError(f"{self.path}: expected float32 or bfloat16 embeddings and state alike, got "
+                             f"{self.embeddings.dtype} and {self.state.dtype}")
         self.num_nodes, self.dim = self.embeddings.shape
         self.state_dim = self.state.shape[1]
         chunk_rows = self.embeddings.chunks[0]

@@ -82,11 +82,13 @@ def test_resume_in_bfloat16_equals_uninterrupted(umls_dataset, tmp_path):
         assert torch.equal(full, split)
 
 
-def test_resuming_with_another_dtype_is_refused(umls_dataset, tmp_path):
+def test_resuming_with_another_dtype_is_refused_by_name(umls_dataset, tmp_path, capsys):
     mp.train(umls_config(umls_dataset, "training.epochs=1"), tmp_path / "run", progress=False)
     resumed = mp.api.load_run_config(tmp_path / "run", ["training.epochs=2", "storage.dtype=bfloat16"])
-    with pytest.raises(MariusInputError, match="different model"):
+    with pytest.raises(MariusInputError, match="stores float32 embeddings; this config has storage.dtype=bfloat16"):
         mp.train(resumed, tmp_path / "run", progress=False, resume=True)
+    assert main(["train", "--resume", str(tmp_path / "run"), "training.epochs=2", "storage.dtype=bfloat16"]) == 2
+    assert "expected storage.dtype=float32" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -110,8 +112,8 @@ def test_cli_ordering_sizes_bfloat16_partitions(capsys):
     assert main(args + ["--dtype", "bfloat16", "--negative-cache", "0.1"]) == 2
 
 
-def test_a_float32_store_written_before_dtypes_still_opens(tmp_path):
-    """Stores carry no element_type attribute for float32, as before bfloat16 storage existed."""
+def test_a_float32_store_is_plain_float32_zarr(tmp_path):
+    """float32 stores carry no element_type attribute: the layout stores had before bfloat16 existed."""
     EmbeddingStore.create(tmp_path / "s", 10, 4, 4, 2)
     meta = json.loads((tmp_path / "s" / STATE / "zarr.json").read_text())
     assert meta["data_type"] == "float32" and not meta.get("attributes")
@@ -132,3 +134,44 @@ def test_bfloat16_training_on_the_gpu(umls_dataset, tmp_path, layout):
                       progress=False)
     assert stored(tmp_path / "bf16").dtype == torch.bfloat16
     assert narrow.test_metrics["mrr"] > wide.test_metrics["mrr"] - 0.05 and narrow.test_metrics["mrr"] > 0.3
+
+
+class SimulatedCrash(Exception):
+    pass
+
+
+def test_partitioned_bfloat16_run_resumed_between_states_equals_uninterrupted(umls_dataset, tmp_path, monkeypatch):
+    """A bfloat16 run crashed after its fourth commit between buffer states and resumed ends bitwise where the
+    uninterrupted run does, though the resumed buffer places partitions in other slots: the rounding noise
+    follows the values, not their slots."""
+    from marius_py.trainer import Trainer
+    overrides = ("storage.dtype=bfloat16", "storage.num_partitions=8", "storage.buffer_capacity=3",
+                 "storage.ordering=beta_random", "training.epochs=2", "training.seed=5")
+    mp.train(umls_config(umls_dataset, *overrides), tmp_path / "full", progress=False)
+    original, commits = Trainer._commit_between_states, []
+
+    def commit_then_crash(self, *args):
+        original(self, *args)
+        commits.append(self.state.states_done)
+        if len(commits) == 4:
+            raise SimulatedCrash
+    monkeypatch.setattr(Trainer, "_commit_between_states", commit_then_crash)
+    with pytest.raises(SimulatedCrash):
+        mp.train(umls_config(umls_dataset, *overrides, "training.checkpoint_interval=1e-9"), tmp_path / "split",
+                 progress=False)
+    monkeypatch.setattr(Trainer, "_commit_between_states", original)
+    assert RunDirectory(tmp_path / "split").latest_version().name == "v000000.s000004"
+    mp.train(mp.api.load_run_config(tmp_path / "split"), tmp_path / "split", progress=False, resume=True)
+    for full, split in zip(stored(tmp_path / "full").read_tables(), stored(tmp_path / "split").read_tables()):
+        assert torch.equal(full, split)
+
+
+def test_float32_tables_draw_no_rounding_seed():
+    """float32 runs take no seed from the dropout stream, so their random draws are as before bfloat16 existed."""
+    from pipeline.step import rounding_seed
+    generator = torch.Generator().manual_seed(7)
+    before = generator.get_state()
+    assert rounding_seed(torch.zeros(2, 2), generator) is None
+    assert torch.equal(generator.get_state(), before)
+    assert rounding_seed(torch.zeros(2, 2, dtype=torch.bfloat16), generator) is not None
+    assert not torch.equal(generator.get_state(), before)
