@@ -99,8 +99,8 @@ def rounding_noise(values: torch.Tensor, seed: int, salt: int) -> torch.Tensor:
 def round_stochastic_bfloat16(values: torch.Tensor, seed: int | torch.Tensor, salt: int = 0) -> torch.Tensor:
     """float32 ``values`` ([rows, cols]) rounded at random to bfloat16: each to one of its two bfloat16
     neighbours, with probability proportional to closeness (unbiased over seeds, so small updates survive on
-    average). The result is a function of (values, seed, salt) (``rounding_noise``); values that bfloat16
-    represents stay as they are.
+    average). The result is a function of (values, seed, salt) (``rounding_noise``): equal values in one
+    column round alike; values that bfloat16 represents stay as they are.
     """
     if values.dtype != torch.float32:
         raise ValueError(f"round_stochastic_bfloat16: expected float32 values, got {values.dtype}")
