@@ -131,7 +131,8 @@ class StorageConfig:
                                "training computes in float32 and rounds each update stochastically (FB15k-237: "
                                "no measurable loss in memory, and 16:8 in a float32 16:4 buffer's memory within "
                                "0.0013 of in-memory; disk epochs 2.1-2.3x faster; bench/RESULTS.md). Tables that fit in "
-                               "GPU memory train slower in bfloat16 (no CUDA graph): keep float32 there. One "
+                               "GPU memory train slower in bfloat16 (a gathered step without CUDA graphs): keep "
+                               "float32 there. One "
                                "device, not under torchrun, without storage.negative_cache; a run keeps the "
                                "dtype it started with")
     buffer_capacity: int = _f(0, "partitions held in memory at once when num_partitions > 1 "

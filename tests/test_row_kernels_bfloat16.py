@@ -283,3 +283,14 @@ def test_triton_gather_from_a_bfloat16_table(out_dtype, pinned):
                       torch.tensor([2500], device="cuda"))
     expected = gather_rows(table.cpu(), rows, torch.full((3000, 40), float("nan"), dtype=out_dtype), 2500)
     assert torch.equal(out[:2500].cpu(), expected[:2500]) and out[2500:].isnan().all()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_torch_rounding_on_a_triton_machine_matches_the_cpu():
+    """Where Triton is installed, the torch rounding (CPU pipeline, torch fallbacks) still runs the torch hash:
+    on CUDA and on the CPU it gives the same bits (the Triton helpers once shadowed the torch ones)."""
+    values = torch.randn(300, 37, generator=torch.Generator().manual_seed(4))
+    on_cpu = round_stochastic_bfloat16(values, 11, 1)
+    on_gpu = round_stochastic_bfloat16(values.cuda(), 11, 1)
+    assert torch.equal(on_gpu.cpu(), on_cpu)

@@ -1,3 +1,4 @@
+# Eighteenth session, call 1, one H100: the emulation of bfloat16 storage (bench/storage_precision.py).
 source .runs/prefix.sh
 b="--dataset .data/fb15k-237 --config fb15k-237 --set training.epochs=60"
 go() { name=$1; shift; timeout 575 python bench/partition_accuracy.py $b "$@" --out $OUT/$name.json > /tmp/$name.log 2>&1 & }
