@@ -86,9 +86,9 @@ def add_rows_(embeddings: torch.Tensor, state: torch.Tensor, rows: torch.Tensor,
     """The update stage: add an additive update (delta, g^2) to the stored rows, in place.
 
     Additions commute, so updates that overlap in an asynchronous pipeline are never lost
-    (the pipeline's one update thread applies them in turn). A bfloat16 table (``rows`` unique) adds in float32 and stores the sum rounded
-    stochastically from ``seed`` (required then): rounding to nearest would drop
-    small updates for good.
+    (the pipeline's one update thread applies them in turn). A bfloat16 table (``rows``
+    unique) adds in float32 and stores the sum rounded stochastically from ``seed``
+    (required then): rounding to nearest would drop small updates for good.
     """
     from pipeline.row_kernels import round_stochastic_bfloat16  # local: this interface module imports torch alone
 
