@@ -39,3 +39,5 @@ for f in /tmp/s1-*.log /tmp/f32-*.log; do echo "[$f]"; grep -v "Warning\|warn" $
 # On the 2-core box: CoDEx-M, bundled codex-m config, float32 then bfloat16 tables (the first version's run is
 # stored as cpu-codex-m-first-version.json; cpu-codex-m.json is the final code's):
 python bench/quality.py --runs codex-m:codex-m --datasets-root .data --set storage.dtype=float32,bfloat16 --out bench/results/storage-dtype/cpu-codex-m.json
+# On the 2-core box, CoDEx-M out of core in the same memory (final code):
+python bench/partition_accuracy.py --dataset .data/codex-m --config codex-m --variants default:16:4 default:16:8+storage.dtype=bfloat16 --out bench/results/storage-dtype/cpu-codex-m-partitions.json
