@@ -19,7 +19,7 @@ what joins them:
   threads' kernel launches contend for the GIL.)
 - ``host`` (tables in host memory, CUDA compute): with the fused step, the
   tables are pinned and GPU kernels read and write them in place on two
-  streams (``SpanRunner._run_zero_copy``). Other models: batches staged in
+  streams (``SpanRunner._run_gathered``). Other models: batches staged in
   pinned memory through the full five stages, load -> host-to-device -> compute ->
   device-to-host -> update, with one CUDA stream per transfer direction and one
   for compute, ordered by events.

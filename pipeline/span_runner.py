@@ -67,7 +67,7 @@ class SpanRunner:
                  batch_size: int, fused_step: FusedBatchStep | None = None,
                  graphed_step: GraphedBatchStep | None = None):
         """``fused_step`` updates the tables in place: in GPU memory (training is synchronous there), or in
-        pinned host memory through GPU kernels (``_run_zero_copy``: updates are read-modify-writes in order);
+        pinned host memory through GPU kernels (``_run_gathered``: updates are read-modify-writes in order);
         ``graphed_step`` replays it as a CUDA graph (device placement)."""
         self.model = model
         self.placement = placement
@@ -81,7 +81,7 @@ class SpanRunner:
 
     @property
     def zero_copy(self) -> bool:
-        """Whether host tables are trained in place by GPU kernels (``_run_zero_copy``; the tables must be pinned)."""
+        """Whether host tables are trained in place by GPU kernels (``_run_gathered``; the tables must be pinned)."""
         return self.fused_step is not None and self.placement == PLACEMENT_HOST
 
     @property
@@ -97,10 +97,10 @@ class SpanRunner:
         model = self.model
         # bfloat16 tables in GPU memory take the same gathered step as zero copy: rows gathered into float32
         # (neither the in-place step's kernels nor its CUDA graph read bfloat16 tables)
-        gathered_step = self.fused_step is not None and nodes.is_cuda and nodes.dtype != torch.float32
-        zero_copy = (self.zero_copy and nodes.is_pinned() and state.is_pinned()) or gathered_step
-        if not zero_copy:
-            edges = edges.to(sampling.device)  # once per span (zero copy moves each batch on its load stream)
+        bfloat16_on_gpu = self.fused_step is not None and nodes.is_cuda and nodes.dtype != torch.float32
+        gathered = (self.zero_copy and nodes.is_pinned() and state.is_pinned()) or bfloat16_on_gpu
+        if not gathered:
+            edges = edges.to(sampling.device)  # once per span (the gathered step moves each batch on its load stream)
         batches = (edges[start:start + self.batch_size] for start in range(0, len(edges), self.batch_size))
 
         def load(batch: torch.Tensor) -> BatchInFlight:
@@ -120,8 +120,8 @@ class SpanRunner:
         def update(item: BatchInFlight) -> None:
             add_rows_(nodes, state, item.table_rows, item.delta, item.squared, seed=item.seed)
 
-        if zero_copy:
-            self._run_zero_copy(edges, nodes, state, candidates, sampling, dropout, loss_sum, on_batch)
+        if gathered:
+            self._run_gathered(edges, nodes, state, candidates, sampling, dropout, loss_sum, on_batch)
         elif self.fused_step is not None and self.placement == PLACEMENT_DEVICE:
             graphed = self.graphed_step
             for batch in batches:  # nothing in the step waits for the device: no need to plan ahead
@@ -149,10 +149,12 @@ class SpanRunner:
         if self.device.type == "cuda" and self.placement == PLACEMENT_HOST:
             torch.cuda.synchronize(self.device)  # relation parameters were updated on another stream
 
-    def _run_zero_copy(self, edges, nodes, state, candidates, sampling, dropout, loss_sum, on_batch) -> None:
-        """Host tables (pinned) read and written in place by GPU kernels over PCIe; no host work per row.
-        (bfloat16 tables in GPU memory run here too, their rows gathered into float32 the same way, with
-        load and compute on one stream: synchronous, as in-place training in GPU memory is.)
+    def _run_gathered(self, edges, nodes, state, candidates, sampling, dropout, loss_sum, on_batch) -> None:
+        """The fused step on each batch's rows gathered into float32, updates written in place by GPU kernels.
+
+        Zero copy: host tables (pinned) read and written over PCIe; no host work per row.
+        bfloat16 tables in GPU memory run here too (the in-place step reads float32 only), with
+        load and compute on one stream: synchronous, as in-place training in GPU memory is.
 
         The five stages become two CUDA streams: load (plan on the GPU from
         the host generator's draws; the rows' embeddings gathered from the host
@@ -164,7 +166,7 @@ class SpanRunner:
         rows, in batch order, so none is lost.
         """
         device, model = self.device, self.model
-        load, compute = self._zero_copy_streams()
+        load, compute = self._gathered_streams()
         if nodes.is_cuda:  # bfloat16 tables in GPU memory: one stream, so that each gather follows every earlier
             load = compute  # update, as training in GPU memory is synchronous whatever the bound
         for stream in (load, compute):  # after what the caller queued (the zeroed loss, earlier spans)
@@ -198,7 +200,7 @@ class SpanRunner:
             on_batch(1)
         torch.cuda.current_stream(device).wait_stream(compute)
 
-    def _zero_copy_streams(self) -> tuple[torch.cuda.Stream, torch.cuda.Stream]:
+    def _gathered_streams(self) -> tuple[torch.cuda.Stream, torch.cuda.Stream]:
         if not hasattr(self, "_streams"):
             self._streams = torch.cuda.Stream(self.device), torch.cuda.Stream(self.device)
         return self._streams
