@@ -161,9 +161,10 @@ def predicted_io(config: dict, num_nodes: int) -> dict:
                                      for key, value in values.items()])
     s, dim = resolved.storage, resolved.model.dim
     state_dim = 1 if resolved.training.adagrad_variant == "rowwise" else dim
-    chunk_bytes = partition_size(num_nodes, s.num_partitions) * (dim + state_dim) * getattr(torch, s.dtype).itemsize
+    itemsize = getattr(torch, s.dtype).itemsize
+    chunk_bytes = partition_size(num_nodes, s.num_partitions) * (dim + state_dim) * itemsize
     cache_bytes = cache_bytes_per_epoch(num_nodes, s.num_partitions, s.negative_cache,
-                                        cache_row_bytes(dim, state_dim, s.negative_cache_gradients))
+                                        cache_row_bytes(dim, state_dim, s.negative_cache_gradients, itemsize))
     totals = {"partitions_read": 0, "partitions_written": 0, "bytes_read": 0, "bytes_written": 0,
               "cache_bytes_read": 0}
     for epoch in range(1, resolved.training.epochs + 1):

@@ -158,9 +158,6 @@ def cmd_ordering(args) -> None:
     if not 2 <= args.buffer <= args.partitions:
         raise MariusInputError(f"--buffer {args.buffer} with --partitions {args.partitions}", path="command line",
                                expected="2 <= --buffer <= --partitions")
-    if args.dtype != "float32" and args.negative_cache:
-        raise MariusInputError(f"--negative-cache with --dtype {args.dtype}", path="command line",
-                               expected="float32 with a negative cache (storage.dtype)")
     state_dim = 1 if args.rowwise else args.dim
     import torch
     itemsize = getattr(torch, args.dtype).itemsize
@@ -193,12 +190,12 @@ def cmd_ordering(args) -> None:
     if num_nodes and args.negative_cache:
         from storage.negative_cache import cache_bytes_per_epoch, cache_row_bytes, cached_rows
         extra = cache_bytes_per_epoch(num_nodes, args.partitions, args.negative_cache,
-                                      cache_row_bytes(args.dim, state_dim, args.negative_cache_gradients))
+                                      cache_row_bytes(args.dim, state_dim, args.negative_cache_gradients, itemsize))
         beta = next(r for r in table if r.ordering == "beta")
         print(f"negative cache {args.negative_cache:g}: {cached_rows(rows, args.negative_cache):,} rows of every "
               f"partition, read once an epoch: +{format_bytes(extra)} per epoch "
               f"({100 * extra / beta.bytes_read:.1f}% of beta's reads), "
-              f"{format_bytes(cached_rows(rows, args.negative_cache) * args.partitions * (args.dim + state_dim) * 4)} "
+              f"{format_bytes(cached_rows(rows, args.negative_cache) * args.partitions * row_bytes)} "
               f"more memory")
     if not num_nodes:
         print("bytes are 0: give --dataset DIR or --nodes N (and --dim) to size the partitions")

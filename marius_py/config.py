@@ -133,8 +133,7 @@ class StorageConfig:
                                "0.0013 of in-memory; disk epochs 2.1-2.3x faster; bench/RESULTS.md). Tables that fit in "
                                "GPU memory train slower in bfloat16 (a gathered step without CUDA graphs): keep "
                                "float32 there. One "
-                               "device, not under torchrun, without storage.negative_cache; a run keeps the "
-                               "dtype it started with")
+                               "device, not under torchrun; a run keeps the dtype it started with")
     buffer_capacity: int = _f(0, "partitions held in memory at once when num_partitions > 1 "
                                  "(0: all of them)")
     ordering: str = _f("comet", f"order of buffer states and buckets, one of {ORDERING_NAMES}. comet: BETA's "
@@ -354,8 +353,6 @@ def _check_devices(devices: str, _check) -> None:
 
 def _check_storage(s: StorageConfig, _check) -> None:
     _check(s.dtype in STORAGE_DTYPES, "storage.dtype", f"expected one of {', '.join(STORAGE_DTYPES)}", s.dtype)
-    _check(s.dtype == "float32" or s.negative_cache == 0, "storage.dtype",
-           "expected float32 with storage.negative_cache (its rows are kept in float32 only)", s.dtype)
     _check(s.ordering in ORDERING_NAMES, "storage.ordering", f"expected one of {', '.join(ORDERING_NAMES)}",
            s.ordering)
     _check(s.buffer_capacity >= 0, "storage.buffer_capacity", "expected >= 0", s.buffer_capacity)

@@ -26,6 +26,10 @@ partition would be in memory (its rows repeated), so negatives come from
 every partition in proportion to its size, as in memory. 1-vs-all scoring
 (``num_negatives=-1``) scores every candidate row once, whatever ``draws``.
 
+Tables in bfloat16 (``storage.dtype``) hold their blocks in bfloat16 too: the
+reads are half, and ``defer`` adds a block's change in float32, rounded to
+nearest once per admission (the step's own updates round stochastically).
+
 Mid-epoch commits (``training.checkpoint_interval``) are off with a cache:
 its blocks are not part of a checkpoint.
 
@@ -47,6 +51,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from storage.chunk_files import raw_bytes
 from storage.partitioning import partition_bounds
 
 REFRESH_POLICIES = ("evict", "epoch")
@@ -59,9 +64,10 @@ def cached_rows(rows_per_partition: int, fraction: float) -> int:
     return max(1, round(fraction * rows_per_partition)) if fraction > 0 else 0
 
 
-def cache_row_bytes(dim: int, state_dim: int, gradients: str) -> int:
-    """Bytes the cache reads per row: the embedding, and with ``defer`` the optimizer state."""
-    return (dim + (state_dim if gradients == "defer" else 0)) * 4
+def cache_row_bytes(dim: int, state_dim: int, gradients: str, itemsize: int = 4) -> int:
+    """Bytes the cache reads per row of ``itemsize``-byte values: the embedding, and with ``defer`` the optimizer
+    state."""
+    return (dim + (state_dim if gradients == "defer" else 0)) * itemsize
 
 
 def cache_bytes_per_epoch(num_nodes: int, num_partitions: int, fraction: float, row_bytes: int) -> int:
@@ -122,7 +128,7 @@ class NegativeCache:
             for p in range(len(self.valid)):
                 first, count = self.offsets[p], self.counts[p]
                 head = min(count, self.valid[p] - first)
-                block = region[p * self.block:p * self.block + count].numpy()
+                block = raw_bytes(region[p * self.block:p * self.block + count])
                 nbytes += chunk_files.read_rows(p, first, head, block[:head])
                 if count > head:  # the run wraps to the partition's first rows
                     nbytes += chunk_files.read_rows(p, 0, count - head, block[head:])
@@ -156,7 +162,8 @@ class NegativeCache:
         region = self.region(partition)
         local = slice(region.start - self.base, region.stop - self.base)
         for table, snapshot in zip(tables, self._snapshot):
-            table.index_add_(0, rows, table[region] - snapshot[local])
+            change = table[region].float() - snapshot[local].float()
+            table[rows] = (table[rows].float() + change).to(table.dtype)  # a block's rows are distinct
             snapshot[local] = table[region]
 
     def _remember(self, tables: list[torch.Tensor]) -> None:

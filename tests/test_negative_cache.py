@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from test_buffer import DIM, HAND_STATES, expected_tables, make_store
+from test_buffer import DIM, HAND_STATES, STATE_DIM, expected_tables, id_rows, make_store
 
 import marius_py as mp
 from marius_py.config import load_config
@@ -20,16 +20,29 @@ from marius_py.negatives import CandidateRows
 from marius_py.preprocess import PreprocessOptions, preprocess
 from orderings import build_ordering, simulate
 from storage.buffer import PartitionBuffer
+from storage.embedding_store import EmbeddingStore
 from storage.negative_cache import NegativeCache, cache_bytes_per_epoch, cached_rows
 
 NUM_NODES, NUM_PARTITIONS = 19, 5  # 4 rows per partition, the last has 3
 UMLS_RAW = Path(__file__).parent / "data" / "umls"
 
 
-def make_buffer(tmp_path, refresh="evict", gradients="drop", fraction=0.5):
+def make_buffer(tmp_path, refresh="evict", gradients="drop", fraction=0.5, dtype=torch.float32):
+    """A buffer of capacity 2 with a cache over a store of ``starting_tables(dtype)``."""
     store = make_store(tmp_path / "s", NUM_NODES, NUM_PARTITIONS)
+    if dtype != torch.float32:
+        store = EmbeddingStore.create(tmp_path / "b", NUM_NODES, DIM, STATE_DIM, NUM_PARTITIONS, dtype=dtype)
+        store.write_all(*starting_tables(dtype))
     cache = NegativeCache(NUM_NODES, NUM_PARTITIONS, store.rows_per_partition, fraction, refresh, gradients, seed=1)
     return store, PartitionBuffer(store, capacity=2, cache=cache)
+
+
+def starting_tables(dtype: torch.dtype) -> tuple[np.ndarray, np.ndarray]:
+    """The stores' rows: ids with quarters (``test_buffer``) in float32; in bfloat16 whole numbers, which it
+    holds exactly up to 256, so that the walks below stay exact."""
+    if dtype == torch.float32:
+        return expected_tables(NUM_NODES)
+    return id_rows(NUM_NODES, DIM, step=1.0), id_rows(NUM_NODES, STATE_DIM, sign=-1.0, step=-1.0)
 
 
 def block_ids(buffer: PartitionBuffer, partition: int) -> np.ndarray:
@@ -39,7 +52,7 @@ def block_ids(buffer: PartitionBuffer, partition: int) -> np.ndarray:
 
 def cached(buffer: PartitionBuffer, partition: int) -> tuple[np.ndarray, np.ndarray]:
     region = buffer.cache.region(partition)
-    return buffer.embeddings[region].numpy().copy(), buffer.state[region].numpy().copy()
+    return buffer.embeddings[region].float().numpy(), buffer.state[region].float().numpy()
 
 
 def test_cached_rows_rounds_a_fraction_of_a_partition():
@@ -50,9 +63,10 @@ def test_cached_rows_rounds_a_fraction_of_a_partition():
     assert cache_bytes_per_epoch(NUM_NODES, NUM_PARTITIONS, 1.0, 20) == NUM_NODES * 20
 
 
-def test_candidates_are_resident_rows_and_blocks_of_the_others(tmp_path):
-    store, buffer = make_buffer(tmp_path)
-    emb, state = expected_tables(NUM_NODES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_candidates_are_resident_rows_and_blocks_of_the_others(tmp_path, dtype):
+    store, buffer = make_buffer(tmp_path, dtype=dtype)
+    emb, state = starting_tables(dtype)
     try:
         for view in buffer.walk(HAND_STATES, epoch=3):
             outside = [p for p in range(NUM_PARTITIONS) if p not in view.partitions]
@@ -62,8 +76,9 @@ def test_candidates_are_resident_rows_and_blocks_of_the_others(tmp_path):
                 np.testing.assert_array_equal(cached(buffer, p)[0], emb[block_ids(buffer, p)])
                 assert np.isposinf(cached(buffer, p)[1]).all()  # drop: read-only by an infinite accumulator
         buffer.flush()
-        # drop reads the embeddings only
-        assert buffer.counters.cache_bytes_read == cache_bytes_per_epoch(NUM_NODES, NUM_PARTITIONS, 0.5, DIM * 4)
+        # drop reads the embeddings only, in the store's dtype (bfloat16: half the bytes)
+        assert buffer.counters.cache_bytes_read == cache_bytes_per_epoch(NUM_NODES, NUM_PARTITIONS, 0.5,
+                                                                         DIM * dtype.itemsize)
         assert buffer.cache.counts == [2, 2, 2, 2, 2]
         offsets = list(buffer.cache.offsets)
         list(buffer.walk(HAND_STATES, epoch=3))
@@ -74,10 +89,10 @@ def test_candidates_are_resident_rows_and_blocks_of_the_others(tmp_path):
         buffer.close()
 
 
-def walk_updating_cache(buffer, refresh, gradients, resident_delta, cache_delta):
+def walk_updating_cache(buffer, refresh, gradients, resident_delta, cache_delta, dtype=torch.float32):
     """Walk HAND_STATES adding ``resident_delta`` to resident rows and ``cache_delta`` to every cached block at
     each state; return the tables the store must hold, tracking what each policy does."""
-    emb, state = expected_tables(NUM_NODES)
+    emb, state = starting_tables(dtype)
     pending = {p: 0.0 for p in range(NUM_PARTITIONS)}  # cache change since the block's refresh or admission
     previous = set()
     for k, view in enumerate(buffer.walk(HAND_STATES, epoch=1)):
@@ -112,16 +127,18 @@ def walk_updating_cache(buffer, refresh, gradients, resident_delta, cache_delta)
 
 @pytest.mark.parametrize("refresh", ["evict", "epoch"])
 @pytest.mark.parametrize("gradients", ["drop", "defer"])
-def test_refresh_and_gradient_policies(tmp_path, refresh, gradients):
-    store, buffer = make_buffer(tmp_path, refresh, gradients)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_refresh_and_gradient_policies(tmp_path, refresh, gradients, dtype):
+    store, buffer = make_buffer(tmp_path, refresh, gradients, dtype=dtype)
+    cache_delta = 1000.0 if dtype == torch.float32 else 16.0  # bfloat16: sums stay whole numbers under 256
     try:
-        emb, state = walk_updating_cache(buffer, refresh, gradients, resident_delta=1.0, cache_delta=1000.0)
+        emb, state = walk_updating_cache(buffer, refresh, gradients, 1.0, cache_delta, dtype)
     finally:
         buffer.close()
     stored_emb, stored_state = store.read_all()
     np.testing.assert_array_equal(stored_emb, emb)
     np.testing.assert_array_equal(stored_state, state)
-    changed = (stored_emb[:, 0] - expected_tables(NUM_NODES)[0][:, 0]) >= 1000
+    changed = (stored_emb[:, 0] - starting_tables(dtype)[0][:, 0]) >= cache_delta
     assert changed.any() == (gradients == "defer")  # deferred updates reached the store, dropped ones did not
 
 
@@ -177,16 +194,26 @@ def cache_config(dataset, *overrides):
                               *overrides])
 
 
-@pytest.mark.parametrize("draws", ["rows", "partitions"])
-def test_training_with_the_cache_learns_and_reads_what_the_simulator_says(umls_p8, tmp_path, draws):
-    model = mp.train(cache_config(umls_p8, "training.epochs=3", "storage.negative_cache_gradients=defer",
-                                  f"storage.negative_cache_draws={draws}"), tmp_path / "run", progress=False)
+@pytest.mark.parametrize("draws, dtype", [("rows", "float32"), ("partitions", "float32"), ("rows", "bfloat16")])
+def test_training_with_the_cache_learns_and_reads_what_the_simulator_says(umls_p8, tmp_path, draws, dtype):
+    check_cache_training(umls_p8, tmp_path / "run", dtype, f"storage.negative_cache_draws={draws}")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_training_with_the_cache_on_the_gpu(umls_p8, tmp_path, dtype):
+    check_cache_training(umls_p8, tmp_path / "run", dtype, "training.device=cuda")
+
+
+def check_cache_training(dataset, run, dtype, *overrides):
+    """Three epochs with a deferring cache learn, and every epoch reads what the simulator says."""
+    model = mp.train(cache_config(dataset, "training.epochs=3", "storage.negative_cache_gradients=defer",
+                                  f"storage.dtype={dtype}", *overrides), run, progress=False)
     assert model.test_metrics["mrr"] > 0.3, model.test_metrics
-    records = [r for r in mp.checkpoint.RunDirectory(tmp_path / "run").read_metrics() if r["event"] == "epoch"]
-    store = mp.checkpoint.RunDirectory(tmp_path / "run").path / mp.checkpoint.LIVE_STORE
-    from storage.embedding_store import EmbeddingStore
-    store = EmbeddingStore(store, mode="r")
-    row_bytes = (16 + 16) * 4  # defer reads embeddings and accumulators
+    records = [r for r in mp.checkpoint.RunDirectory(run).read_metrics() if r["event"] == "epoch"]
+    store = EmbeddingStore(mp.checkpoint.RunDirectory(run).path / mp.checkpoint.LIVE_STORE, mode="r")
+    row_bytes = (16 + 16) * getattr(torch, dtype).itemsize  # defer reads embeddings and accumulators
     block = round(0.25 * store.rows_per_partition)
     cache_bytes = sum(min(block, store.bounds(p)[1] - store.bounds(p)[0]) for p in range(8)) * row_bytes
     assert cache_bytes == cache_bytes_per_epoch(store.num_nodes, 8, 0.25, row_bytes) > 0
@@ -197,11 +224,11 @@ def test_training_with_the_cache_learns_and_reads_what_the_simulator_says(umls_p
         assert record["io"]["cache_bytes_read"] == cache_bytes
 
 
-@pytest.mark.parametrize("gradients", ["drop", "defer"])
-def test_resume_with_the_cache_equals_uninterrupted(umls_p8, tmp_path, gradients):
-    policy = f"storage.negative_cache_gradients={gradients}"
-    mp.train(cache_config(umls_p8, "training.epochs=3", policy), tmp_path / "full", progress=False)
-    mp.train(cache_config(umls_p8, "training.epochs=1", policy), tmp_path / "split", progress=False)
+@pytest.mark.parametrize("gradients, dtype", [("drop", "float32"), ("defer", "float32"), ("defer", "bfloat16")])
+def test_resume_with_the_cache_equals_uninterrupted(umls_p8, tmp_path, gradients, dtype):
+    policy = [f"storage.negative_cache_gradients={gradients}", f"storage.dtype={dtype}"]
+    mp.train(cache_config(umls_p8, "training.epochs=3", *policy), tmp_path / "full", progress=False)
+    mp.train(cache_config(umls_p8, "training.epochs=1", *policy), tmp_path / "split", progress=False)
     resumed = mp.api.load_run_config(tmp_path / "split", ["training.epochs=3"])
     mp.train(resumed, tmp_path / "split", progress=False, resume=True)
     full, split = (mp.checkpoint.load_version(mp.checkpoint.RunDirectory(tmp_path / name).latest_version())
@@ -218,3 +245,8 @@ def test_cli_ordering_reports_the_cache_io(capsys):
     # 16 partitions x 3,125 rows x 100 x 4 B (embeddings: drop) = 20,000,000 B; beta reads 2.1 GiB an epoch
     assert "3,125 rows" in line and "+19.1 MiB per epoch" in line and "(0.9% of beta's reads)" in line
     assert "38.1 MiB more memory" in line  # embeddings and accumulators
+    assert main(["ordering", "-p", "16", "-c", "4", "--nodes", "1000000", "--dim", "100",
+                 "--negative-cache", "0.05", "--dtype", "bfloat16"]) == 0
+    line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("negative cache"))
+    # bfloat16: half the bytes of the cache and of beta's reads alike
+    assert "+9.5 MiB per epoch" in line and "(0.9% of beta's reads)" in line and "19.1 MiB more memory" in line

@@ -93,7 +93,6 @@ def test_resuming_with_another_dtype_is_refused_by_name(umls_dataset, tmp_path, 
 
 @pytest.mark.parametrize("overrides, message", [
     (["storage.dtype=float16"], "expected one of float32, bfloat16"),
-    (["storage.dtype=bfloat16", "storage.num_partitions=4", "storage.negative_cache=0.1"], "negative_cache"),
     (["storage.dtype=bfloat16", "training.devices=cpu,cpu"], "several devices"),
 ])
 def test_bad_dtype_settings_are_refused(umls_dataset, overrides, message):
@@ -109,7 +108,6 @@ def test_cli_ordering_sizes_bfloat16_partitions(capsys):
     assert main(args + ["--dtype", "bfloat16"]) == 0
     narrow = capsys.readouterr().out
     assert "x 4 B (float32)" in wide and "x 2 B (bfloat16)" in narrow
-    assert main(args + ["--dtype", "bfloat16", "--negative-cache", "0.1"]) == 2
 
 
 def test_a_float32_store_is_plain_float32_zarr(tmp_path):
