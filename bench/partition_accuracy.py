@@ -57,7 +57,7 @@ from storage_precision import PRECISIONS, emulated_storage, emulation_overrides,
 import marius_py as mp  # noqa: E402
 from marius_py.negatives import CandidateRows  # noqa: E402
 from marius_py.trainer import Trainer, TrainingSpan, epoch_ordering  # noqa: E402
-from orderings import simulate  # noqa: E402
+from orderings import is_two_level, simulate  # noqa: E402
 from orderings.simulator import format_bytes  # noqa: E402
 from storage.negative_cache import cache_bytes_per_epoch, cache_row_bytes  # noqa: E402
 from storage.partitioning import partition_bounds, partition_of, partition_size  # noqa: E402
@@ -76,7 +76,7 @@ def variant_overrides(spec: str, group_size: int) -> list[str]:
     if ordering == "default":
         return [f"storage.num_partitions={p}", f"storage.buffer_capacity={c}", "storage.comet_group_size=0",
                 *extra]
-    k = int(k[0]) if k else (group_size if ordering == "comet" else 1)
+    k = int(k[0]) if k else (group_size if is_two_level(ordering) else 1)
     return [f"storage.ordering={ordering}", f"storage.num_partitions={int(p) * k}",
             f"storage.buffer_capacity={int(c) * k}", f"storage.comet_group_size={k}", *extra]
 

@@ -18,6 +18,7 @@ import yaml
 
 from marius_py import models
 from orderings import ORDERINGS, default_group_size, default_split
+from orderings.affine import AFFINE_BUFFERS
 from marius_py.errors import MariusInputError
 from storage.negative_cache import DRAW_POLICIES, GRADIENT_POLICIES, REFRESH_POLICIES
 from storage.partitioning import partitions_filled
@@ -384,11 +385,17 @@ def _check_storage(s: StorageConfig, _check) -> None:
         _split_for_regrouping(s)
         s.comet_group_size = default_group_size(s.num_partitions, s.buffer_capacity)
     s.comet_split = s.comet_split or 1
-    if s.ordering == "comet" and s.num_partitions > 1:
+    if s.ordering in ("comet", "affine") and s.num_partitions > 1:
         k = s.comet_group_size
         _check(k >= 1 and s.num_partitions % k == 0 and s.buffer_capacity % k == 0
                and s.buffer_capacity // k >= 2, "storage.comet_group_size",
                "expected a divisor of num_partitions and buffer_capacity leaving >= 2 groups in the buffer", k)
+    if s.ordering == "affine" and s.num_partitions > 1:
+        logical, slots = s.num_partitions // s.comet_group_size, s.buffer_capacity // s.comet_group_size
+        _check(logical == slots * slots and slots in AFFINE_BUFFERS, "storage.ordering",
+               f"expected affine with num_partitions / comet_group_size = (buffer_capacity / comet_group_size)^2 "
+               f"and a buffer of {', '.join(map(str, AFFINE_BUFFERS))} groups ({logical} groups, {slots} in the "
+               f"buffer)", s.ordering)
 
 
 def _split_for_regrouping(s: StorageConfig) -> None:

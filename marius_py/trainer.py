@@ -46,7 +46,7 @@ from marius_py.random_streams import device_names, epoch_generators, flat
 from marius_py.resources import check_memory, check_partitioning
 from marius_py.step.model import Model
 from marius_py.step.runners import build_multi_device_runner, build_span_runner
-from orderings import Ordering, balanced_buckets, build_ordering
+from orderings import Ordering, balanced_buckets, build_ordering, is_two_level
 from pipeline.placements import PLACEMENT_DEVICE, choose_devices_placement, choose_placement
 from pipeline.row_kernels import zero_copy_available
 from storage.buffer import BufferView, PartitionBuffer
@@ -71,8 +71,8 @@ def tf32_matmuls(enabled: bool):
 def epoch_ordering(config: Config, epoch: int) -> Ordering:
     """An epoch's ordering over storage partitions (seeded by training.seed and the epoch)."""
     s = config.storage
-    group = s.comet_group_size if s.ordering == "comet" else 1
-    options = {"group_size": group} if s.ordering == "comet" else {}
+    group = s.comet_group_size if is_two_level(s.ordering) else 1
+    options = {"group_size": group} if is_two_level(s.ordering) else {}
     return build_ordering(s.ordering, s.num_partitions // group, s.buffer_capacity // group,
                           seed=config.training.seed, epoch=epoch, **options)
 
@@ -254,7 +254,7 @@ class Trainer:
 
     def _swap_size(self) -> int:
         s = self.config.storage
-        return s.comet_group_size if s.ordering == "comet" else 1
+        return s.comet_group_size if is_two_level(s.ordering) else 1
 
     def _table_bytes(self) -> int:
         """Memory of the node tables training holds: the buffer's slots, or the whole tables."""

@@ -46,13 +46,13 @@ from orderings.balance import balanced_buckets
 from orderings.bounds import beta_swap_count, swap_lower_bound
 from orderings.comet import default_group_size, default_split
 from orderings.ordering import Bucket, Ordering, State, Swap, relabel
-from orderings.registry import ORDERINGS, OrderingSpec, build_ordering, get_spec, register_ordering
+from orderings.registry import ORDERINGS, OrderingSpec, build_ordering, get_spec, is_two_level, register_ordering
 from orderings.simulator import IOStats, compare_orderings, format_table, simulate
 
 __all__ = [
     "Bucket", "IOStats", "ORDERINGS", "Ordering", "OrderingSpec", "State", "Swap", "balanced_buckets",
     "beta_swap_count",
     "build_ordering", "compare_orderings", "default_group_size", "default_split", "format_table", "get_spec",
-    "register_ordering", "relabel",
+    "is_two_level", "register_ordering", "relabel",
     "simulate", "swap_lower_bound",
 ]

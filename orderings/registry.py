@@ -15,6 +15,7 @@ from typing import Callable
 import numpy as np
 
 from orderings.beta import build_beta, build_beta_random
+from orderings.affine import build_affine
 from orderings.comet import build_comet
 from orderings.ordering import Ordering, check_sizes, relabel
 from orderings.visits import build_hilbert, build_hilbert_symmetric, build_sequential
@@ -66,8 +67,16 @@ for _spec in (
     OrderingSpec("comet", build_comet, "two-level: random groups of physical partitions, BETA over groups, "
                  "random assignment of physical buckets", randomized=True, permute_labels=None,
                  options=("group_size",)),
+    OrderingSpec("affine", build_affine, "two-level: random groups, the buffer walks the lines of an affine "
+                 "plane over the groups (p = c^2 logical partitions: each trained in c + 1 states)",
+                 randomized=True, permute_labels=None, options=("group_size",)),
 ):
     register_ordering(_spec)
+
+
+def is_two_level(name: str) -> bool:
+    """Does ordering ``name`` group physical partitions into logical ones (``group_size``)?"""
+    return "group_size" in get_spec(name).options
 
 
 def get_spec(name: str) -> OrderingSpec:
