@@ -18,7 +18,7 @@ import yaml
 
 from marius_py import models
 from orderings import ORDERINGS, default_group_size, default_split
-from orderings.affine import AFFINE_BUFFERS
+from orderings.affine import AFFINE_BUFFERS, affine_group_size, affine_split
 from marius_py.errors import MariusInputError
 from storage.negative_cache import DRAW_POLICIES, GRADIENT_POLICIES, REFRESH_POLICIES
 from storage.partitioning import partitions_filled
@@ -139,8 +139,12 @@ class StorageConfig:
                                  "(0: all of them)")
     ordering: str = _f("comet", f"order of buffer states and buckets, one of {ORDERING_NAMES}. comet: BETA's "
                                 f"states over logical partitions of storage.comet_group_size physical ones, "
-                                f"regrouped at random every epoch (accuracy near in-memory training); beta: "
-                                f"plain BETA over the physical partitions (least IO)")
+                                f"regrouped at random every epoch (accuracy near in-memory training); affine: "
+                                f"the same groups, the buffer walking the lines of an affine plane (P = C^2 "
+                                f"logical partitions, e.g. 16:4: each trained in C + 1 states instead of comet's "
+                                f"2P/C - 1; FB15k-237 at a quarter resident lost 0.0066 instead of 0.0103, at "
+                                f"+5% IO; bench/RESULTS.md); beta: plain BETA over the physical partitions "
+                                f"(least IO)")
     edge_assignment: str = _f("bucket", "which state trains an edge: 'bucket' (the ordering's bucket "
                                         "assignment), 'balanced' (whole buckets, each to the state holding "
                                         "both its partitions that evens the edges per state: the first state's "
@@ -155,15 +159,19 @@ class StorageConfig:
     io_threads: int = _f(1, "threads reading partitions into the buffer and as many writing them back (more "
                             "overlap page-cache copies of several partitions; disk IO with O_DIRECT was "
                             "measured with 1)")
-    comet_group_size: int = _f(0, "comet ordering: physical partitions per logical one, regrouped at "
-                                  "random every epoch (0: the largest k <= 8 dividing num_partitions and "
-                                  "buffer_capacity that leaves >= 2 groups in the buffer, 1 if none)")
-    comet_split: int = _f(0, "comet ordering with an automatic comet_group_size: each of num_partitions is "
+    comet_group_size: int = _f(0, "comet and affine orderings: physical partitions per logical one, regrouped "
+                                  "at random every epoch (0: for comet the largest k <= 8 dividing num_partitions "
+                                  "and buffer_capacity that leaves >= 2 groups in the buffer, 1 if none; for "
+                                  "affine buffer_capacity^2 / num_partitions, after a P = C^2 store is split in "
+                                  "4 as comet_split does)")
+    comet_split: int = _f(0, "comet (and affine) ordering with an automatic comet_group_size: each of "
+                             "num_partitions is "
                              "stored as this many physical partitions, and buffer_capacity likewise (the same "
                              "memory and bytes read), so that groups of 8 can be regrouped every epoch "
                              "(measured: CoDEx-M within 0.005 of in-memory test MRR at 8:2, 16:4 and 32:8, "
                              "where groups of 1-2 lost up to 0.024; bench/RESULTS.md). 0: "
                              "automatic, the smallest split <= 8 giving groups of 8 with at most 256 partitions "
+                             "(affine: 4, or 2 past 256) "
                              "(lowered when the graph's nodes cannot fill them; 1 under torchrun, whose "
                              "scheduler does not follow an ordering); 1: as given. A run's config.yaml "
                              "records the split applied")
@@ -383,7 +391,7 @@ def _check_storage(s: StorageConfig, _check) -> None:
            s.comet_split)
     if s.comet_group_size == 0:  # automatic: every valid partitions/buffer pair gets a group size
         _split_for_regrouping(s)
-        s.comet_group_size = default_group_size(s.num_partitions, s.buffer_capacity)
+        s.comet_group_size = automatic_group_size(s)
     s.comet_split = s.comet_split or 1
     if s.ordering in ("comet", "affine") and s.num_partitions > 1:
         k = s.comet_group_size
@@ -393,18 +401,19 @@ def _check_storage(s: StorageConfig, _check) -> None:
     if s.ordering == "affine" and s.num_partitions > 1:
         logical, slots = s.num_partitions // s.comet_group_size, s.buffer_capacity // s.comet_group_size
         _check(logical == slots * slots and slots in AFFINE_BUFFERS, "storage.ordering",
-               f"expected affine with num_partitions / comet_group_size = (buffer_capacity / comet_group_size)^2 "
-               f"and a buffer of {', '.join(map(str, AFFINE_BUFFERS))} groups ({logical} groups, {slots} in the "
-               f"buffer)", s.ordering)
+               f"expected affine's layout, P = C^2 / k partitions and a buffer of C with C / k in "
+               f"{', '.join(map(str, AFFINE_BUFFERS))} (e.g. 16:4, 64:8, 64:16); got {s.num_partitions}:"
+               f"{s.buffer_capacity} with comet_group_size {s.comet_group_size}", s.ordering)
 
 
 def _split_for_regrouping(s: StorageConfig) -> None:
     """Apply ``storage.comet_split`` (module field help): physical counts from the given ones."""
     from marius_py.distributed.group import launched_by_torchrun  # (the package imports this module)
-    if s.ordering != "comet":
+    if s.ordering not in ("comet", "affine"):
         split = 1
     elif s.comet_split == 0:
-        split = 1 if launched_by_torchrun() else default_split(s.num_partitions, s.buffer_capacity)
+        chosen = default_split if s.ordering == "comet" else affine_split
+        split = 1 if launched_by_torchrun() else chosen(s.num_partitions, s.buffer_capacity)
     else:
         split = s.comet_split
     s.num_partitions, s.buffer_capacity, s.comet_split = s.num_partitions * split, s.buffer_capacity * split, split
@@ -420,7 +429,15 @@ def fit_comet_split(s: StorageConfig, num_nodes: int) -> None:
                   if partitions_filled(num_nodes, given_partitions * m) == given_partitions * m), 1)
     if split != s.comet_split:
         s.num_partitions, s.buffer_capacity, s.comet_split = given_partitions * split, given_buffer * split, split
-        s.comet_group_size = default_group_size(s.num_partitions, s.buffer_capacity)
+        s.comet_group_size = automatic_group_size(s)
+
+
+def automatic_group_size(s: StorageConfig) -> int:
+    """``storage.comet_group_size=0``: comet's default (``default_group_size``), or for affine the k that makes
+    the logical partitions the square of those in the buffer."""
+    if s.ordering == "affine":
+        return affine_group_size(s.num_partitions, s.buffer_capacity)
+    return default_group_size(s.num_partitions, s.buffer_capacity)
 
 
 def _coerce(value, annotation, path: str, source):

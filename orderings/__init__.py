@@ -28,7 +28,7 @@ storage partitions in the buffer during state ``k``. See ``orderings.comet``.
 
 Registered orderings (``ORDERINGS``; ``build_ordering(name, p, c, seed, epoch,
 **options)``): ``beta``, ``beta_random``, ``sequential``, ``hilbert``,
-``hilbert_symmetric``, ``comet``. ``beta``/``beta_random`` relabel partitions with
+``hilbert_symmetric``, ``comet``, ``affine`` (two-level, p = c^2 logical partitions). ``beta``/``beta_random`` relabel partitions with
 a random permutation per (seed, epoch), as Marius does; ``comet`` regroups its
 physical partitions per (seed, epoch); the three curve baselines are the same
 every epoch unless ``permute_labels=True``.

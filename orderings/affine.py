@@ -39,6 +39,22 @@ def _is_prime(q: int) -> bool:
 AFFINE_BUFFERS = tuple(q for q in range(2, 32) if _is_prime(q) or q in _GF2_POLYNOMIALS)
 
 
+def affine_split(num_partitions: int, capacity: int, most: int = 256) -> int:
+    """Physical partitions each of ``num_partitions`` becomes when ``affine`` picks its own store: 4 (groups of 4
+    regrouped every epoch, as measured), or fewer past ``most`` partitions; 1 unless ``num_partitions`` is
+    ``capacity^2`` (the layout affine needs) with ``capacity < num_partitions`` one of ``AFFINE_BUFFERS``."""
+    if num_partitions != capacity * capacity or capacity == num_partitions or capacity not in AFFINE_BUFFERS:
+        return 1
+    return next((m for m in (4, 2) if num_partitions * m <= most), 1)
+
+
+def affine_group_size(num_physical: int, capacity: int) -> int:
+    """The group size k making ``num_physical / k`` logical partitions the square of the ``capacity / k`` in
+    the buffer: ``capacity^2 / num_physical`` (1 when that is not whole: the config refuses the layout)."""
+    k, rest = divmod(capacity * capacity, num_physical)
+    return k if k >= 1 and rest == 0 and capacity % k == 0 else 1
+
+
 def field_tables(q: int) -> tuple[np.ndarray, np.ndarray]:
     """Addition and multiplication tables of GF(q), q a prime or 4, 8 or 16 (elements 0..q-1)."""
     if _is_prime(q):

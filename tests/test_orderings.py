@@ -355,3 +355,23 @@ def test_balanced_buckets_keep_states_and_even_the_load(name, p, c, seed):
     assert max(loads(balanced)) <= max(loads(ordering))
     if name == "beta" and (p, c) == (16, 8):
         assert max(loads(balanced)) < 0.5 * max(loads(ordering))  # BETA's first state: c^2 of p^2 buckets
+
+
+@pytest.mark.parametrize("q, group_size", [(2, 1), (3, 2), (4, 4), (5, 1), (8, 1)])
+def test_affine_trains_each_partition_in_q_plus_1_states_and_each_pair_once(q, group_size):
+    """The lines of AG(2, q): every logical partition trains in q + 1 states, every two meet in exactly one
+    training state, and consecutive lines share a partition, so a line costs q - 1 reads."""
+    o = build_ordering("affine", q * q, q, seed=2, epoch=1, group_size=group_size)
+    labels = {p: logical for logical, group in enumerate(o.groups) for p in group}
+    training = [k for k in range(o.num_states) if o.buckets[k]]
+    assert len(training) == q * (q + 1)
+    trained_in = {logical: sum(logical in o.states[k] for k in training) for logical in range(q * q)}
+    assert set(trained_in.values()) == {q + 1}
+    for a in range(q * q):
+        for b in range(a + 1, q * q):
+            assert sum(a in o.states[k] and b in o.states[k] for k in training) == 1, (a, b)
+    for k in training:  # a state trains only buckets across its own groups
+        assert all(labels[i] in o.states[k] and labels[j] in o.states[k] for i, j in o.buckets[k])
+    assert o.num_swaps == (q * (q + 1) - 1) * (q - 1)
+    with pytest.raises(ValueError, match="capacity"):
+        build_ordering("affine", q * q + 1, q)

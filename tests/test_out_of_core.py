@@ -131,6 +131,7 @@ def test_trainer_ordering_is_the_seeded_registry_ordering(beta_p8_run, datasets)
     ("beta", ("storage.num_partitions=8", "storage.buffer_capacity=3", "pipeline.staleness_bound=8",
               "training.batch_size=64")),
     ("comet", ("storage.num_partitions=8", "storage.buffer_capacity=4", "storage.comet_group_size=2")),
+    ("affine", ("storage.num_partitions=27", "storage.buffer_capacity=9")),  # 9 groups of 3, 3 in the buffer
 ])
 def test_partitioned_training_learns(ordering, overrides, beta_p8_run, datasets, tmp_path):
     if overrides is None:
@@ -151,6 +152,10 @@ def test_partitioned_training_learns(ordering, overrides, beta_p8_run, datasets,
         # 8 physical partitions, 4 resident: 4 logical BETA swaps per epoch of 2 physical partitions each
         stats = simulate(build_ordering("comet", 4, 2, seed=3, epoch=1, group_size=2), 1)
         assert records[0]["io"]["partitions_read"] == stats.physical_partitions_read
+    if ordering == "affine":
+        # the 12 lines of AG(2, 3): 3 groups read first, then 2 swaps per line, each of a group of 3 partitions
+        stats = simulate(build_ordering("affine", 9, 3, seed=3, epoch=1, group_size=3), 1)
+        assert records[0]["io"]["partitions_read"] == stats.physical_partitions_read == 3 * (3 + 11 * 2)
 
 
 def test_resume_with_partitions_equals_uninterrupted(datasets, tmp_path):
@@ -438,6 +443,28 @@ def test_default_ordering_is_comet_and_accepts_every_partitions_buffer_pair(data
             again = config_for(datasets[8], *(f"storage.{key}={value}" for key, value in
                                               config.to_dict()["storage"].items()))
             assert again.storage == s  # a saved config validates to itself
+
+
+def test_affine_picks_its_layout_or_names_the_one_it_needs(datasets):
+    """affine splits a P = C^2 store into groups of 4 (16:4 trains as 64:16), takes k = C^2 / P from a store that
+    already has it, and refuses other pairs naming the layout; a saved config validates to itself."""
+    def storage(partitions, capacity, *overrides):
+        s = config_for(datasets[8], "storage.ordering=affine", f"storage.num_partitions={partitions}",
+                       f"storage.buffer_capacity={capacity}", *overrides).storage
+        return s.num_partitions, s.buffer_capacity, s.comet_group_size, s.comet_split
+    assert storage(16, 4) == (64, 16, 4, 4)
+    assert storage(64, 8) == (256, 32, 4, 4)
+    assert storage(64, 16) == (64, 16, 4, 1)  # 16 groups of 4, 4 in the buffer
+    assert storage(16, 8) == (16, 8, 4, 1)  # half resident: the 4 groups' 6 pairs, as comet's default
+    assert storage(16, 4, "storage.comet_split=1") == (16, 4, 1, 1)
+    for partitions, capacity in [(16, 6), (36, 6)]:  # not C^2 / k; a buffer of 6 groups (no GF(6))
+        with pytest.raises(MariusInputError, match="storage.ordering") as error:
+            storage(partitions, capacity)
+        assert "P = C^2 / k" in str(error.value) and f"got {partitions}:{capacity}" in str(error.value)
+    config = config_for(datasets[8], "storage.ordering=affine", "storage.num_partitions=16",
+                        "storage.buffer_capacity=4")
+    again = config_for(datasets[8], *(f"storage.{key}={value}" for key, value in config.to_dict()["storage"].items()))
+    assert again.storage == config.storage
 
 
 def test_comet_split_given_or_off(datasets, monkeypatch):
