@@ -142,8 +142,8 @@ class StorageConfig:
                                 f"regrouped at random every epoch (accuracy near in-memory training); affine: "
                                 f"the same groups, the buffer walking the lines of an affine plane (P = C^2 "
                                 f"logical partitions, e.g. 16:4: each trained in C + 1 states instead of comet's "
-                                f"2P/C - 1; FB15k-237 at a quarter resident lost 0.0066 instead of 0.0103, at "
-                                f"+5% IO; bench/RESULTS.md); beta: plain BETA over the physical partitions "
+                                f"2P/C - 1; FB15k-237 at a quarter resident lost 0.0067 instead of 0.0103 over "
+                                f"three seeds, at +5% IO; bench/RESULTS.md); beta: plain BETA over the physical partitions "
                                 f"(least IO)")
     edge_assignment: str = _f("bucket", "which state trains an edge: 'bucket' (the ordering's bucket "
                                         "assignment), 'balanced' (whole buckets, each to the state holding "

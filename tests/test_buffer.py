@@ -345,9 +345,9 @@ def test_walk_swapping_two_partitions_at_once(tmp_path):
 
 def registered_cases():
     for name in ORDERINGS:
-        if name == "comet":
-            yield pytest.param(name, lambda: build_ordering("comet", 4, 2, seed=0, epoch=2, group_size=2), 4, 2,
-                               id=name)
+        if name in ("comet", "affine"):  # two-level: 4 groups of 2, 2 in the buffer (affine: the plane of order 2)
+            yield pytest.param(name, lambda name=name: build_ordering(name, 4, 2, seed=0, epoch=2, group_size=2), 4,
+                               2, id=name)
         else:
             yield pytest.param(name, lambda name=name: build_ordering(name, 8, 3, seed=0, epoch=2), 3, 1, id=name)
 

@@ -17,3 +17,21 @@ go cm-b --skip-p1 --variants default:32:4 affine:64:8:2
 wait
 for f in $OUT/*.log; do echo "[$f]"; grep -v "Warning\|warn" $f | grep "MRR\|Error\|error\|Traceback" | tail -4; done
 cd $OUT && tar czf call.tgz *.json *.log && rm -f *.json *.log
+
+# Call 7 (nineteenth session, at 6a342bb): GPU tests of the changed parts; a third seed of affine against the
+# default at a quarter; affine's automatic layout at an eighth (64:8 stored as 256:32, groups of 4)
+source .runs/prefix.sh
+b="--dataset .data/fb15k-237 --config fb15k-237 --set training.epochs=60"
+go() { name=$1; shift; timeout 560 python bench/partition_accuracy.py $b "$@" --out $OUT/$name.json > $OUT/$name.log 2>&1 & }
+go s2-fb-p1 --set training.seed=2
+go s2-fb-default-16-4 --set training.seed=2 --skip-p1 --variants default:16:4
+go s2-fb-affine-16-4 --set training.seed=2 --skip-p1 --variants default:16:4+storage.ordering=affine
+go fb-bf16-affine-64-8 --set storage.dtype=bfloat16 --skip-p1 --variants default:64:8+storage.ordering=affine
+b="--dataset .data/codex-m --config codex-m"
+go cm-affine-64-8 --variants default:64:8+storage.ordering=affine
+timeout 400 python -m pytest -m gpu -q -p no:cacheprovider tests/test_negative_cache.py tests/test_storage_dtype.py \
+    tests/test_out_of_core.py tests/test_training.py tests/test_pipeline.py tests/test_fused_step.py > $OUT/gpu-tests.log 2>&1
+tail -2 $OUT/gpu-tests.log
+wait
+for f in $OUT/*.log; do echo "[$f]"; grep -v "Warning\|warn" $f | grep "MRR\|Error\|error\|Traceback\|passed\|failed" | tail -4; done
+cd $OUT && tar czf call.tgz *.json *.log && rm -f *.json *.log
