@@ -7,7 +7,7 @@ everything else equal, and prints test MRR and its difference to p = 1.
         --variants beta:8:2 beta:16:4 beta_random:8:2 comet:8:2 --out bench/results/partitions.json
 
 A variant ``ORDERING:P:C`` trains with P partitions and a buffer of C (for
-``comet``, P and C count logical partitions of ``--group-size`` physical ones,
+``comet`` and ``affine``, P and C count logical partitions of ``--group-size`` physical ones,
 or of K with ``comet:P:C:K``; ``default:P:C`` is the default ordering over P
 physical partitions, its group size chosen as training does); ``+key=value``
 suffixes override that variant's config only, e.g.

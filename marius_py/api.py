@@ -153,8 +153,8 @@ def open_dataset(config: Config, progress: bool) -> Dataset:
     fit_comet_split(s, dataset.num_nodes)
     if s.comet_split > 1 and progress:
         print(f"storage: {s.num_partitions // s.comet_split} partitions stored as {s.num_partitions} "
-              f"(storage.comet_split={s.comet_split}), the buffer as {s.buffer_capacity}: BETA over groups "
-              f"of {s.comet_group_size} regrouped every epoch")
+              f"(storage.comet_split={s.comet_split}), the buffer as {s.buffer_capacity}: {s.ordering} over "
+              f"groups of {s.comet_group_size} regrouped every epoch")
     return dataset
 
 

@@ -147,6 +147,30 @@ def cmd_predict(args) -> None:
         print(f"{rank}\t{side}\t{name}\t{score:.6g}")
 
 
+def affine_as_trained(args, num_nodes: int, row_bytes: int):
+    """``storage.ordering=affine``'s row at the layout training would use, and a line saying what it is (or
+    why training refuses these counts)."""
+    from marius_py.config import fit_comet_split, load_config
+    from orderings import build_ordering, simulate
+    from storage.partitioning import partition_size
+    try:
+        s = load_config(None, ["storage.ordering=affine", f"storage.num_partitions={args.partitions}",
+                               f"storage.buffer_capacity={args.buffer}",
+                               f"storage.comet_group_size={args.group_size}"]).storage
+    except MariusInputError as error:
+        return None, f"affine: not at {args.partitions}:{args.buffer} ({error.problem})"
+    if num_nodes:
+        fit_comet_split(s, num_nodes)
+    k = s.comet_group_size
+    ordering = build_ordering("affine", s.num_partitions // k, s.buffer_capacity // k, seed=args.seed,
+                              group_size=k)
+    bytes_per_partition = (partition_size(num_nodes, s.num_partitions) if num_nodes else 0) * row_bytes
+    return simulate(ordering, bytes_per_partition), (
+        f"affine: {s.num_partitions} partitions, buffer {s.buffer_capacity} (storage.comet_split={s.comet_split}), "
+        f"the lines of an affine plane over {s.num_partitions // k} groups of {k}: each trains in "
+        f"{s.buffer_capacity // k + 1} states an epoch")
+
+
 def cmd_ordering(args) -> None:
     from orderings import compare_orderings, format_table
     from orderings.simulator import format_bytes
@@ -179,11 +203,14 @@ def cmd_ordering(args) -> None:
         comet = next(r for r in compare_orderings(physical, slots, split_bytes, seed=args.seed, group_size=group)
                      if r.ordering == "comet")
         table = [comet if r.ordering == "comet" else r for r in table]
+    affine, affine_line = affine_as_trained(args, num_nodes, row_bytes)
+    table = [r for r in table if r.ordering != "affine"] + ([affine] if affine else [])
     print(format_table(table))
     stored = (f"the {args.partitions} partitions stored as {physical} (storage.comet_split={split}), "
               if split > 1 else "")
     print(f"comet (training's default ordering): {stored}BETA over {physical // group} logical partitions of "
           f"{group} physical ones, regrouped at random every epoch (storage.comet_group_size={group})")
+    print(affine_line)
     if num_nodes:
         print(f"partition = {rows:,} rows x (dim {args.dim} + optimizer state {state_dim}) x {itemsize} B "
               f"({args.dtype})")
@@ -310,7 +337,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="storage.dtype: bfloat16 halves every partition's bytes")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--group-size", type=int, default=0,
-                   help="comet: physical partitions per logical one (0: as training picks it)")
+                   help="comet and affine: physical partitions per logical one (0: as training picks it)")
     p.add_argument("--negative-cache", type=float, default=0.0, metavar="FRACTION",
                    help="storage.negative_cache: the extra IO and memory of caching this fraction of every partition")
     p.add_argument("--negative-cache-gradients", choices=["drop", "defer"], default="drop",

@@ -143,8 +143,8 @@ class StorageConfig:
                                 f"the same groups, the buffer walking the lines of an affine plane (P = C^2 "
                                 f"logical partitions, e.g. 16:4: each trained in C + 1 states instead of comet's "
                                 f"2P/C - 1; FB15k-237 at a quarter resident lost 0.0067 instead of 0.0103 over "
-                                f"three seeds, at +5% IO; bench/RESULTS.md); beta: plain BETA over the physical partitions "
-                                f"(least IO)")
+                                f"three seeds, at +5% IO; bench/RESULTS.md); beta: plain BETA over the "
+                                f"physical partitions (least IO)")
     edge_assignment: str = _f("bucket", "which state trains an edge: 'bucket' (the ordering's bucket "
                                         "assignment), 'balanced' (whole buckets, each to the state holding "
                                         "both its partitions that evens the edges per state: the first state's "
@@ -171,7 +171,7 @@ class StorageConfig:
                              "(measured: CoDEx-M within 0.005 of in-memory test MRR at 8:2, 16:4 and 32:8, "
                              "where groups of 1-2 lost up to 0.024; bench/RESULTS.md). 0: "
                              "automatic, the smallest split <= 8 giving groups of 8 with at most 256 partitions "
-                             "(affine: 4, or 2 past 256) "
+                             "(affine: 4, or 2 past 256, else 1) "
                              "(lowered when the graph's nodes cannot fill them; 1 under torchrun, whose "
                              "scheduler does not follow an ordering); 1: as given. A run's config.yaml "
                              "records the split applied")
@@ -398,12 +398,15 @@ def _check_storage(s: StorageConfig, _check) -> None:
         _check(k >= 1 and s.num_partitions % k == 0 and s.buffer_capacity % k == 0
                and s.buffer_capacity // k >= 2, "storage.comet_group_size",
                "expected a divisor of num_partitions and buffer_capacity leaving >= 2 groups in the buffer", k)
-    if s.ordering == "affine" and s.num_partitions > 1:
+    if s.ordering == "affine" and s.buffer_capacity < s.num_partitions:
         logical, slots = s.num_partitions // s.comet_group_size, s.buffer_capacity // s.comet_group_size
         _check(logical == slots * slots and slots in AFFINE_BUFFERS, "storage.ordering",
-               f"expected affine's layout, P = C^2 / k partitions and a buffer of C with C / k in "
-               f"{', '.join(map(str, AFFINE_BUFFERS))} (e.g. 16:4, 64:8, 64:16); got {s.num_partitions}:"
-               f"{s.buffer_capacity} with comet_group_size {s.comet_group_size}", s.ordering)
+               f"expected, for affine, P = C^2 / k partitions and a buffer of C with C / k in "
+               f"{', '.join(map(str, AFFINE_BUFFERS))} (e.g. 16:4, 64:8, 64:16); this config has "
+               f"{s.num_partitions}:{s.buffer_capacity} with group size k = {s.comet_group_size}", s.ordering)
+        _check(s.edge_assignment == "bucket", "storage.edge_assignment",
+               "expected bucket with affine (other assignments would also train buckets in the states between "
+               "two lines, where a partition meets pairs off its lines)", s.edge_assignment)
 
 
 def _split_for_regrouping(s: StorageConfig) -> None:
@@ -435,7 +438,7 @@ def fit_comet_split(s: StorageConfig, num_nodes: int) -> None:
 def automatic_group_size(s: StorageConfig) -> int:
     """``storage.comet_group_size=0``: comet's default (``default_group_size``), or for affine the k that makes
     the logical partitions the square of those in the buffer."""
-    if s.ordering == "affine":
+    if s.ordering == "affine" and s.buffer_capacity < s.num_partitions:
         return affine_group_size(s.num_partitions, s.buffer_capacity)
     return default_group_size(s.num_partitions, s.buffer_capacity)
 

@@ -15,7 +15,7 @@ holds ``c`` partitions. An :class:`Ordering` is
 the swap enters); ``assignment()`` maps bucket -> state; ``validate()`` checks
 all of the above and raises ``AssertionError`` naming what is wrong.
 
-Two levels (``comet``). ``groups`` is ``None`` for every other ordering. When set,
+Two levels (``comet``, ``affine``). ``groups`` is ``None`` for every other ordering. When set,
 ``states`` hold *logical* partitions ``0..p-1``, ``groups[l]`` is the sorted tuple
 of *storage* ("physical") partitions that logical ``l`` stands for this epoch
 (the groups partition ``range(num_physical_partitions)``), and ``buckets`` are
@@ -28,9 +28,10 @@ storage partitions in the buffer during state ``k``. See ``orderings.comet``.
 
 Registered orderings (``ORDERINGS``; ``build_ordering(name, p, c, seed, epoch,
 **options)``): ``beta``, ``beta_random``, ``sequential``, ``hilbert``,
-``hilbert_symmetric``, ``comet``, ``affine`` (two-level, p = c^2 logical partitions). ``beta``/``beta_random`` relabel partitions with
-a random permutation per (seed, epoch), as Marius does; ``comet`` regroups its
-physical partitions per (seed, epoch); the three curve baselines are the same
+``hilbert_symmetric``, ``comet``, ``affine`` (two-level, p = c^2 logical
+partitions). ``beta``/``beta_random`` relabel partitions with a random
+permutation per (seed, epoch), as Marius does; ``comet`` and ``affine`` regroup
+their physical partitions per (seed, epoch); the three curve baselines are the same
 every epoch unless ``permute_labels=True``.
 
 Bounds: ``swap_lower_bound(p, c)`` (no ordering does better) and

@@ -96,6 +96,8 @@ def line_sequence(q: int) -> list[tuple[int, ...]]:
 
 def build_affine(num_partitions: int, capacity: int, rng: np.random.Generator, group_size: int = 4) -> Ordering:
     """States walking the lines of AG(2, q) (``num_partitions = q^2``, ``capacity = q``), over random groups."""
+    if not isinstance(group_size, (int, np.integer)) or group_size < 1:
+        raise ValueError(f"affine: group_size must be an integer >= 1, got {group_size!r}")
     q = capacity
     if q == num_partitions:  # the buffer holds everything: one state, as every ordering
         groups = random_groups(num_partitions, group_size, rng)

@@ -91,7 +91,7 @@ def build_ordering(name: str, num_partitions: int, capacity: int, seed: int = 0,
     """Build (and validate) ordering ``name`` for ``p`` partitions and capacity ``c``.
 
     Options: ``permute_labels`` (one-level orderings; default per ordering, see
-    ``ORDERINGS[name].permute_labels``) and the ordering's own (``comet``:
+    ``ORDERINGS[name].permute_labels``) and the ordering's own (``comet`` and ``affine``:
     ``group_size``).
     """
     spec = get_spec(name)

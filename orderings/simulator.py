@@ -99,20 +99,17 @@ def split_evenly(total: int, parts: int) -> list[int]:
     return [base + (1 if i < extra else 0) for i in range(parts)]
 
 
-def _built(name: str, num_partitions: int, capacity: int, seed: int, epoch: int, **options) -> Ordering | None:
-    """The ordering, or None for one not defined at these sizes (``affine`` needs p = c^2)."""
-    try:
-        return build_ordering(name, num_partitions, capacity, seed=seed, epoch=epoch, **options)
-    except ValueError:
-        if name == "affine":
-            return None
-        raise
+def _defined(name: str, num_partitions: int, capacity: int) -> bool:
+    """Whether ordering ``name`` exists at these sizes: ``affine`` needs p = c^2 with a supported c (or c = p)."""
+    from orderings.affine import AFFINE_BUFFERS
+    return name != "affine" or capacity == num_partitions or (
+        num_partitions == capacity * capacity and capacity in AFFINE_BUFFERS)
 
 
 def compare_orderings(num_partitions: int, capacity: int, partition_bytes: PartitionBytes, seed: int = 0,
                       epoch: int = 0, physical_partition_bytes: PartitionBytes | None = None,
                       group_size: int | None = None) -> list[IOStats]:
-    """``simulate`` every registered ordering (default options), in registry order.
+    """``simulate`` every registered ordering defined at these sizes (default options), in registry order.
 
     ``partition_bytes`` sizes the ``p`` partitions of one-level orderings. For
     two-level orderings the same table is cut into ``num_physical_partitions``
@@ -128,13 +125,14 @@ def compare_orderings(num_partitions: int, capacity: int, partition_bytes: Parti
     rows = []
     for name in ORDERINGS:
         if group_size is not None and ORDERINGS[name].options == ("group_size",):
-            ordering = _built(name, p // group_size, capacity // group_size, seed, epoch, group_size=group_size)
-            if ordering:
+            if _defined(name, p // group_size, capacity // group_size):
+                ordering = build_ordering(name, p // group_size, capacity // group_size, seed=seed, epoch=epoch,
+                                          group_size=group_size)
                 rows.append(simulate(ordering, physical_partition_bytes or partition_bytes))
             continue
-        ordering = _built(name, p, capacity, seed, epoch)
-        if ordering is None:
+        if not _defined(name, p, capacity):
             continue
+        ordering = build_ordering(name, p, capacity, seed=seed, epoch=epoch)
         if ordering.groups is None:
             sizes: PartitionBytes = partition_bytes
         elif physical_partition_bytes is not None:

@@ -27,8 +27,10 @@ every partition in proportion to its size, as in memory. 1-vs-all scoring
 (``num_negatives=-1``) scores every candidate row once, whatever ``draws``.
 
 Tables in bfloat16 (``storage.dtype``) hold their blocks in bfloat16 too: the
-reads are half, and ``defer`` adds a block's change in float32, rounded to
-nearest once per admission (the step's own updates round stochastically).
+reads are half, and ``defer`` adds a block's change in float32 and rounds the
+sum stochastically, as the step rounds its updates (to nearest, changes under
+half a bfloat16 step would be lost every time, and accumulators only grow),
+seeded by (seed, epoch, partition, admission) so a run repeats exactly.
 
 Mid-epoch commits (``training.checkpoint_interval``) are off with a cache:
 its blocks are not part of a checkpoint.
@@ -64,7 +66,7 @@ def cached_rows(rows_per_partition: int, fraction: float) -> int:
     return max(1, round(fraction * rows_per_partition)) if fraction > 0 else 0
 
 
-def cache_row_bytes(dim: int, state_dim: int, gradients: str, itemsize: int = 4) -> int:
+def cache_row_bytes(dim: int, state_dim: int, gradients: str, itemsize: int) -> int:
     """Bytes the cache reads per row of ``itemsize``-byte values: the embedding, and with ``defer`` the optimizer
     state."""
     return (dim + (state_dim if gradients == "defer" else 0)) * itemsize
@@ -80,6 +82,14 @@ def block_sizes(num_nodes: int, num_partitions: int, fraction: float) -> list[in
     block = cached_rows(partition_bounds(num_nodes, num_partitions, 0)[1], fraction)  # the first is the largest
     return [min(block, end - start) for start, end in
             (partition_bounds(num_nodes, num_partitions, p) for p in range(num_partitions))]
+
+
+def merged(rows: torch.Tensor, change: torch.Tensor, seed: int, salt: int = 0) -> torch.Tensor:
+    """``rows + change`` in ``rows``' dtype: exact in float32, rounded stochastically into bfloat16."""
+    if rows.dtype != torch.bfloat16:
+        return rows + change
+    from pipeline.row_kernels import round_stochastic_bfloat16  # the step's rounding (the storage layer needs
+    return round_stochastic_bfloat16(rows.float() + change, seed, salt)  # it only for bfloat16 defer)
 
 
 class NegativeCache:
@@ -100,6 +110,7 @@ class NegativeCache:
         self.offsets = [0] * num_partitions
         self.num_rows = self.block * num_partitions
         self._snapshot: list[torch.Tensor] | None = None  # defer: the cache at its last refresh or admission
+        self._epoch, self._admissions = 0, 0  # defer: what seeds the rounding of bfloat16 merges
 
     def region(self, partition: int) -> slice:
         """The table rows of ``partition``'s block."""
@@ -121,6 +132,7 @@ class NegativeCache:
     def fill(self, epoch: int, files, tables: list[torch.Tensor]) -> int:
         """Draw this epoch's blocks and read them from the store into ``tables``; the bytes read."""
         rng = np.random.default_rng([self.seed, epoch, 0xCAC4E])
+        self._epoch, self._admissions = epoch, 0
         self.offsets = [int(rng.integers(max(1, valid))) for valid in self.valid]
         nbytes = 0
         for chunk_files, table in zip(files, tables if self.gradients == "defer" else tables[:1]):
@@ -161,9 +173,11 @@ class NegativeCache:
         rows = self._slot_rows(partition, slot_start, tables[0].device)
         region = self.region(partition)
         local = slice(region.start - self.base, region.stop - self.base)
-        for table, snapshot in zip(tables, self._snapshot):
+        self._admissions += 1
+        seed = int(np.random.SeedSequence([self.seed, self._epoch, partition, self._admissions]).generate_state(1)[0])
+        for salt, (table, snapshot) in enumerate(zip(tables, self._snapshot)):
             change = table[region].float() - snapshot[local].float()
-            table[rows] = (table[rows].float() + change).to(table.dtype)  # a block's rows are distinct
+            table[rows] = merged(table[rows], change, seed, salt)  # a block's rows are distinct
             snapshot[local] = table[region]
 
     def _remember(self, tables: list[torch.Tensor]) -> None:

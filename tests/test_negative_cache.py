@@ -21,7 +21,7 @@ from marius_py.preprocess import PreprocessOptions, preprocess
 from orderings import build_ordering, simulate
 from storage.buffer import PartitionBuffer
 from storage.embedding_store import EmbeddingStore
-from storage.negative_cache import NegativeCache, cache_bytes_per_epoch, cached_rows
+from storage.negative_cache import NegativeCache, cache_bytes_per_epoch, cached_rows, merged
 
 NUM_NODES, NUM_PARTITIONS = 19, 5  # 4 rows per partition, the last has 3
 UMLS_RAW = Path(__file__).parent / "data" / "umls"
@@ -154,6 +154,18 @@ def test_partition_draws_span_each_block_over_its_partition(tmp_path):
         buffer.flush()
     finally:
         buffer.close()
+
+
+def test_a_deferred_change_under_half_a_bfloat16_step_survives_on_average():
+    """bfloat16 merges round stochastically: 300 + 0.9 (bfloat16 steps of 2 there) is 302 with probability 0.45,
+    so the mean over seeds is 300.9, where rounding to nearest would keep 300 every time."""
+    rows = torch.full((1, 256), 300.0, dtype=torch.bfloat16)
+    change = torch.full((1, 256), 0.9)
+    means = [merged(rows, change, seed).float().mean().item() for seed in range(40)]
+    assert {merged(rows, change, seed).dtype for seed in range(2)} == {torch.bfloat16}
+    assert np.mean(means) == pytest.approx(300.9, abs=0.05)
+    assert torch.equal(merged(rows, change, 3), merged(rows, change, 3))  # seeded: a run repeats
+    assert torch.equal(merged(rows.float(), change, 0), rows.float() + change)  # float32: exact
 
 
 @pytest.mark.parametrize("state_dim", [3, 1])  # full and row-wise Adagrad

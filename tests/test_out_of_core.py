@@ -362,6 +362,19 @@ def test_cli_ordering_table(capsys):
     assert "38 swaps" in out  # the lower bound ceil((120 - 6) / 3)
 
 
+def test_cli_ordering_gives_affine_at_the_layout_training_uses(capsys):
+    """affine's row is the store training would use (64:16 is 16 groups of 4, 4 in the buffer), and counts
+    training refuses say so instead of a row."""
+    assert main(["ordering", "-p", "64", "-c", "16", "--nodes", "17050", "--dim", "256"]) == 0
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.startswith("affine ("))
+    assert row.startswith("affine (16 groups, buffer 4)") and row.split()[5] == "57"  # 19 lines x 3 swaps
+    assert "over 16 groups of 4: each trains in 5 states an epoch" in out
+    assert main(["ordering", "-p", "16", "-c", "6", "--nodes", "17050"]) == 0
+    out = capsys.readouterr().out
+    assert "affine: not at 16:6" in out and not any(line.startswith("affine ") for line in out.splitlines())
+
+
 @pytest.mark.parametrize("partitions, capacity, dataset_p", [(16, 4, None), (8, 2, None), (4, 2, 4)])
 def test_cli_ordering_prints_the_split_and_group_training_uses(datasets, tmp_path, capsys, partitions, capacity,
                                                                 dataset_p):
@@ -460,7 +473,10 @@ def test_affine_picks_its_layout_or_names_the_one_it_needs(datasets):
     for partitions, capacity in [(16, 6), (36, 6)]:  # not C^2 / k; a buffer of 6 groups (no GF(6))
         with pytest.raises(MariusInputError, match="storage.ordering") as error:
             storage(partitions, capacity)
-        assert "P = C^2 / k" in str(error.value) and f"got {partitions}:{capacity}" in str(error.value)
+        assert "P = C^2 / k" in str(error.value) and f"has {partitions}:{capacity} with" in str(error.value)
+    with pytest.raises(MariusInputError, match="storage.edge_assignment"):  # it would train between lines
+        storage(16, 4, "storage.edge_assignment=edge")
+    assert storage(16, 16)[:2] == (16, 16) and storage(16, 0)[:2] == (16, 16)  # all resident: one state
     config = config_for(datasets[8], "storage.ordering=affine", "storage.num_partitions=16",
                         "storage.buffer_capacity=4")
     again = config_for(datasets[8], *(f"storage.{key}={value}" for key, value in config.to_dict()["storage"].items()))

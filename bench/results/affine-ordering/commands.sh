@@ -19,7 +19,8 @@ for f in $OUT/*.log; do echo "[$f]"; grep -v "Warning\|warn" $f | grep "MRR\|Err
 cd $OUT && tar czf call.tgz *.json *.log && rm -f *.json *.log
 
 # Call 7 (nineteenth session, at 6a342bb): GPU tests of the changed parts; a third seed of affine against the
-# default at a quarter; affine's automatic layout at an eighth (64:8 stored as 256:32, groups of 4)
+# default at a quarter; affine's automatic layout at an eighth (64:8; split in 4 as 256:32, lowered by
+# fit_comet_split so the nodes fill every partition: FB15k-237 128:16 in groups of 2, CoDEx-M 192:24 in groups of 3)
 source .runs/prefix.sh
 b="--dataset .data/fb15k-237 --config fb15k-237 --set training.epochs=60"
 go() { name=$1; shift; timeout 560 python bench/partition_accuracy.py $b "$@" --out $OUT/$name.json > $OUT/$name.log 2>&1 & }
