@@ -36,3 +36,10 @@ tail -2 $OUT/gpu-tests.log
 wait
 for f in $OUT/*.log; do echo "[$f]"; grep -v "Warning\|warn" $f | grep "MRR\|Error\|error\|Traceback\|passed\|failed" | tail -4; done
 cd $OUT && tar czf call.tgz *.json *.log && rm -f *.json *.log
+
+# Call 8 (nineteenth session, at b123ecc, after the review fixes): the negative cache's GPU tests (the bfloat16
+# defer merge now rounds stochastically) and affine's automatic layout on the GPU (CoDEx-S, 5 epochs)
+source .runs/prefix.sh
+timeout 200 python -m pytest -m gpu -q -p no:cacheprovider tests/test_negative_cache.py tests/test_storage_dtype.py 2>&1 | tail -2
+timeout 200 python bench/partition_accuracy.py --dataset .data/codex-s --config codex-s --set training.epochs=5 \
+    --variants default:16:4+storage.ordering=affine default:16:4 --out $OUT/codex-s-affine.json 2>&1 | grep "MRR\|Error"
