@@ -43,3 +43,15 @@ source .runs/prefix.sh
 timeout 200 python -m pytest -m gpu -q -p no:cacheprovider tests/test_negative_cache.py tests/test_storage_dtype.py 2>&1 | tail -2
 timeout 200 python bench/partition_accuracy.py --dataset .data/codex-s --config codex-s --set training.epochs=5 \
     --variants default:16:4+storage.ordering=affine default:16:4 --out $OUT/codex-s-affine.json 2>&1 | grep "MRR\|Error"
+
+# Call 9 (nineteenth session, at 1ff1e9e): is affine's slower epoch the lookahead? A line change swaps C - 1 = 3
+# groups and storage.lookahead=2 prefetches two. FB15k-237 16:4, 60 epochs, three processes at once.
+source .runs/prefix.sh
+b="--dataset .data/fb15k-237 --config fb15k-237 --set training.epochs=60 --skip-p1"
+go() { name=$1; shift; timeout 500 python bench/partition_accuracy.py $b "$@" --out $OUT/$name.json > $OUT/$name.log 2>&1 & }
+go default-16-4 --variants default:16:4
+go affine-16-4-lookahead-2 --variants default:16:4+storage.ordering=affine
+go affine-16-4-lookahead-3 --variants default:16:4+storage.ordering=affine+storage.lookahead=3
+wait
+for f in $OUT/*.log; do echo "[$f]"; grep -v "Warning\|warn" $f | grep "MRR\|Error\|error\|Traceback" | tail -2; done
+cd $OUT && tar czf call.tgz *.json *.log && rm -f *.json *.log
