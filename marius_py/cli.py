@@ -147,32 +147,25 @@ def cmd_predict(args) -> None:
         print(f"{rank}\t{side}\t{name}\t{score:.6g}")
 
 
-def affine_as_trained(args, num_nodes: int, row_bytes: int):
-    """``storage.ordering=affine``'s row at the layout training would use, and a line saying what it is (or
-    why training refuses these counts)."""
+def as_trained(args, name: str, num_nodes: int, row_bytes: int):
+    """Two-level ordering ``name`` at the store layout training resolves from ``--partitions/--buffer`` (split,
+    group size, lowered until the nodes fill every partition): (its storage config, its IO row). Raises
+    ``MariusInputError`` where training would refuse these counts."""
     from marius_py.config import fit_comet_split, load_config
     from orderings import build_ordering, simulate
     from storage.partitioning import partition_size
-    try:
-        s = load_config(None, ["storage.ordering=affine", f"storage.num_partitions={args.partitions}",
-                               f"storage.buffer_capacity={args.buffer}",
-                               f"storage.comet_group_size={args.group_size}"]).storage
-    except MariusInputError as error:
-        return None, f"affine: not at {args.partitions}:{args.buffer} ({error.problem})"
+    s = load_config(None, [f"storage.ordering={name}", f"storage.num_partitions={args.partitions}",
+                           f"storage.buffer_capacity={args.buffer}",
+                           f"storage.comet_group_size={args.group_size}"]).storage
     if num_nodes:
         fit_comet_split(s, num_nodes)
     k = s.comet_group_size
-    ordering = build_ordering("affine", s.num_partitions // k, s.buffer_capacity // k, seed=args.seed,
-                              group_size=k)
-    bytes_per_partition = (partition_size(num_nodes, s.num_partitions) if num_nodes else 0) * row_bytes
-    return simulate(ordering, bytes_per_partition), (
-        f"affine: {s.num_partitions} partitions, buffer {s.buffer_capacity} (storage.comet_split={s.comet_split}), "
-        f"the lines of an affine plane over {s.num_partitions // k} groups of {k}: each trains in "
-        f"{s.buffer_capacity // k + 1} states an epoch")
+    ordering = build_ordering(name, s.num_partitions // k, s.buffer_capacity // k, seed=args.seed, group_size=k)
+    return s, simulate(ordering, (partition_size(num_nodes, s.num_partitions) if num_nodes else 0) * row_bytes)
 
 
 def cmd_ordering(args) -> None:
-    from orderings import compare_orderings, format_table
+    from orderings import ORDERINGS, compare_orderings, format_table
     from orderings.simulator import format_bytes
     from storage.partitioning import partition_size
     num_nodes = args.nodes
@@ -188,29 +181,28 @@ def cmd_ordering(args) -> None:
     row_bytes = (args.dim + state_dim) * itemsize
     rows = partition_size(num_nodes, args.partitions) if num_nodes else 0
     partition_bytes = rows * row_bytes
-    from marius_py.config import fit_comet_split, load_config
-    storage = load_config(None, [f"storage.num_partitions={args.partitions}",  # resolved as training does
-                                 f"storage.buffer_capacity={args.buffer}",
-                                 f"storage.comet_group_size={args.group_size}"]).storage
-    if num_nodes:
-        fit_comet_split(storage, num_nodes)
-    split, physical, slots, group = (storage.comet_split, storage.num_partitions, storage.buffer_capacity,
-                                     storage.comet_group_size)
-    table = compare_orderings(args.partitions, args.buffer, partition_bytes, seed=args.seed,
-                              group_size=group if split == 1 else None)
-    if split > 1:  # comet's row over the finer store training keeps
-        split_bytes = (partition_size(num_nodes, physical) if num_nodes else 0) * row_bytes
-        comet = next(r for r in compare_orderings(physical, slots, split_bytes, seed=args.seed, group_size=group)
-                     if r.ordering == "comet")
-        table = [comet if r.ordering == "comet" else r for r in table]
-    affine, affine_line = affine_as_trained(args, num_nodes, row_bytes)
-    table = [r for r in table if r.ordering != "affine"] + ([affine] if affine else [])
+    storage, comet = as_trained(args, "comet", num_nodes, row_bytes)
+    split, physical, group = storage.comet_split, storage.num_partitions, storage.comet_group_size
+    try:
+        affine_storage, affine = as_trained(args, "affine", num_nodes, row_bytes)
+    except MariusInputError as error:
+        affine_storage, affine = error, None
+    one_level = {r.ordering: r for r in compare_orderings(args.partitions, args.buffer, partition_bytes,
+                                                           seed=args.seed)}
+    trained = {"comet": comet, "affine": affine}  # two-level orderings at the layout training uses
+    table = [row for row in (trained[n] if n in trained else one_level.get(n) for n in ORDERINGS) if row]
     print(format_table(table))
     stored = (f"the {args.partitions} partitions stored as {physical} (storage.comet_split={split}), "
               if split > 1 else "")
     print(f"comet (training's default ordering): {stored}BETA over {physical // group} logical partitions of "
           f"{group} physical ones, regrouped at random every epoch (storage.comet_group_size={group})")
-    print(affine_line)
+    if isinstance(affine_storage, MariusInputError):
+        print(f"affine: not at {args.partitions}:{args.buffer} ({affine_storage.problem})")
+    else:
+        s, k = affine_storage, affine_storage.comet_group_size
+        print(f"affine: {s.num_partitions} partitions, buffer {s.buffer_capacity} (storage.comet_split="
+              f"{s.comet_split}), the lines of an affine plane over {s.num_partitions // k} groups of {k}: each "
+              f"trains in {s.buffer_capacity // k + 1} states an epoch")
     if num_nodes:
         print(f"partition = {rows:,} rows x (dim {args.dim} + optimizer state {state_dim}) x {itemsize} B "
               f"({args.dtype})")

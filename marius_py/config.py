@@ -17,8 +17,8 @@ from pathlib import Path
 import yaml
 
 from marius_py import models
-from orderings import ORDERINGS, default_group_size, default_split
-from orderings.affine import AFFINE_BUFFERS, affine_group_size, affine_split
+from orderings import ORDERINGS, default_group_size, default_split, is_two_level
+from orderings.affine import AFFINE_BUFFERS, affine_defined, affine_group_size, affine_split
 from marius_py.errors import MariusInputError
 from storage.negative_cache import DRAW_POLICIES, GRADIENT_POLICIES, REFRESH_POLICIES
 from storage.partitioning import partitions_filled
@@ -393,14 +393,14 @@ def _check_storage(s: StorageConfig, _check) -> None:
         _split_for_regrouping(s)
         s.comet_group_size = automatic_group_size(s)
     s.comet_split = s.comet_split or 1
-    if s.ordering in ("comet", "affine") and s.num_partitions > 1:
+    if is_two_level(s.ordering) and s.num_partitions > 1:
         k = s.comet_group_size
         _check(k >= 1 and s.num_partitions % k == 0 and s.buffer_capacity % k == 0
                and s.buffer_capacity // k >= 2, "storage.comet_group_size",
                "expected a divisor of num_partitions and buffer_capacity leaving >= 2 groups in the buffer", k)
     if s.ordering == "affine" and s.buffer_capacity < s.num_partitions:
         logical, slots = s.num_partitions // s.comet_group_size, s.buffer_capacity // s.comet_group_size
-        _check(logical == slots * slots and slots in AFFINE_BUFFERS, "storage.ordering",
+        _check(affine_defined(logical, slots), "storage.ordering",
                f"expected, for affine, P = C^2 / k partitions and a buffer of C with C / k in "
                f"{', '.join(map(str, AFFINE_BUFFERS))} (e.g. 16:4, 64:8, 64:16); this config has "
                f"{s.num_partitions}:{s.buffer_capacity} with group size k = {s.comet_group_size}", s.ordering)
@@ -412,7 +412,7 @@ def _check_storage(s: StorageConfig, _check) -> None:
 def _split_for_regrouping(s: StorageConfig) -> None:
     """Apply ``storage.comet_split`` (module field help): physical counts from the given ones."""
     from marius_py.distributed.group import launched_by_torchrun  # (the package imports this module)
-    if s.ordering not in ("comet", "affine"):
+    if not is_two_level(s.ordering):
         split = 1
     elif s.comet_split == 0:
         chosen = default_split if s.ordering == "comet" else affine_split

@@ -43,7 +43,7 @@ def affine_split(num_partitions: int, capacity: int, most: int = 256) -> int:
     """Physical partitions each of ``num_partitions`` becomes when ``affine`` picks its own store: 4 (groups of 4
     regrouped every epoch, as measured), or fewer past ``most`` partitions; 1 unless ``num_partitions`` is
     ``capacity^2`` (the layout affine needs) with ``capacity < num_partitions`` one of ``AFFINE_BUFFERS``."""
-    if num_partitions != capacity * capacity or capacity == num_partitions or capacity not in AFFINE_BUFFERS:
+    if capacity == num_partitions or not affine_defined(num_partitions, capacity):
         return 1
     return next((m for m in (4, 2) if num_partitions * m <= most), 1)
 
@@ -53,6 +53,11 @@ def affine_group_size(num_physical: int, capacity: int) -> int:
     the buffer: ``capacity^2 / num_physical`` (1 when that is not whole: the config refuses the layout)."""
     k, rest = divmod(capacity * capacity, num_physical)
     return k if k >= 1 and rest == 0 and capacity % k == 0 else 1
+
+
+def affine_defined(num_partitions: int, capacity: int) -> bool:
+    """Whether the ordering exists for these logical counts: p = c^2 with GF(c) implemented, or c = p."""
+    return capacity == num_partitions or (num_partitions == capacity * capacity and capacity in AFFINE_BUFFERS)
 
 
 def field_tables(q: int) -> tuple[np.ndarray, np.ndarray]:
@@ -105,7 +110,7 @@ def build_affine(num_partitions: int, capacity: int, rng: np.random.Generator, g
         heads, tails = np.divmod(np.arange(n * n), n)
         return Ordering("affine", num_partitions, capacity, (tuple(range(q)),),
                         group_by_state(np.zeros(n * n, dtype=np.int64), heads, tails, 1), groups=groups)
-    if num_partitions != q * q:
+    if not affine_defined(num_partitions, q):
         raise ValueError(f"affine: needs num_partitions = capacity^2 logical partitions, got "
                          f"{num_partitions} and {capacity}")
     lines = line_sequence(q)
@@ -122,18 +127,17 @@ def build_affine(num_partitions: int, capacity: int, rng: np.random.Generator, g
     labels = np.empty(num_partitions * group_size, dtype=np.int64)
     for logical, group in enumerate(groups):
         labels[list(group)] = logical
-    through = {}  # (point, point) -> state of the line through both
+    through = np.empty((num_partitions, num_partitions), dtype=np.int64)  # the state of the line through both
+    on_lines = np.empty((num_partitions, q + 1), dtype=np.int64)  # the states of a point's lines
+    seen = np.zeros(num_partitions, dtype=np.int64)
     for line, state in line_state.items():
-        for a in line:
-            for b in line:
-                if a != b:
-                    through[a, b] = state
-    on_lines = {point: [state for line, state in line_state.items() if point in line]
-                for point in range(num_partitions)}
+        through[np.ix_(line, line)] = state
+        on_lines[list(line), seen[list(line)]] = state
+        seen[list(line)] += 1
     n = len(labels)
     heads, tails = np.divmod(np.arange(n * n), n)
-    own = rng.integers(q + 1, size=n * n)  # a bucket inside a group: a random line through the group
-    chosen = np.array([on_lines[labels[u]][own[i]] if labels[u] == labels[v] else through[labels[u], labels[v]]
-                       for i, (u, v) in enumerate(zip(heads, tails))], dtype=np.int64)
+    head_group, tail_group = labels[heads], labels[tails]
+    own = on_lines[head_group, rng.integers(q + 1, size=n * n)]  # a bucket inside a group: a random line
+    chosen = np.where(head_group == tail_group, own, through[head_group, tail_group])
     return Ordering("affine", num_partitions, capacity, tuple(states), group_by_state(chosen, heads, tails,
                                                                                        len(states)), groups=groups)

@@ -14,8 +14,8 @@ from typing import Callable
 
 import numpy as np
 
+from orderings.affine import affine_defined, build_affine
 from orderings.beta import build_beta, build_beta_random
-from orderings.affine import build_affine
 from orderings.comet import build_comet
 from orderings.ordering import Ordering, check_sizes, relabel
 from orderings.visits import build_hilbert, build_hilbert_symmetric, build_sequential
@@ -40,6 +40,7 @@ class OrderingSpec:
     randomized: bool
     permute_labels: bool | None     # None: two-level, relabelling does not apply
     options: tuple[str, ...] = ()
+    defined_at: Callable[[int, int], bool] | None = None  # (p, c) -> exists there; None: at every size
 
 
 ORDERINGS: dict[str, OrderingSpec] = {}
@@ -69,7 +70,7 @@ for _spec in (
                  options=("group_size",)),
     OrderingSpec("affine", build_affine, "two-level: random groups, the buffer walks the lines of an affine "
                  "plane over the groups (p = c^2 logical partitions: each trained in c + 1 states)",
-                 randomized=True, permute_labels=None, options=("group_size",)),
+                 randomized=True, permute_labels=None, options=("group_size",), defined_at=affine_defined),
 ):
     register_ordering(_spec)
 

@@ -100,10 +100,9 @@ def split_evenly(total: int, parts: int) -> list[int]:
 
 
 def _defined(name: str, num_partitions: int, capacity: int) -> bool:
-    """Whether ordering ``name`` exists at these sizes: ``affine`` needs p = c^2 with a supported c (or c = p)."""
-    from orderings.affine import AFFINE_BUFFERS
-    return name != "affine" or capacity == num_partitions or (
-        num_partitions == capacity * capacity and capacity in AFFINE_BUFFERS)
+    """Whether ordering ``name`` exists at these sizes (``OrderingSpec.defined_at``; ``affine`` needs p = c^2)."""
+    defined_at = ORDERINGS[name].defined_at
+    return defined_at is None or defined_at(num_partitions, capacity)
 
 
 def compare_orderings(num_partitions: int, capacity: int, partition_bytes: PartitionBytes, seed: int = 0,
