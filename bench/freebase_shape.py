@@ -37,9 +37,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from marius_py.dataset import DatasetMetadata, write_metadata  # noqa: E402
-from storage.durable import staged_directory, staging_for  # noqa: E402
-from storage.edge_store import EDGE_FILE  # noqa: E402
-from storage.partitioning import partition_size  # noqa: E402
+from marius_py.storage.durable import staged_directory, staging_for  # noqa: E402
+from marius_py.storage.edge_store import EDGE_FILE  # noqa: E402
+from marius_py.storage.partitioning import partition_size  # noqa: E402
 
 FREEBASE86M = {"nodes": 86_054_151, "relations": 14_824, "train": 304_727_650, "valid": 16_929_318,
                "test": 16_929_308}

@@ -58,7 +58,7 @@ def softmax_rows(args) -> list[dict]:
 
 def zero_copy_gather(args) -> list[dict]:
     """Rows of a pinned host table read by a GPU kernel over PCIe (no staging copy), against a device table."""
-    from pipeline.row_kernels import gather_rows
+    from marius_py.pipeline.row_kernels import gather_rows
     results = []
     for dim in (100, 400):
         host = torch.randn(args.nodes, dim).pin_memory()

@@ -84,8 +84,8 @@ def measure(args) -> None:
     from marius_py.dataset import Dataset
     from marius_py.resources import keep_freed_memory
     from marius_py.trainer import Trainer
-    from orderings import simulate
-    from storage.chunk_files import ChunkFiles
+    from marius_py.orderings import simulate
+    from marius_py.storage.chunk_files import ChunkFiles
 
     allocator_settings_taken = args.allocator == "command" and keep_freed_memory()
     config = mp.make_config(None, config_overrides(Path(args.dataset), args))

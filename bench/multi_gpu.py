@@ -60,7 +60,7 @@ from marius_py.step.runners import build_multi_device_runner  # noqa: E402
 from marius_py.step.model import Model  # noqa: E402
 from marius_py.random_streams import epoch_generator  # noqa: E402
 from marius_py.trainer import tf32_matmuls  # noqa: E402
-from pipeline import row_kernels  # noqa: E402
+from marius_py.pipeline import row_kernels  # noqa: E402
 
 BYTES_VARIANTS = {
     "baseline (no dedup)": ["pipeline.dedup=false"],

@@ -57,10 +57,10 @@ from storage_precision import PRECISIONS, emulated_storage, emulation_overrides,
 import marius_py as mp  # noqa: E402
 from marius_py.negatives import CandidateRows  # noqa: E402
 from marius_py.trainer import Trainer, TrainingSpan, epoch_ordering  # noqa: E402
-from orderings import is_two_level, simulate  # noqa: E402
-from orderings.simulator import format_bytes  # noqa: E402
-from storage.negative_cache import cache_bytes_per_epoch, cache_row_bytes  # noqa: E402
-from storage.partitioning import partition_bounds, partition_of, partition_size  # noqa: E402
+from marius_py.orderings import is_two_level, simulate  # noqa: E402
+from marius_py.orderings.simulator import format_bytes  # noqa: E402
+from marius_py.storage.negative_cache import cache_bytes_per_epoch, cache_row_bytes  # noqa: E402
+from marius_py.storage.partitioning import partition_bounds, partition_of, partition_size  # noqa: E402
 
 
 # In memory, in a P:C ordering's states (module docstring): prefix -> state_ordered_spans' options.

@@ -17,7 +17,7 @@ import torch
 
 from marius_py.api import TrainedModel
 from marius_py.trainer import epoch_ordering
-from storage.partitioning import partition_of
+from marius_py.storage.partitioning import partition_of
 
 
 def group_of_nodes(partitioned, epoch: int, num_nodes: int) -> np.ndarray:

@@ -20,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from marius_py.trainer import init_rows  # noqa: E402
-from storage.embedding_store import EmbeddingStore  # noqa: E402
+from marius_py.storage.embedding_store import EmbeddingStore  # noqa: E402
 
 
 def timed(work) -> float:

@@ -28,7 +28,7 @@ from marius_py.devices import resolve_device
 from marius_py.distributed import launched_by_torchrun, train_distributed
 from marius_py.step.model import Model
 from marius_py.trainer import Trainer
-from storage.embedding_store import EmbeddingStore
+from marius_py.storage.embedding_store import EmbeddingStore
 
 
 def load_dataset(path_or_name: str = "codex-m", progress: bool = False) -> Dataset:

@@ -19,7 +19,7 @@ from marius_py.config import StorageConfig
 from marius_py.dataset import METADATA_FILE, Dataset
 from marius_py.errors import MariusInputError
 from marius_py.resources import check_partitions_filled
-from storage.edge_store import EDGE_FILE
+from marius_py.storage.edge_store import EDGE_FILE
 
 BUNDLED_DATASETS = ("codex-m",)
 BUNDLED_CONFIGS = ("codex-m", "codex-m-best", "codex-s", "fb15k-237")

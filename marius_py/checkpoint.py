@@ -41,10 +41,10 @@ import torch
 from marius_py.config import Config, dump_config
 from marius_py.dataset import DatasetMetadata
 from marius_py.errors import MariusInputError
-from storage import durable
-from storage.durable import fsync_directory, fsync_tree
-from storage.embedding_store import EmbeddingStore
-from storage.manifest import has_manifest, verify_manifest, write_manifest
+from marius_py.storage import durable
+from marius_py.storage.durable import fsync_directory, fsync_tree
+from marius_py.storage.embedding_store import EmbeddingStore
+from marius_py.storage.manifest import has_manifest, verify_manifest, write_manifest
 
 CONFIG_FILE = "config.yaml"
 METRICS_FILE = "metrics.jsonl"

@@ -24,12 +24,21 @@ def _print_metrics(title: str, metrics: dict) -> None:
           f"Hits@10 {metrics['hits@10']:.4f}  ({metrics['num_queries']} queries; {metrics['protocol']})")
 
 
+def _looks_like_a_key(item: str) -> bool:
+    """``training.epochs`` without ``=``: a forgotten value rather than a config file's name."""
+    from marius_py.config import CONFIG_SECTIONS
+    return item.split(".", 1)[0] in CONFIG_SECTIONS and not Path(item).exists()
+
+
 def _split_config_args(items: list[str]) -> tuple[str | None, list[str]]:
     """``[CONFIG] [key=value ...]``: the first item without '=' is the config."""
     config, overrides = None, []
     for item in items:
         if "=" in item:
             overrides.append(item)
+        elif _looks_like_a_key(item):
+            raise MariusInputError(f"override {item!r} has no value", path="command line",
+                                   expected=f"{item}=VALUE")
         elif config is None:
             config = item
         else:
@@ -152,8 +161,8 @@ def as_trained(args, name: str, num_nodes: int, row_bytes: int):
     group size, lowered until the nodes fill every partition): (its storage config, its IO row). Raises
     ``MariusInputError`` where training would refuse these counts."""
     from marius_py.config import fit_comet_split, load_config
-    from orderings import build_ordering, simulate
-    from storage.partitioning import partition_size
+    from marius_py.orderings import build_ordering, simulate
+    from marius_py.storage.partitioning import partition_size
     s = load_config(None, [f"storage.ordering={name}", f"storage.num_partitions={args.partitions}",
                            f"storage.buffer_capacity={args.buffer}",
                            f"storage.comet_group_size={args.group_size}"]).storage
@@ -165,9 +174,9 @@ def as_trained(args, name: str, num_nodes: int, row_bytes: int):
 
 
 def cmd_ordering(args) -> None:
-    from orderings import ORDERINGS, compare_orderings, format_table
-    from orderings.simulator import format_bytes
-    from storage.partitioning import partition_size
+    from marius_py.orderings import ORDERINGS, compare_orderings, format_table
+    from marius_py.orderings.simulator import format_bytes
+    from marius_py.storage.partitioning import partition_size
     num_nodes = args.nodes
     if args.dataset:
         from marius_py.dataset import read_metadata
@@ -207,7 +216,7 @@ def cmd_ordering(args) -> None:
         print(f"partition = {rows:,} rows x (dim {args.dim} + optimizer state {state_dim}) x {itemsize} B "
               f"({args.dtype})")
     if num_nodes and args.negative_cache:
-        from storage.negative_cache import cache_bytes_per_epoch, cache_row_bytes, cached_rows
+        from marius_py.storage.negative_cache import cache_bytes_per_epoch, cache_row_bytes, cached_rows
         extra = cache_bytes_per_epoch(num_nodes, args.partitions, args.negative_cache,
                                       cache_row_bytes(args.dim, state_dim, args.negative_cache_gradients, itemsize))
         beta = next(r for r in table if r.ordering == "beta")
@@ -222,7 +231,7 @@ def cmd_ordering(args) -> None:
 
 def cmd_verify(args) -> None:
     from marius_py.checkpoint import RunDirectory
-    from storage.manifest import verify_manifest
+    from marius_py.storage.manifest import verify_manifest
     run = RunDirectory(args.run_dir)
     run.latest_version()  # a clear error when there is no committed checkpoint
     corrupt = 0
@@ -353,8 +362,26 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# The list each verb gathers its key=value items into (verbs without one take none).
+OVERRIDE_LISTS = {"train": "config", "eval": "overrides"}
+
+
+def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
+    """Options and ``key=value`` items in any order: argparse fills a verb's positional list only from
+    the items before the first option, so the items after it are gathered here."""
+    parser = build_parser()
+    args, extras = parser.parse_known_args(argv)
+    destination = OVERRIDE_LISTS.get(args.command)
+    stray = [item for item in extras if destination is None or item.startswith("-")]
+    if stray:
+        parser.error(f"unrecognized arguments: {' '.join(stray)}")
+    if extras:
+        getattr(args, destination).extend(extras)
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_arguments(argv)
     from marius_py.resources import keep_freed_memory
     keep_freed_memory()
     try:

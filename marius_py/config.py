@@ -17,11 +17,11 @@ from pathlib import Path
 import yaml
 
 from marius_py import models
-from orderings import ORDERINGS, default_group_size, default_split, is_two_level
-from orderings.affine import AFFINE_BUFFERS, affine_defined, affine_group_size, affine_split
+from marius_py.orderings import ORDERINGS, default_group_size, default_split, is_two_level
+from marius_py.orderings.affine import AFFINE_BUFFERS, affine_defined, affine_group_size, affine_split
 from marius_py.errors import MariusInputError
-from storage.negative_cache import DRAW_POLICIES, GRADIENT_POLICIES, REFRESH_POLICIES
-from storage.partitioning import partitions_filled
+from marius_py.storage.negative_cache import DRAW_POLICIES, GRADIENT_POLICIES, REFRESH_POLICIES
+from marius_py.storage.partitioning import partitions_filled
 
 DECODERS = tuple(models.DECODER_CLASSES)
 LOSSES = tuple(models.LOSSES)
@@ -256,6 +256,9 @@ class Config:
         return values
 
 
+CONFIG_SECTIONS = tuple(f.name for f in dataclasses.fields(Config))
+
+
 def _check_value(ok: bool, path: str, problem: str, value, origins: dict) -> None:
     if not ok:
         source, line = origins.get(path, ("config", None))
@@ -474,10 +477,9 @@ def _section_types(section) -> dict[str, str]:
 
 def _set(config: Config, dotted: str, value, source) -> None:
     parts = dotted.split(".")
-    sections = {f.name for f in dataclasses.fields(Config)}
-    if len(parts) != 2 or parts[0] not in sections:
+    if len(parts) != 2 or parts[0] not in CONFIG_SECTIONS:
         raise MariusInputError(f"unknown config key {dotted!r}", path=source,
-                               expected=f"section.key with section one of {', '.join(sorted(sections))}")
+                               expected=f"section.key with section one of {', '.join(sorted(CONFIG_SECTIONS))}")
     section = getattr(config, parts[0])
     types = _section_types(section)
     if parts[1] not in types:

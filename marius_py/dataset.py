@@ -21,8 +21,8 @@ from pathlib import Path
 import numpy as np
 
 from marius_py.errors import MariusInputError
-from storage.durable import write_text_atomic
-from storage.edge_store import EDGE_FILE, EdgeStore
+from marius_py.storage.durable import write_text_atomic
+from marius_py.storage.edge_store import EDGE_FILE, EdgeStore
 
 METADATA_FILE = "metadata.json"
 NODES_FILE = "nodes.txt"

@@ -17,9 +17,9 @@ import numpy as np
 import torch
 
 from marius_py.models import Decoder
-from pipeline.step import widened
-from storage.chunk_files import page_aligned_empty, raw_bytes, slot_rows
-from storage.embedding_store import EmbeddingStore
+from marius_py.pipeline.step import widened
+from marius_py.storage.chunk_files import page_aligned_empty, raw_bytes, slot_rows
+from marius_py.storage.embedding_store import EmbeddingStore
 
 PROTOCOL_FILTERED = "filtered ranking vs all nodes, both directions, realistic ties"
 PROTOCOL_SAMPLED = "unfiltered ranking vs {n} sampled {kind} negatives, both directions, realistic ties"

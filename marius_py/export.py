@@ -18,7 +18,7 @@ import numpy as np
 
 from marius_py.dataset import write_names
 from marius_py.errors import MariusInputError
-from storage.durable import staged_directory, staging_for
+from marius_py.storage.durable import staged_directory, staging_for
 
 FORMATS = ("npy", "tsv", "h5")
 MARKER = "export.json"  # marks a directory this module wrote, the only kind --overwrite replaces

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from pipeline.step import add_rows_
+from marius_py.pipeline.step import add_rows_
 
 
 class SparseAdagrad:

@@ -72,9 +72,9 @@ from marius_py.dataset import (METADATA_FILE, NODES_FILE, RELATIONS_FILE, Datase
                                write_metadata, write_names)
 from marius_py.errors import MariusInputError
 from marius_py.resources import available_memory
-from storage.durable import fsync_directory
-from storage.edge_store import EDGE_FILE, SPLITS, EdgeStore, EdgeStoreWriter
-from storage.partitioning import bucket_of, most_partitions_filled, partitions_filled
+from marius_py.storage.durable import fsync_directory
+from marius_py.storage.edge_store import EDGE_FILE, SPLITS, EdgeStore, EdgeStoreWriter
+from marius_py.storage.partitioning import bucket_of, most_partitions_filled, partitions_filled
 
 PAIRS_RELATION = "__edge__"
 UNSEEN_POLICIES = ("drop", "error")

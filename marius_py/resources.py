@@ -10,7 +10,7 @@ from pathlib import Path
 from marius_py.config import Config
 from marius_py.dataset import Dataset
 from marius_py.errors import MariusInputError
-from storage.partitioning import most_partitions_filled, partition_size, partitions_filled
+from marius_py.storage.partitioning import most_partitions_filled, partition_size, partitions_filled
 
 
 def _meminfo(key: str) -> int | None:

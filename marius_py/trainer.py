@@ -46,14 +46,14 @@ from marius_py.random_streams import device_names, epoch_generators, flat
 from marius_py.resources import check_memory, check_partitioning
 from marius_py.step.model import Model
 from marius_py.step.runners import build_multi_device_runner, build_span_runner
-from orderings import Ordering, balanced_buckets, build_ordering, is_two_level
-from pipeline.placements import PLACEMENT_DEVICE, choose_devices_placement, choose_placement
-from pipeline.row_kernels import zero_copy_available
-from storage.buffer import BufferView, PartitionBuffer
-from storage.durable import fsync_tree
-from storage.embedding_store import EmbeddingStore, link_tree
-from storage.negative_cache import NegativeCache, cached_rows
-from storage.partitioning import partition_size
+from marius_py.orderings import Ordering, balanced_buckets, build_ordering, is_two_level
+from marius_py.pipeline.placements import PLACEMENT_DEVICE, choose_devices_placement, choose_placement
+from marius_py.pipeline.row_kernels import zero_copy_available
+from marius_py.storage.buffer import BufferView, PartitionBuffer
+from marius_py.storage.durable import fsync_tree
+from marius_py.storage.embedding_store import EmbeddingStore, link_tree
+from marius_py.storage.negative_cache import NegativeCache, cached_rows
+from marius_py.storage.partitioning import partition_size
 
 
 @contextlib.contextmanager

@@ -43,12 +43,12 @@ turns an ordering into partitions and bytes read and written per epoch.
 Depends on numpy and the standard library only.
 """
 
-from orderings.balance import balanced_buckets
-from orderings.bounds import beta_swap_count, swap_lower_bound
-from orderings.comet import default_group_size, default_split
-from orderings.ordering import Bucket, Ordering, State, Swap, relabel
-from orderings.registry import ORDERINGS, OrderingSpec, build_ordering, get_spec, is_two_level, register_ordering
-from orderings.simulator import IOStats, compare_orderings, format_table, simulate
+from marius_py.orderings.balance import balanced_buckets
+from marius_py.orderings.bounds import beta_swap_count, swap_lower_bound
+from marius_py.orderings.comet import default_group_size, default_split
+from marius_py.orderings.ordering import Bucket, Ordering, State, Swap, relabel
+from marius_py.orderings.registry import ORDERINGS, OrderingSpec, build_ordering, get_spec, is_two_level, register_ordering
+from marius_py.orderings.simulator import IOStats, compare_orderings, format_table, simulate
 
 __all__ = [
     "Bucket", "IOStats", "ORDERINGS", "Ordering", "OrderingSpec", "State", "Swap", "balanced_buckets",

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from orderings.comet import random_groups
-from orderings.ordering import Ordering, group_by_state
+from marius_py.orderings.comet import random_groups
+from marius_py.orderings.ordering import Ordering, group_by_state
 
 # Irreducible polynomials of GF(2^m), bit i the coefficient of x^i (x^m included).
 _GF2_POLYNOMIALS = {4: 0b111, 8: 0b1011, 16: 0b10011}

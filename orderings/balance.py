@@ -20,7 +20,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from orderings.ordering import Ordering, membership
+from marius_py.orderings.ordering import Ordering, membership
 
 
 def balanced_buckets(ordering: Ordering, bucket_edges: np.ndarray) -> Ordering:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from orderings.ordering import Ordering, State, assign_buckets, check_sizes
+from marius_py.orderings.ordering import Ordering, State, assign_buckets, check_sizes
 
 
 def beta_states(num_partitions: int, capacity: int) -> tuple[State, ...]:

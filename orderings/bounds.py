@@ -6,7 +6,7 @@ buffer after the initial fill), for ``p`` partitions and buffer capacity ``c``.
 
 from __future__ import annotations
 
-from orderings.ordering import check_sizes
+from marius_py.orderings.ordering import check_sizes
 
 
 def swap_lower_bound(num_partitions: int, capacity: int) -> int:

@@ -31,8 +31,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from orderings.beta import beta_states
-from orderings.ordering import Ordering, assign_buckets
+from marius_py.orderings.beta import beta_states
+from marius_py.orderings.ordering import Ordering, assign_buckets
 
 
 def random_groups(num_groups: int, group_size: int, rng: np.random.Generator

@@ -14,11 +14,11 @@ from typing import Callable
 
 import numpy as np
 
-from orderings.affine import affine_defined, build_affine
-from orderings.beta import build_beta, build_beta_random
-from orderings.comet import build_comet
-from orderings.ordering import Ordering, check_sizes, relabel
-from orderings.visits import build_hilbert, build_hilbert_symmetric, build_sequential
+from marius_py.orderings.affine import affine_defined, build_affine
+from marius_py.orderings.beta import build_beta, build_beta_random
+from marius_py.orderings.comet import build_comet
+from marius_py.orderings.ordering import Ordering, check_sizes, relabel
+from marius_py.orderings.visits import build_hilbert, build_hilbert_symmetric, build_sequential
 
 Builder = Callable[..., Ordering]
 

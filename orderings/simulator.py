@@ -32,9 +32,9 @@ from __future__ import annotations
 import numbers
 from dataclasses import dataclass
 
-from orderings.bounds import swap_lower_bound
-from orderings.ordering import Ordering
-from orderings.registry import ORDERINGS, build_ordering
+from marius_py.orderings.bounds import swap_lower_bound
+from marius_py.orderings.ordering import Ordering
+from marius_py.orderings.registry import ORDERINGS, build_ordering
 
 PartitionBytes = int | list[int] | tuple[int, ...]
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from orderings.ordering import Bucket, Ordering, State, check_sizes, group_by_state
+from marius_py.orderings.ordering import Bucket, Ordering, State, check_sizes, group_by_state
 
 
 def row_major_visits(num_partitions: int) -> list[Bucket]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from pipeline.row_kernels import move_rows
+from marius_py.pipeline.row_kernels import move_rows
 
 
 class RowCache:

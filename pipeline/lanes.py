@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from pipeline.routing import GroupedRows, OwnerRows
+from marius_py.pipeline.routing import GroupedRows, OwnerRows
 LOAD_PRIORITY = -1  # CUDA stream priority of the load lanes (lower is higher; compute runs at 0)
 
 

@@ -47,13 +47,13 @@ from dataclasses import dataclass
 
 import torch
 
-from pipeline.device_cache import RowCache, endpoint_degree, hot_rows
-from pipeline.lanes import Lanes, StepState, enable_peer_access, on, put, record, wait
-from pipeline.phase_graphs import GRAPH_STALENESS, PhaseGraphs
-from pipeline.routing import (CACHE_HITS, DEVICE_ROWS, RECEIVED_ROWS, UNION_ROWS, TransferCounters,
+from marius_py.pipeline.device_cache import RowCache, endpoint_degree, hot_rows
+from marius_py.pipeline.lanes import Lanes, StepState, enable_peer_access, on, put, record, wait
+from marius_py.pipeline.phase_graphs import GRAPH_STALENESS, PhaseGraphs
+from marius_py.pipeline.routing import (CACHE_HITS, DEVICE_ROWS, RECEIVED_ROWS, UNION_ROWS, TransferCounters,
                               group_by_owner, group_steps_by_head, union_of_requests)
-from pipeline.row_kernels import gather_rows, move_rows, triton_available
-from pipeline.step import BatchStep
+from marius_py.pipeline.row_kernels import gather_rows, move_rows, triton_available
+from marius_py.pipeline.step import BatchStep
 
 DEFAULT_STALENESS = 2  # steps in flight: the next step's reads overlap this one's compute
 

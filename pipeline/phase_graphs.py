@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
-from pipeline.lanes import LOAD_PRIORITY, StepState
-from pipeline.row_kernels import triton_available
+from marius_py.pipeline.lanes import LOAD_PRIORITY, StepState
+from marius_py.pipeline.row_kernels import triton_available
 
 GRAPH_STALENESS = 2  # graphed steps alternate between two sets of static tensors
 

@@ -33,7 +33,7 @@ from typing import Any, Protocol
 
 import torch
 
-from pipeline.stages import Pipeline, Stage
+from marius_py.pipeline.stages import Pipeline, Stage
 
 PLACEMENT_CPU, PLACEMENT_DEVICE, PLACEMENT_HOST = "cpu", "device", "host"
 CUDA_STALENESS_DEFAULT = 16  # host: batches in flight; device: batches planned ahead

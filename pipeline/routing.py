@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from pipeline.rows import unique_rows_async
+from marius_py.pipeline.rows import unique_rows_async
 
 
 def owner_of(rows: torch.Tensor, num_devices: int) -> torch.Tensor:

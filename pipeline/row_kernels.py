@@ -24,7 +24,7 @@ import torch
 from torch.nn import functional as F
 
 if TYPE_CHECKING:
-    from pipeline.device_cache import RowCache
+    from marius_py.pipeline.device_cache import RowCache
 
 try:  # Triton ships with CUDA builds of torch; CPU builds use the torch versions.
     import triton

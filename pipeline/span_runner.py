@@ -16,10 +16,10 @@ from dataclasses import dataclass
 
 import torch
 
-from pipeline.placements import (PLACEMENT_DEVICE, PLACEMENT_HOST, build_pipeline, default_staleness,
+from marius_py.pipeline.placements import (PLACEMENT_DEVICE, PLACEMENT_HOST, build_pipeline, default_staleness,
                                  run_planned_ahead)
-from pipeline.row_kernels import gather_rows
-from pipeline.step import (BatchStep, FusedBatchStep, GraphedBatchStep, PipelineSettings, add_rows_, rounding_seed,
+from marius_py.pipeline.row_kernels import gather_rows
+from marius_py.pipeline.step import (BatchStep, FusedBatchStep, GraphedBatchStep, PipelineSettings, add_rows_, rounding_seed,
                            widened)
 
 

@@ -29,10 +29,10 @@ from typing import Iterator, Sequence
 
 import torch
 
-from storage.chunk_files import page_aligned_empty, raw_bytes, slot_rows
-from storage.embedding_store import EmbeddingStore
-from storage.negative_cache import NegativeCache
-from storage.partitioning import partition_bounds
+from marius_py.storage.chunk_files import page_aligned_empty, raw_bytes, slot_rows
+from marius_py.storage.embedding_store import EmbeddingStore
+from marius_py.storage.negative_cache import NegativeCache
+from marius_py.storage.partitioning import partition_bounds
 
 
 @dataclass

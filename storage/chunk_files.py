@@ -25,7 +25,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from storage.pinned import locked_empty
+from marius_py.storage.pinned import locked_empty
 
 
 PAGE = 4096

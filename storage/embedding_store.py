@@ -21,8 +21,8 @@ import numpy as np
 import torch
 import zarr
 
-from storage.chunk_files import ELEMENT_TYPE_ATTRIBUTE, ChunkFiles, raw_bytes, stored_dtype
-from storage.partitioning import partition_bounds, partition_size
+from marius_py.storage.chunk_files import ELEMENT_TYPE_ATTRIBUTE, ChunkFiles, raw_bytes, stored_dtype
+from marius_py.storage.partitioning import partition_bounds, partition_size
 
 EMBEDDINGS = "embeddings"
 STATE = "state"

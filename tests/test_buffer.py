@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 import torch
 
-from orderings import ORDERINGS, build_ordering, simulate
-from storage.buffer import PartitionBuffer
-from storage.chunk_files import ChunkFiles, page_aligned_empty, slot_rows
-from storage.embedding_store import EmbeddingStore
+from marius_py.orderings import ORDERINGS, build_ordering, simulate
+from marius_py.storage.buffer import PartitionBuffer
+from marius_py.storage.chunk_files import ChunkFiles, page_aligned_empty, slot_rows
+from marius_py.storage.embedding_store import EmbeddingStore
 
 DIM, STATE_DIM = 3, 2
 
@@ -101,7 +101,7 @@ def test_chunk_files_round_trip(tmp_path):
 def test_store_created_in_pieces_holds_init_rows(tmp_path, monkeypatch, piece_rows, largest_call):
     """Pieces (rounded up to whole pages: 1,024 rows of 3 floats) smaller than a partition, not dividing
     it, or larger than it write exactly the rows init gives, each row drawn once."""
-    import storage.embedding_store as embedding_store
+    import marius_py.storage.embedding_store as embedding_store
     monkeypatch.setattr(embedding_store, "INIT_PIECE_ROWS", piece_rows)
     calls = []
 
@@ -498,7 +498,7 @@ def test_no_update_is_lost(tmp_path, monkeypatch, slow, io_threads):
 @pytest.mark.parametrize("direct_io", [True, False])
 def test_direct_io_setting_decides_o_direct(tmp_path, monkeypatch, direct_io):
     """storage.direct_io: partition IO bypasses the page cache, or (false) never does; rows round-trip."""
-    import storage.chunk_files as chunk_files
+    import marius_py.storage.chunk_files as chunk_files
     opened = []
     original = chunk_files._open
     monkeypatch.setattr(chunk_files, "_open",
@@ -605,8 +605,8 @@ def test_walk_abandoned_midway_then_walked_again(tmp_path, monkeypatch):
 def test_large_locked_buffers_are_registered_exactly():
     """Large pinned tables are page-locked in place (torch's pinned allocator would round 100 MB up to
     128 MB), usable for asynchronous copies both ways."""
-    from storage.chunk_files import page_aligned_empty
-    from storage.pinned import REGISTER_MIN_BYTES, _register
+    from marius_py.storage.chunk_files import page_aligned_empty
+    from marius_py.storage.pinned import REGISTER_MIN_BYTES, _register
     assert _register(torch.empty(REGISTER_MIN_BYTES, dtype=torch.uint8))  # cudaHostRegister accepts it
     table = page_aligned_empty(25_000, 1_000, pin_memory=True)  # 100 MB
     assert table.is_pinned()

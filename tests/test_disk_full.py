@@ -14,7 +14,7 @@ import pytest
 import marius_py as mp
 from marius_py.checkpoint import RunDirectory, load_version
 from marius_py.cli import main
-from storage.manifest import verify_manifest
+from marius_py.storage.manifest import verify_manifest
 
 UMLS_RAW = Path(__file__).parent / "data" / "umls"
 

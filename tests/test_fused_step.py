@@ -11,7 +11,7 @@ from marius_py.config import load_config
 from marius_py.models import build_decoder
 from marius_py.step.edge_kernels import EdgeMaths, comparator_of, edge_backward_, edge_queries
 from marius_py.step.fused import FusedStep, supports_fused_step
-from pipeline.row_kernels import gather_rows, scatter_add_rows_, sparse_adagrad_
+from marius_py.pipeline.row_kernels import gather_rows, scatter_add_rows_, sparse_adagrad_
 from marius_py.optim import SparseAdagrad
 from marius_py.step.model import Model
 

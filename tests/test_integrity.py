@@ -9,7 +9,7 @@ import pytest
 import marius_py as mp
 from marius_py.checkpoint import RunDirectory
 from marius_py.cli import main
-from storage.manifest import MANIFEST_FILE, file_digest, verify_manifest, write_manifest
+from marius_py.storage.manifest import MANIFEST_FILE, file_digest, verify_manifest, write_manifest
 
 
 def flip_byte(path, offset=0):
@@ -42,7 +42,7 @@ def test_manifest_reuses_digests_of_hard_linked_files(tmp_path, monkeypatch):
     os.link(old / "shared", new / "shared")
     (new / "changed").write_bytes(b"rewritten partition")
     read = []
-    monkeypatch.setattr("storage.manifest.file_digest", lambda path: read.append(path.name) or file_digest(path))
+    monkeypatch.setattr("marius_py.storage.manifest.file_digest", lambda path: read.append(path.name) or file_digest(path))
     write_manifest(new, previous=old)
     assert read == ["changed"]
     monkeypatch.undo()

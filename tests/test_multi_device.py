@@ -20,10 +20,10 @@ from marius_py.step.runners import build_multi_device_runner
 from marius_py.step.model import Model
 from marius_py.random_streams import epoch_generator
 from marius_py.trainer import Trainer
-from pipeline.device_cache import RowCache, endpoint_degree, hot_rows
-from pipeline.routing import group_steps_by_head
-from pipeline.routing import group_by_owner, union_of_requests
-from pipeline.row_kernels import gather_rows, sparse_adagrad_
+from marius_py.pipeline.device_cache import RowCache, endpoint_degree, hot_rows
+from marius_py.pipeline.routing import group_steps_by_head
+from marius_py.pipeline.routing import group_by_owner, union_of_requests
+from marius_py.pipeline.row_kernels import gather_rows, sparse_adagrad_
 
 RUNNER_VARIANTS = {"dedup": ["pipeline.dedup=true", "pipeline.cache_rows=0"],
                    "baseline": ["pipeline.dedup=false"],
@@ -131,7 +131,7 @@ def test_every_device_receives_the_table_rows_it_needs(small_config, variant, nu
 
 
 def _recording_runner(config, replicas, nodes, state, bound, log, scale: float = 1.0):
-    from pipeline.multi_device import MultiDeviceRunner
+    from marius_py.pipeline.multi_device import MultiDeviceRunner
     devices = [r.device for r in replicas]
     steps = [RecordingStep(model, g, log, scale) for g, model in enumerate(replicas)]
     p = config.pipeline
@@ -166,7 +166,7 @@ def test_deduplicated_training_equals_every_device_reading_its_own_rows(small_co
 def test_replayed_static_steps_equal_eager_steps(small_config, shared, dedup):
     """The graphed runner's static tensors, alternating per step, train exactly like fresh ones (CPU:
     each 'graph' replays its phase eagerly into the static state), with and without dedup."""
-    from pipeline.phase_graphs import PhaseGraphs
+    from marius_py.pipeline.phase_graphs import PhaseGraphs
     results = []
     for graphed in (False, True):
         config, replicas, nodes, state, edges = setup(small_config, ["cpu", "cpu"], "model.decoder=distmult",
@@ -269,7 +269,7 @@ def test_captures_run_with_the_cycle_collector_off_and_restore_it(monkeypatch):
     import contextlib
     import gc
 
-    from pipeline.phase_graphs import capturing
+    from marius_py.pipeline.phase_graphs import capturing
     seen = []
 
     @contextlib.contextmanager
@@ -537,7 +537,7 @@ def test_cached_multi_gradient_kernels_match_torch_versions(rowwise, flagged):
 def test_one_device_runner_trains_as_with_dedup_and_replayed(small_config):
     """One device (the one-GPU host placement's graphed step): without dedup, with dedup, and replayed through
     PhaseGraphs (CPU: each 'graph' replays its phase eagerly), the same model from the same seed."""
-    from pipeline.phase_graphs import PhaseGraphs
+    from marius_py.pipeline.phase_graphs import PhaseGraphs
     results = {}
     for variant in ("no-dedup", "dedup", "replayed"):
         config, replicas, nodes, state, edges = setup(small_config, ["cpu"], "model.decoder=distmult",

@@ -18,10 +18,10 @@ from marius_py.config import load_config
 from marius_py.errors import MariusInputError
 from marius_py.negatives import CandidateRows
 from marius_py.preprocess import PreprocessOptions, preprocess
-from orderings import build_ordering, simulate
-from storage.buffer import PartitionBuffer
-from storage.embedding_store import EmbeddingStore
-from storage.negative_cache import NegativeCache, cache_bytes_per_epoch, cached_rows, merged
+from marius_py.orderings import build_ordering, simulate
+from marius_py.storage.buffer import PartitionBuffer
+from marius_py.storage.embedding_store import EmbeddingStore
+from marius_py.storage.negative_cache import NegativeCache, cache_bytes_per_epoch, cached_rows, merged
 
 NUM_NODES, NUM_PARTITIONS = 19, 5  # 4 rows per partition, the last has 3
 UMLS_RAW = Path(__file__).parent / "data" / "umls"
@@ -171,7 +171,7 @@ def test_a_deferred_change_under_half_a_bfloat16_step_survives_on_average():
 @pytest.mark.parametrize("state_dim", [3, 1])  # full and row-wise Adagrad
 def test_rows_with_an_infinite_accumulator_do_not_move(state_dim):
     from marius_py.optim import SparseAdagrad
-    from pipeline.row_kernels import sparse_adagrad_
+    from marius_py.pipeline.row_kernels import sparse_adagrad_
     nodes, state = torch.ones(4, 3), torch.zeros(4, state_dim)
     state[2:] = float("inf")
     sparse_adagrad_(nodes, state, torch.arange(4), torch.full((4, 3), 0.5), None, lr=0.1, eps=1e-10)

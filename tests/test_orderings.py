@@ -11,11 +11,11 @@ from dataclasses import replace
 
 import pytest
 
-from orderings import (ORDERINGS, Ordering, Swap, beta_swap_count, build_ordering, compare_orderings,
+from marius_py.orderings import (ORDERINGS, Ordering, Swap, beta_swap_count, build_ordering, compare_orderings,
                        default_group_size,
                        format_table, simulate, swap_lower_bound)
-from orderings.beta import beta_states
-from orderings.visits import hilbert_index, hilbert_visits
+from marius_py.orderings.beta import beta_states
+from marius_py.orderings.visits import hilbert_index, hilbert_visits
 
 ALL_SIZES = [(p, c) for p in range(2, 33) for c in range(2, p + 1)]
 # comet with its default k=4 has 16x the buckets of the others ((4p)^2), so the
@@ -339,7 +339,7 @@ def test_balanced_buckets_keep_states_and_even_the_load(name, p, c, seed):
     """Same states (so the same IO), every bucket once in a state holding it, and no state trains more
     edges than under the ordering's own assignment; with BETA's heavy first state, far fewer."""
     import numpy as np
-    from orderings import balanced_buckets, simulate
+    from marius_py.orderings import balanced_buckets, simulate
     options = {"group_size": 2} if name == "comet" else {}
     ordering = build_ordering(name, p // 2 if name == "comet" else p, c // 2 if name == "comet" else c,
                               seed=seed, **options)

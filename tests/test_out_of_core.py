@@ -18,8 +18,8 @@ from marius_py.dataset import Dataset
 from marius_py.errors import MariusInputError
 from marius_py.evaluation import InMemoryNodes, StoredNodes, build_known_answers, filtered_ranks
 from marius_py.preprocess import PreprocessOptions, preprocess
-from orderings import ORDERINGS, build_ordering, default_group_size, default_split, simulate
-from storage.embedding_store import EmbeddingStore
+from marius_py.orderings import ORDERINGS, build_ordering, default_group_size, default_split, simulate
+from marius_py.storage.embedding_store import EmbeddingStore
 
 UMLS_RAW = Path(__file__).parent / "data" / "umls"
 

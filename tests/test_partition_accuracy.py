@@ -15,7 +15,7 @@ from marius_py.checkpoint import RunDirectory, load_version
 from marius_py.dataset import Dataset
 from marius_py.evaluation import KnownAnswers
 from marius_py.trainer import Trainer, epoch_ordering
-from storage.partitioning import partition_of
+from marius_py.storage.partitioning import partition_of
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 from partition_accuracy import (order_config, ordered_in_memory, run_overrides, state_ordered_spans,  # noqa: E402

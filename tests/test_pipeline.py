@@ -19,9 +19,9 @@ from marius_py.optim import SparseAdagrad
 from marius_py.step.model import Model
 from marius_py.random_streams import epoch_generator
 from marius_py.trainer import Trainer
-from pipeline.placements import PLACEMENT_CPU
-from pipeline.rows import unique_rows_async
-from pipeline.stages import Pipeline, Stage
+from marius_py.pipeline.placements import PLACEMENT_CPU
+from marius_py.pipeline.rows import unique_rows_async
+from marius_py.pipeline.stages import Pipeline, Stage
 
 
 def pipeline_threads() -> list[threading.Thread]:

@@ -12,7 +12,7 @@ import marius_py as mp
 from marius_py.cli import main
 from marius_py.config import load_config
 from marius_py.preprocess import PreprocessOptions, preprocess
-from orderings import build_ordering
+from marius_py.orderings import build_ordering
 
 UMLS_RAW = Path(__file__).parent / "data" / "umls"
 

@@ -14,8 +14,8 @@ import pytest
 from marius_py.dataset import Dataset
 from marius_py.errors import MariusInputError
 from marius_py.preprocess import PAIRS_RELATION, PreprocessOptions, preprocess
-from storage.edge_store import EdgeStore, EdgeStoreWriter
-from storage.partitioning import partition_of
+from marius_py.storage.edge_store import EdgeStore, EdgeStoreWriter
+from marius_py.storage.partitioning import partition_of
 
 UMLS = Path(__file__).parent / "data" / "umls"  # MIT, from the PyKEEN wheel
 

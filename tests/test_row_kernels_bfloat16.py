@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pipeline.row_kernels import _adagrad_rows_torch, gather_rows, round_stochastic_bfloat16, sparse_adagrad_
-from pipeline.step import add_rows_
+from marius_py.pipeline.row_kernels import _adagrad_rows_torch, gather_rows, round_stochastic_bfloat16, sparse_adagrad_
+from marius_py.pipeline.step import add_rows_
 
 
 def neighbours(reference: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from orderings.scheduler import BucketScheduler
+from marius_py.orderings.scheduler import BucketScheduler
 
 
 def simulate(num_partitions: int, num_trainers: int, seed: int, capacity: int = 2

@@ -14,8 +14,8 @@ from marius_py.checkpoint import NODES, RunDirectory
 from marius_py.cli import main
 from marius_py.config import load_config
 from marius_py.errors import MariusInputError
-from storage.chunk_files import ChunkFiles
-from storage.embedding_store import EMBEDDINGS, STATE, EmbeddingStore
+from marius_py.storage.chunk_files import ChunkFiles
+from marius_py.storage.embedding_store import EMBEDDINGS, STATE, EmbeddingStore
 
 
 def umls_config(dataset, *overrides: str):
@@ -166,7 +166,7 @@ def test_partitioned_bfloat16_run_resumed_between_states_equals_uninterrupted(um
 
 def test_float32_tables_draw_no_rounding_seed():
     """float32 runs take no seed from the dropout stream, so their random draws are as before bfloat16 existed."""
-    from pipeline.step import rounding_seed
+    from marius_py.pipeline.step import rounding_seed
     generator = torch.Generator().manual_seed(7)
     before = generator.get_state()
     assert rounding_seed(torch.zeros(2, 2), generator) is None

@@ -189,7 +189,7 @@ def test_interrupted_commit_leaves_previous_checkpoint(small_config, tmp_path, m
     def crash(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("storage.durable.write_text_atomic", crash)
+    monkeypatch.setattr("marius_py.storage.durable.write_text_atomic", crash)
     resumed = mp.api.load_run_config(tmp_path / "run", ["training.epochs=2"])
     with pytest.raises(KeyboardInterrupt):
         mp.train(resumed, tmp_path / "run", progress=False, resume=True)

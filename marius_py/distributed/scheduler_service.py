@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from orderings.scheduler import BucketScheduler, Grant
+from marius_py.orderings.scheduler import BucketScheduler, Grant
 
 POLL_SECONDS = (0.001, 0.02)  # the server looks for the next ticket this often, backing off while idle
                               # (a store wait that times out leaves a TCPStore client's socket out of

@@ -29,11 +29,11 @@ from marius_py.errors import MariusInputError
 from marius_py.distributed.group import Group
 from marius_py.distributed.relations import RelationExchange
 from marius_py.distributed.scheduler_service import SchedulerClient, SchedulerServer
-from orderings.scheduler import Grant
+from marius_py.orderings.scheduler import Grant
 from marius_py.distributed.write_backs import WriteBacks
 from marius_py.resources import total_memory
 from marius_py.trainer import Trainer, tf32_matmuls
-from storage.buffer import PartitionBuffer
+from marius_py.storage.buffer import PartitionBuffer
 
 DISTRIBUTED_DIR = "distributed"  # in the run directory: the scheduler's log, each trainer's holds
 

@@ -32,12 +32,12 @@ from torch.nn import functional as F
 
 from marius_py.models import DistanceComparator, complex_product, regularization
 from marius_py.step.fused_loss import to_16_bytes
-from pipeline.row_kernels import tile_shape, triton, use_triton
+from marius_py.pipeline.row_kernels import tile_shape, triton, use_triton
 
 if triton is not None:
     import triton.language as tl
 
-    from pipeline.row_kernels import load_rows
+    from marius_py.pipeline.row_kernels import load_rows
 
 # Decoders with a fused step and their operator (their comparator: ``comparator_of``).
 OPERATORS = {"dot": "identity", "distmult": "diagonal", "complex": "complex", "transe": "translation",

@@ -35,8 +35,8 @@ from marius_py.step.edge_kernels import OPERATORS, EdgeMaths, edge_backward_, ed
 from marius_py.step.fused_loss import (SCORE_DTYPES, candidate_padding, pad_candidate_ids, score_form,
                                       softmax_ce_gradients, to_16_bytes)
 from marius_py.negatives import by_chunk, chunk_row_weights
-from pipeline.row_kernels import gather_rows, scatter_add_rows_, sparse_adagrad_
-from pipeline.step import rounding_seed
+from marius_py.pipeline.row_kernels import gather_rows, scatter_add_rows_, sparse_adagrad_
+from marius_py.pipeline.step import rounding_seed
 
 
 def supports_fused_step(model) -> bool:

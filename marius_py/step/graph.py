@@ -16,8 +16,8 @@ from __future__ import annotations
 import torch
 
 from marius_py.step.fused import FusedStep
-from pipeline.phase_graphs import capturing
-from pipeline.row_kernels import triton_available
+from marius_py.pipeline.phase_graphs import capturing
+from marius_py.pipeline.row_kernels import triton_available
 from marius_py.negatives import CandidateRows
 
 

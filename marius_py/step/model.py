@@ -21,7 +21,7 @@ from marius_py.models import LOSSES, Decoder, DotProductComparator, build_decode
 from marius_py.negatives import CandidateRows, by_chunk, chunk_row_weights, negative_draws, negatives_from_draws
 from marius_py.optim import SparseAdagrad, build_relation_optimizer
 from marius_py.step.fused_loss import SCORE_DTYPES, shared_negative_softmax_ce
-from pipeline.rows import unique_rows_async
+from marius_py.pipeline.rows import unique_rows_async
 
 
 @dataclass

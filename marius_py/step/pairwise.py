@@ -26,7 +26,7 @@ import math
 import torch
 
 from marius_py.step import pairwise_cuda
-from pipeline.row_kernels import use_triton
+from marius_py.pipeline.row_kernels import use_triton
 
 try:  # Triton ships with CUDA builds of torch; CPU builds use the torch versions.
     import triton

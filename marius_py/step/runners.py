@@ -15,10 +15,10 @@ import torch
 from marius_py.config import Config
 from marius_py.step.fused import FusedStep, supports_fused_step
 from marius_py.step.graph import GraphedFusedStep
-from pipeline.multi_device import DEFAULT_STALENESS, MultiDeviceRunner
-from pipeline.placements import PLACEMENT_DEVICE, PLACEMENT_HOST
-from pipeline.row_kernels import sparse_adagrad_, zero_copy_available
-from pipeline.span_runner import SpanRunner
+from marius_py.pipeline.multi_device import DEFAULT_STALENESS, MultiDeviceRunner
+from marius_py.pipeline.placements import PLACEMENT_DEVICE, PLACEMENT_HOST
+from marius_py.pipeline.row_kernels import sparse_adagrad_, zero_copy_available
+from marius_py.pipeline.span_runner import SpanRunner
 
 CACHE_MEMORY_FRACTION = 0.25  # of a device's free memory the automatic row cache may take
 
