@@ -102,12 +102,16 @@ STEP_VARIANTS = {"graph": ["training.fused_step=true", "training.cuda_graphs=tru
 
 
 def measure_step(dim: int, placement: str, score_dtype: str, args, step: str = "graph",
-                 decoder: str = "distmult", table_dtype: str = "float32") -> dict:
+                 decoder: str = "distmult", table_dtype: str = "float32", extra: tuple[str, ...] = (),
+                 edges: torch.Tensor | None = None) -> dict:
+    """The step alone; ``extra``: overrides applied last (bench/e2e.py passes the command's settings),
+    ``edges``: the batches to train (default power-law edges over ``args.nodes``)."""
     device = torch.device("cuda")
     decoder_settings = DECODER_SETTINGS.get(decoder, [f"model.decoder={decoder}"])
     config = load_config(None, [*STEP_SETTINGS, *decoder_settings, f"model.dim={dim}", *STEP_VARIANTS[step],
                                 f"pipeline.placement={placement}", "training.device=cuda",
-                                f"training.score_dtype={score_dtype}", f"pipeline.load_threads={args.load_threads}"])
+                                f"training.score_dtype={score_dtype}", f"pipeline.load_threads={args.load_threads}",
+                                *extra])
     model = Model(config, args.nodes, args.relations, device)
     table_device = device if placement == "device" else torch.device("cpu")
     dtype = getattr(torch, table_dtype)  # storage.dtype
@@ -119,8 +123,9 @@ def measure_step(dim: int, placement: str, score_dtype: str, args, step: str = "
     batch = config.training.batch_size
     sampling = epoch_generator(0, 1, table_device)
     # Where the runner reads a span's edges from (it moves them there once per span, as the trainer does).
-    edges = power_law_edges(args.nodes, batch * 40, args.relations).to(
-        device if runner.fused_step is not None else sampling.device)
+    if edges is None:
+        edges = power_law_edges(args.nodes, batch * 40, args.relations)
+    edges = edges.to(device if runner.fused_step is not None else sampling.device)
     dropout = epoch_generator(0, 1, device, stream=1)
     loss = torch.zeros((), device=device)
 
