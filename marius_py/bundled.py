@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import tempfile
 from importlib import resources
 from pathlib import Path
 
@@ -27,7 +28,25 @@ SPLIT_NAMES = ("train", "valid", "test")
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("MARIUS_PY_CACHE", Path.home() / ".cache" / "marius-py"))
+    """``$MARIUS_PY_CACHE`` (``~`` expanded; empty is unset), default ``~/.cache/marius-py``."""
+    return Path(os.environ.get("MARIUS_PY_CACHE") or Path.home() / ".cache" / "marius-py").expanduser()
+
+
+def _writable_cache_directory(directory: Path) -> None:
+    """Create ``directory`` (in the cache) and check that files can be made there; else one clear error
+    naming ``$MARIUS_PY_CACHE`` and the path."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=directory):
+            pass
+    except OSError as error:
+        blocker = next((p for p in [directory, *directory.parents] if p.exists() and not p.is_dir()), None)
+        reason = f"{blocker} is a file, not a directory" if blocker else error.strerror or str(error)
+        variable = os.environ.get("MARIUS_PY_CACHE")
+        where = f"MARIUS_PY_CACHE={variable}" if variable else f"the cache directory {cache_dir()}"
+        raise MariusInputError(f"{where}: cannot write {directory} ({reason})", path="environment",
+                               expected="MARIUS_PY_CACHE naming a writable directory (the cache of preprocessed "
+                                        "datasets; default ~/.cache/marius-py)") from None
 
 
 def bundled_config(name: str) -> Path:
@@ -76,7 +95,7 @@ def bucketed_for_run(storage: StorageConfig, dataset: Dataset, progress: bool) -
 def _build_once(output: Path, note: str, progress: bool, build) -> Path:
     """``output``, built by ``build()`` unless a complete dataset is there already."""
     if not (output / METADATA_FILE).exists():
-        output.parent.mkdir(parents=True, exist_ok=True)
+        _writable_cache_directory(output.parent)
         if progress:
             print(note)
         try:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
+import numbers
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -265,27 +267,13 @@ def _check_value(ok: bool, path: str, problem: str, value, origins: dict) -> Non
         raise MariusInputError(f"{path}: {problem}, got {value!r}", path=source, line=line)
 
 
-def key_lines(text: str) -> dict[str, int]:
-    """1-based line of every ``section.key`` in a YAML text (for error messages)."""
-    try:
-        root = yaml.compose(text)
-    except yaml.YAMLError:
-        return {}
-    lines = {}
-    if isinstance(root, yaml.MappingNode):
-        for section, body in root.value:
-            if isinstance(body, yaml.MappingNode):
-                for key, _ in body.value:
-                    lines[f"{section.value}.{key.value}"] = key.start_mark.line + 1
-    return lines
-
-
 def validate(config: Config, origins: dict | None = None) -> Config:
     """Check every value; raise ``MariusInputError`` naming the first bad key.
 
     ``origins`` maps ``section.key`` to the (file, line) that set it.
     """
     _check = functools.partial(_check_value, origins=origins or {})
+    _check_numbers(config, _check)
     m, t, e = config.model, config.training, config.evaluation
     choices = [("model.decoder", m.decoder, DECODERS), ("model.loss", m.loss, LOSSES),
                ("model.regularizer", m.regularizer, REGULARIZERS),
@@ -342,6 +330,22 @@ def validate(config: Config, origins: dict | None = None) -> Config:
     if m.decoder in ("complex", "rotate"):
         _check(m.dim % 2 == 0, "model.dim", f"expected even for {m.decoder}", m.dim)
     return config
+
+
+def _check_numbers(config: Config, _check) -> None:
+    """Every int key holds an int and every float key a finite number (inf and nan make sense for none:
+    rates, weights, fractions, scales and seconds; a config set in code may hold anything)."""
+    for section in dataclasses.fields(config):
+        values = getattr(config, section.name)
+        for name, kind in _section_types(values).items():
+            value, path = getattr(values, name), f"{section.name}.{name}"
+            if kind == "int":
+                _check(isinstance(value, numbers.Integral) and not isinstance(value, bool), path, "expected int",
+                       value)
+            elif kind == "float":
+                _check(isinstance(value, numbers.Real) and not isinstance(value, bool), path, "expected float",
+                       value)
+                _check(math.isfinite(value), path, "expected a finite number", value)
 
 
 def device_list(devices: str) -> list[str]:
@@ -446,8 +450,8 @@ def automatic_group_size(s: StorageConfig) -> int:
     return default_group_size(s.num_partitions, s.buffer_capacity)
 
 
-def _coerce(value, annotation, path: str, source):
-    """Convert a YAML or command-line value to the schema's type."""
+def _coerce(value, annotation, path: str, source, line: int | None = None):
+    """Convert a YAML or command-line value to the schema's type (``line``: where the file sets it)."""
     kind = {"int": int, "float": float, "str": str, "bool": bool}[annotation]
     if kind is bool:
         if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
@@ -463,11 +467,11 @@ def _coerce(value, annotation, path: str, source):
         try:
             if isinstance(value, str) or float(value) == int(value):
                 return int(value)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):  # (OverflowError: int(inf))
             pass
     elif kind is str and isinstance(value, (str, int, float)):
         return str(value)
-    raise MariusInputError(f"{path}: expected {annotation}, got {value!r}", path=source)
+    raise MariusInputError(f"{path}: expected {annotation}, got {value!r}", path=source, line=line)
 
 
 def _section_types(section) -> dict[str, str]:
@@ -475,33 +479,52 @@ def _section_types(section) -> dict[str, str]:
     return {f.name: hints[f.name].__name__ for f in dataclasses.fields(section)}
 
 
-def _set(config: Config, dotted: str, value, source) -> None:
+def _set(config: Config, dotted: str, value, source, line: int | None = None) -> None:
     parts = dotted.split(".")
     if len(parts) != 2 or parts[0] not in CONFIG_SECTIONS:
-        raise MariusInputError(f"unknown config key {dotted!r}", path=source,
+        raise MariusInputError(f"unknown config key {dotted!r}", path=source, line=line,
                                expected=f"section.key with section one of {', '.join(sorted(CONFIG_SECTIONS))}")
     section = getattr(config, parts[0])
     types = _section_types(section)
     if parts[1] not in types:
-        raise MariusInputError(f"unknown config key {dotted!r}", path=source,
+        raise MariusInputError(f"unknown config key {dotted!r}", path=source, line=line,
                                expected=f"one of {', '.join(parts[0] + '.' + k for k in types)}")
-    setattr(section, parts[1], _coerce(value, types[parts[1]], dotted, source))
+    setattr(section, parts[1], _coerce(value, types[parts[1]], dotted, source, line))
 
 
-def from_dict(raw: dict, source: object = None) -> Config:
-    """Build a config from nested dicts (unknown keys are errors)."""
+def from_dict(raw: dict, source: object = None, lines: dict[str, int] | None = None) -> Config:
+    """Build a config from nested dicts (unknown keys are errors); ``lines``: the line of every section and
+    ``section.key`` in ``source``, for errors."""
     config = Config()
+    lines = lines or {}
     if raw is None:
         return config
     if not isinstance(raw, dict):
-        raise MariusInputError("config must be a mapping of sections", path=source,
-                               expected="YAML like 'training: {lr: 0.1}'")
+        raise MariusInputError(f"config is a {_yaml_kind(raw)}, not a mapping of sections", path=source,
+                               line=lines.get(""), expected="YAML like 'training: {lr: 0.1}'")
     for section, values in raw.items():
+        line = lines.get(str(section))
+        if values is None:  # 'training:' with every key commented out
+            continue
         if not isinstance(values, dict):
-            raise MariusInputError(f"config section {section!r} must be a mapping", path=source)
+            if isinstance(section, str) and "." in section and section.split(".")[0] in CONFIG_SECTIONS:
+                head, key = section.split(".", 1)
+                expected = f"nested sections: '{head}:' and under it '  {key}: ...'"
+            elif section in CONFIG_SECTIONS:
+                expected = f"a mapping of keys, e.g. '{section}: {{key: value}}'"
+            else:
+                expected = f"a mapping of sections, one of {', '.join(CONFIG_SECTIONS)}"
+            raise MariusInputError(f"config section {section!r} is a {_yaml_kind(values)}, not a mapping",
+                                   path=source, line=line, expected=expected)
         for key, value in values.items():
-            _set(config, f"{section}.{key}", value, source)
+            dotted = f"{section}.{key}"
+            _set(config, dotted, value, source, lines.get(dotted))
     return config
+
+
+def _yaml_kind(value) -> str:
+    return {list: "list", str: "string", bool: "boolean", int: "number", float: "number"}.get(type(value),
+                                                                                             type(value).__name__)
 
 
 def apply_overrides(config: Config, overrides: list[str]) -> Config:
@@ -519,24 +542,90 @@ def apply_overrides(config: Config, overrides: list[str]) -> Config:
     return config
 
 
+class _DuplicateKey(yaml.constructor.ConstructorError):
+    pass
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a key given twice in one mapping (PyYAML would keep the last)."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            first_lines: dict = {}
+            for key_node, _ in node.value:
+                if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+                    continue  # (merge keys '<<' may be overridden; complex keys fail as unhashable)
+                key = self.construct_object(key_node)
+                if key in first_lines:
+                    raise _DuplicateKey(None, None, f"duplicate key {key!r} (first on line {first_lines[key]})",
+                                        key_node.start_mark)
+                first_lines[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep=deep)
+
+
+def _read_yaml(path: Path) -> tuple[object, dict[str, int]]:
+    """A YAML config file's value (UTF-8, or UTF-16 with a byte-order mark) and the line of every section and
+    ``section.key``; errors name the file and line."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise MariusInputError("config file not found", path=path) from None
+    except OSError as error:
+        raise MariusInputError(f"cannot read the config file ({error.strerror or error})", path=path,
+                               expected="a readable YAML file") from None
+    loader = None
+    try:
+        loader = _UniqueKeyLoader(data)  # (decodes the start already)
+        node = loader.get_single_node()
+        raw = None if node is None else loader.construct_document(node)
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        line = mark.line + 1 if mark is not None else None
+        problem = "not valid YAML: " + " ".join(str(getattr(error, "problem", None) or error).split())
+        expected = "each key once in a section" if isinstance(error, _DuplicateKey) else "a YAML mapping of sections"
+        if isinstance(error, yaml.reader.ReaderError):  # not UTF-8, or a control character (NUL...)
+            line = data[:error.position].count(b"\n") + 1  # (approximate past non-ASCII text)
+            if error.encoding == "unicode":
+                problem, expected = f"character #x{error.character:04x} ({error.reason})", "printable text"
+            else:
+                problem, expected = f"not UTF-8: byte 0x{error.character:02x} ({error.reason})", \
+                    "UTF-8 text, or UTF-16 with a byte-order mark"
+        raise MariusInputError(problem, path=path, line=line, expected=expected) from None
+    except RecursionError:
+        raise MariusInputError("not valid YAML: nested too deeply", path=path,
+                               expected="a YAML mapping of sections") from None
+    finally:
+        if loader is not None:
+            loader.dispose()
+    if node is None:
+        raise MariusInputError("config file is empty (no settings)", path=path,
+                               expected="a YAML mapping of sections like 'training: {lr: 0.1}' (give no config "
+                                        "for the defaults)")
+    return raw, _node_lines(node)
+
+
+def _node_lines(root) -> dict[str, int]:
+    """1-based line of the document (key ""), of every section and of every ``section.key`` of a composed
+    YAML document."""
+    lines = {"": root.start_mark.line + 1}
+    if isinstance(root, yaml.MappingNode):
+        for section, body in root.value:
+            lines[str(section.value)] = section.start_mark.line + 1
+            if isinstance(body, yaml.MappingNode):
+                for key, _ in body.value:
+                    lines[f"{section.value}.{key.value}"] = key.start_mark.line + 1
+    return lines
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
     """Read a YAML config (or the defaults), apply overrides, validate."""
     config = Config()
     origins: dict = {}
     if path is not None:
         path = Path(path)
-        try:
-            raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise MariusInputError("config file not found", path=path) from None
-        except (yaml.YAMLError, UnicodeDecodeError) as error:
-            line = getattr(getattr(error, "problem_mark", None), "line", None)
-            problem = " ".join(str(getattr(error, "problem", None) or error).split())
-            raise MariusInputError(f"not valid YAML: {problem}", path=path,
-                                   line=None if line is None else line + 1,
-                                   expected="a YAML mapping of sections") from None
-        config = from_dict(raw, source=path)
-        origins.update({key: (path, line) for key, line in key_lines(path.read_text("utf-8")).items()})
+        raw, lines = _read_yaml(path)
+        config = from_dict(raw, source=path, lines=lines)
+        origins.update({key: (path, line) for key, line in lines.items()})
     apply_overrides(config, overrides or [])
     origins.update({item.split("=", 1)[0].strip(): ("command line", None) for item in overrides or []})
     return validate(config, origins)

@@ -39,9 +39,11 @@ class DatasetMetadata:
     num_valid: int
     num_test: int
     has_relations: bool = True
-    unseen_policy: str = "drop"
+    unseen_policy: str = "drop"  # drop or error (given valid/test files), move (a random split)
     num_dropped_valid: int = 0
     num_dropped_test: int = 0
+    num_moved_valid: int = 0  # random split: edges drawn for valid (test) moved into train, their
+    num_moved_test: int = 0   # node or relation occurring in no edge drawn for train
     seed: int = 0
     sources: dict = field(default_factory=dict)
     format_version: int = FORMAT_VERSION
@@ -57,9 +59,15 @@ def read_metadata(directory: str | os.PathLike) -> DatasetMetadata:
     if not path.exists():
         raise MariusInputError("not a preprocessed dataset (no metadata.json)", path=directory,
                                expected="a directory written by `marius-py preprocess`")
-    raw = json.loads(path.read_text(encoding="utf-8"))
-    known = {f.name for f in dataclasses.fields(DatasetMetadata)}
-    return DatasetMetadata(**{k: v for k, v in raw.items() if k in known})
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+        known = {f.name for f in dataclasses.fields(DatasetMetadata)}
+        return DatasetMetadata(**{k: v for k, v in raw.items() if k in known})
+    except (OSError, UnicodeDecodeError, ValueError, TypeError, AttributeError) as error:
+        # (ValueError: not JSON; TypeError: required counts missing; AttributeError: not an object)
+        raise MariusInputError(f"unreadable dataset metadata ({type(error).__name__}: {error})", path=path,
+                               expected="the metadata.json written by `marius-py preprocess` (preprocess the "
+                                        "dataset again)") from None
 
 
 def write_names(path: Path, names: list[str]) -> None:

@@ -6,8 +6,9 @@ described in ``marius_py.dataset``.
 
 Passes (no pass holds the edge list in memory):
   1. Stream the train input (the single input in split mode) and give every node
-     and relation name its first-appearance index; only train edges define ids.
-     A seeded permutation then turns these indices into ids, so ids are in random
+     and relation name its first-appearance index; only train edges define ids
+     (in split mode, names only valid/test draws have come after them: their
+     edges move into train in pass 2). A seeded permutation then turns these indices into ids, so ids are in random
      order and contiguous id ranges are random partitions. nodes.txt and
      relations.txt are written.
   2. Stream valid, test, then train again (valid/test first so that their errors
@@ -20,7 +21,9 @@ Passes (no pass holds the edge list in memory):
      ``p*p+1`` offsets.
 All files go to a hidden sibling directory that is renamed into place after
 ``metadata.json`` (written last) exists; on any error it is removed, so the
-output directory never exists unless it is complete.
+output directory never exists unless it is complete. A killed run cannot remove
+its own: the next preprocess to the same output removes those whose process is
+gone (``storage.durable.staging_for``).
 
 Memory bound, O(distinct names + chunk_lines), whatever the number of edges:
   ~ (150 bytes + name length) x distinct node and relation names (dicts, names)
@@ -36,22 +39,33 @@ split block by block with C-level list operations, not line by line.
 Determinism: the same inputs, options and seed give the same ids and the same
 edges in every split, for any ``chunk_lines``: the random split draws one uniform
 number per edge, in input order, from its own seeded stream. The split is
-per-edge Bernoulli, so its fractions hold in expectation, not exactly; edges that
-land in valid/test with a name no train edge has follow ``unseen_policy``.
+per-edge Bernoulli, so its fractions hold in expectation, not exactly. As in
+PyKEEN, an edge drawn for valid/test with a node or relation that no edge drawn
+for train has is moved into train (counted in ``num_moved_valid/test``), so no
+edge and no name is lost: pass 1 gives every name of the file an id (a name seen
+only in valid/test draws makes its edges move), train-drawn names first, so ids
+are those of a train-only pass when nothing moves. ``unseen_policy`` applies to
+explicitly given valid/test files only.
 
-Input rules: names are taken verbatim (no whitespace stripping) and may not be
-empty; with default columns a line has exactly 2 or 3 fields, with explicit
-``columns`` it may carry extra ones (weights, timestamps). A UTF-8 BOM is
-ignored; whitespace-only lines are blank, allowed only at the end of a file.
+Input rules: surrounding whitespace of every field is stripped (``"alga "`` is
+``"alga"``); names may not be empty; with default columns a line has exactly 2 or
+3 fields, plus at most one empty trailing field (a trailing delimiter); with
+explicit ``columns`` it may carry extra ones (weights, timestamps). Quotes are not
+interpreted (a quoted field keeps its quotes). A UTF-8 BOM is ignored; LF and CRLF
+line endings are read, a carriage return elsewhere, a NUL byte or a line over
+1 MiB is an error (CR-only line endings, UTF-16 or binary files).
+Whitespace-only lines are blank, allowed only at the end of a file.
 
 Header lines cannot be told from edges in general (``source<TAB>target`` is a
-valid pair); only a wrong field count gives one away, and when line 1 has the
-wrong field count the error suggests ``--skip-header 1``.
+valid pair); only a wrong field count gives one away, and when the first line of
+a file has the wrong field count (and no other cause shows: another delimiter,
+quotes, empty trailing fields) the error suggests ``--skip-header 1``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import errno
 import gc
 import gzip
 import os
@@ -59,10 +73,12 @@ import shutil
 import sys
 import zlib
 from contextlib import closing, contextmanager
+from functools import partial
 from dataclasses import dataclass
 from itertools import compress, islice, repeat
 from pathlib import Path
-from typing import Iterator, Sequence
+from types import MappingProxyType
+from typing import Iterator, Mapping, Sequence
 
 import h5py
 import numpy as np
@@ -72,7 +88,7 @@ from marius_py.dataset import (METADATA_FILE, NODES_FILE, RELATIONS_FILE, Datase
                                write_metadata, write_names)
 from marius_py.errors import MariusInputError
 from marius_py.resources import available_memory
-from marius_py.storage.durable import fsync_directory
+from marius_py.storage.durable import fsync_directory, staging_for, staging_path
 from marius_py.storage.edge_store import EDGE_FILE, SPLITS, EdgeStore, EdgeStoreWriter
 from marius_py.storage.partitioning import bucket_of, most_partitions_filled, partitions_filled
 
@@ -81,6 +97,8 @@ UNSEEN_POLICIES = ("drop", "error")
 TRAIN, VALID, TEST = range(3)  # split codes; SPLITS[code] is the split's name
 RUNS_FILE = "train_runs.h5"
 _BLOCK_LINES = 1 << 15  # lines parsed at a time (bounded: a parsed line costs ~0.5 KB)
+_MAX_LINE_BYTES = 1 << 20  # longer lines are refused before they are held whole (CR-only or binary files)
+_NO_NAMES: Mapping[str, int] = MappingProxyType({})
 _DELIMITER_NAMES = {"\t": "tab", ",": "comma", ";": "semicolon", " ": "space", "|": "pipe"}
 
 
@@ -95,7 +113,9 @@ class PreprocessOptions:
     num_partitions: int = 1
     split_fractions: tuple[float, float] = (0.05, 0.05)  # (valid, test), single input only
     seed: int = 0
-    unseen_policy: str = "drop"  # valid/test edges with names unseen in train: drop or error
+    # given valid/test files' edges with names unseen in train: drop or error (a random split moves them
+    # into train instead)
+    unseen_policy: str = "drop"
     chunk_lines: int = 1_000_000  # edges buffered per split before writing
 
 
@@ -158,10 +178,18 @@ def _build_staged(output_dir: Path, overwrite: bool, build) -> DatasetMetadata:
     """Run ``build(staging)`` in a scratch directory beside ``output_dir`` and publish it there whole:
     on any error nothing half-written is left, and an existing dataset is replaced only with ``overwrite``."""
     _check_output_dir(output_dir, overwrite)
-    output_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = output_dir.parent / f".{output_dir.name}.tmp-{os.getpid()}"
-    shutil.rmtree(staging, ignore_errors=True)  # a stale one from a crashed run
-    staging.mkdir()
+    try:
+        output_dir.parent.mkdir(parents=True, exist_ok=True)
+        staging = staging_for(output_dir)  # (abandoned ones of killed runs removed)
+        staging.mkdir()
+    except OSError as error:
+        if error.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        blocker = next((p for p in output_dir.parents if p.exists() and not p.is_dir()), None)
+        reason = f"{blocker} is a file, not a directory" if blocker else error.strerror or str(error)
+        raise MariusInputError(f"cannot create the output directory ({reason})", path=output_dir,
+                               expected="an output path whose parent is, or can be made, a writable "
+                                        "directory") from None
     try:
         metadata = build(staging)
         _publish(staging, output_dir, overwrite)
@@ -282,7 +310,7 @@ def _publish(staging: Path, output_dir: Path, overwrite: bool) -> None:
     if output_dir.exists() and not overwrite:  # empty (checked)
         os.rmdir(output_dir)
     elif output_dir.exists():  # a dataset to replace
-        old = output_dir.parent / f".{output_dir.name}.old-{os.getpid()}"
+        old = staging_path(output_dir, "old")
         os.replace(output_dir, old)
     os.replace(staging, output_dir)
     if old is not None:
@@ -334,28 +362,33 @@ class _LineParser:
         return f"at least {self.num_fields} {sep}-separated fields ({where}, 0-based)"
 
     def parse(self, rows: list[str], first_line: int) -> list[Sequence[str]]:
-        """Name columns (head, relation, tail) of a block of lines, without trailing blanks."""
+        """Name columns (head, relation, tail) of a block of lines, stripped, without trailing blanks."""
         fields = [row.split(self.delimiter) for row in rows]
-        columns = self._columns_if_clean(fields)
-        if columns is None:  # the slow path pinpoints the problem, or drops trailing blanks
+        names = self._names_if_clean(fields, _may_need_strip("\n".join(rows), self.delimiter))
+        if names is None:  # the slow path pinpoints the problem, or drops trailing blanks
             fields = self._check_rows(rows, fields, first_line)
+            if not fields:
+                return [(), (), ()]
             columns = list(zip(*fields))
-        if not fields:
-            return [(), (), ()]
-        names = [columns[c] for c in self.columns]
+            names = [tuple(map(str.strip, columns[c])) for c in self.columns]
         if self.pairs:
-            names.insert(1, (PAIRS_RELATION,) * len(fields))
+            names.insert(1, (PAIRS_RELATION,) * len(names[0]))
         return names
 
-    def _columns_if_clean(self, fields: list[list[str]]) -> list[tuple[str, ...]] | None:
-        """Transposed fields if the whole block is well-formed (checked at C speed)."""
+    def _names_if_clean(self, fields: list[list[str]], strip: bool) -> list[tuple[str, ...]] | None:
+        """The stripped name columns if the whole block is well-formed (checked at C speed); ``strip``
+        False: no field has surrounding whitespace."""
         lengths = set(map(len, fields))
         if self.blank_line is not None or not lengths:
             return None
-        if (lengths != {self.num_fields}) if self.exact else (min(lengths) < self.num_fields):
+        trailing = self.exact and lengths == {self.num_fields + 1}  # a trailing delimiter on every line
+        if not trailing and ((lengths != {self.num_fields}) if self.exact else (min(lengths) < self.num_fields)):
             return None
         columns = list(zip(*fields))
-        return None if any("" in columns[c] for c in self.columns) else columns
+        if trailing and any(map(str.strip, columns[-1])):
+            return None
+        names = [tuple(map(str.strip, columns[c])) if strip else columns[c] for c in self.columns]
+        return None if any("" in column for column in names) else names
 
     def _check_rows(self, rows: list[str], fields: list[list[str]],
                     first_line: int) -> list[list[str]]:
@@ -374,25 +407,50 @@ class _LineParser:
         return fields[:num_edges]
 
     def _check_fields(self, row: str, fields: list[str], lineno: int) -> None:
+        """Raise for a wrong field count or an empty name; drop one empty trailing field (in place)."""
+        if self.exact and len(fields) == self.num_fields + 1 and not fields[-1].strip():
+            fields.pop()  # a trailing delimiter
         count = len(fields)
         if count != self.num_fields and (self.exact or count < self.num_fields):
-            expected = self.describe() + self._hint(row, lineno)
+            expected = self.describe() + self._hint(row, fields, lineno)
             plural = "" if count == 1 else "s"
             raise MariusInputError(f"line has {count} field{plural}: {_snippet(row)}",
                                    path=self.path, line=lineno, expected=expected)
-        if not all(fields[c] for c in self.columns):
-            raise MariusInputError(f"empty name in line {_snippet(row)}", path=self.path,
-                                   line=lineno, expected=f"{self.describe()}, none empty")
+        roles = ("head", "tail") if self.pairs else ("head", "relation", "tail")
+        empty = [role for role, c in zip(roles, self.columns) if not fields[c].strip()]
+        if empty:
+            raise MariusInputError(f"empty name ({' and '.join(empty)}, after stripping surrounding whitespace) "
+                                   f"in line {_snippet(row)}", path=self.path, line=lineno,
+                                   expected=f"{self.describe()}, none empty")
 
-
-    def _hint(self, row: str, lineno: int) -> str:
-        """A likely fix for a wrong field count: another delimiter, or a header line."""
+    def _hint(self, row: str, fields: list[str], lineno: int) -> str:
+        """The likely cause of a wrong field count: quotes, trailing delimiters, another delimiter, a header."""
+        if '"' in row:
+            return ("; quotes are not interpreted: a quoted field keeps its quotes and a delimiter inside "
+                    "quotes still splits it")
+        empty_tail = next((i for i, f in enumerate(reversed(fields)) if f.strip()), len(fields))
+        if len(fields) > self.num_fields and empty_tail >= len(fields) - self.num_fields:
+            return (f"; the line ends with {empty_tail} empty fields (trailing delimiters; one trailing "
+                    f"delimiter is accepted)")
         for delimiter, name in _DELIMITER_NAMES.items():
             if delimiter != self.delimiter and len(row.split(delimiter)) == self.num_fields:
                 return f"; the line looks {name}-separated: set --delimiter"
         if lineno == 1 and self.skip_header == 0:
             return "; use --skip-header 1 if the file has a header"
         return ""
+
+
+_WHITESPACE = tuple(c for c in map(chr, range(0x3001)) if c.isspace() and c != "\n")  # what str.strip strips
+
+
+def _may_need_strip(text: str, delimiter: str) -> bool:
+    """Whether a field of ``text`` (lines joined by newlines) may start or end with whitespace: a whitespace
+    character beside a delimiter or a line boundary. Substring searches: far cheaper than stripping."""
+    for c in _WHITESPACE:
+        if c != delimiter and c in text and (c + delimiter in text or delimiter + c in text or c + "\n" in text
+                                             or "\n" + c in text or text.startswith(c) or text.endswith(c)):
+            return True
+    return False
 
 
 def _snippet(line: str, limit: int = 80) -> str:
@@ -416,15 +474,35 @@ def _open_binary(path: Path):
 
 
 def _decode_block(lines: list[bytes], path: Path, first_line: int) -> list[str]:
-    """Strict UTF-8 lines without their endings (LF or CRLF) or a leading BOM."""
+    """Strict UTF-8 lines without their endings (LF or CRLF) or a leading BOM; no NUL, no other CR.
+
+    ``lines`` come from ``readline(_MAX_LINE_BYTES + 1)``: a piece without a newline is a longer line's
+    start, unless it ends the file."""
+    data = b"".join(lines)
+    if data.count(b"\n") < len(lines) - 1 or (len(lines[-1]) > _MAX_LINE_BYTES and not data.endswith(b"\n")):
+        index = next(i for i, line in enumerate(lines) if len(line) > _MAX_LINE_BYTES and not line.endswith(b"\n"))
+        raise MariusInputError(f"line longer than {_MAX_LINE_BYTES >> 20} MiB", path=path, line=first_line + index,
+                               expected="one edge per line, LF or CRLF line endings (is the file binary, or "
+                                        "are its line endings CR only?)")
     try:
-        text = b"".join(lines).decode("utf-8")
+        text = data.decode("utf-8")
     except UnicodeDecodeError:
         _raise_decode_error(lines, path, first_line)
+    if "\x00" in text:
+        index = next(i for i, line in enumerate(lines) if b"\x00" in line)
+        raise MariusInputError(f"NUL byte at byte {lines[index].index(0) + 1} of the line", path=path,
+                               line=first_line + index,
+                               expected="UTF-8 text without NUL bytes (is the file UTF-16 or binary?)")
     rows = text.split("\n")  # byte 0x0a never occurs inside a multi-byte character
     if text.endswith("\n"):
         rows.pop()
     if "\r" in text:
+        if text.count("\r") != text.count("\r\n") + text.endswith("\r"):  # a CR not ending a line: where?
+            index = next((i for i, line in enumerate(lines) if b"\r" in line.rstrip(b"\r\n")), None)
+            if index is not None:
+                raise MariusInputError("carriage return (CR) inside the line", path=path, line=first_line + index,
+                                       expected="LF or CRLF line endings (CR-only line endings are not read: "
+                                                "convert them, e.g. tr '\\r' '\\n')")
         rows = [row[:-1] if row.endswith("\r") else row for row in rows]
     if first_line == 1 and rows[0].startswith("\ufeff"):
         rows[0] = rows[0][1:]
@@ -433,6 +511,12 @@ def _decode_block(lines: list[bytes], path: Path, first_line: int) -> list[str]:
 
 def _raise_decode_error(lines: list[bytes], path: Path, first_line: int) -> None:
     """Find the first line that is not UTF-8 (the block as a whole is not)."""
+    if first_line == 1 and lines[0].startswith((b"\xff\xfe", b"\xfe\xff")):
+        raise MariusInputError("the file starts with a UTF-16 byte-order mark", path=path, line=1,
+                               expected="UTF-8 text (convert it, e.g. iconv -f UTF-16 -t UTF-8)")
+    if first_line == 1 and lines[0].startswith(b"\x1f\x8b"):
+        raise MariusInputError("the file is gzip-compressed but its name does not end in .gz", path=path,
+                               line=1, expected="a .gz name for gzip data, or UTF-8 text")
     for index, data in enumerate(lines):
         try:
             data.decode("utf-8")
@@ -440,7 +524,8 @@ def _raise_decode_error(lines: list[bytes], path: Path, first_line: int) -> None
             raise MariusInputError(
                 f"invalid UTF-8 byte 0x{data[error.start]:02x} at byte {error.start + 1} "
                 f"of the line", path=path, line=first_line + index,
-                expected="UTF-8 text") from None
+                expected="UTF-8 text (a Latin-1 or Windows-1252 file can be converted, e.g. "
+                         "iconv -f latin1 -t utf-8)") from None
     raise AssertionError("block failed to decode but each of its lines decodes")
 
 
@@ -450,9 +535,10 @@ def _iter_blocks(path: Path, options: PreprocessOptions, label: str,
     parser = _LineParser(path, options)
     block_lines = min(options.chunk_lines, _BLOCK_LINES)
     num_edges, lineno = 0, 0  # lineno: lines consumed so far
-    with _open_binary(path) as (lines, raw), \
+    with _open_binary(path) as (source, raw), \
             tqdm(total=os.fstat(raw.fileno()).st_size, desc=label, unit="B", unit_scale=True,
                  leave=False, disable=None if progress else True) as bar:
+        lines = iter(partial(source.readline, _MAX_LINE_BYTES + 1), b"")  # bounded: no line is held whole
         try:
             lineno = sum(1 for _ in islice(lines, options.skip_header))
             while block := list(islice(lines, block_lines)):
@@ -506,44 +592,70 @@ def _edge_blocks(inputs: list[_Input], options: PreprocessOptions, split_seed, l
 
 # ---------------------------------------------------------------- pass 1: ids
 
-def _collect_train_names(inputs: list[_Input], options: PreprocessOptions, split_seed,
-                         progress: bool) -> tuple[dict[str, int], dict[str, int], int]:
-    """First-appearance index of every train node and relation, and the train count."""
+@dataclass
+class _Names:
+    """Pass 1's result: first-appearance index of every node and relation name (then, after
+    ``_assign_random_ids``, its id), and how many of each come from train edges (the first indices)."""
+    nodes: dict[str, int]
+    relations: dict[str, int]
+    num_train: int  # edges of the train input, or drawn for train by the random split
+    num_train_nodes: int
+    num_train_relations: int
+
+
+def _collect_names(inputs: list[_Input], options: PreprocessOptions, split_seed, progress: bool) -> _Names:
+    """Every train node and relation name; with a random split also the names only valid/test draws have,
+    after them (their edges move into train)."""
     nodes: dict[str, int] = {}
     relations: dict[str, int] = {}
+    held_out_nodes: dict[str, int] = {}  # names of valid/test draws not (yet) in train (random split)
+    held_out_relations: dict[str, int] = {}
     num_train = 0
     train_inputs = [item for item in inputs if item.split in (TRAIN, None)]
     for block in _edge_blocks(train_inputs, options, split_seed, "names", progress):
-        heads, rels, tails = block.heads, block.relations, block.tails
         if isinstance(block.splits, np.ndarray):
-            heads, rels, tails = block.select((block.splits == TRAIN).tolist())
-        interleaved = [""] * (2 * len(heads))  # head, tail, head, tail: appearance order
-        interleaved[0::2], interleaved[1::2] = heads, tails
-        _add_names(nodes, interleaved)
-        _add_names(relations, rels)
-        num_train += len(heads)
-    if num_train == 0:  # only possible after a random split of a tiny file
-        raise MariusInputError("no edge left for train after the random split",
-                               path=train_inputs[0].path,
-                               expected="more edges, or smaller split_fractions")
-    return nodes, relations, num_train
+            num_train += _add_edge_names(nodes, relations, *block.select((block.splits == TRAIN).tolist()))
+            _add_edge_names(held_out_nodes, held_out_relations, *block.select((block.splits != TRAIN).tolist()),
+                            known=(nodes, relations))
+        else:
+            num_train += _add_edge_names(nodes, relations, block.heads, block.relations, block.tails)
+    names = _Names(nodes, relations, num_train, len(nodes), len(relations))
+    _add_names(nodes, held_out_nodes)  # (a random split of a tiny file may draw no train edge at all)
+    _add_names(relations, held_out_relations)
+    return names
 
 
-def _add_names(index: dict[str, int], names: Sequence[str]) -> None:
-    """Give names not yet in ``index`` the next indices, in order of first appearance."""
+def _add_edge_names(nodes: dict[str, int], relations: dict[str, int], heads: Sequence[str],
+                    rels: Sequence[str], tails: Sequence[str],
+                    known: tuple[Mapping[str, int], Mapping[str, int]] = (_NO_NAMES, _NO_NAMES)) -> int:
+    """Add the names of edges to ``nodes`` and ``relations`` (those in ``known`` excepted); the edge count."""
+    interleaved = [""] * (2 * len(heads))  # head, tail, head, tail: appearance order
+    interleaved[0::2], interleaved[1::2] = heads, tails
+    _add_names(nodes, interleaved, known[0])
+    _add_names(relations, rels, known[1])
+    return len(heads)
+
+
+def _add_names(index: dict[str, int], names: Sequence[str], known: Mapping[str, int] = _NO_NAMES) -> None:
+    """Give names not yet in ``index`` (nor in ``known``) the next indices, in order of first appearance."""
     for name in dict.fromkeys(names):  # unique, in order, at C speed
-        if name not in index:
+        if name not in index and name not in known:
             index[name] = len(index)
 
 
-def _assign_random_ids(index: dict[str, int], seed: np.random.SeedSequence) -> list[str]:
-    """Replace first-appearance indices by a seeded permutation, in place; names by id."""
-    permutation = np.random.default_rng(seed).permutation(len(index)).tolist()
+def _assign_random_ids(index: dict[str, int], num_train: int,
+                       seed: np.random.SeedSequence) -> tuple[list[str], np.ndarray]:
+    """Replace first-appearance indices by a seeded permutation, in place: (names by id, whether each id's
+    name is one of the first ``num_train``, those of train edges)."""
+    permutation = np.random.default_rng(seed).permutation(len(index))
+    in_train = np.zeros(len(index), dtype=bool)
+    in_train[permutation[:num_train]] = True
+    permutation = permutation.tolist()
     names = [""] * len(index)
     for name, first in index.items():
         index[name] = new_id = permutation[first]
         names[new_id] = name
-    return names
+    return names, in_train
 
 
 # ---------------------------------------------------------------- pass 2: edges
@@ -693,19 +805,37 @@ def _write_block(block: _EdgeBlock, ids: np.ndarray, writer: _EdgeWriter,
         writer.add(code, ids[rows])
 
 
-def _write_edges(staging: Path, inputs: list[_Input], options: PreprocessOptions,
-                 nodes: dict[str, int], relations: dict[str, int], split_seed,
-                 progress: bool) -> tuple[list[int], list[int]]:
-    """Pass 2 (and 3): map names to ids and write edges.h5; (counts, dropped) per split."""
-    dropped = [0] * len(SPLITS)
+def _move_unseen_to_train(block: _EdgeBlock, ids: np.ndarray, in_train: tuple[np.ndarray, np.ndarray],
+                          moved: list[int]) -> None:
+    """Random split: give valid/test draws with a node or relation that no train draw has the train code
+    (counted per split in ``moved``). A name without an id (-1: the file changed) moves too, and the
+    train routing then reports it."""
+    nodes_in_train, relations_in_train = in_train
+    seen = ((ids >= 0).all(axis=1) & nodes_in_train.take(ids[:, 0], mode="clip")
+            & relations_in_train.take(ids[:, 1], mode="clip") & nodes_in_train.take(ids[:, 2], mode="clip"))
+    move = ~seen & (block.splits != TRAIN)
+    if move.any():
+        for code in (VALID, TEST):
+            moved[code] += int(np.count_nonzero(move & (block.splits == code)))
+        block.splits = np.where(move, TRAIN, block.splits).astype(np.int8)
+
+
+def _write_edges(staging: Path, inputs: list[_Input], options: PreprocessOptions, names: _Names,
+                 in_train: tuple[np.ndarray, np.ndarray], split_seed,
+                 progress: bool) -> tuple[list[int], list[int], list[int]]:
+    """Pass 2 (and 3): map names to ids and write edges.h5; (counts, dropped, moved) per split."""
+    dropped, moved = [0] * len(SPLITS), [0] * len(SPLITS)
     # valid and test first: their errors (unseen names) surface before the long train work
     ordered = sorted(inputs, key=lambda item: item.split not in (VALID, TEST))
-    _check_partition_count(len(nodes), options.num_partitions)
-    with closing(_EdgeWriter(staging, len(nodes), options)) as writer:
+    _check_partition_count(len(names.nodes), options.num_partitions)
+    with closing(_EdgeWriter(staging, len(names.nodes), options)) as writer:
         for block in _edge_blocks(ordered, options, split_seed, "edges", progress):
-            _write_block(block, _map_ids(block, nodes, relations), writer, options, dropped)
+            ids = _map_ids(block, names.nodes, names.relations)
+            if isinstance(block.splits, np.ndarray):
+                _move_unseen_to_train(block, ids, in_train, moved)
+            _write_block(block, ids, writer, options, dropped)
         writer.finish(progress)
-        return writer.counts, dropped
+        return writer.counts, dropped, moved
 
 
 # ---------------------------------------------------------------- assembly
@@ -713,23 +843,27 @@ def _write_edges(staging: Path, inputs: list[_Input], options: PreprocessOptions
 def _build_dataset(staging: Path, inputs: list[_Input], options: PreprocessOptions,
                    progress: bool) -> DatasetMetadata:
     node_seed, relation_seed, split_seed = np.random.SeedSequence(options.seed).spawn(3)
-    nodes, relations, num_train = _collect_train_names(inputs, options, split_seed, progress)
-    write_names(staging / NODES_FILE, _assign_random_ids(nodes, node_seed))
-    write_names(staging / RELATIONS_FILE, _assign_random_ids(relations, relation_seed))
-    counts, dropped = _write_edges(staging, inputs, options, nodes, relations, split_seed,
-                                   progress)
-    if counts[TRAIN] != num_train:
+    names = _collect_names(inputs, options, split_seed, progress)
+    node_names, nodes_in_train = _assign_random_ids(names.nodes, names.num_train_nodes, node_seed)
+    relation_names, relations_in_train = _assign_random_ids(names.relations, names.num_train_relations,
+                                                            relation_seed)
+    write_names(staging / NODES_FILE, node_names)
+    write_names(staging / RELATIONS_FILE, relation_names)
+    counts, dropped, moved = _write_edges(staging, inputs, options, names, (nodes_in_train, relations_in_train),
+                                          split_seed, progress)
+    if counts[TRAIN] != names.num_train + sum(moved):
         raise MariusInputError("input changed during preprocessing", path=inputs[0].path,
                                expected="input files left unchanged")
+    random_split = inputs[0].split is None
     if progress:
-        _print_drop_notes(counts, dropped)
+        _print_notes(counts, dropped, moved)
     metadata = DatasetMetadata(
-        num_nodes=len(nodes), num_relations=len(relations),
+        num_nodes=len(names.nodes), num_relations=len(names.relations),
         num_partitions=options.num_partitions, num_train=counts[TRAIN],
         num_valid=counts[VALID], num_test=counts[TEST], has_relations=not options.pairs,
-        unseen_policy=options.unseen_policy, num_dropped_valid=dropped[VALID],
-        num_dropped_test=dropped[TEST], seed=options.seed,
-        sources=_sources(inputs))
+        unseen_policy="move" if random_split else options.unseen_policy, num_dropped_valid=dropped[VALID],
+        num_dropped_test=dropped[TEST], num_moved_valid=moved[VALID], num_moved_test=moved[TEST],
+        seed=options.seed, sources=_sources(inputs))
     write_metadata(staging, metadata)  # last: marks the directory complete
     return metadata
 
@@ -739,9 +873,13 @@ def _sources(inputs: list[_Input]) -> dict[str, str]:
             for item in inputs}
 
 
-def _print_drop_notes(counts: list[int], dropped: list[int]) -> None:
+def _print_notes(counts: list[int], dropped: list[int], moved: list[int]) -> None:
     for code in (VALID, TEST):
         if dropped[code]:
             total = counts[code] + dropped[code]
             print(f"note: dropped {dropped[code]} of {total} {SPLITS[code]} edges with a node "
                   f"or relation absent from train (unseen_policy=drop)", file=sys.stderr)
+        if moved[code]:
+            total = counts[code] + moved[code]
+            print(f"note: moved {moved[code]} of {total} edges drawn for {SPLITS[code]} into train: their node "
+                  f"or relation occurs in no edge drawn for train", file=sys.stderr)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -43,11 +45,62 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> None:
     fsync_directory(path.parent)
 
 
+STAGING_KINDS = ("tmp", "old")  # hidden siblings of an output: .NAME.tmp-HOST-PID (built), .NAME.old-HOST-PID
+FOREIGN_STAGING_AGE = 7 * 86400  # seconds untouched after which another host's staging is abandoned
+
+
 def staging_for(output: Path) -> Path:
-    """The hidden sibling a directory is built in (``staged_directory``); a stale one is removed."""
-    staging = output.with_name(f".{output.name}.tmp-{os.getpid()}")
+    """The hidden sibling a directory is built in (``staged_directory``), not yet made. Stale ones are removed
+    first: this process's own, and those of runs killed before they could clean up (``remove_abandoned_staging``)."""
+    remove_abandoned_staging(output)
+    staging = staging_path(output, "tmp")
     shutil.rmtree(staging, ignore_errors=True)
     return staging
+
+
+def staging_path(output_dir: Path, kind: str) -> Path:
+    """This process's hidden sibling of ``output_dir``: ``.NAME.KIND-HOST-PID`` (kind tmp or old)."""
+    return output_dir.parent / f".{output_dir.name}.{kind}-{socket.gethostname()}-{os.getpid()}"
+
+
+def remove_abandoned_staging(output_dir: Path) -> None:
+    """Remove the staging (and replaced ``old``) directories of ``output_dir`` left by killed runs: those of
+    this host whose process is gone (or of the older ``.NAME.tmp-PID`` form), and another host's once
+    untouched for ``FOREIGN_STAGING_AGE`` (its process cannot be asked). Nothing else is touched."""
+    host = socket.gethostname()
+    prefixes = tuple(f".{output_dir.name}.{kind}-" for kind in STAGING_KINDS)
+    try:
+        entries = list(output_dir.parent.iterdir())
+    except OSError:  # no parent folder yet (or a file in its place): nothing can have been left there
+        return
+    for entry in entries:
+        prefix = next((p for p in prefixes if entry.name.startswith(p)), None)
+        if prefix is None:
+            continue
+        owner, _, pid = entry.name[len(prefix):].rpartition("-")  # HOST-PID, or PID (older runs)
+        if not pid.isdigit() or int(pid) == os.getpid() or entry.is_symlink() or not entry.is_dir():
+            continue
+        abandoned = (not _process_alive(int(pid)) if owner in ("", host)
+                     else time.time() - _newest_mtime(entry) > FOREIGN_STAGING_AGE)
+        if abandoned:
+            shutil.rmtree(entry, ignore_errors=True)
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # EPERM: alive, another user's
+        return True
+    return True
+
+
+def _newest_mtime(directory: Path) -> float:
+    try:
+        return max([directory.stat().st_mtime] + [child.stat().st_mtime for child in directory.iterdir()])
+    except OSError:
+        return time.time()  # unreadable or vanishing: treat as in use
 
 
 @contextmanager
