@@ -1,7 +1,10 @@
 """Export trained embeddings keyed by original names: npy, tsv or h5.
 
-Outputs are written under a temporary name and renamed into place, so an
-interrupted export never leaves a file that looks complete.
+Outputs are written (and fsynced) in a staging directory and renamed into place, so a failed or
+interrupted export never leaves a file that looks complete: a new output directory appears whole; into
+an existing one (empty, or an earlier export replaced with --overwrite) the files move one by one,
+``export.json`` (format, node count, files) last, so a directory is a complete export exactly when it has
+one. A directory holding anything export does not write is refused, never emptied.
   npy: ``<out>/node_embeddings.npy`` + ``node_names.txt`` (and relation ones), row i <-> line i
   tsv: ``<out>/node_embeddings.tsv`` and ``relation_embeddings.tsv``, ``name<TAB>v1<TAB>v2...``
   h5:  ``<out>/embeddings.h5`` with datasets ``node_embeddings``, ``node_names``,
@@ -10,7 +13,10 @@ interrupted export never leaves a file that looks complete.
 
 from __future__ import annotations
 
+import errno
 import json
+import os
+import shutil
 from pathlib import Path
 
 import h5py
@@ -18,10 +24,15 @@ import numpy as np
 
 from marius_py.dataset import write_names
 from marius_py.errors import MariusInputError
-from marius_py.storage.durable import staged_directory, staging_for
+from marius_py.storage.durable import fsync_directory, fsync_tree, staging_for
 
 FORMATS = ("npy", "tsv", "h5")
 MARKER = "export.json"  # marks a directory this module wrote, the only kind --overwrite replaces
+FORMAT_FILES = {"npy": ("node_embeddings.npy", "relation_embeddings.npy", "node_names.txt", "relation_names.txt"),
+                "tsv": ("node_embeddings.tsv", "relation_embeddings.tsv"),
+                "h5": ("embeddings.h5",)}
+EXPORT_FILES = frozenset(name for names in FORMAT_FILES.values() for name in names) | {MARKER}
+STAGING_PREFIX = ".export-staging-"  # an export into an existing directory is staged in it, under this name
 _TSV_ROWS = 4096
 
 
@@ -41,43 +52,129 @@ def export_embeddings(output: str | Path, fmt: str, node_names: list[str], node_
     """
     if fmt not in FORMATS:
         raise MariusInputError(f"unknown export format {fmt!r}", expected=" | ".join(FORMATS))
-    output = Path(output)
-    if output.exists() and not (overwrite and (output / MARKER).exists()):
-        raise MariusInputError("output already exists", path=output,
-                               expected="a new path, or --overwrite to replace an earlier export")
-    tmp = staging_for(output)
+    given = Path(output)
+    output = given.resolve()  # (a link to a directory: the export goes into the directory it names)
+    replaced = check_output(given, overwrite)
+    tmp = staging_for(output) if replaced is None else output / f"{STAGING_PREFIX}{os.getpid()}"
     try:
+        if replaced is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     except OSError as error:
-        raise MariusInputError(f"cannot create the output directory: {error.strerror}", path=output,
+        raise MariusInputError(f"cannot create the output directory: {error.strerror}", path=given,
                                expected="a path in a writable directory") from None
+    try:
+        _write(tmp, fmt, node_names, node_blocks, dim, relation_names, relations)
+        fsync_tree(tmp)
+        if replaced is None:
+            os.replace(tmp, output)  # a new directory appears whole
+            fsync_directory(output.parent)
+    except OSError as error:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if error.errno in (errno.ENOSPC, errno.EDQUOT) or error.filename is None:
+            raise
+        raise MariusInputError(f"cannot write the export: {error.strerror}", path=error.filename,
+                               expected="an output path that stays writable (and that nothing else creates "
+                                        "meanwhile)") from None
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if replaced is not None:
+        _move_into(tmp, output, replaced)  # (interrupted, it leaves its staging folder: --overwrite recovers)
+    return given
+
+
+def check_output(output: str | Path, overwrite: bool) -> list[str] | None:
+    """Refuse an output export may not write (``MariusInputError``); else the names of an earlier export's
+    files there, which the new export replaces (``[]``: an empty directory), or None for a new directory.
+
+    Only a directory holding nothing but an export's files (with its ``export.json``, or the staging folder
+    of an interrupted export) is replaced, and only with ``overwrite``; anything else in it is refused,
+    never removed.
+    """
+    output = Path(output)
+    if not output.exists():
+        return None
+    if not output.is_dir():
+        raise MariusInputError("output is a file, not a directory", path=output,
+                               expected="a directory to export into (-o DIR): a new path or an empty directory")
+    try:
+        entries = sorted(os.listdir(output))
+    except OSError as error:
+        raise MariusInputError(f"cannot read the output directory: {error.strerror}", path=output,
+                               expected="a directory you may read and write, or a new path") from None
+    staging = [e for e in entries if e.startswith(STAGING_PREFIX) and (output / e).is_dir()]
+    foreign = [e for e in entries if e not in EXPORT_FILES and e not in staging]
+    if foreign:
+        raise MariusInputError(f"output directory holds {foreign[0]!r}, which export did not write", path=output,
+                               expected="a new path or an empty directory; --overwrite replaces only an earlier "
+                                        "export's own files and refuses a directory holding others")
+    if not entries:
+        return []
+    if MARKER not in entries and not staging:
+        raise MariusInputError(f"output directory holds {entries[0]!r} but no {MARKER}, so export did not "
+                               "write it", path=output,
+                               expected="a new path or an empty directory; --overwrite replaces only an earlier "
+                                        "export")
+    if not overwrite:
+        raise MariusInputError("output directory holds an earlier export" if MARKER in entries else
+                               "output directory holds an interrupted export", path=output,
+                               expected="a new path, or --overwrite to replace it")
+    return [e for e in entries if e in EXPORT_FILES]
+
+
+def _move_into(staged: Path, output: Path, replaced: list[str]) -> None:
+    """Put ``staged``'s files into the existing directory ``output`` (on its file system): the earlier
+    export's marker goes first, so the directory is not an export while files change; the new marker
+    comes last. Only the earlier export's own files are removed; ``staged`` (inside ``output``) last."""
+    if MARKER in replaced:
+        os.unlink(output / MARKER)
+        fsync_directory(output)
+    new = sorted(os.listdir(staged))
+    for name in replaced:
+        if name not in new and name != MARKER:
+            os.unlink(output / name)
+    for name in new:
+        if name != MARKER:
+            os.replace(staged / name, output / name)
+    os.replace(staged / MARKER, output / MARKER)
+    staged.rmdir()
+    for name in os.listdir(output):  # staging folders of interrupted exports (checked to be ours)
+        if name.startswith(STAGING_PREFIX):
+            shutil.rmtree(output / name, ignore_errors=True)
+    fsync_directory(output)
+
+
+def _write(tmp: Path, fmt: str, node_names: list[str], node_blocks, dim: int, relation_names: list[str],
+           relations: np.ndarray) -> None:
+    """The export's files, written into the staging directory ``tmp``; the marker last."""
     num_nodes = len(node_names)
-    with staged_directory(output, tmp):
-        if fmt == "npy":
-            array = np.lib.format.open_memmap(tmp / "node_embeddings.npy", mode="w+", dtype=np.float32,
-                                              shape=(num_nodes, dim))
+    if fmt == "npy":
+        array = np.lib.format.open_memmap(tmp / "node_embeddings.npy", mode="w+", dtype=np.float32,
+                                          shape=(num_nodes, dim))
+        for start, block in node_blocks:
+            array[start:start + len(block)] = block
+        array.flush()
+        del array
+        np.save(tmp / "relation_embeddings.npy", relations)
+        write_names(tmp / "node_names.txt", node_names)
+        write_names(tmp / "relation_names.txt", relation_names)
+    elif fmt == "tsv":
+        _write_tsv(tmp / "node_embeddings.tsv", node_names, node_blocks)
+        _write_tsv(tmp / "relation_embeddings.tsv", relation_names, [(0, relations)])
+    else:
+        with h5py.File(tmp / "embeddings.h5", "w") as handle:
+            data = handle.create_dataset("node_embeddings", shape=(num_nodes, dim), dtype="float32")
             for start, block in node_blocks:
-                array[start:start + len(block)] = block
-            array.flush()
-            del array
-            np.save(tmp / "relation_embeddings.npy", relations)
-            write_names(tmp / "node_names.txt", node_names)
-            write_names(tmp / "relation_names.txt", relation_names)
-        elif fmt == "tsv":
-            _write_tsv(tmp / "node_embeddings.tsv", node_names, node_blocks)
-            _write_tsv(tmp / "relation_embeddings.tsv", relation_names, [(0, relations)])
-        else:
-            with h5py.File(tmp / "embeddings.h5", "w") as handle:
-                data = handle.create_dataset("node_embeddings", shape=(num_nodes, dim), dtype="float32")
-                for start, block in node_blocks:
-                    data[start:start + len(block)] = block
-                handle.create_dataset("node_names", data=np.array(node_names, dtype=object),
-                                      dtype=h5py.string_dtype())
-                handle.create_dataset("relation_embeddings", data=relations)
-                handle.create_dataset("relation_names", data=np.array(relation_names, dtype=object),
-                                      dtype=h5py.string_dtype())
-        (tmp / MARKER).write_text(json.dumps({"format": fmt, "num_nodes": len(node_names)}) + "\n")
-    return output
+                data[start:start + len(block)] = block
+            handle.create_dataset("node_names", data=np.array(node_names, dtype=object),
+                                  dtype=h5py.string_dtype())
+            handle.create_dataset("relation_embeddings", data=relations)
+            handle.create_dataset("relation_names", data=np.array(relation_names, dtype=object),
+                                  dtype=h5py.string_dtype())
+    written = sorted(os.listdir(tmp))
+    assert set(written) <= set(FORMAT_FILES[fmt]), written  # check_output recognises exactly these
+    (tmp / MARKER).write_text(json.dumps({"format": fmt, "num_nodes": num_nodes, "files": written}) + "\n")
 
 
 def relation_rows(relation_table: np.ndarray, relation_names: list[str]) -> tuple[list[str], np.ndarray]:
