@@ -11,18 +11,24 @@
 
 from __future__ import annotations
 
+import errno
+import os
 import shutil
 import time
+from collections.abc import Iterable
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from marius_py.bundled import BUNDLED_CONFIGS, bundled_config, resolve_dataset
-from marius_py.checkpoint import CONFIG_FILE, NODES, RunDirectory, config_fingerprint, load_version
+from marius_py.checkpoint import (CHECKPOINTS, CONFIG_FILE, LIVE_STORE, NODES, RunDirectory,
+                                  config_fingerprint, load_version)
 from marius_py.config import Config, fit_comet_split, load_config
-from marius_py.dataset import Dataset
+from marius_py.dataset import METADATA_FILE, Dataset
 from marius_py.errors import MariusInputError
+from marius_py.run_lock import LOCK_FILE, RunLock
 from marius_py.evaluation import InMemoryNodes, KnownAnswers, NodeTable, StoredNodes, evaluate_split
 from marius_py.devices import resolve_device
 from marius_py.distributed import launched_by_torchrun, train_distributed
@@ -36,11 +42,46 @@ def load_dataset(path_or_name: str = "codex-m", progress: bool = False) -> Datas
     return Dataset(resolve_dataset(path_or_name, progress=progress))
 
 
-def make_config(path_or_name: str | Path | None = None, overrides: list[str] | None = None) -> Config:
-    """A validated config: defaults, a YAML file or a bundled config name, then ``key=value`` overrides."""
+def make_config(path_or_name: str | Path | None = None, overrides: list[str] | str | None = None,
+                source: str = "overrides") -> Config:
+    """A validated config: defaults, a YAML file or a bundled config name, then ``key=value`` overrides
+    (a list of them, or one string). ``source`` is how errors in an override name where it came from."""
+    if path_or_name is not None and not isinstance(path_or_name, (str, os.PathLike)):
+        raise MariusInputError(f"make_config: config {path_or_name!r} is a {type(path_or_name).__name__}",
+                               expected=f"a YAML file's path, one of {', '.join(sorted(BUNDLED_CONFIGS))}, or None "
+                                        f"(the defaults)")
+    overrides = _override_list(overrides)
     if path_or_name is not None and str(path_or_name) in BUNDLED_CONFIGS and not Path(path_or_name).exists():
         path_or_name = bundled_config(str(path_or_name))
-    return load_config(path_or_name, overrides)
+    return _load_config(path_or_name, overrides, source)
+
+
+def _override_list(overrides) -> list[str]:
+    """``key=value`` overrides as a list: None is none, one string is one override; anything but strings is
+    refused (a string iterated would be its characters)."""
+    if overrides is None:
+        return []
+    if isinstance(overrides, str):
+        return [overrides]
+    expected = "a list of 'section.key=value' strings or one such string, e.g. ['training.epochs=5']"
+    if isinstance(overrides, (bytes, dict)) or not isinstance(overrides, Iterable):
+        raise MariusInputError(f"overrides: a {type(overrides).__name__}", expected=expected)
+    items = list(overrides)
+    wrong = [item for item in items if not isinstance(item, str)]
+    if wrong:
+        raise MariusInputError(f"overrides: {wrong[0]!r} is a {type(wrong[0]).__name__}", expected=expected)
+    return items
+
+
+def _load_config(path, overrides: list[str], source: str) -> Config:
+    """``load_config``, its errors about an override naming ``source`` (config.py calls them the command
+    line's; through the API they are the caller's overrides)."""
+    try:
+        return load_config(path, overrides)
+    except MariusInputError as error:
+        if error.path != "command line" or source == "command line":
+            raise
+        raise MariusInputError(error.problem, path=source, line=error.line, expected=error.expected) from None
 
 
 def default_run_dir(config: Config) -> Path:
@@ -93,7 +134,21 @@ class TrainedModel:
             yield start, block.cpu().numpy()
 
     def _ids(self, triples) -> torch.Tensor:
-        rows = [(self.dataset.node_id(h), self._relation_id(r), self.dataset.node_id(t)) for h, r, t in triples]
+        """Node and relation ids of name triples; a graph without relations also takes (head, tail) pairs."""
+        relations = self.dataset.metadata.has_relations
+        expected = ("a list of (head, relation, tail) name triples: this graph has relations" if relations else
+                    "a list of (head, tail) name pairs, or of (head, relation, tail) triples with the relation "
+                    "ignored: this graph has none")
+        one_item = isinstance(triples, tuple) and triples and all(isinstance(name, str) for name in triples)
+        if isinstance(triples, (str, bytes, dict)) or one_item or not isinstance(triples, Iterable):
+            raise MariusInputError(f"score: {triples!r} is not a list of tuples", expected=expected)
+        rows = []
+        for index, item in enumerate(triples):
+            size = len(item) if isinstance(item, (tuple, list, np.ndarray)) else None
+            if size != 3 and not (size == 2 and not relations):
+                raise MariusInputError(f"score: item {index} is {item!r}", expected=expected)
+            head, relation, tail = item if size == 3 else (item[0], None, item[1])
+            rows.append((self.dataset.node_id(head), self._relation_id(relation), self.dataset.node_id(tail)))
         return torch.tensor(rows, dtype=torch.long, device=self.device).reshape(-1, 3)
 
     def _relation_id(self, name: str | None) -> int:
@@ -117,8 +172,12 @@ class TrainedModel:
         """Top-k tails for (head, relation, ?) or heads for (?, relation, tail)."""
         if (head is None) == (tail is None):
             raise MariusInputError("give exactly one of head and tail", expected="--head NAME or --tail NAME")
-        if k < 1:
-            raise MariusInputError(f"k must be at least 1, got {k}", expected="-k 10")
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise MariusInputError(f"k must be an integer of at least 1, got {k!r}", expected="-k 10")
+        if relation is not None and not self.dataset.metadata.has_relations:
+            raise MariusInputError(f"relation {relation!r}: the dataset is a plain graph (preprocessed with "
+                                   "--pairs), without relations", path=self.dataset.directory,
+                                   expected="no relation")
         inverse = head is None
         anchor = self.dataset.node_id(tail if inverse else head)
         rel = torch.tensor([self._relation_id(relation)], device=self.device)
@@ -137,10 +196,13 @@ class TrainedModel:
             top = torch.topk(best_scores, min(k, len(best_scores)))
             best_scores, best_ids = top.values, best_ids[top.indices]
         names = self.dataset.node_names
-        return [(names[i], float(s)) for s, i in zip(best_scores.tolist(), best_ids.tolist())]
+        return [(names[i], float(s)) for s, i in zip(best_scores.tolist(), best_ids.tolist())
+                if s != float("-inf")]  # (known answers filtered out, when fewer than k remain)
 
     def evaluate(self, split: str = "test") -> dict:
         """Link-prediction metrics on a split, with the config's evaluation protocol."""
+        if split not in ("valid", "test"):
+            raise MariusInputError(f"evaluate: split {split!r}", expected="'valid' or 'test'")
         return evaluate_split(self.decoder, self.table, self.dataset, split, self.config.evaluation,
                               seed=self.config.training.seed)
 
@@ -158,11 +220,13 @@ def open_dataset(config: Config, progress: bool) -> Dataset:
     return dataset
 
 
-def _start(config: Config, run_dir: Path, progress: bool, resume: bool) -> tuple[Trainer, Dataset]:
-    """The trainer of a run. A new run's directory and config come first, so a run killed while the dataset
-    is prepared or the store initialised can be resumed; a user error while the dataset is opened or the
-    trainer set up removes the directory it created (errors during training leave it, to resume)."""
-    created = not resume and not run_dir.exists()
+def _start(config: Config, run_dir: Path, progress: bool, resume: bool,
+           created: bool = False) -> tuple[Trainer, Dataset]:
+    """The trainer of a run (the caller holds the run directory's lock). A new run's directory and config
+    come first, so a run killed while the dataset is prepared or the store initialised can be resumed; a user
+    error while the dataset is opened or the trainer set up removes what the new run wrote (the directory,
+    when ``created``). Errors during training leave it: --resume continues it, and a new run that finds
+    nothing committed there reuses it."""
     if not resume:
         RunDirectory(run_dir).create(config)
     try:
@@ -171,35 +235,136 @@ def _start(config: Config, run_dir: Path, progress: bool, resume: bool) -> tuple
             RunDirectory(run_dir).write_config(config)  # with the partitions the dataset allowed
         return Trainer(config, dataset, run_dir, progress=progress), dataset
     except MariusInputError:
-        if created and not RunDirectory(run_dir).has_checkpoint():
-            shutil.rmtree(run_dir, ignore_errors=True)
+        if not resume:
+            discard_new_run(run_dir, created)
         raise
+
+
+def discard_new_run(run_dir: Path, created: bool) -> None:
+    """Remove what a new run that failed before its first commit wrote: the directory when it made it, else
+    its config, log, live store and lock file (never anything of a committed run)."""
+    run = RunDirectory(run_dir)
+    if run.holds_committed_run():
+        return
+    if created:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        return
+    try:
+        run.clear_uncommitted(config_too=True)
+        (run_dir / LOCK_FILE).unlink(missing_ok=True)
+    except OSError:
+        pass  # (the error being raised says more)
 
 
 def train(config: Config, run_dir: str | Path | None = None, progress: bool = True,
           resume: bool = False) -> TrainedModel | None:
     """Train (or resume) a run and return its best (or last) model with test metrics.
 
+    The run directory is locked while it trains (``run_lock.RunLock``): a second
+    command into it is refused, naming the process that holds it.
     Under torchrun (several trainers, ``marius_py.distributed``) rank 0 returns it and the others None.
     """
+    if not isinstance(config, Config):
+        raise MariusInputError(f"train: config is a {type(config).__name__}",
+                               expected="a Config: mp.make_config(...), or mp.api.load_run_config(RUN_DIR) "
+                                        "to resume")
     if launched_by_torchrun():
         return train_distributed(config, run_dir, progress, resume)
     run_dir = Path(run_dir) if run_dir is not None else default_run_dir(config)
-    check_new_run_dir(run_dir, resume)
-    trainer, dataset = _start(config, run_dir, progress, resume)
+    with unwritable_as_user_error():
+        created = open_run_dir(run_dir, resume)
+        with RunLock(run_dir):
+            check_new_run_dir(run_dir, resume)
+            trainer, dataset = _start(config, run_dir, progress, resume, created)
+            try:
+                trainer.train()
+                return finish_training(trainer, config, dataset, run_dir)
+            finally:
+                trainer.close()
+                trainer.run.close()
+
+
+def open_run_dir(run_dir: Path, resume: bool) -> bool:
+    """Make a new run's directory (True: this call made it); a resumed one must be a run directory."""
+    if resume:
+        if not (run_dir / CONFIG_FILE).is_file():
+            raise _not_a_run(run_dir)
+        return False
+    if run_dir.exists() and not run_dir.is_dir():
+        raise MariusInputError("exists and is not a directory", path=run_dir,
+                               expected="--run-dir naming a new or empty directory")
+    if run_dir.is_dir():  # (refused before a lock file is written into it; checked again under the lock)
+        _check_new_run_dir(run_dir)
+    created = not run_dir.exists()
     try:
-        trainer.train()
-        return finish_training(trainer, config, dataset, run_dir)
-    finally:
-        trainer.close()
-        trainer.run.close()
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise MariusInputError(f"cannot create the run directory ({error.strerror})", path=run_dir,
+                               expected="a --run-dir where this user can create a directory") from None
+    return created
 
 
 def check_new_run_dir(run_dir: Path, resume: bool) -> None:
-    if not resume and (RunDirectory(run_dir).has_checkpoint() or (run_dir / CONFIG_FILE).exists()):
-        # (a run in its first epoch has committed nothing yet: its config says it is there)
+    """With the run directory's lock held: a new run refuses a directory that holds committed state (or a
+    dataset), and clears what a run that never committed left there (its config, log and live store), so
+    it starts clean; a resume checks that it can write what it rewrites."""
+    if resume:
+        _check_writable(run_dir)
+        return
+    _check_new_run_dir(run_dir)
+    run = RunDirectory(run_dir)
+    if run.written_by_a_run():
+        run.clear_uncommitted()
+
+
+def _check_new_run_dir(run_dir: Path) -> None:
+    """Refuse a directory with committed state, a dataset, or files of its own that a new run would
+    overwrite (config.yaml, metrics.jsonl, store/, ...) unless a run that never committed wrote them."""
+    run = RunDirectory(run_dir)
+    if run.holds_committed_run():
         raise MariusInputError("run directory already holds a run", path=run_dir,
                                expected="a new directory, or --resume to continue it")
+    if (run_dir / METADATA_FILE).exists():
+        raise MariusInputError("is a preprocessed dataset directory", path=run_dir,
+                               expected="a --run-dir of its own for the run (not the dataset's)")
+    clashes = run.clashes()
+    if clashes and not run.written_by_a_run():
+        raise MariusInputError(f"holds {', '.join(clashes)}, which a new run would overwrite, and is not a run "
+                               f"directory", path=run_dir,
+                               expected="a new or empty directory, or one a run that never committed left")
+
+
+def _check_writable(run_dir: Path) -> None:
+    """A resume writes versions into checkpoints/ and relinks the live store: refuse, up front, read-only
+    places (rather than fail after an epoch of training)."""
+    places = [run_dir, run_dir / CHECKPOINTS] + [Path(d) for d, _, _ in os.walk(run_dir / LIVE_STORE)]
+    for place in places:
+        if place.exists() and not os.access(place, os.W_OK | os.X_OK):
+            raise MariusInputError("not writable", path=place,
+                                   expected="a run directory whose folders this user can write (a resume writes "
+                                            "checkpoints/, store/, config.yaml and metrics.jsonl)")
+
+
+@contextmanager
+def unwritable_as_user_error():
+    """A file training must write that it may not (permissions, a read-only file system): one clear error
+    naming it. (The commit protocol leaves the last committed version intact whatever failed.)"""
+    try:
+        yield
+    except OSError as error:
+        if error.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+            raise
+        raise MariusInputError(f"cannot write ({error.strerror})", path=error.filename or "the run directory",
+                               expected="a run directory and dataset cache this user can write") from None
+
+
+def _not_a_run(run_dir) -> MariusInputError:
+    if (Path(run_dir) / CHECKPOINTS).is_dir():
+        return MariusInputError("missing (the run's checkpoints/ is there)", path=Path(run_dir) / CONFIG_FILE,
+                                expected="the run's config.yaml restored from a copy (it names the dataset and "
+                                         "model the checkpoints were trained with)")
+    return MariusInputError("not a run directory (no config.yaml)", path=run_dir,
+                            expected="a directory written by `marius-py train`")
 
 
 def finish_training(trainer: Trainer, config: Config, dataset: Dataset, run_dir: Path) -> TrainedModel:
@@ -215,18 +380,22 @@ def finish_training(trainer: Trainer, config: Config, dataset: Dataset, run_dir:
     return trained
 
 
-def load_run_config(run_dir: str | Path, overrides: list[str] | None = None) -> Config:
+def load_run_config(run_dir: str | Path, overrides: list[str] | str | None = None,
+                    source: str = "overrides") -> Config:
+    """A run's config.yaml with ``key=value`` overrides (``source``: what errors in them name)."""
+    overrides = _override_list(overrides)
     path = Path(run_dir) / CONFIG_FILE
-    if not path.exists():
-        raise MariusInputError("not a run directory (no config.yaml)", path=run_dir,
-                               expected="a directory written by `marius-py train`")
-    return load_config(path, overrides)
+    if not path.is_file():
+        raise _not_a_run(run_dir)
+    return _load_config(path, overrides, source)
 
 
 def load_checkpoint(run_dir: str | Path, which: str = "best", device: str | None = None,
-                    overrides: list[str] | None = None) -> TrainedModel:
+                    overrides: list[str] | str | None = None, source: str = "overrides") -> TrainedModel:
     """Load the ``best`` (falls back to latest) or ``latest`` checkpoint of a run."""
-    config = load_run_config(run_dir, overrides)
+    if which not in ("best", "latest"):
+        raise MariusInputError(f"load_checkpoint: checkpoint {which!r}", expected="'best' or 'latest'")
+    config = load_run_config(run_dir, overrides, source)
     if device is not None:
         config.training.device = device
     run = RunDirectory(run_dir)

@@ -21,9 +21,18 @@ Commit: the version is written under a temporary name, every file is fsynced,
 the directory is renamed into place, and only then is the one pointer file
 replaced atomically (write, fsync, rename), so "latest" and "best" always move
 together. A kill at any instant leaves the previous pointers naming complete
-versions. Versions no pointer names are deleted after the bump. Loading a
-version first checks its files against its manifest and names any file that
-changed after the commit.
+versions. Versions no pointer names are deleted after the bump (only older
+versions and leftovers of killed commits: version directories by name, never
+anything else). Loading a version first checks its files against its manifest
+and names any file that changed after the commit.
+
+A pointer file that is missing, unreadable, of the wrong shape or names a
+version that is gone is recovered from the versions themselves: the newest
+version on disk whose files match its manifest becomes "latest" (its
+state.json names the best epoch), and a resume rewrites the pointer file
+atomically; when that newest version is damaged, nothing is guessed: the error
+names the file. A run directory is used by one training command at a time: it
+holds ``RUN_DIR/LOCK`` (``run_lock.RunLock``, an flock) while it runs.
 """
 
 from __future__ import annotations
@@ -31,20 +40,22 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
+import yaml
 
-from marius_py.config import Config, dump_config
+from marius_py.config import CONFIG_SECTIONS, Config, dump_config
 from marius_py.dataset import DatasetMetadata
 from marius_py.errors import MariusInputError
 from marius_py.storage import durable
 from marius_py.storage.durable import fsync_directory, fsync_tree
 from marius_py.storage.embedding_store import EmbeddingStore
-from marius_py.storage.manifest import has_manifest, verify_manifest, write_manifest
+from marius_py.storage.manifest import MANIFEST_FILE, has_manifest, verify_manifest, write_manifest
 
 CONFIG_FILE = "config.yaml"
 METRICS_FILE = "metrics.jsonl"
@@ -55,6 +66,14 @@ NODES = "nodes"
 MODEL_FILE = "model.pt"
 STATE_FILE = "state.json"
 POSITION_FILE = "position.pt"
+# What a new run writes besides config.yaml and checkpoints/ (removed when a directory whose run never
+# committed is reused).
+RUN_OUTPUTS = (METRICS_FILE, LIVE_STORE, "tensorboard", "plots", "distributed")
+# state.json of a version written with a manifest says so: a version without MANIFEST.json is then damaged
+# (versions from before manifests existed lack both and are loaded unchecked).
+CHECKSUMMED = "checksummed"
+_VERSION = re.compile(r"v(\d{6})(?:\.s(\d{6}))?")
+_TEMPORARY = re.compile(r"\.v\d{6}(?:\.s\d{6})?\.tmp")
 
 
 @dataclass
@@ -91,6 +110,8 @@ class RunDirectory:
         self.path = Path(path)
         self.checkpoints = self.path / CHECKPOINTS
         self.trackers: list = []  # objects with log(record), e.g. marius_py.trackers.TensorBoardTracker
+        self._recovered: dict | None = None  # pointers recovered from the versions (the pointer file was not sound)
+        self.recovery_note: str | None = None
 
     # ---- creation and logs ----
     def create(self, config: Config) -> None:
@@ -112,23 +133,160 @@ class RunDirectory:
             tracker.close()
 
     def read_metrics(self) -> list[dict]:
-        path = self.path / METRICS_FILE
-        if not path.exists():
-            return []
-        return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
+        """The metrics log's records (``metric_lines`` without line numbers)."""
+        return [record for _, record in self.metric_lines()]
+
+    def metric_lines(self) -> list[tuple[int, dict]]:
+        """(line number, record) of every line of the metrics log ([] when there is none).
+
+        A last line without its newline that is not a JSON object is what a kill
+        in the middle of a write leaves: it is skipped (the next run's
+        ``truncate_metrics`` drops it). Any other line that is not one JSON
+        object is refused with the file and line.
+        """
+        return read_json_lines(self.path / METRICS_FILE)
 
     def truncate_metrics(self, epoch: int) -> None:
-        """Drop log records of epochs after ``epoch`` (written before a crash cut their commit)."""
+        """Drop log records of epochs after ``epoch`` (written before a crash cut their commit) and a last
+        line a kill cut short; a damaged line elsewhere is refused (file:line) before anything is rewritten."""
         kept = [r for r in self.read_metrics() if r.get("epoch", 0) <= epoch]
         durable.write_text_atomic(self.path / METRICS_FILE,
                                   "".join(json.dumps(r, sort_keys=True) + "\n" for r in kept))
 
     # ---- versions ----
+    @property
+    def pointer_file(self) -> Path:
+        return self.checkpoints / POINTERS
+
+    def _pointer_file(self) -> dict | None:
+        """The pointer file as written (None: there is none). MariusInputError naming it when it is not
+        ``{"latest": VERSION[, "best": VERSION]}`` with best no newer than latest."""
+        path = self.pointer_file
+        try:
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return None
+        except (OSError, UnicodeDecodeError) as error:
+            raise MariusInputError(f"unreadable ({type(error).__name__}: {error})", path=path) from None
+        try:
+            pointers = json.loads(text)
+        except ValueError as error:
+            raise MariusInputError(f"not JSON ({error})", path=path) from None
+        names = pointers.values() if isinstance(pointers, dict) else ()
+        if not (isinstance(pointers, dict) and "latest" in pointers and set(pointers) <= {"latest", "best"}
+                and all(isinstance(name, str) and _VERSION.fullmatch(name) for name in names)
+                and version_key(pointers.get("best", pointers["latest"])) <= version_key(pointers["latest"])):
+            raise MariusInputError(f"not a pointer file: {text.strip()[:80]!r}", path=path,
+                                   expected='{"latest": "v000003", "best": "v000002"}')
+        return pointers
+
     def _pointers(self) -> dict:
-        path = self.checkpoints / POINTERS
-        if not path.exists():
-            return {}
-        return json.loads(path.read_text(encoding="utf-8"))
+        """latest and best: the pointer file's or, when it is missing, damaged or names a latest version that
+        is gone, recovered from the versions on disk (``_recover``); {} when nothing was ever committed."""
+        if self._recovered is not None:
+            return dict(self._recovered)
+        try:
+            pointers = self._pointer_file()
+        except MariusInputError as damage:
+            return self._recover(damage.problem)
+        if pointers is None:
+            return self._recover("missing") if self.versions_on_disk() else {}
+        if not (self.checkpoints / pointers["latest"]).is_dir():
+            return self._recover(f"names {pointers['latest']}, which is missing")
+        return pointers
+
+    def _recover(self, problem: str) -> dict:
+        """Pointers to the newest version on disk, when its files are intact (its state.json names the best
+        epoch); otherwise an error naming the damaged file: nothing older is chosen behind the user's back."""
+        where = self.pointer_file
+        versions = self.versions_on_disk()
+        if not versions:
+            raise MariusInputError(f"{problem}, and {self.checkpoints} holds no version to recover from",
+                                   path=where, expected="a run directory with its committed versions")
+        newest = versions[-1]
+        damage = version_problems(newest)
+        if damage:
+            older = f", or remove {newest} to resume from {versions[-2].name}" if len(versions) > 1 else ""
+            raise MariusInputError(f"{problem}, and the newest version, {newest.name}, is damaged: {damage[0]}",
+                                   path=where, expected=f"the damaged file restored from a copy{older}")
+        pointers = {"latest": newest.name}
+        best = _best_version_name(newest)
+        if best is not None and (self.checkpoints / best).is_dir():
+            pointers["best"] = best
+        self._recovered = pointers
+        self.recovery_note = (f"{where}: {problem}; recovered from the versions on disk: latest {newest.name} "
+                              f"(the newest, intact), best {pointers.get('best', 'unknown')}")
+        return dict(pointers)
+
+    def repair_pointers(self) -> str | None:
+        """Write the pointer file again when it had to be recovered (or names a best version that is gone):
+        atomically, before training moves on from it. Returns what was done (None: it was sound)."""
+        pointers = self._pointers()
+        note = self.recovery_note if self._recovered is not None else None
+        best = pointers.get("best")
+        if best is not None and not (self.checkpoints / best).is_dir():
+            del pointers["best"]
+            note = (note + "; " if note else "") + f"{self.pointer_file}: best names {best}, which is missing: " \
+                                                   f"dropped (the next new best is kept)"
+        if note is None:
+            return None
+        durable.write_text_atomic(self.pointer_file, json.dumps(pointers) + "\n")
+        self._recovered = None
+        return note
+
+    def versions_on_disk(self) -> list[Path]:
+        """Every version directory in checkpoints/ (committed, or left by a commit a kill cut short), oldest
+        first."""
+        try:
+            children = list(self.checkpoints.iterdir())
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        return sorted((child for child in children if _VERSION.fullmatch(child.name) and child.is_dir()),
+                      key=lambda child: version_key(child.name))
+
+    def holds_committed_run(self) -> bool:
+        """Whether a new run here could overwrite committed state: a pointer file (even a damaged one) or a
+        version directory."""
+        return self.pointer_file.exists() or bool(self.versions_on_disk())
+
+    def written_by_a_run(self) -> bool:
+        """Whether the directory is what ``create`` makes: checkpoints/ and a run's resolved config.yaml (its
+        sections, not necessarily valid for this version's checks)."""
+        if not (self.checkpoints.is_dir() and (self.path / CONFIG_FILE).is_file()):
+            return False
+        try:
+            raw = yaml.safe_load((self.path / CONFIG_FILE).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, yaml.YAMLError):
+            return False
+        return isinstance(raw, dict) and {"dataset", "model", "training"} <= set(raw) <= set(CONFIG_SECTIONS)
+
+    def clashes(self) -> list[str]:
+        """Names in the directory that a new run writes (an empty checkpoints/ aside)."""
+        names = [name for name in (CONFIG_FILE,) + RUN_OUTPUTS if (self.path / name).exists()]
+        if self.checkpoints.exists() and not (self.checkpoints.is_dir() and all(
+                _TEMPORARY.fullmatch(child.name) for child in self.checkpoints.iterdir())):
+            names.append(CHECKPOINTS)
+        return names
+
+    def clear_uncommitted(self, config_too: bool = False) -> None:
+        """Remove what a run that never committed left (its log, live store, temporary versions; with
+        ``config_too`` its config.yaml and an empty checkpoints/), so a new run starts clean. Refuses a
+        directory that holds committed state."""
+        if self.holds_committed_run():
+            raise MariusInputError("run directory already holds a run", path=self.path,
+                                   expected="a new directory, or --resume to continue it")
+        for name in RUN_OUTPUTS + ((CONFIG_FILE,) if config_too else ()):
+            target = self.path / name
+            if target.is_dir() and not target.is_symlink():
+                shutil.rmtree(target)
+            elif target.exists() or target.is_symlink():
+                target.unlink()
+        if self.checkpoints.is_dir():
+            for child in self.checkpoints.iterdir():
+                if _TEMPORARY.fullmatch(child.name):
+                    shutil.rmtree(child)
+            if config_too and not any(self.checkpoints.iterdir()):
+                self.checkpoints.rmdir()
 
     def latest_version(self) -> Path:
         name = self._pointers().get("latest")
@@ -161,26 +319,75 @@ class RunDirectory:
         fsync_tree(tmp)
         final = self.checkpoints / version_name(epoch, states_done)
         pointers = self._pointers()
-        if final.exists():  # never referenced: a leftover of a killed run
-            assert final.name not in pointers.values(), f"{final} is committed"
+        if final.name in pointers.values() or (previous is not None
+                                               and version_key(final.name) <= version_key(previous)):
+            raise MariusInputError(f"version {final.name} would replace committed state ({POINTERS} names "
+                                   f"{previous}): another process trains in this run directory", path=final,
+                                   expected="one training command per run directory at a time")
+        if final.exists():  # newer than latest, so never committed: a leftover of a commit a kill cut short
             shutil.rmtree(final)
         os.replace(tmp, final)
         fsync_directory(self.checkpoints)
         pointers["latest"] = final.name
         if is_best:
             pointers["best"] = final.name
-        durable.write_text_atomic(self.checkpoints / POINTERS, json.dumps(pointers) + "\n")
+        durable.write_text_atomic(self.pointer_file, json.dumps(pointers) + "\n")
+        self._recovered = None
         self._delete_unreferenced(set(pointers.values()))
         return final
 
     def committed_versions(self) -> list[Path]:
         """The versions the pointers name (latest, best), oldest first."""
-        return [self.checkpoints / name for name in sorted(set(self._pointers().values()))]
+        return [self.checkpoints / name for name in sorted(set(self._pointers().values()), key=version_key)]
 
     def _delete_unreferenced(self, keep: set[str]) -> None:
+        """After a commit: versions the pointers no longer name (superseded by the commit, or leftovers of a
+        commit a kill cut short) and temporary directories. Anything not named like a version is left."""
         for child in self.checkpoints.iterdir():
-            if child.is_dir() and child.name not in keep:
+            if child.name not in keep and child.is_dir() and (_VERSION.fullmatch(child.name)
+                                                              or _TEMPORARY.fullmatch(child.name)):
                 shutil.rmtree(child, ignore_errors=True)
+
+
+def read_json_lines(path: Path) -> list[tuple[int, dict]]:
+    """(line number, object) of every line of a JSON-lines log ([] when there is none): a last line without
+    its newline that does not parse (a write a kill cut short) is skipped, any other damaged line refused
+    with the file and line."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return []
+    except OSError as error:
+        raise MariusInputError(f"cannot read the log ({error.strerror})", path=path) from None
+    lines = data.split(b"\n")
+    torn = lines.pop()  # what follows the last newline: empty unless a write was cut short
+    records = [(number, _metric_record(raw, path, number)) for number, raw in enumerate(lines, 1) if raw.strip()]
+    if torn.strip(b"\x00 \t\r"):
+        try:
+            records.append((len(lines) + 1, _metric_record(torn, path, len(lines) + 1)))
+        except MariusInputError:
+            pass  # the record a kill cut short
+    return records
+
+
+def _metric_record(raw: bytes, path: Path, line: int) -> dict:
+    """One line of the metrics log as its JSON object; MariusInputError naming the file and line."""
+    try:
+        record = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise MariusInputError("not a JSON line: not UTF-8 text", path=path, line=line,
+                               expected=_ONE_OBJECT_PER_LINE) from None
+    except json.JSONDecodeError as error:
+        raise MariusInputError(f"not a JSON line: {error.msg} at column {error.colno}", path=path, line=line,
+                               expected=_ONE_OBJECT_PER_LINE) from None
+    if not isinstance(record, dict):
+        raise MariusInputError(f"a JSON {type(record).__name__}, not an object", path=path, line=line,
+                               expected=_ONE_OBJECT_PER_LINE)
+    return record
+
+
+_ONE_OBJECT_PER_LINE = ("one JSON object per line, as `marius-py train` writes them; the log is not training state: "
+                        "fix or remove the line")
 
 
 def version_name(epoch: int, states_done: int = 0) -> str:
@@ -188,12 +395,30 @@ def version_name(epoch: int, states_done: int = 0) -> str:
     return f"v{epoch:06d}" + (f".s{states_done:06d}" if states_done else "")
 
 
+def version_key(name: str) -> tuple[int, int]:
+    """(epochs done, buffer states of the next done) of a version's name: the order of commits."""
+    match = _VERSION.fullmatch(name)
+    if match is None:
+        raise ValueError(f"not a version name: {name!r}")
+    return int(match.group(1)), int(match.group(2) or 0)
+
+
+def _best_version_name(directory: Path) -> str | None:
+    """The version of the best epoch a version's state.json records (None: none yet, or unreadable)."""
+    try:
+        best = json.loads((directory / STATE_FILE).read_text(encoding="utf-8")).get("best_epoch", 0)
+    except (OSError, ValueError, AttributeError):
+        return None
+    return version_name(best) if isinstance(best, int) and not isinstance(best, bool) and best > 0 else None
+
+
 def write_version_state(directory: Path, model_state: dict, training_state: TrainingState,
                         position: dict | None = None) -> None:
     """The non-embedding files of a version: model parameters, training position and, mid-epoch, where in
     the epoch (the walk it belongs to, the generators' devices and states)."""
     torch.save(model_state, directory / MODEL_FILE)
-    (directory / STATE_FILE).write_text(json.dumps(training_state.__dict__, indent=2), encoding="utf-8")
+    state = {**training_state.__dict__, CHECKSUMMED: True}  # (commit_version writes its manifest)
+    (directory / STATE_FILE).write_text(json.dumps(state, indent=2), encoding="utf-8")
     if position is not None:
         torch.save(position, directory / POSITION_FILE)
 
@@ -219,7 +444,10 @@ def load_version(directory: Path, fingerprint: str | None = None, with_nodes: bo
     """
     check_version(directory)
     try:
-        training_state = TrainingState(**json.loads((directory / STATE_FILE).read_text(encoding="utf-8")))
+        raw = json.loads((directory / STATE_FILE).read_text(encoding="utf-8"))
+        if isinstance(raw, dict):
+            raw.pop(CHECKSUMMED, None)
+        training_state = TrainingState(**raw)
         if fingerprint is not None and training_state.config_fingerprint != fingerprint:
             raise MariusInputError("checkpoint was written with a different model or dataset", path=directory,
                                    expected="the model settings and dataset of the run's config.yaml")
@@ -232,11 +460,31 @@ def load_version(directory: Path, fingerprint: str | None = None, with_nodes: bo
     return nodes, state, model_state, training_state
 
 
+def version_problems(directory: Path) -> list[str]:
+    """What is wrong with a version's files, one line each naming the file (empty: intact). A version from
+    before manifests existed is only checked for its files being there."""
+    if not directory.is_dir():
+        return [f"{directory}: missing"]
+    if has_manifest(directory):
+        return verify_manifest(directory)
+    missing = [f"{directory / name}: missing" for name in (STATE_FILE, MODEL_FILE, NODES)
+               if not (directory / name).exists()]
+    if missing:
+        return missing
+    try:
+        checksummed = json.loads((directory / STATE_FILE).read_text(encoding="utf-8")).get(CHECKSUMMED)
+    except (OSError, ValueError, AttributeError) as error:
+        return [f"{directory / STATE_FILE}: unreadable ({type(error).__name__}) and no {MANIFEST_FILE}"]
+    return [f"{directory / MANIFEST_FILE}: missing (the version was committed with one)"] if checksummed else []
+
+
 def check_version(directory: Path) -> None:
     """Refuse a version whose files differ from its manifest (versions from before manifests pass)."""
-    if not has_manifest(directory):
-        return
-    problems = verify_manifest(directory)
+    if not directory.is_dir():
+        raise MariusInputError("checkpoint version is missing", path=directory,
+                               expected="the version the run's checkpoints/POINTERS.json names (`marius-py verify "
+                                        "RUN_DIR` lists the versions there)")
+    problems = version_problems(directory)
     if problems:
         more = f" and {len(problems) - 1} more" if len(problems) > 1 else ""
         raise MariusInputError(f"checkpoint is corrupt: {problems[0]}{more}", path=directory,

@@ -70,10 +70,10 @@ def cmd_train(args) -> None:
         if config_path is not None:
             raise MariusInputError("--resume takes its config from the run directory", path="command line",
                                    expected="only key=value overrides, e.g. training.epochs=40")
-        config = api.load_run_config(args.resume, overrides)
+        config = api.load_run_config(args.resume, overrides, source="command line")
         run_dir = args.resume
     else:
-        config = api.make_config(config_path or "codex-m", overrides)
+        config = api.make_config(config_path or "codex-m", overrides, source="command line")
         run_dir = args.run_dir
     model = api.train(config, run_dir, progress=not args.quiet, resume=bool(args.resume))
     if model is None:  # a trainer other than rank 0 of several: rank 0 reports
@@ -90,17 +90,26 @@ def cmd_preprocess(args) -> None:
     if fractions is not None and (args.valid or args.test):
         raise MariusInputError("--split applies only to a single input file", path="command line",
                                expected="either --split or --valid/--test")
+    if args.unseen is not None and not (args.valid or args.test):
+        raise MariusInputError(f"--unseen {args.unseen} applies only to given --valid/--test files",
+                               path="command line", expected="no --unseen with a random split (it moves "
+                               "edges whose node or relation no train edge has into train)")
     options = PreprocessOptions(delimiter=_delimiter(args.delimiter), columns=columns,
                                 pairs=args.pairs, skip_header=args.skip_header,
                                 num_partitions=args.partitions, split_fractions=fractions or (0.05, 0.05),
                                 seed=args.seed,
-                                unseen_policy=args.unseen)
+                                unseen_policy=args.unseen or "drop")
     metadata = preprocess(Path(args.output), args.train, args.valid, args.test, options,
                           progress=not args.quiet, overwrite=args.overwrite)
+    if metadata.unseen_policy == "move":
+        unseen = (f"moved {metadata.num_moved_valid} valid and {metadata.num_moved_test} test edges whose "
+                  f"node or relation occurs in no train edge into train")
+    else:
+        unseen = (f"dropped {metadata.num_dropped_valid} valid and {metadata.num_dropped_test} test edges "
+                  f"with nodes or relations unseen in train (policy: {metadata.unseen_policy})")
     print(f"wrote {args.output}: {metadata.num_nodes} nodes, {metadata.num_relations} relations, "
           f"{metadata.num_train} / {metadata.num_valid} / {metadata.num_test} train / valid / test edges; "
-          f"dropped {metadata.num_dropped_valid} valid and {metadata.num_dropped_test} test edges "
-          f"with nodes or relations unseen in train (policy: {metadata.unseen_policy})")
+          f"{unseen}")
 
 
 def _number_list(text: str | None, kind, option: str, expected: str):
@@ -121,13 +130,80 @@ def _delimiter(text: str) -> str:
     return _ESCAPES.get(text, text)
 
 
-def cmd_eval(args) -> None:
+def _open_run(args, device: str | None = None, overrides: list[str] | None = None):
+    """The checkpoint ``--checkpoint`` names of ``args.run_dir``, for eval, export and predict.
+
+    What commonly goes wrong is checked before anything is loaded, each with its own error: no run
+    directory, no committed checkpoint, a dataset moved or deleted since training, a device this machine
+    lacks. ``best`` where no validation selected one loads the latest and says so on stderr."""
     from marius_py import api
+    from marius_py.bundled import BUNDLED_DATASETS
+    from marius_py.checkpoint import CONFIG_FILE, RunDirectory
+    config = api.load_run_config(args.run_dir, overrides, source="command line")
+    run = RunDirectory(args.run_dir)
+    latest = run.latest_version()  # a clear error when nothing was committed
+    dataset = config.dataset.path
+    if dataset not in BUNDLED_DATASETS and not Path(dataset).expanduser().exists():
+        config_file = Path(args.run_dir) / CONFIG_FILE
+        relative = "" if Path(dataset).expanduser().is_absolute() else \
+            f" (a relative path, read from the current directory {Path.cwd()})"
+        raise MariusInputError(f"the run's dataset is missing: dataset.path {dataset} does not exist{relative}",
+                               path=config_file,
+                               expected=f"the dataset the run trained on back at {dataset}, or dataset.path in "
+                                        f"{config_file} set to where it is now")
+    device = _usable_device(device or config.training.device, "--device" if device else None)
+    if args.checkpoint == "best" and run.best_version() is None:
+        print(f"marius-py: {args.run_dir} has no best checkpoint (no validation selected one): using the "
+              f"latest, {latest.name}", file=sys.stderr)
+    return api.load_checkpoint(args.run_dir, args.checkpoint, device=device, overrides=overrides,
+                               source="command line")
+
+
+def _usable_device(name: str, option: str | None) -> str:
+    """``name`` where this machine has it, else an error that says how to choose another."""
+    import torch
+    where = f"--device {name}" if option else f"the run's training.device {name}"
+    try:
+        device = torch.device("cuda" if name == "auto" and torch.cuda.is_available() else
+                              "cpu" if name == "auto" else name)
+    except RuntimeError:
+        raise MariusInputError(f"{where}: not a device", path="command line",
+                               expected="--device cpu, cuda or cuda:N") from None
+    if device.type == "cuda":
+        available = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if (device.index or 0) >= available:
+            raise MariusInputError(f"{where}: this machine has {available} CUDA device(s)", path="command line",
+                                   expected="--device cpu" + (f" or cuda:0 .. cuda:{available - 1}" if available
+                                                              else ""))
+    elif device.type != "cpu":
+        raise MariusInputError(f"{where}: not a device", path="command line", expected="--device cpu, cuda or cuda:N")
+    return str(device)
+
+
+def _similar_name(names: list[str], name: str) -> str | None:
+    """A name equal to ``name`` but for case and surrounding white space (what a mistyped name often is)."""
+    wanted = name.strip().casefold()
+    return next((candidate for candidate in names if candidate.strip().casefold() == wanted), None)
+
+
+def _check_name(lookup, names: list[str], name: str) -> None:
+    """``lookup(name)``; an unknown name's error suggests a name differing only in case or white space."""
+    try:
+        lookup(name)
+    except MariusInputError as error:
+        close = _similar_name(names, name)
+        if close is None:
+            raise
+        raise MariusInputError(f"{error.problem}; did you mean {close!r}?", path=error.path,
+                               expected=error.expected) from None
+
+
+def cmd_eval(args) -> None:
     wrong = [o for o in args.overrides if not o.startswith("evaluation.")]
     if wrong:
         raise MariusInputError(f"eval takes only evaluation.* overrides, got {wrong[0]!r}", path="command line",
                                expected="e.g. evaluation.protocol=sampled; the model comes from the checkpoint")
-    model = api.load_checkpoint(args.run_dir, args.checkpoint, overrides=args.overrides)
+    model = _open_run(args, args.device, args.overrides)
     metrics = model.evaluate(args.split)
     _print_metrics(args.split, metrics)
     if args.json:
@@ -135,20 +211,31 @@ def cmd_eval(args) -> None:
 
 
 def cmd_export(args) -> None:
-    from marius_py import api
-    from marius_py.export import export_embeddings, relation_rows
-    model = api.load_checkpoint(args.run_dir, args.checkpoint, device="cpu")
+    from marius_py.export import check_output, export_embeddings, relation_rows
+    output = args.output or str(Path(args.run_dir) / f"export-{args.format}")
+    check_output(output, args.overwrite)  # before the checkpoint is read (export checks again)
+    model = _open_run(args, "cpu")
     names, relations = relation_rows(model.decoder.relations.detach().cpu().numpy(),
                                      model.dataset.relation_names)
-    output = args.output or str(Path(args.run_dir) / f"export-{args.format}")
     export_embeddings(output, args.format, model.dataset.node_names, model.blocks(), model.config.model.dim,
                       names, relations, overwrite=args.overwrite)
     print(f"wrote {output}")
 
 
 def cmd_predict(args) -> None:
-    from marius_py import api
-    model = api.load_checkpoint(args.run_dir, args.checkpoint)
+    if (args.head is None) == (args.tail is None):
+        raise MariusInputError("give exactly one of head and tail", path="command line",
+                               expected="--head NAME or --tail NAME")
+    if args.k < 1:
+        raise MariusInputError(f"-k {args.k}: k must be at least 1", path="command line", expected="-k 10")
+    model = _open_run(args, args.device)
+    dataset = model.dataset
+    if dataset.metadata.has_relations and args.relation is None:
+        raise MariusInputError("a relation is required on a graph with relations", path="command line",
+                               expected=f"--relation NAME, a line of {dataset.directory / 'relations.txt'}")
+    _check_name(dataset.node_id, dataset.node_names, args.head if args.head is not None else args.tail)
+    if args.relation is not None and dataset.metadata.has_relations:  # (a plain graph: predict refuses it)
+        _check_name(dataset.relation_id, dataset.relation_names, args.relation)
     results = model.predict(relation=args.relation, head=args.head, tail=args.tail, k=args.k,
                             filter_known=args.filter_known)
     side = "tail" if args.head is not None else "head"
@@ -230,17 +317,31 @@ def cmd_ordering(args) -> None:
 
 
 def cmd_verify(args) -> None:
-    from marius_py.checkpoint import RunDirectory
-    from marius_py.storage.manifest import verify_manifest
+    from marius_py.checkpoint import RunDirectory, version_problems
+    from marius_py.storage.manifest import MANIFEST_FILE, has_manifest, verify_manifest
     run = RunDirectory(args.run_dir)
-    run.latest_version()  # a clear error when there is no committed checkpoint
+    try:
+        run.latest_version()  # a clear error when there is no committed checkpoint
+        versions, failure = run.committed_versions(), None
+    except MariusInputError as error:  # a damaged pointer file and a damaged newest version: list them all
+        versions, failure = run.versions_on_disk(), error
+        if not versions:
+            raise
+        print(error)
+    if run.recovery_note:  # the pointer file was not sound: every version on disk is checked
+        print(run.recovery_note)
+        versions = run.versions_on_disk()
     corrupt = 0
-    for version in run.committed_versions():
-        problems = verify_manifest(version)
+    for version in versions:
+        problems = verify_manifest(version) if has_manifest(version) else (
+            version_problems(version) or [f"{version}: no {MANIFEST_FILE} (written before checksums existed): "
+                                          f"not checked"])
         corrupt += bool(problems) and not problems[0].endswith("not checked")
         print(f"{version.name}: intact" if not problems else f"{version.name}:")
         for problem in problems:
             print(f"  {problem}")
+    if failure is not None:
+        raise failure
     if corrupt:
         raise MariusInputError(f"{corrupt} committed version(s) differ from their manifest", path=args.run_dir,
                                expected="restore the files listed above from a copy")
@@ -248,15 +349,26 @@ def cmd_verify(args) -> None:
 
 def cmd_info(args) -> None:
     from dataclasses import asdict
-    from marius_py.checkpoint import CONFIG_FILE, STATE_FILE, RunDirectory
+    from marius_py.checkpoint import CHECKPOINTS, CHECKSUMMED, CONFIG_FILE, STATE_FILE, RunDirectory
     from marius_py.dataset import read_metadata
     path = Path(args.path)
-    if (path / CONFIG_FILE).exists():
+    if (path / CONFIG_FILE).exists() or (path / CHECKPOINTS).is_dir():
         run = RunDirectory(path)
         latest = run.latest_version() if run.has_checkpoint() else None  # None: nothing committed yet
-        committed = json.loads((latest / STATE_FILE).read_text(encoding="utf-8")) if latest else None
-        print(json.dumps({"run": str(path), "latest": latest and str(latest), "best": str(run.best_version()),
-                          "committed": committed, "metrics": run.read_metrics()[-3:]}, indent=2))
+        committed = None
+        if latest:
+            try:
+                committed = json.loads((latest / STATE_FILE).read_text(encoding="utf-8"))
+                committed.pop(CHECKSUMMED, None)
+            except (OSError, UnicodeDecodeError, ValueError, AttributeError) as error:
+                raise MariusInputError(f"unreadable ({type(error).__name__}: {error})", path=latest / STATE_FILE,
+                                       expected="the state a commit writes: `marius-py verify RUN_DIR` checks "
+                                                "every version") from None
+        info = {"run": str(path), "latest": latest and str(latest), "best": str(run.best_version()),
+                "committed": committed, "metrics": run.read_metrics()[-3:]}
+        if run.recovery_note:
+            info["recovered"] = run.recovery_note
+        print(json.dumps(info, indent=2))
     else:
         print(json.dumps(asdict(read_metadata(path)), indent=2))
 
@@ -288,19 +400,24 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("preprocess", help="turn delimited edge files into a dataset directory")
     p.add_argument("--train", required=True, help="train edges (or all edges, split randomly when "
-                   "--valid/--test are not given); .gz accepted")
+                   "--valid/--test are not given); UTF-8, LF or CRLF lines; .gz accepted")
     p.add_argument("--valid")
     p.add_argument("--test")
     p.add_argument("--output", "-o", required=True, help="dataset directory to create")
-    p.add_argument("--delimiter", default="\t", help="field delimiter (default tab; '\\t' accepted)")
+    p.add_argument("--delimiter", default="\t", help="field delimiter (default tab; '\\t' accepted); "
+                   "whitespace around every field is stripped, quotes are not interpreted, one trailing "
+                   "delimiter is accepted")
     p.add_argument("--columns", help="0-based columns of head,relation,tail (or head,tail with --pairs)")
     p.add_argument("--pairs", action="store_true", help="plain graph: lines are head,tail (no relation)")
     p.add_argument("--skip-header", type=int, default=0, help="lines to skip at the top of every file")
     p.add_argument("--partitions", type=int, default=1, help="node partitions for bucketed training edges")
-    p.add_argument("--split", help="valid,test fractions for a single input file (default 0.05,0.05)")
+    p.add_argument("--split", help="valid,test fractions for a single input file (default 0.05,0.05); "
+                   "an edge drawn for valid/test whose node or relation no train edge has moves into train "
+                   "(counted)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--unseen", choices=("drop", "error"), default="drop",
-                   help="valid/test edges with nodes or relations absent from train: drop (counted) or error")
+    p.add_argument("--unseen", choices=("drop", "error"), default=None,
+                   help="given --valid/--test edges with nodes or relations absent from train: drop (counted; "
+                   "the default) or error")
     p.add_argument("--overwrite", action="store_true")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=cmd_preprocess)
@@ -310,8 +427,12 @@ def build_parser() -> argparse.ArgumentParser:
                              ("predict", cmd_predict, "top-k heads or tails for given names")):
         p = sub.add_parser(name, help=text)
         p.add_argument("run_dir")
-        p.add_argument("--checkpoint", choices=("best", "latest"), default="best")
+        p.add_argument("--checkpoint", choices=("best", "latest"), default="best",
+                       help="best validation (the latest where no validation selected one), or the latest")
         p.set_defaults(func=func)
+        if name != "export":
+            p.add_argument("--device", help="where to score: cpu, cuda or cuda:N (default the run's "
+                                            "training.device)")
         if name == "eval":
             p.add_argument("--split", choices=("valid", "test"), default="test")
             p.add_argument("--json", action="store_true", help="also print the metrics as JSON")
@@ -324,7 +445,7 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--relation", help="relation name (omit for plain graphs)")
             p.add_argument("--head", help="predict tails of (head, relation, ?)")
             p.add_argument("--tail", help="predict heads of (?, relation, tail)")
-            p.add_argument("-k", type=int, default=10)
+            p.add_argument("-k", type=int, default=10, help="how many answers (at least 1)")
             p.add_argument("--filter-known", action="store_true", help="skip answers already in the data")
 
     p = sub.add_parser("ordering", help="compare orderings: swaps and partition IO per epoch")

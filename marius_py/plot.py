@@ -32,14 +32,26 @@ def plot_run(run_dir: str | Path, out_dir: str | Path | None = None, epoch: int 
     if not (run.path / CONFIG_FILE).exists():
         raise MariusInputError("not a run directory (no config.yaml)", path=run.path,
                                expected="a directory written by `marius-py train`")
-    records = run.read_metrics()
+    lines = run.metric_lines()  # (a damaged line: file:line; a last line a kill cut short: skipped)
+    for number, record in lines:
+        if record.get("event") == "epoch":
+            _check(record, ("epoch", "loss", "edges_per_s"), run.path / "metrics.jsonl", number)
+            for row in record.get("states") or ():
+                _check(row, ("wait", "train", "read", "written"), run.path / "metrics.jsonl", number)
+        elif record.get("split") == "valid":
+            _check(record, ("epoch", "mrr"), run.path / "metrics.jsonl", number)
+    records = [record for _, record in lines]
     epochs = [r for r in records if r.get("event") == "epoch"]
     if not epochs:
         raise MariusInputError("no epoch in the metrics log", path=run.path / "metrics.jsonl",
                                expected="a run directory with at least one trained epoch")
     pyplot = _pyplot()
     out = Path(out_dir) if out_dir else run.path / "plots"
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise MariusInputError(f"cannot create the output folder ({error.strerror})", path=out,
+                               expected="-o FOLDER where this user can write") from None
     written = [_training(pyplot, epochs, [r for r in records if r.get("split") == "valid"], out / "training.png"),
                _throughput(pyplot, epochs, out / "throughput.png")]
     with_states = [r for r in epochs if r.get("states")]
@@ -50,6 +62,16 @@ def plot_run(run_dir: str | Path, out_dir: str | Path | None = None, epoch: int 
                                    expected=f"one of {[r['epoch'] for r in with_states]}")
         written.append(_timeline(pyplot, chosen, out / "timeline.png"))
     return written
+
+
+def _check(record, keys: tuple[str, ...], path: Path, line: int) -> None:
+    """A record the plots read: a JSON object with a number under each of ``keys``."""
+    wrong = [key for key in keys if not isinstance(record, dict) or isinstance(record.get(key), bool)
+             or not isinstance(record.get(key), (int, float))]
+    if wrong:
+        raise MariusInputError(f"a record without a number for {', '.join(wrong)}", path=path, line=line,
+                               expected="the records `marius-py train` writes (epoch, loss, edges_per_s per epoch; "
+                                        "epoch, mrr per validation)")
 
 
 def _training(pyplot, epochs: list[dict], validations: list[dict], path: Path) -> Path:

@@ -21,6 +21,7 @@ import copy
 import json
 import os
 import shutil
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -150,6 +151,10 @@ class Trainer:
             self.dataset = dataset = bucketed_for_run(config.storage, dataset, progress)
             check_partitioning(config, dataset)
         self._build_runner()
+        repaired = self.run.repair_pointers()  # a lost or damaged pointer file, recovered from the versions
+        if repaired:
+            print(f"marius-py: {repaired}", file=sys.stderr)
+        self.run.metric_lines()  # a damaged log line is refused (file:line) before the live store is rebuilt
         if self.run.has_checkpoint():
             self.restore(self.run.latest_version())
         else:

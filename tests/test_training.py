@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,6 +12,7 @@ import torch
 import marius_py as mp
 from marius_py.cli import main as cli_main
 from marius_py.checkpoint import RunDirectory, load_version
+from marius_py.storage import durable
 
 
 def latest_nodes(run_dir) -> np.ndarray:
@@ -148,10 +150,11 @@ def test_a_new_run_commits_nothing_before_its_first_epoch(small_config, tmp_path
     with pytest.raises(KeyboardInterrupt):
         mp.train(small_config("training.epochs=2"), tmp_path / "split", progress=False)
     monkeypatch.setattr(mp.trainer.Trainer, "train_epoch", original_epoch)
-    # nothing committed yet, but the directory holds a run: info says so, a fresh train is refused
+    # nothing committed yet: info says so; a fresh train is refused while the run still runs (it holds the
+    # directory's lock), and would reuse the directory once it does not (nothing committed to lose)
     assert cli_main(["info", str(tmp_path / "split")]) == 0
     assert json.loads(capsys.readouterr().out)["latest"] is None
-    with pytest.raises(mp.MariusInputError, match="already holds a run"):
+    with mp.run_lock.RunLock(tmp_path / "split"), pytest.raises(mp.MariusInputError, match="is in use by pid"):
         mp.train(small_config("training.epochs=2"), tmp_path / "split", progress=False)
     mp.train(mp.api.load_run_config(tmp_path / "split", []), tmp_path / "split", progress=False, resume=True)
     mp.train(small_config("training.epochs=2"), tmp_path / "full", progress=False)
@@ -186,20 +189,25 @@ def test_interrupted_commit_leaves_previous_checkpoint(small_config, tmp_path, m
     run = RunDirectory(tmp_path / "run")
     before = latest_nodes(tmp_path / "run")
 
-    def crash(*args, **kwargs):
-        raise KeyboardInterrupt
+    write_text_atomic = durable.write_text_atomic
 
-    monkeypatch.setattr("marius_py.storage.durable.write_text_atomic", crash)
+    def crash_at_the_pointer_file(path, text):  # (the metrics log is rewritten atomically too, at start-up)
+        if Path(path).name == "POINTERS.json":
+            raise KeyboardInterrupt
+        write_text_atomic(path, text)
+
+    monkeypatch.setattr("marius_py.storage.durable.write_text_atomic", crash_at_the_pointer_file)
     resumed = mp.api.load_run_config(tmp_path / "run", ["training.epochs=2"])
     with pytest.raises(KeyboardInterrupt):
         mp.train(resumed, tmp_path / "run", progress=False, resume=True)
     monkeypatch.undo()
+    assert (tmp_path / "run" / "checkpoints" / "v000002").is_dir()  # written and renamed, never pointed to
     assert run.latest_version().name == "v000001"
     np.testing.assert_array_equal(latest_nodes(tmp_path / "run"), before)
-    assert max(r["epoch"] for r in run.read_metrics()) == 1  # the uncommitted epoch is not logged
-    # ... and resuming from it works.
+    # ... and resuming from it trains epoch 2 again; its record logged before the cut commit is dropped.
     mp.train(resumed, tmp_path / "run", progress=False, resume=True)
     assert run.latest_version().name == "v000002"
+    assert [r["epoch"] for r in run.read_metrics() if r["event"] == "epoch"] == [1, 2]
 
 
 def test_early_stopping(small_config, tmp_path):

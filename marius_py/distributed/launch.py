@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from marius_py.run_lock import RunLock
 from marius_py.config import Config
 from marius_py.errors import MariusInputError
 from marius_py.distributed.group import Group, join_group, launch_id, restart_count
@@ -28,13 +29,22 @@ def train_distributed(config: Config, run_dir, progress: bool, resume: bool):
         config.training.device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
         torch.cuda.set_device(config.training.device)
     group = join_group(config.distributed.timeout_seconds, cuda)
+    lock = None
     try:
         run_dir = Path(group.broadcast(str(Path(run_dir or api.default_run_dir(config)).resolve())))
         resume = resume or _restarted_launch_of(run_dir)
         setup = group.store_connection()
-        if group.is_leader:
-            api.check_new_run_dir(run_dir, resume)
-            trainer, dataset = _start(api, config, run_dir, progress, resume, group)
+        if group.is_leader:  # rank 0 locks the run directory for the group (the others only read it)
+            with api.unwritable_as_user_error():
+                created = api.open_run_dir(run_dir, resume)
+                lock = RunLock(run_dir).acquire()
+                api.check_new_run_dir(run_dir, resume)
+                try:
+                    trainer, dataset = _start(api, config, run_dir, progress, resume, group)
+                except MariusInputError:
+                    if not resume:
+                        api.discard_new_run(run_dir, created)
+                    raise
             setup.set("setup_done", "1")
         else:  # the dataset is preprocessed and the store created once, by rank 0
             setup.wait(["setup_done"], SETUP_WAIT)
@@ -53,6 +63,8 @@ def train_distributed(config: Config, run_dir, progress: bool, resume: bool):
             trainer.run.close()
     finally:
         group.close()
+        if lock is not None:
+            lock.release()
 
 
 def _check_devices(config: Config) -> None:

@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 
-from marius_py.checkpoint import RunDirectory, TrainingState
+from marius_py.checkpoint import RunDirectory, TrainingState, read_json_lines
 from marius_py.errors import MariusInputError
 from marius_py.distributed.group import Group
 from marius_py.distributed.relations import RelationExchange
@@ -62,6 +62,9 @@ class FollowerRunDirectory(RunDirectory):
     def truncate_metrics(self, epoch: int) -> None:
         pass
 
+    def repair_pointers(self) -> None:
+        return None  # (rank 0 repaired a damaged pointer file before the others started)
+
     def begin_version(self, epoch: int, states_done: int = 0) -> Path:
         raise AssertionError("only rank 0 commits versions")
 
@@ -96,11 +99,12 @@ class DistributedTrainer(Trainer):
 
     @staticmethod
     def _forget_epochs_after(epoch: int, logs: list[Path]) -> None:
-        """Drop log lines of epochs after the checkpoint (a resume trains them again)."""
+        """Drop log lines of epochs after the checkpoint (a resume trains them again), and a last line a kill
+        cut short; a damaged line elsewhere is refused with the file and line."""
         for log in logs:
             if log.exists():
-                kept = [line for line in log.read_text().splitlines() if json.loads(line)["epoch"] <= epoch]
-                log.write_text("".join(line + "\n" for line in kept))
+                kept = [record for _, record in read_json_lines(log) if record.get("epoch", 0) <= epoch]
+                log.write_text("".join(json.dumps(record) + "\n" for record in kept))
 
     def _start_new_run(self) -> None:
         if self.group.is_leader:
