@@ -36,14 +36,13 @@ def write_manifest(root: Path, previous: Path | None = None) -> None:
     """Write ``root/MANIFEST.json`` for every file below ``root``, reusing ``previous``'s digests of files
     that are hard links of the same inode."""
     known = {}
-    if previous is not None and (previous / MANIFEST_FILE).exists():
-        entries = json.loads((previous / MANIFEST_FILE).read_text(encoding="utf-8"))["files"]
-        for relative, entry in entries.items():
-            try:
-                stat = (previous / relative).stat()
-            except OSError:
-                continue
-            known[(stat.st_dev, stat.st_ino, stat.st_size)] = entry["blake2b"]
+    entries = _entries(previous / MANIFEST_FILE) if previous is not None else None
+    for relative, entry in (entries or {}).items():  # (an unreadable previous manifest: every file is read)
+        try:
+            stat = (previous / relative).stat()
+        except OSError:
+            continue
+        known[(stat.st_dev, stat.st_ino, stat.st_size)] = entry["blake2b"]
     files = {}
     for path in _files(root):
         stat = path.stat()
@@ -58,10 +57,9 @@ def verify_manifest(root: Path) -> list[str]:
     path = root / MANIFEST_FILE
     if not path.exists():
         return [f"{root}: no {MANIFEST_FILE} (written before checksums existed): not checked"]
-    try:
-        files = json.loads(path.read_text(encoding="utf-8"))["files"]
-    except (OSError, ValueError, KeyError) as error:
-        return [f"{path}: unreadable manifest ({type(error).__name__})"]
+    files = _entries(path)
+    if files is None:
+        return [f"{path}: unreadable manifest (not the JSON that a commit writes)"]
     problems = []
     for relative, entry in files.items():
         file = root / relative
@@ -74,6 +72,23 @@ def verify_manifest(root: Path) -> list[str]:
     listed = set(files)
     problems += [f"{p}: not in the manifest" for p in _files(root) if p.relative_to(root).as_posix() not in listed]
     return problems
+
+
+def _entries(path: Path) -> dict | None:
+    """A manifest's ``files``: {relative path: {"bytes": int, "blake2b": str}}; None when the file is missing,
+    unreadable or of another shape (entries with a path leaving the directory included)."""
+    try:
+        files = json.loads(path.read_text(encoding="utf-8"))["files"]
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError):
+        return None
+    if not isinstance(files, dict):
+        return None
+    for relative, entry in files.items():
+        if (not isinstance(entry, dict) or not isinstance(entry.get("bytes"), int)
+                or not isinstance(entry.get("blake2b"), str) or relative.startswith("/")
+                or ".." in relative.split("/")):
+            return None
+    return files
 
 
 def has_manifest(root: Path) -> bool:
