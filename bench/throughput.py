@@ -121,7 +121,7 @@ def measure_step(dim: int, placement: str, score_dtype: str, args, step: str = "
         nodes, state = nodes.pin_memory(), state.pin_memory()
     runner = build_span_runner(model, placement, config, device)
     batch = config.training.batch_size
-    sampling = epoch_generator(0, 1, table_device)
+    sampling = epoch_generator(0, 1, device if runner.zero_copy else table_device)  # where the trainer draws
     # Where the runner reads a span's edges from (it moves them there once per span, as the trainer does).
     if edges is None:
         edges = power_law_edges(args.nodes, batch * 40, args.relations)

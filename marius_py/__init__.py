@@ -5,10 +5,14 @@ The Python API (see ``marius_py.api``): ``load_dataset``, ``make_config``,
 ``predict``, ``evaluate``).
 """
 
-from marius_py.api import TrainedModel, load_checkpoint, load_dataset, make_config, train
-from marius_py.config import Config
-from marius_py.dataset import Dataset
-from marius_py.errors import MariusInputError
+import time
+
+IMPORTED_AT = time.perf_counter()  # before torch's import: start-up is timed from here (timeline.Startup)
+
+from marius_py.api import TrainedModel, load_checkpoint, load_dataset, make_config, train  # noqa: E402
+from marius_py.config import Config  # noqa: E402
+from marius_py.dataset import Dataset  # noqa: E402
+from marius_py.errors import MariusInputError  # noqa: E402
 
 __all__ = ["Config", "Dataset", "MariusInputError", "TrainedModel", "load_checkpoint", "load_dataset",
            "make_config", "train"]

@@ -29,6 +29,7 @@ from marius_py.config import Config, fit_comet_split, load_config
 from marius_py.dataset import METADATA_FILE, Dataset
 from marius_py.errors import MariusInputError
 from marius_py.run_lock import LOCK_FILE, RunLock
+from marius_py.timeline import Startup
 from marius_py.evaluation import InMemoryNodes, KnownAnswers, NodeTable, StoredNodes, evaluate_split
 from marius_py.devices import resolve_device
 from marius_py.distributed import launched_by_torchrun, train_distributed
@@ -227,13 +228,18 @@ def _start(config: Config, run_dir: Path, progress: bool, resume: bool,
     error while the dataset is opened or the trainer set up removes what the new run wrote (the directory,
     when ``created``). Errors during training leave it: --resume continues it, and a new run that finds
     nothing committed there reuses it."""
+    startup = Startup()
+    startup.mark("imports_and_config")
     if not resume:
         RunDirectory(run_dir).create(config)
     try:
         dataset = open_dataset(config, progress)
+        startup.mark("dataset")
         if not resume:
             RunDirectory(run_dir).write_config(config)  # with the partitions the dataset allowed
-        return Trainer(config, dataset, run_dir, progress=progress), dataset
+        trainer = Trainer(config, dataset, run_dir, progress=progress, startup=startup)
+        startup.mark("trainer")
+        return trainer, dataset
     except MariusInputError:
         if not resume:
             discard_new_run(run_dir, created)

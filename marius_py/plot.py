@@ -2,6 +2,8 @@
 
 - ``training.png``: loss and validation MRR per epoch;
 - ``throughput.png``: edges/s per epoch;
+- ``epoch_time.png``: where each epoch's time went (waiting for the buffer, preparing edges, training,
+  synchronising, validating, committing) and the start-up before the first batch;
 - ``timeline.png`` (out of core): one epoch buffer state by buffer state, as Marius' utilisation
   figure: time waiting for the buffer against time training, and the partition bytes read per state
   (``marius_py.timeline`` records them).
@@ -54,6 +56,10 @@ def plot_run(run_dir: str | Path, out_dir: str | Path | None = None, epoch: int 
                                expected="-o FOLDER where this user can write") from None
     written = [_training(pyplot, epochs, [r for r in records if r.get("split") == "valid"], out / "training.png"),
                _throughput(pyplot, epochs, out / "throughput.png")]
+    timed = [r for r in epochs if isinstance(r.get("time"), dict)]
+    if timed:
+        startups = [r for r in records if r.get("event") == "startup"]
+        written.append(_epoch_time(pyplot, timed, startups[-1] if startups else None, out / "epoch_time.png"))
     with_states = [r for r in epochs if r.get("states")]
     if with_states:
         chosen = with_states[-1] if epoch is None else next((r for r in with_states if r["epoch"] == epoch), None)
@@ -91,6 +97,32 @@ def _throughput(pyplot, epochs: list[dict], path: Path) -> Path:
     axis.set_xlabel("epoch")
     axis.set_ylabel("million edges / s")
     return _save(pyplot, figure, path)
+
+
+EPOCH_PHASES = ("wait", "prepare", "train", "sync", "validate", "commit")  # (timeline.EpochPhases, trainer)
+
+
+def _epoch_time(pyplot, epochs: list[dict], startup: dict | None, path: Path) -> Path:
+    figure, axis = pyplot.subplots(figsize=(8, 4))
+    numbers = [r["epoch"] for r in epochs]
+    bottom = [0.0] * len(epochs)
+    for index, phase in enumerate(EPOCH_PHASES):
+        heights = [_seconds(r["time"].get(phase)) for r in epochs]
+        axis.bar(numbers, heights, bottom=bottom, color=f"C{index}", label=phase)
+        bottom = [b + h for b, h in zip(bottom, heights)]
+    title = "where each epoch's time went"
+    if startup is not None:
+        title += f"; start-up to the first batch {_seconds(startup.get('seconds_to_first_batch')):.1f} s"
+    axis.set_title(title)
+    axis.set_xticks(numbers if len(numbers) <= 20 else numbers[::-(-len(numbers) // 20)])
+    axis.set_xlabel("epoch")
+    axis.set_ylabel("seconds")
+    axis.legend(loc="upper right", fontsize="small")
+    return _save(pyplot, figure, path)
+
+
+def _seconds(value) -> float:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.0
 
 
 def _timeline(pyplot, record: dict, path: Path) -> Path:

@@ -26,25 +26,25 @@ def epoch_generator(seed: int, epoch: int, device: torch.device | str = "cpu", s
     return torch.Generator(device=device).manual_seed(base)
 
 
-def epoch_generators(seed: int, epoch: int, table_device: torch.device, device: torch.device,
+def epoch_generators(seed: int, epoch: int, plan_device: torch.device, device: torch.device,
                      devices: list[torch.device] | None = None) -> tuple:
     """(shuffles, negatives, dropout) generators of an epoch; with several ``devices``, the negatives and
     dropout are lists of one generator per device.
 
-    Shuffles are drawn where the tables live when that is the GPU (the runner
-    trains the edges there): permuting a Freebase86m-shaped state's 17M edges
-    and gathering them took 0.9 s on the host (17 s of a 72 s epoch, the GPU
-    idle), milliseconds on the GPU. Negatives are drawn where the tables live
-    (the load stage), or on each device that plans its own batches; dropout on
-    the compute device.
+    Shuffles and negatives are drawn where batches are planned (``plan_device``):
+    the GPU for tables in its memory and for zero-copy host tables, so the host
+    neither permutes a span's edges nor pins each batch while the GPU waits
+    (permuting a Freebase86m-shaped state's 17M edges took 0.9 s on the host,
+    milliseconds on the GPU); the host for the CPU pipeline's load stage; each
+    device that plans its own batches. Dropout is drawn on the compute device.
     """
-    on_gpu = table_device.type == "cuda"
-    shuffling = epoch_generator(seed, epoch, table_device, stream=DEVICE_SHUFFLE_STREAM) if on_gpu \
+    on_gpu = plan_device.type == "cuda"
+    shuffling = epoch_generator(seed, epoch, plan_device, stream=DEVICE_SHUFFLE_STREAM) if on_gpu \
         else epoch_generator(seed, epoch)
     if devices:
         return (shuffling, [epoch_generator(seed, epoch, d, stream=2 + g) for g, d in enumerate(devices)],
                 [epoch_generator(seed, epoch, d, stream=2 + len(devices) + g) for g, d in enumerate(devices)])
-    sampling = epoch_generator(seed, epoch, table_device) if on_gpu else shuffling
+    sampling = epoch_generator(seed, epoch, plan_device) if on_gpu else shuffling
     return shuffling, sampling, epoch_generator(seed, epoch, device, stream=1)
 
 

@@ -1,6 +1,9 @@
-"""Where an out-of-core epoch's time goes, buffer state by buffer state (``marius-py plot`` draws it).
+"""Where time goes: a command's start-up until its first batch (``Startup``), an epoch's phases
+(``EpochPhases``), and an out-of-core epoch buffer state by buffer state (``StateTimeline``); all go
+into the metrics log, and ``marius-py plot`` draws them.
 
-For every state: ``wait`` (seconds from the end of the previous state's training to this state's
+
+StateTimeline, for every state: ``wait`` (seconds from the end of the previous state's training to this state's
 edges being ready: swap reads not finished yet, the negative cache's read, commits between states),
 ``train`` (seconds of its batches, the devices synchronized), its edges, and the partition bytes read
 and written meanwhile (write-backs finish asynchronously and count when they finish).
@@ -37,3 +40,37 @@ class StateTimeline:
                           - self._io["cache_bytes_read"],
                           "written": io["bytes_written"] - self._io["bytes_written"]})
         self._mark, self._io = now, io
+
+
+class Startup:
+    """Seconds of a command's start-up phases, from the package's import (``marius_py.IMPORTED_AT``) to the
+    first batch queued on the device: imports and config, the dataset, the trainer (model, store, placement),
+    then the first epoch until its first batch (edge preparation, kernel compiles, CUDA-graph capture)."""
+
+    def __init__(self):
+        from marius_py import IMPORTED_AT
+        self.phases: dict[str, float] = {}
+        self._started = self._mark = IMPORTED_AT
+
+    def mark(self, phase: str) -> None:
+        now = time.perf_counter()
+        self.phases[phase], self._mark = now - self._mark, now
+
+    def record(self) -> dict:
+        return {"event": "startup", "seconds_to_first_batch": self._mark - self._started, "phases": self.phases}
+
+
+class EpochPhases:
+    """Host seconds of an epoch's phases: ``wait`` for a buffer state's edges, ``prepare`` them (mapping,
+    moving, shuffling), ``train`` (the runner queueing and running batches), ``sync`` (waiting for the
+    devices at the end). The epoch's record adds ``validate`` and ``commit`` after it."""
+
+    def __init__(self):
+        self.seconds = {"wait": 0.0, "prepare": 0.0, "train": 0.0, "sync": 0.0}
+        self._mark = time.perf_counter()
+
+    def add(self, phase: str) -> None:
+        """The time since the last mark was spent in ``phase``."""
+        now = time.perf_counter()
+        self.seconds[phase] = self.seconds.get(phase, 0.0) + now - self._mark
+        self._mark = now

@@ -24,6 +24,7 @@ import shutil
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -39,7 +40,7 @@ from marius_py.config import Config, fit_comet_split
 from marius_py.dataset import Dataset
 from marius_py.devices import resolve_devices
 from marius_py.errors import MariusInputError
-from marius_py.timeline import StateTimeline
+from marius_py.timeline import EpochPhases, StateTimeline, Startup
 from marius_py.trackers import TensorBoardTracker
 from marius_py.evaluation import InMemoryNodes, NodeTable, StoredNodes, build_known_answers, evaluate_split
 from marius_py.negatives import CandidateRows
@@ -125,8 +126,10 @@ class Trainer:
     store from a committed version).
     """
 
-    def __init__(self, config: Config, dataset: Dataset, run_dir: str | Path, progress: bool = True):
+    def __init__(self, config: Config, dataset: Dataset, run_dir: str | Path, progress: bool = True,
+                 startup: Startup | None = None):
         self.config = config
+        self.startup = startup  # logged at the first batch this process trains
         self.dataset = dataset
         fit_comet_split(config.storage, dataset.num_nodes)  # (api.open_dataset has; a library caller may not)
         self.run = self._run_directory(run_dir)
@@ -182,13 +185,24 @@ class Trainer:
                                        expected="pipeline.placement=host or auto")
             self.placement = choose_devices_placement(config.pipeline.placement, self.devices, self._table_bytes(),
                                                       self.partitioned, config.pipeline.dedup)
-            self.table_device = torch.device("cpu")
+            self.table_device = self.plan_device = torch.device("cpu")
             self.runner = build_multi_device_runner(self.replicas, self.placement, config, self.devices,
                                                     self._row_bytes())
             return
         self.placement = choose_placement(config.pipeline.placement, self.device, self._table_bytes())
         self.table_device = self.device if self.placement == PLACEMENT_DEVICE else torch.device("cpu")
         self.runner = build_span_runner(self.model, self.placement, config, self.device)
+        self.plan_device = self._choose_plan_device()
+
+    def _choose_plan_device(self) -> torch.device:
+        """Where a span's edges are mapped and shuffled and its negatives drawn: where the runner plans batches.
+        Zero-copy host tables plan on the GPU when the train edges (twice: the span and its shuffled copy) fit
+        in a quarter of its free memory; the host then does no per-epoch shuffle and no per-batch pinning."""
+        if not (self.runner.zero_copy and self.device.type == "cuda"):
+            return self.table_device
+        free, _ = torch.cuda.mem_get_info(self.device)
+        edge_bytes = self.dataset.metadata.num_train * 3 * torch.tensor([], dtype=torch.long).element_size()
+        return self.device if 2 * edge_bytes <= free // 4 else self.table_device
 
     # ---- the live store and checkpoints ----
     @property
@@ -350,9 +364,9 @@ class Trainer:
         """The edges of ``parts`` (buckets read from the edge store) in the buffer's rows, with the resident
         rows as negatives."""
         edges = torch.from_numpy(np.concatenate(parts)) if parts else torch.empty(0, 3, dtype=torch.long)
-        edges = edges.to(self.table_device)  # mapped where the runner trains them (the GPU: no idle host work)
+        edges = edges.to(self.plan_device)  # mapped where the runner plans them (the GPU: no idle host work)
         local = torch.stack([view.local_ids(edges[:, 0]), edges[:, 1], view.local_ids(edges[:, 2])], dim=1)
-        return TrainingSpan(local, CandidateRows(view.candidate_ranges, self.table_device))
+        return TrainingSpan(local, CandidateRows(view.candidate_ranges, self.plan_device))
 
     def ordering(self, epoch: int) -> Ordering:
         ordering = epoch_ordering(self.config, epoch)
@@ -402,15 +416,20 @@ class Trainer:
         bar = tqdm(total=-(-num_edges // t.batch_size), desc=f"epoch {epoch}/{t.epochs}", unit="batch",
                    disable=None if self.progress else True, leave=False, dynamic_ncols=True)
         timeline = StateTimeline(self.buffer.counters, self._synchronize) if self.partitioned else None
+        phases = EpochPhases()
+        on_batch = self._first_batch_logger(bar.update)
         trained_edges = 0
         for states_done, (span, nodes, node_state) in enumerate(self._spans(epoch, first_state, ordering),
                                                                  first_state + 1):
+            phases.add("wait")
             if timeline:
                 timeline.ready()
             edges, span.edges = span.edges.to(shuffling.device), None  # only the shuffled copy stays
             edges = edges[torch.randperm(len(edges), generator=shuffling, device=shuffling.device)]
+            phases.add("prepare")
             self.runner.run(edges, nodes, node_state, span.candidates, sampling, dropout,
-                            total_loss, bar.update)
+                            total_loss, on_batch)
+            phases.add("train")
             trained_edges += len(edges)
             if timeline:
                 timeline.trained(len(edges))
@@ -418,6 +437,7 @@ class Trainer:
                 self._commit_between_states(epoch, num_states, states_done, total_loss, generators)
         bar.close()
         self._synchronize()  # CUDA graphs and streams return before the GPU is done: time the GPU work
+        phases.add("sync")
         self.state.states_done, self.state.partial_loss_sum = 0, 0.0
         seconds = time.perf_counter() - started
         if not torch.isfinite(total_loss):
@@ -427,7 +447,7 @@ class Trainer:
         record = {"event": "epoch", "epoch": epoch, "loss": float(total_loss) / num_edges,
                   "seconds": seconds, "edges_per_s": trained_edges / seconds,
                   "pipeline": {"placement": self.placement, "staleness_bound": self.runner.effective_staleness,
-                               "max_in_flight": self.runner.max_in_flight}}
+                               "max_in_flight": self.runner.max_in_flight}, "time": phases.seconds}
         if self.multi_device:
             record["devices"] = {"names": [str(d) for d in self.devices], "dedup": self.config.pipeline.dedup,
                                  **self.runner.counters.snapshot(self.config.model.dim * 4, self._row_bytes())}
@@ -438,6 +458,19 @@ class Trainer:
         if first_state:  # seconds, edges/s, io and states cover the states this process trained
             record["resumed_at_state"] = first_state
         return record
+
+    def _first_batch_logger(self, on_batch: Callable[[int], None]) -> Callable[[int], None]:
+        """``on_batch``, which also logs the start-up record at the first batch this process trains."""
+        if self.startup is None:
+            return on_batch
+
+        def first(count: int) -> None:
+            if self.startup is not None:
+                self.startup.mark("first_batch")
+                self.run.log(self.startup.record())
+                self.startup = None
+            on_batch(count)
+        return first
 
     def _synchronize(self) -> None:
         for device in self.devices:
@@ -501,7 +534,7 @@ class Trainer:
 
     def _epoch_generators(self, epoch: int) -> tuple:
         """(shuffles, negatives, dropout) generators of an epoch (``random_streams.epoch_generators``)."""
-        return epoch_generators(self.config.training.seed, epoch, self.table_device, self.device,
+        return epoch_generators(self.config.training.seed, epoch, self.plan_device, self.device,
                                 self.devices if self.multi_device else None)
 
     def evaluate(self, split: str) -> dict:
@@ -573,11 +606,16 @@ class Trainer:
         t, e = self.config.training, self.config.evaluation
         previous_best = self.state.best_epoch
         on_schedule = e.every > 0 and self.state.epoch % e.every == 0
+        seconds = record.setdefault("time", {})
+        started = time.perf_counter()
         if self.dataset.metadata.num_valid > 0 and (on_schedule or self.state.epoch == t.epochs):
             self._validate(counts=on_schedule)
+            seconds["validate"] = time.perf_counter() - started
         is_best = self.state.best_epoch != previous_best
+        started = time.perf_counter()
         if self._commit_due(is_best):
             self.save_checkpoint(is_best=is_best)
+            seconds["commit"] = time.perf_counter() - started
         self.run.log(record)
 
     def _commit_due(self, is_best: bool) -> bool:

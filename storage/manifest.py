@@ -1,7 +1,12 @@
 """Checksums of every file of a committed directory (a checkpoint version), and their verification.
 
 A version's ``MANIFEST.json`` maps each file's path (relative, '/'-separated)
-to its size and BLAKE2b digest (hashlib: no extra dependency). It is written
+to its size and digest: BLAKE2b (hashlib: no extra dependency) of each 64 MiB
+block, the blocks hashed on a pool of threads (hashlib releases the GIL), then
+BLAKE2b of their digests in order (``blake2b_blocks``); one BLAKE2b over a
+whole file runs at ~1 GB/s on one core, slower than the disk writes a
+Freebase86m-sized store. Manifests written before keep their whole-file
+``blake2b`` and are verified with it. It is written
 before the version is fsynced and renamed into place, so a committed version
 always carries it. Files a version shares with the previous one by hard link
 (partitions training did not touch) have the same inode: their digest is taken
@@ -11,21 +16,49 @@ links keep those inodes alive, so an inode number cannot have been reused.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 MANIFEST_FILE = "MANIFEST.json"
+DIGEST_KEY = "blake2b_blocks"  # BLAKE2b of the blocks' BLAKE2b digests
+WHOLE_FILE_KEY = "blake2b"  # one BLAKE2b over the whole file (manifests written before blocks)
+DIGEST_KEYS = (DIGEST_KEY, WHOLE_FILE_KEY)
+BLOCK_BYTES = 64 << 20
 _READ_BYTES = 1 << 22
 
 
-def file_digest(path: Path) -> str:
+def file_digest(path: Path, key: str = DIGEST_KEY) -> str:
+    """The digest of a file for a manifest entry's ``key``."""
+    if key == WHOLE_FILE_KEY:
+        return _range_digest(path, 0, None)
+    offsets = range(0, max(os.path.getsize(path), 1), BLOCK_BYTES)
+    blocks = _pool().map(lambda offset: _range_digest(path, offset, BLOCK_BYTES, raw=True), offsets)
+    return hashlib.blake2b(b"".join(blocks), digest_size=16).hexdigest()
+
+
+def _range_digest(path: Path, offset: int, length: int | None, raw: bool = False) -> str | bytes:
+    """BLAKE2b of ``length`` bytes of ``path`` from ``offset`` (None: to the end)."""
     digest = hashlib.blake2b(digest_size=16)
     with open(path, "rb") as handle:
-        while block := handle.read(_READ_BYTES):
+        handle.seek(offset)
+        left = length
+        while left is None or left > 0:
+            block = handle.read(_READ_BYTES if left is None else min(_READ_BYTES, left))
+            if not block:
+                break
             digest.update(block)
-    return digest.hexdigest()
+            left = None if left is None else left - len(block)
+    return digest.digest() if raw else digest.hexdigest()
+
+
+@functools.cache
+def _pool() -> ThreadPoolExecutor:
+    """Threads that hash blocks (hashlib releases the GIL on large updates)."""
+    return ThreadPoolExecutor(min(32, os.cpu_count() or 1), thread_name_prefix="marius-digest")
 
 
 def _files(root: Path) -> list[Path]:
@@ -42,12 +75,12 @@ def write_manifest(root: Path, previous: Path | None = None) -> None:
             stat = (previous / relative).stat()
         except OSError:
             continue
-        known[(stat.st_dev, stat.st_ino, stat.st_size)] = entry["blake2b"]
+        known[(stat.st_dev, stat.st_ino, stat.st_size)] = _digest_entry(entry)
     files = {}
     for path in _files(root):
         stat = path.stat()
-        digest = known.get((stat.st_dev, stat.st_ino, stat.st_size)) or file_digest(path)
-        files[path.relative_to(root).as_posix()] = {"bytes": stat.st_size, "blake2b": digest}
+        key, digest = known.get((stat.st_dev, stat.st_ino, stat.st_size)) or (DIGEST_KEY, file_digest(path))
+        files[path.relative_to(root).as_posix()] = {"bytes": stat.st_size, key: digest}
     (root / MANIFEST_FILE).write_text(json.dumps({"files": files}, indent=1) + "\n", encoding="utf-8")
 
 
@@ -67,7 +100,7 @@ def verify_manifest(root: Path) -> list[str]:
             problems.append(f"{file}: missing")
         elif file.stat().st_size != entry["bytes"]:
             problems.append(f"{file}: {file.stat().st_size} bytes, the manifest says {entry['bytes']}")
-        elif file_digest(file) != entry["blake2b"]:
+        elif file_digest(file, _digest_entry(entry)[0]) != _digest_entry(entry)[1]:
             problems.append(f"{file}: checksum mismatch (the file changed after it was committed)")
     listed = set(files)
     problems += [f"{p}: not in the manifest" for p in _files(root) if p.relative_to(root).as_posix() not in listed]
@@ -75,7 +108,7 @@ def verify_manifest(root: Path) -> list[str]:
 
 
 def _entries(path: Path) -> dict | None:
-    """A manifest's ``files``: {relative path: {"bytes": int, "blake2b": str}}; None when the file is missing,
+    """A manifest's ``files``: {relative path: {"bytes": int, KEY: digest}}; None when the file is missing,
     unreadable or of another shape (entries with a path leaving the directory included)."""
     try:
         files = json.loads(path.read_text(encoding="utf-8"))["files"]
@@ -85,10 +118,16 @@ def _entries(path: Path) -> dict | None:
         return None
     for relative, entry in files.items():
         if (not isinstance(entry, dict) or not isinstance(entry.get("bytes"), int)
-                or not isinstance(entry.get("blake2b"), str) or relative.startswith("/")
+                or _digest_entry(entry) is None or relative.startswith("/")
                 or ".." in relative.split("/")):
             return None
     return files
+
+
+def _digest_entry(entry: dict) -> tuple[str, str] | None:
+    """(key, digest) of a manifest entry: its block digest, or the whole-file one of older manifests."""
+    key = next((key for key in DIGEST_KEYS if isinstance(entry.get(key), str)), None)
+    return None if key is None else (key, entry[key])
 
 
 def has_manifest(root: Path) -> bool:

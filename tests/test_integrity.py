@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 
 import pytest
@@ -47,6 +49,30 @@ def test_manifest_reuses_digests_of_hard_linked_files(tmp_path, monkeypatch):
     assert read == ["changed"]
     monkeypatch.undo()
     assert verify_manifest(new) == []
+
+
+def test_block_digests_find_a_change_in_any_block_and_keep_their_order(tmp_path, monkeypatch):
+    """Blocks are hashed in parallel; the file's digest depends on every block, in order."""
+    monkeypatch.setattr("marius_py.storage.manifest.BLOCK_BYTES", 1000)
+    data = os.urandom(4500)  # five blocks, the last one short
+    (tmp_path / "table").write_bytes(data)
+    write_manifest(tmp_path)
+    entry = json.loads((tmp_path / MANIFEST_FILE).read_text())["files"]["table"]
+    assert set(entry) == {"bytes", "blake2b_blocks"} and verify_manifest(tmp_path) == []
+    flip_byte(tmp_path / "table", 3999)  # the fourth block
+    assert any("checksum mismatch" in p for p in verify_manifest(tmp_path))
+    swapped = data[1000:2000] + data[:1000] + data[2000:]  # same blocks, another order
+    (tmp_path / "table").write_bytes(swapped)
+    assert any("checksum mismatch" in p for p in verify_manifest(tmp_path))
+
+
+def test_whole_file_digests_of_earlier_manifests_still_verify(tmp_path):
+    (tmp_path / "table").write_bytes(b"partition rows")
+    whole = hashlib.blake2b(b"partition rows", digest_size=16).hexdigest()
+    (tmp_path / MANIFEST_FILE).write_text(json.dumps({"files": {"table": {"bytes": 14, "blake2b": whole}}}))
+    assert verify_manifest(tmp_path) == []
+    flip_byte(tmp_path / "table")
+    assert any("checksum mismatch" in p for p in verify_manifest(tmp_path))
 
 
 @pytest.fixture

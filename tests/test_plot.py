@@ -40,10 +40,27 @@ def test_epoch_records_carry_the_buffer_states(partitioned_run):
         assert all(row["wait"] >= 0 and row["train"] > 0 for row in states)
 
 
+def test_metrics_log_times_the_start_up_and_each_epochs_phases(partitioned_run):
+    records = [json.loads(line) for line in (partitioned_run / "metrics.jsonl").read_text().splitlines()]
+    startups = [r for r in records if r.get("event") == "startup"]
+    assert len(startups) == 1 and records.index(startups[0]) < records.index(
+        next(r for r in records if r.get("event") == "epoch"))  # logged at the first batch, before epoch 1's record
+    phases = startups[0]["phases"]
+    assert set(phases) == {"imports_and_config", "dataset", "trainer", "first_batch"}  # (the log sorts keys)
+    assert all(s >= 0 for s in phases.values())
+    assert startups[0]["seconds_to_first_batch"] == pytest.approx(sum(phases.values()))
+    for record in (r for r in records if r.get("event") == "epoch"):
+        time = record["time"]
+        assert {"wait", "prepare", "train", "sync", "validate", "commit"} <= set(time)  # (validates every epoch)
+        assert time["train"] > 0 and sum(time[k] for k in ("wait", "prepare", "train", "sync")) \
+            == pytest.approx(record["seconds"], rel=0.05, abs=0.01)
+
+
 def test_plot_writes_the_pngs(partitioned_run, tmp_path, capsys):
     assert main(["plot", str(partitioned_run), "-o", str(tmp_path)]) == 0
     written = capsys.readouterr().out.split()
-    assert sorted(Path(p).name for p in written) == ["throughput.png", "timeline.png", "training.png"]
+    assert sorted(Path(p).name for p in written) == ["epoch_time.png", "throughput.png", "timeline.png",
+                                                     "training.png"]
     for path in written:
         assert Path(path).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and Path(path).stat().st_size > 5000
     assert main(["plot", str(partitioned_run), "-o", str(tmp_path), "--epoch", "9"]) == 2

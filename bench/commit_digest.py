@@ -1,0 +1,91 @@
+"""A checkpoint's digests against the disk that writes them (issue 37): BLAKE2b per file against per block.
+
+    python bench/commit_digest.py --nodes 20000000 --dim 100 --partitions 16 --json bench/results/commit-digest.json
+
+Writes an embedding store (``EmbeddingStore.create``: embeddings and Adagrad state, one chunk file per
+partition, fsynced) of ``--nodes`` x ``--dim`` float32 rows, drops its pages from the page cache
+(``posix_fadvise(DONTNEED)``: the digests read from the disk, as after O_DIRECT partition writes), then
+times ``write_manifest`` with one BLAKE2b over each whole file (the manifests before) and with the
+parallel 64 MiB-block digests (``storage.manifest``), each from a cold cache. Prints GiB/s of each.
+Freebase86m's store (86M nodes, d=100: 69 GB) does not fit this machine's disk; the rates are what a
+commit of it would see.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from marius_py.storage import manifest  # noqa: E402
+from marius_py.storage.embedding_store import EmbeddingStore  # noqa: E402
+from marius_py.trainer import init_rows  # noqa: E402
+
+
+def drop_cached_pages(root: Path) -> None:
+    for path in root.rglob("*"):
+        if path.is_file():
+            descriptor = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(descriptor)
+                os.posix_fadvise(descriptor, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(descriptor)
+
+
+def store_bytes(root: Path) -> int:
+    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
+
+
+def timed(work) -> float:
+    started = time.perf_counter()
+    work()
+    return time.perf_counter() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=20_000_000)
+    parser.add_argument("--dim", type=int, default=100)
+    parser.add_argument("--partitions", type=int, default=16)
+    parser.add_argument("--threads", type=int, default=os.cpu_count(), help="store writer threads")
+    parser.add_argument("--workdir", default=None)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    root = Path(tempfile.mkdtemp(dir=args.workdir, prefix="commit-digest-"))
+    try:
+        store = root / "store"
+        write = timed(lambda: (EmbeddingStore.create(store, args.nodes, args.dim, args.dim, args.partitions,
+                                                     init_rows(0, 0.001, args.dim), threads=args.threads),
+                               drop_cached_pages(store)))
+        size = store_bytes(store)
+        rows = {"nodes": args.nodes, "dim": args.dim, "partitions": args.partitions, "bytes": size,
+                "cpus": os.cpu_count(), "write_seconds": write}
+        for name, key in (("whole_file", manifest.WHOLE_FILE_KEY), ("blocks", manifest.DIGEST_KEY)):
+            drop_cached_pages(store)
+            original = manifest.file_digest
+            manifest.file_digest = lambda path, key=key: original(path, key)  # write_manifest's digest
+            try:
+                rows[f"{name}_seconds"] = timed(lambda: manifest.write_manifest(store))
+            finally:
+                manifest.file_digest = original
+            (store / manifest.MANIFEST_FILE).unlink()
+        gib = size / 2**30
+        print(f"store {gib:.1f} GiB in {args.partitions} partitions, {os.cpu_count()} CPUs")
+        for name in ("write", "whole_file", "blocks"):
+            print(f"  {name:<10} {rows[f'{name}_seconds']:7.2f} s   {gib / rows[f'{name}_seconds']:6.2f} GiB/s")
+        if args.json:
+            Path(args.json).write_text(json.dumps(rows, indent=1))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
