@@ -11,7 +11,7 @@ behind a 16:4 buffer), dimension, decoder and score dtype:
 - runs the real command, ``marius-py train`` in a subprocess, for ``--epochs`` epochs and reads the
   edges/s of every epoch after the first from its metrics.jsonl (the first pays start-up and compiles);
 - runs the step alone (bench/throughput.py's measure_step) in this process at exactly the settings
-  the command ran (the same overrides, the graph's own first train edges): for ``disk`` the step of
+  the command ran (the same overrides, a random sample of the graph's train edges): for ``disk`` the step of
   the host placement, the bound IO cannot beat.
 
 The ratio of the two is the share of an epoch the step gets. Each row is printed and written to
@@ -43,7 +43,7 @@ COMMAND_SETTINGS = ["training.batch_size=50000", "training.num_chunks=10", "trai
                     "model.loss=softmax_ce", "evaluation.protocol=sampled", "evaluation.every=0"]
 PLACEMENT_SETTINGS = {"device": ["pipeline.placement=device"], "host": ["pipeline.placement=host"],
                       "disk": ["storage.num_partitions=16", "storage.buffer_capacity=4"]}
-STEP_BATCHES = 40  # the step trains the graph's first 40 batches over and over
+STEP_BATCHES = 200  # the step trains 200 batches of the graph's train edges over and over (a drain per 200)
 
 
 def make_graph(args) -> Path:
@@ -55,11 +55,12 @@ def make_graph(args) -> Path:
     return graph
 
 
-def first_train_edges(graph: Path, count: int) -> torch.Tensor:
-    """The dataset's first ``count`` train edges (bucket-sorted on disk; the step bench trains them shuffled)."""
+def sample_train_edges(graph: Path, count: int) -> torch.Tensor:
+    """``count`` of the dataset's train edges drawn at random (the file is bucket-sorted: its first edges
+    would touch a few partitions' nodes only)."""
     with h5py.File(graph / "edges.h5", "r") as file:
-        edges = np.asarray(file["train"][:count], dtype=np.int64)
-    return torch.from_numpy(edges[np.random.default_rng(0).permutation(len(edges))])
+        edges = np.asarray(file["train"][:], dtype=np.int64)
+    return torch.from_numpy(edges[np.random.default_rng(0).choice(len(edges), count, replace=False)])
 
 
 def run_command(graph: Path, settings: list[str], args, name: str) -> dict:
@@ -109,7 +110,7 @@ def main() -> None:
     step_args = argparse.Namespace(nodes=metadata["num_nodes"], relations=metadata["num_relations"],
                                    load_threads=args.load_threads, seconds=args.seconds,
                                    warmup_batches=args.warmup_batches, profile=False)
-    edges = first_train_edges(graph, 50_000 * STEP_BATCHES)
+    edges = sample_train_edges(graph, 50_000 * STEP_BATCHES)
     record = row_recorder(args.json, print_row)
     for placement, dim, decoder, score_dtype in itertools.product(args.placements, args.dims, args.decoders,
                                                                  args.score_dtypes):

@@ -11,24 +11,20 @@
 
 from __future__ import annotations
 
-import errno
 import os
-import shutil
 import time
 from collections.abc import Iterable
-from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from marius_py.bundled import BUNDLED_CONFIGS, bundled_config, resolve_dataset
-from marius_py.checkpoint import (CHECKPOINTS, CONFIG_FILE, LIVE_STORE, NODES, RunDirectory,
-                                  config_fingerprint, load_version)
+from marius_py.bundled import BUNDLED_CONFIGS, BUNDLED_DATASETS, bundled_config, resolve_dataset
+from marius_py.checkpoint import CONFIG_FILE, NODES, RunDirectory, config_fingerprint, load_version
 from marius_py.config import Config, fit_comet_split, load_config
-from marius_py.dataset import METADATA_FILE, Dataset
+from marius_py.dataset import Dataset
 from marius_py.errors import MariusInputError
-from marius_py.run_lock import LOCK_FILE, RunLock
+from marius_py.run_setup import claim_run_dir, not_a_run
 from marius_py.timeline import Startup
 from marius_py.evaluation import InMemoryNodes, KnownAnswers, NodeTable, StoredNodes, evaluate_split
 from marius_py.devices import resolve_device
@@ -54,7 +50,7 @@ def make_config(path_or_name: str | Path | None = None, overrides: list[str] | s
     overrides = _override_list(overrides)
     if path_or_name is not None and str(path_or_name) in BUNDLED_CONFIGS and not Path(path_or_name).exists():
         path_or_name = bundled_config(str(path_or_name))
-    return _load_config(path_or_name, overrides, source)
+    return load_config(path_or_name, overrides, source)
 
 
 def _override_list(overrides) -> list[str]:
@@ -72,17 +68,6 @@ def _override_list(overrides) -> list[str]:
     if wrong:
         raise MariusInputError(f"overrides: {wrong[0]!r} is a {type(wrong[0]).__name__}", expected=expected)
     return items
-
-
-def _load_config(path, overrides: list[str], source: str) -> Config:
-    """``load_config``, its errors about an override naming ``source`` (config.py calls them the command
-    line's; through the API they are the caller's overrides)."""
-    try:
-        return load_config(path, overrides)
-    except MariusInputError as error:
-        if error.path != "command line" or source == "command line":
-            raise
-        raise MariusInputError(error.problem, path=source, line=error.line, expected=error.expected) from None
 
 
 def default_run_dir(config: Config) -> Path:
@@ -105,6 +90,7 @@ class TrainedModel:
         self.device = table.device
         self.test_metrics: dict | None = None
         self.run_dir: Path | None = None
+        self.version: Path | None = None  # the checkpoint version loaded (load_checkpoint)
         self._known: dict[bool, KnownAnswers] = {}
 
     def known_answers(self, inverse: bool) -> KnownAnswers:
@@ -156,9 +142,29 @@ class TrainedModel:
         if not self.dataset.metadata.has_relations:
             return 0
         if name is None:
-            raise MariusInputError("a relation is required on a graph with relations",
-                                   expected="--relation NAME (one of relations.txt)")
+            raise _relation_required(self.dataset)
         return self.dataset.relation_id(name)
+
+    @staticmethod
+    def check_query(head: str | None, tail: str | None, k: int, relation: str | None = None,
+                    dataset: Dataset | None = None, source: object = None) -> None:
+        """The arguments of ``predict``: exactly one of head and tail, k a whole number of at least 1 and,
+        given the ``dataset``, a relation exactly where the graph has relations. Needs nothing loaded (the
+        command line checks before it loads a checkpoint); ``source``: where the arguments came from, as
+        errors name it."""
+        if (head is None) == (tail is None):
+            raise MariusInputError("give exactly one of head and tail", path=source,
+                                   expected="a head name or a tail name (--head NAME or --tail NAME)")
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise MariusInputError(f"k must be at least 1, got {k!r}", path=source,
+                                   expected="a whole number, e.g. 10 (-k 10)")
+        if dataset is None:
+            return
+        if relation is None and dataset.metadata.has_relations:
+            raise _relation_required(dataset, source)
+        if relation is not None and not dataset.metadata.has_relations:
+            raise MariusInputError(f"relation {relation!r}: the dataset is a plain graph (preprocessed with "
+                                   "--pairs), without relations", path=dataset.directory, expected="no relation")
 
     @torch.no_grad()
     def score(self, triples) -> np.ndarray:
@@ -171,14 +177,7 @@ class TrainedModel:
     def predict(self, relation: str | None = None, head: str | None = None, tail: str | None = None,
                 k: int = 10, filter_known: bool = False) -> list[tuple[str, float]]:
         """Top-k tails for (head, relation, ?) or heads for (?, relation, tail)."""
-        if (head is None) == (tail is None):
-            raise MariusInputError("give exactly one of head and tail", expected="--head NAME or --tail NAME")
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            raise MariusInputError(f"k must be an integer of at least 1, got {k!r}", expected="-k 10")
-        if relation is not None and not self.dataset.metadata.has_relations:
-            raise MariusInputError(f"relation {relation!r}: the dataset is a plain graph (preprocessed with "
-                                   "--pairs), without relations", path=self.dataset.directory,
-                                   expected="no relation")
+        self.check_query(head, tail, k, relation, self.dataset)
         inverse = head is None
         anchor = self.dataset.node_id(tail if inverse else head)
         rel = torch.tensor([self._relation_id(relation)], device=self.device)
@@ -208,6 +207,12 @@ class TrainedModel:
                               seed=self.config.training.seed)
 
 
+def _relation_required(dataset: Dataset, source: object = None) -> MariusInputError:
+    return MariusInputError("a relation is required on a graph with relations", path=source,
+                            expected=f"a relation name (--relation NAME), a line of "
+                                     f"{dataset.directory / 'relations.txt'}")
+
+
 def open_dataset(config: Config, progress: bool) -> Dataset:
     """The run's dataset as given; an automatic ``storage.comet_split`` is fitted to its nodes
     (``config.storage`` may change). Training re-buckets it for a split store (``Trainer``)."""
@@ -221,45 +226,20 @@ def open_dataset(config: Config, progress: bool) -> Dataset:
     return dataset
 
 
-def _start(config: Config, run_dir: Path, progress: bool, resume: bool,
-           created: bool = False) -> tuple[Trainer, Dataset]:
-    """The trainer of a run (the caller holds the run directory's lock). A new run's directory and config
-    come first, so a run killed while the dataset is prepared or the store initialised can be resumed; a user
-    error while the dataset is opened or the trainer set up removes what the new run wrote (the directory,
-    when ``created``). Errors during training leave it: --resume continues it, and a new run that finds
-    nothing committed there reuses it."""
+def _start(config: Config, run_dir: Path, progress: bool, resume: bool) -> tuple[Trainer, Dataset]:
+    """The trainer of a run (set up under ``run_setup.claim_run_dir``). A new run's directory and config come
+    first, so a run killed while the dataset is prepared or the store initialised can be resumed."""
     startup = Startup()
     startup.mark("imports_and_config")
     if not resume:
         RunDirectory(run_dir).create(config)
-    try:
-        dataset = open_dataset(config, progress)
-        startup.mark("dataset")
-        if not resume:
-            RunDirectory(run_dir).write_config(config)  # with the partitions the dataset allowed
-        trainer = Trainer(config, dataset, run_dir, progress=progress, startup=startup)
-        startup.mark("trainer")
-        return trainer, dataset
-    except MariusInputError:
-        if not resume:
-            discard_new_run(run_dir, created)
-        raise
-
-
-def discard_new_run(run_dir: Path, created: bool) -> None:
-    """Remove what a new run that failed before its first commit wrote: the directory when it made it, else
-    its config, log, live store and lock file (never anything of a committed run)."""
-    run = RunDirectory(run_dir)
-    if run.holds_committed_run():
-        return
-    if created:
-        shutil.rmtree(run_dir, ignore_errors=True)
-        return
-    try:
-        run.clear_uncommitted(config_too=True)
-        (run_dir / LOCK_FILE).unlink(missing_ok=True)
-    except OSError:
-        pass  # (the error being raised says more)
+    dataset = open_dataset(config, progress)
+    startup.mark("dataset")
+    if not resume:
+        RunDirectory(run_dir).write_config(config)  # with the partitions the dataset allowed
+    trainer = Trainer(config, dataset, run_dir, progress=progress, startup=startup)
+    startup.mark("trainer")
+    return trainer, dataset
 
 
 def train(config: Config, run_dir: str | Path | None = None, progress: bool = True,
@@ -277,100 +257,13 @@ def train(config: Config, run_dir: str | Path | None = None, progress: bool = Tr
     if launched_by_torchrun():
         return train_distributed(config, run_dir, progress, resume)
     run_dir = Path(run_dir) if run_dir is not None else default_run_dir(config)
-    with unwritable_as_user_error():
-        created = open_run_dir(run_dir, resume)
-        with RunLock(run_dir):
-            check_new_run_dir(run_dir, resume)
-            trainer, dataset = _start(config, run_dir, progress, resume, created)
-            try:
-                trainer.train()
-                return finish_training(trainer, config, dataset, run_dir)
-            finally:
-                trainer.close()
-                trainer.run.close()
-
-
-def open_run_dir(run_dir: Path, resume: bool) -> bool:
-    """Make a new run's directory (True: this call made it); a resumed one must be a run directory."""
-    if resume:
-        if not (run_dir / CONFIG_FILE).is_file():
-            raise _not_a_run(run_dir)
-        return False
-    if run_dir.exists() and not run_dir.is_dir():
-        raise MariusInputError("exists and is not a directory", path=run_dir,
-                               expected="--run-dir naming a new or empty directory")
-    if run_dir.is_dir():  # (refused before a lock file is written into it; checked again under the lock)
-        _check_new_run_dir(run_dir)
-    created = not run_dir.exists()
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise MariusInputError(f"cannot create the run directory ({error.strerror})", path=run_dir,
-                               expected="a --run-dir where this user can create a directory") from None
-    return created
-
-
-def check_new_run_dir(run_dir: Path, resume: bool) -> None:
-    """With the run directory's lock held: a new run refuses a directory that holds committed state (or a
-    dataset), and clears what a run that never committed left there (its config, log and live store), so
-    it starts clean; a resume checks that it can write what it rewrites."""
-    if resume:
-        _check_writable(run_dir)
-        return
-    _check_new_run_dir(run_dir)
-    run = RunDirectory(run_dir)
-    if run.written_by_a_run():
-        run.clear_uncommitted()
-
-
-def _check_new_run_dir(run_dir: Path) -> None:
-    """Refuse a directory with committed state, a dataset, or files of its own that a new run would
-    overwrite (config.yaml, metrics.jsonl, store/, ...) unless a run that never committed wrote them."""
-    run = RunDirectory(run_dir)
-    if run.holds_committed_run():
-        raise MariusInputError("run directory already holds a run", path=run_dir,
-                               expected="a new directory, or --resume to continue it")
-    if (run_dir / METADATA_FILE).exists():
-        raise MariusInputError("is a preprocessed dataset directory", path=run_dir,
-                               expected="a --run-dir of its own for the run (not the dataset's)")
-    clashes = run.clashes()
-    if clashes and not run.written_by_a_run():
-        raise MariusInputError(f"holds {', '.join(clashes)}, which a new run would overwrite, and is not a run "
-                               f"directory", path=run_dir,
-                               expected="a new or empty directory, or one a run that never committed left")
-
-
-def _check_writable(run_dir: Path) -> None:
-    """A resume writes versions into checkpoints/ and relinks the live store: refuse, up front, read-only
-    places (rather than fail after an epoch of training)."""
-    places = [run_dir, run_dir / CHECKPOINTS] + [Path(d) for d, _, _ in os.walk(run_dir / LIVE_STORE)]
-    for place in places:
-        if place.exists() and not os.access(place, os.W_OK | os.X_OK):
-            raise MariusInputError("not writable", path=place,
-                                   expected="a run directory whose folders this user can write (a resume writes "
-                                            "checkpoints/, store/, config.yaml and metrics.jsonl)")
-
-
-@contextmanager
-def unwritable_as_user_error():
-    """A file training must write that it may not (permissions, a read-only file system): one clear error
-    naming it. (The commit protocol leaves the last committed version intact whatever failed.)"""
-    try:
-        yield
-    except OSError as error:
-        if error.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
-            raise
-        raise MariusInputError(f"cannot write ({error.strerror})", path=error.filename or "the run directory",
-                               expected="a run directory and dataset cache this user can write") from None
-
-
-def _not_a_run(run_dir) -> MariusInputError:
-    if (Path(run_dir) / CHECKPOINTS).is_dir():
-        return MariusInputError("missing (the run's checkpoints/ is there)", path=Path(run_dir) / CONFIG_FILE,
-                                expected="the run's config.yaml restored from a copy (it names the dataset and "
-                                         "model the checkpoints were trained with)")
-    return MariusInputError("not a run directory (no config.yaml)", path=run_dir,
-                            expected="a directory written by `marius-py train`")
+    with claim_run_dir(run_dir, resume, lambda: _start(config, run_dir, progress, resume)) as (trainer, dataset):
+        try:
+            trainer.train()
+            return finish_training(trainer, config, dataset, run_dir)
+        finally:
+            trainer.close()
+            trainer.run.close()
 
 
 def finish_training(trainer: Trainer, config: Config, dataset: Dataset, run_dir: Path) -> TrainedModel:
@@ -392,22 +285,28 @@ def load_run_config(run_dir: str | Path, overrides: list[str] | str | None = Non
     overrides = _override_list(overrides)
     path = Path(run_dir) / CONFIG_FILE
     if not path.is_file():
-        raise _not_a_run(run_dir)
-    return _load_config(path, overrides, source)
+        raise not_a_run(run_dir)
+    return load_config(path, overrides, source)
 
 
 def load_checkpoint(run_dir: str | Path, which: str = "best", device: str | None = None,
                     overrides: list[str] | str | None = None, source: str = "overrides") -> TrainedModel:
-    """Load the ``best`` (falls back to latest) or ``latest`` checkpoint of a run."""
+    """Load the ``best`` (the latest where no validation selected one) or ``latest`` checkpoint of a run
+    onto ``device`` (default the run's training.device); ``TrainedModel.version`` is the one loaded.
+
+    What commonly goes wrong is checked before anything is loaded, each with its own error: no run
+    directory, no committed checkpoint, the dataset moved or deleted since training, a device this machine
+    lacks. ``source``: where ``overrides`` and ``device`` came from, as errors name them ("command line":
+    key=value items and --device)."""
     if which not in ("best", "latest"):
         raise MariusInputError(f"load_checkpoint: checkpoint {which!r}", expected="'best' or 'latest'")
     config = load_run_config(run_dir, overrides, source)
-    if device is not None:
-        config.training.device = device
     run = RunDirectory(run_dir)
-    version = (run.best_version() if which == "best" else None) or run.latest_version()
+    latest = run.latest_version()  # (a clear error when nothing was committed)
+    _check_run_dataset(config, Path(run_dir))
+    target = _checkpoint_device(config, device, source, Path(run_dir))
+    version = (run.best_version() if which == "best" else None) or latest
     dataset = open_dataset(config, progress=False)
-    target = resolve_device(config.training.device)
     model = Model(config, dataset.num_nodes, dataset.num_relations, target)
     out_of_core = config.storage.num_partitions > 1
     _, _, model_state, _ = load_version(version, config_fingerprint(config, dataset.metadata),
@@ -417,5 +316,29 @@ def load_checkpoint(run_dir: str | Path, which: str = "best", device: str | None
     table = StoredNodes(store, target) if out_of_core else InMemoryNodes(
         store.embedding_rows(0, store.num_nodes).to(target))
     trained = TrainedModel(config, dataset, model, table)
-    trained.run_dir = Path(run_dir)
+    trained.run_dir, trained.version = Path(run_dir), version
     return trained
+
+
+def _check_run_dataset(config: Config, run_dir: Path) -> None:
+    """Refuse a run whose dataset is no longer where its config.yaml says (moved or deleted since training)."""
+    dataset = config.dataset.path
+    if dataset in BUNDLED_DATASETS or Path(dataset).expanduser().exists():
+        return
+    config_file = run_dir / CONFIG_FILE
+    relative = "" if Path(dataset).expanduser().is_absolute() else \
+        f" (a relative path, read from the current directory {Path.cwd()})"
+    raise MariusInputError(f"the run's dataset is missing: dataset.path {dataset} does not exist{relative}",
+                           path=config_file, expected=f"the dataset the run trained on back at {dataset}, or "
+                                                      f"dataset.path in {config_file} set to where it is now")
+
+
+def _checkpoint_device(config: Config, device: str | None, source: str, run_dir: Path) -> torch.device:
+    """Where a checkpoint is loaded: ``device`` (the caller's; the command line's --device), else the run's
+    training.device; refused, naming where it was given, when this machine lacks it."""
+    if device is None:
+        return resolve_device(config.training.device, "training.device", run_dir / CONFIG_FILE)
+    setting, path = ("--device", source) if source == "command line" else ("load_checkpoint: device", None)
+    target = resolve_device(device, setting, path)
+    config.training.device = device
+    return target

@@ -47,11 +47,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import yaml
 
-from marius_py.config import CONFIG_SECTIONS, Config, dump_config
+from marius_py.config import Config, dump_config
 from marius_py.dataset import DatasetMetadata
 from marius_py.errors import MariusInputError
+from marius_py.run_log import read_json_lines
 from marius_py.storage import durable
 from marius_py.storage.durable import fsync_directory, fsync_tree
 from marius_py.storage.embedding_store import EmbeddingStore
@@ -66,14 +66,11 @@ NODES = "nodes"
 MODEL_FILE = "model.pt"
 STATE_FILE = "state.json"
 POSITION_FILE = "position.pt"
-# What a new run writes besides config.yaml and checkpoints/ (removed when a directory whose run never
-# committed is reused).
-RUN_OUTPUTS = (METRICS_FILE, LIVE_STORE, "tensorboard", "plots", "distributed")
 # state.json of a version written with a manifest says so: a version without MANIFEST.json is then damaged
 # (versions from before manifests existed lack both and are loaded unchecked).
 CHECKSUMMED = "checksummed"
 _VERSION = re.compile(r"v(\d{6})(?:\.s(\d{6}))?")
-_TEMPORARY = re.compile(r"\.v\d{6}(?:\.s\d{6})?\.tmp")
+TEMPORARY_VERSION = re.compile(r"\.v\d{6}(?:\.s\d{6})?\.tmp")  # a version being written
 
 
 @dataclass
@@ -219,8 +216,13 @@ class RunDirectory:
         return dict(pointers)
 
     def repair_pointers(self) -> str | None:
-        """Write the pointer file again when it had to be recovered (or names a best version that is gone):
-        atomically, before training moves on from it. Returns what was done (None: it was sound)."""
+        """Before training moves on from the pointers: write the pointer file again, atomically, when it had
+        to be recovered or names a best version that is gone (dropped: the next new best is kept). Returns
+        what was done (None: the pointers were sound).
+
+        A best version whose files are damaged is refused, naming the file, like a damaged latest one:
+        dropping it would let the next commit delete the run's only copy of its best model, which restoring
+        the one damaged file from a copy mends (removing the version resumes without it)."""
         pointers = self._pointers()
         note = self.recovery_note if self._recovered is not None else None
         best = pointers.get("best")
@@ -228,11 +230,21 @@ class RunDirectory:
             del pointers["best"]
             note = (note + "; " if note else "") + f"{self.pointer_file}: best names {best}, which is missing: " \
                                                    f"dropped (the next new best is kept)"
+        elif best is not None and best != pointers["latest"]:  # (latest is checked as it is loaded)
+            self._refuse_a_damaged_best(self.checkpoints / best)
         if note is None:
             return None
         durable.write_text_atomic(self.pointer_file, json.dumps(pointers) + "\n")
         self._recovered = None
         return note
+
+    def _refuse_a_damaged_best(self, version: Path) -> None:
+        damage = version_problems(version)
+        if damage:
+            raise MariusInputError(f"best names {version.name}, which is damaged: {_summary(damage)}",
+                                   path=self.pointer_file,
+                                   expected=f"the damaged file restored from a copy, or {version} removed to "
+                                            f"resume without a best version (the next new best is kept)")
 
     def versions_on_disk(self) -> list[Path]:
         """Every version directory in checkpoints/ (committed, or left by a commit a kill cut short), oldest
@@ -243,50 +255,6 @@ class RunDirectory:
             return []
         return sorted((child for child in children if _VERSION.fullmatch(child.name) and child.is_dir()),
                       key=lambda child: version_key(child.name))
-
-    def holds_committed_run(self) -> bool:
-        """Whether a new run here could overwrite committed state: a pointer file (even a damaged one) or a
-        version directory."""
-        return self.pointer_file.exists() or bool(self.versions_on_disk())
-
-    def written_by_a_run(self) -> bool:
-        """Whether the directory is what ``create`` makes: checkpoints/ and a run's resolved config.yaml (its
-        sections, not necessarily valid for this version's checks)."""
-        if not (self.checkpoints.is_dir() and (self.path / CONFIG_FILE).is_file()):
-            return False
-        try:
-            raw = yaml.safe_load((self.path / CONFIG_FILE).read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, yaml.YAMLError):
-            return False
-        return isinstance(raw, dict) and {"dataset", "model", "training"} <= set(raw) <= set(CONFIG_SECTIONS)
-
-    def clashes(self) -> list[str]:
-        """Names in the directory that a new run writes (an empty checkpoints/ aside)."""
-        names = [name for name in (CONFIG_FILE,) + RUN_OUTPUTS if (self.path / name).exists()]
-        if self.checkpoints.exists() and not (self.checkpoints.is_dir() and all(
-                _TEMPORARY.fullmatch(child.name) for child in self.checkpoints.iterdir())):
-            names.append(CHECKPOINTS)
-        return names
-
-    def clear_uncommitted(self, config_too: bool = False) -> None:
-        """Remove what a run that never committed left (its log, live store, temporary versions; with
-        ``config_too`` its config.yaml and an empty checkpoints/), so a new run starts clean. Refuses a
-        directory that holds committed state."""
-        if self.holds_committed_run():
-            raise MariusInputError("run directory already holds a run", path=self.path,
-                                   expected="a new directory, or --resume to continue it")
-        for name in RUN_OUTPUTS + ((CONFIG_FILE,) if config_too else ()):
-            target = self.path / name
-            if target.is_dir() and not target.is_symlink():
-                shutil.rmtree(target)
-            elif target.exists() or target.is_symlink():
-                target.unlink()
-        if self.checkpoints.is_dir():
-            for child in self.checkpoints.iterdir():
-                if _TEMPORARY.fullmatch(child.name):
-                    shutil.rmtree(child)
-            if config_too and not any(self.checkpoints.iterdir()):
-                self.checkpoints.rmdir()
 
     def latest_version(self) -> Path:
         name = self._pointers().get("latest")
@@ -314,11 +282,11 @@ class RunDirectory:
 
     def commit_version(self, tmp: Path, epoch: int, is_best: bool, states_done: int = 0) -> Path:
         """Checksum and fsync ``tmp``, rename it to its final name, then replace the pointer file atomically."""
-        previous = self._pointers().get("latest")
+        pointers = self._pointers()
+        previous = pointers.get("latest")
         write_manifest(tmp, None if previous is None else self.checkpoints / previous)
         fsync_tree(tmp)
         final = self.checkpoints / version_name(epoch, states_done)
-        pointers = self._pointers()
         if final.name in pointers.values() or (previous is not None
                                                and version_key(final.name) <= version_key(previous)):
             raise MariusInputError(f"version {final.name} would replace committed state ({POINTERS} names "
@@ -345,49 +313,8 @@ class RunDirectory:
         commit a kill cut short) and temporary directories. Anything not named like a version is left."""
         for child in self.checkpoints.iterdir():
             if child.name not in keep and child.is_dir() and (_VERSION.fullmatch(child.name)
-                                                              or _TEMPORARY.fullmatch(child.name)):
+                                                              or TEMPORARY_VERSION.fullmatch(child.name)):
                 shutil.rmtree(child, ignore_errors=True)
-
-
-def read_json_lines(path: Path) -> list[tuple[int, dict]]:
-    """(line number, object) of every line of a JSON-lines log ([] when there is none): a last line without
-    its newline that does not parse (a write a kill cut short) is skipped, any other damaged line refused
-    with the file and line."""
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        return []
-    except OSError as error:
-        raise MariusInputError(f"cannot read the log ({error.strerror})", path=path) from None
-    lines = data.split(b"\n")
-    torn = lines.pop()  # what follows the last newline: empty unless a write was cut short
-    records = [(number, _metric_record(raw, path, number)) for number, raw in enumerate(lines, 1) if raw.strip()]
-    if torn.strip(b"\x00 \t\r"):
-        try:
-            records.append((len(lines) + 1, _metric_record(torn, path, len(lines) + 1)))
-        except MariusInputError:
-            pass  # the record a kill cut short
-    return records
-
-
-def _metric_record(raw: bytes, path: Path, line: int) -> dict:
-    """One line of the metrics log as its JSON object; MariusInputError naming the file and line."""
-    try:
-        record = json.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError:
-        raise MariusInputError("not a JSON line: not UTF-8 text", path=path, line=line,
-                               expected=_ONE_OBJECT_PER_LINE) from None
-    except json.JSONDecodeError as error:
-        raise MariusInputError(f"not a JSON line: {error.msg} at column {error.colno}", path=path, line=line,
-                               expected=_ONE_OBJECT_PER_LINE) from None
-    if not isinstance(record, dict):
-        raise MariusInputError(f"a JSON {type(record).__name__}, not an object", path=path, line=line,
-                               expected=_ONE_OBJECT_PER_LINE)
-    return record
-
-
-_ONE_OBJECT_PER_LINE = ("one JSON object per line, as `marius-py train` writes them; the log is not training state: "
-                        "fix or remove the line")
 
 
 def version_name(epoch: int, states_done: int = 0) -> str:
@@ -406,10 +333,24 @@ def version_key(name: str) -> tuple[int, int]:
 def _best_version_name(directory: Path) -> str | None:
     """The version of the best epoch a version's state.json records (None: none yet, or unreadable)."""
     try:
-        best = json.loads((directory / STATE_FILE).read_text(encoding="utf-8")).get("best_epoch", 0)
-    except (OSError, ValueError, AttributeError):
+        best = read_state(directory)[0].best_epoch
+    except MariusInputError:
         return None
     return version_name(best) if isinstance(best, int) and not isinstance(best, bool) and best > 0 else None
+
+
+def read_state(directory: Path) -> tuple[TrainingState, bool]:
+    """A version's state.json: its training state, and whether the version was committed with a manifest
+    (``CHECKSUMMED``). MariusInputError naming the file when it is missing, unreadable or not a state."""
+    path = directory / STATE_FILE
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+        checksummed = bool(raw.pop(CHECKSUMMED, False))
+        return TrainingState(**raw), checksummed
+    except (OSError, ValueError, AttributeError, TypeError) as error:  # (a JSON list or string: not a state)
+        raise MariusInputError(f"unreadable ({type(error).__name__}: {error})", path=path,
+                               expected="the state a commit writes: `marius-py verify RUN_DIR` checks every "
+                                        "version") from None
 
 
 def write_version_state(directory: Path, model_state: dict, training_state: TrainingState,
@@ -443,11 +384,8 @@ def load_version(directory: Path, fingerprint: str | None = None, with_nodes: bo
     without ``with_nodes`` the (possibly larger than memory) node arrays are not read.
     """
     check_version(directory)
+    training_state, _ = read_state(directory)
     try:
-        raw = json.loads((directory / STATE_FILE).read_text(encoding="utf-8"))
-        if isinstance(raw, dict):
-            raw.pop(CHECKSUMMED, None)
-        training_state = TrainingState(**raw)
         if fingerprint is not None and training_state.config_fingerprint != fingerprint:
             raise MariusInputError("checkpoint was written with a different model or dataset", path=directory,
                                    expected="the model settings and dataset of the run's config.yaml")
@@ -472,9 +410,9 @@ def version_problems(directory: Path) -> list[str]:
     if missing:
         return missing
     try:
-        checksummed = json.loads((directory / STATE_FILE).read_text(encoding="utf-8")).get(CHECKSUMMED)
-    except (OSError, ValueError, AttributeError) as error:
-        return [f"{directory / STATE_FILE}: unreadable ({type(error).__name__}) and no {MANIFEST_FILE}"]
+        _, checksummed = read_state(directory)
+    except MariusInputError as error:
+        return [f"{error.path}: {error.problem}, and no {MANIFEST_FILE}"]
     return [f"{directory / MANIFEST_FILE}: missing (the version was committed with one)"] if checksummed else []
 
 
@@ -486,7 +424,11 @@ def check_version(directory: Path) -> None:
                                         "RUN_DIR` lists the versions there)")
     problems = version_problems(directory)
     if problems:
-        more = f" and {len(problems) - 1} more" if len(problems) > 1 else ""
-        raise MariusInputError(f"checkpoint is corrupt: {problems[0]}{more}", path=directory,
+        raise MariusInputError(f"checkpoint is corrupt: {_summary(problems)}", path=directory,
                                expected="intact files: `marius-py verify RUN_DIR` lists every problem and "
                                         "the versions that are intact")
+
+
+def _summary(problems: list[str]) -> str:
+    """The first of a version's problems, and how many more there are."""
+    return problems[0] + (f" and {len(problems) - 1} more" if len(problems) > 1 else "")

@@ -24,21 +24,14 @@ def _print_metrics(title: str, metrics: dict) -> None:
           f"Hits@10 {metrics['hits@10']:.4f}  ({metrics['num_queries']} queries; {metrics['protocol']})")
 
 
-def _looks_like_a_key(item: str) -> bool:
-    """``training.epochs`` without ``=``: a forgotten value rather than a config file's name."""
-    from marius_py.config import CONFIG_SECTIONS
-    return item.split(".", 1)[0] in CONFIG_SECTIONS and not Path(item).exists()
-
-
 def _split_config_args(items: list[str]) -> tuple[str | None, list[str]]:
-    """``[CONFIG] [key=value ...]``: the first item without '=' is the config."""
+    """``[CONFIG] [key=value ...]``: the first item neither ``key=value`` nor shaped like ``section.key`` (an
+    override missing its value, which ``config.apply_overrides`` refuses) is the config."""
+    from marius_py.config import is_override_key
     config, overrides = None, []
     for item in items:
-        if "=" in item:
+        if "=" in item or is_override_key(item):
             overrides.append(item)
-        elif _looks_like_a_key(item):
-            raise MariusInputError(f"override {item!r} has no value", path="command line",
-                                   expected=f"{item}=VALUE")
         elif config is None:
             config = item
         else:
@@ -131,53 +124,17 @@ def _delimiter(text: str) -> str:
 
 
 def _open_run(args, device: str | None = None, overrides: list[str] | None = None):
-    """The checkpoint ``--checkpoint`` names of ``args.run_dir``, for eval, export and predict.
-
-    What commonly goes wrong is checked before anything is loaded, each with its own error: no run
-    directory, no committed checkpoint, a dataset moved or deleted since training, a device this machine
-    lacks. ``best`` where no validation selected one loads the latest and says so on stderr."""
+    """The checkpoint ``--checkpoint`` names of ``args.run_dir``, for eval, export and predict
+    (``api.load_checkpoint`` checks the run, its dataset and the device before loading it). ``best`` where
+    no validation selected one loads the latest and says so on stderr."""
     from marius_py import api
-    from marius_py.bundled import BUNDLED_DATASETS
-    from marius_py.checkpoint import CONFIG_FILE, RunDirectory
-    config = api.load_run_config(args.run_dir, overrides, source="command line")
-    run = RunDirectory(args.run_dir)
-    latest = run.latest_version()  # a clear error when nothing was committed
-    dataset = config.dataset.path
-    if dataset not in BUNDLED_DATASETS and not Path(dataset).expanduser().exists():
-        config_file = Path(args.run_dir) / CONFIG_FILE
-        relative = "" if Path(dataset).expanduser().is_absolute() else \
-            f" (a relative path, read from the current directory {Path.cwd()})"
-        raise MariusInputError(f"the run's dataset is missing: dataset.path {dataset} does not exist{relative}",
-                               path=config_file,
-                               expected=f"the dataset the run trained on back at {dataset}, or dataset.path in "
-                                        f"{config_file} set to where it is now")
-    device = _usable_device(device or config.training.device, "--device" if device else None)
-    if args.checkpoint == "best" and run.best_version() is None:
+    from marius_py.checkpoint import RunDirectory
+    model = api.load_checkpoint(args.run_dir, args.checkpoint, device=device, overrides=overrides,
+                                source="command line")
+    if args.checkpoint == "best" and RunDirectory(args.run_dir).best_version() is None:
         print(f"marius-py: {args.run_dir} has no best checkpoint (no validation selected one): using the "
-              f"latest, {latest.name}", file=sys.stderr)
-    return api.load_checkpoint(args.run_dir, args.checkpoint, device=device, overrides=overrides,
-                               source="command line")
-
-
-def _usable_device(name: str, option: str | None) -> str:
-    """``name`` where this machine has it, else an error that says how to choose another."""
-    import torch
-    where = f"--device {name}" if option else f"the run's training.device {name}"
-    try:
-        device = torch.device("cuda" if name == "auto" and torch.cuda.is_available() else
-                              "cpu" if name == "auto" else name)
-    except RuntimeError:
-        raise MariusInputError(f"{where}: not a device", path="command line",
-                               expected="--device cpu, cuda or cuda:N") from None
-    if device.type == "cuda":
-        available = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if (device.index or 0) >= available:
-            raise MariusInputError(f"{where}: this machine has {available} CUDA device(s)", path="command line",
-                                   expected="--device cpu" + (f" or cuda:0 .. cuda:{available - 1}" if available
-                                                              else ""))
-    elif device.type != "cpu":
-        raise MariusInputError(f"{where}: not a device", path="command line", expected="--device cpu, cuda or cuda:N")
-    return str(device)
+              f"latest, {model.version.name}", file=sys.stderr)
+    return model
 
 
 def _similar_name(names: list[str], name: str) -> str | None:
@@ -223,16 +180,10 @@ def cmd_export(args) -> None:
 
 
 def cmd_predict(args) -> None:
-    if (args.head is None) == (args.tail is None):
-        raise MariusInputError("give exactly one of head and tail", path="command line",
-                               expected="--head NAME or --tail NAME")
-    if args.k < 1:
-        raise MariusInputError(f"-k {args.k}: k must be at least 1", path="command line", expected="-k 10")
+    from marius_py.api import TrainedModel
+    TrainedModel.check_query(args.head, args.tail, args.k, source="command line")  # (before anything is loaded)
     model = _open_run(args, args.device)
     dataset = model.dataset
-    if dataset.metadata.has_relations and args.relation is None:
-        raise MariusInputError("a relation is required on a graph with relations", path="command line",
-                               expected=f"--relation NAME, a line of {dataset.directory / 'relations.txt'}")
     _check_name(dataset.node_id, dataset.node_names, args.head if args.head is not None else args.tail)
     if args.relation is not None and dataset.metadata.has_relations:  # (a plain graph: predict refuses it)
         _check_name(dataset.relation_id, dataset.relation_names, args.relation)
@@ -252,7 +203,7 @@ def as_trained(args, name: str, num_nodes: int, row_bytes: int):
     from marius_py.storage.partitioning import partition_size
     s = load_config(None, [f"storage.ordering={name}", f"storage.num_partitions={args.partitions}",
                            f"storage.buffer_capacity={args.buffer}",
-                           f"storage.comet_group_size={args.group_size}"]).storage
+                           f"storage.comet_group_size={args.group_size}"], source="command line").storage
     if num_nodes:
         fit_comet_split(s, num_nodes)
     k = s.comet_group_size
@@ -349,21 +300,13 @@ def cmd_verify(args) -> None:
 
 def cmd_info(args) -> None:
     from dataclasses import asdict
-    from marius_py.checkpoint import CHECKPOINTS, CHECKSUMMED, CONFIG_FILE, STATE_FILE, RunDirectory
+    from marius_py.checkpoint import CHECKPOINTS, CONFIG_FILE, RunDirectory, read_state
     from marius_py.dataset import read_metadata
     path = Path(args.path)
     if (path / CONFIG_FILE).exists() or (path / CHECKPOINTS).is_dir():
         run = RunDirectory(path)
         latest = run.latest_version() if run.has_checkpoint() else None  # None: nothing committed yet
-        committed = None
-        if latest:
-            try:
-                committed = json.loads((latest / STATE_FILE).read_text(encoding="utf-8"))
-                committed.pop(CHECKSUMMED, None)
-            except (OSError, UnicodeDecodeError, ValueError, AttributeError) as error:
-                raise MariusInputError(f"unreadable ({type(error).__name__}: {error})", path=latest / STATE_FILE,
-                                       expected="the state a commit writes: `marius-py verify RUN_DIR` checks "
-                                                "every version") from None
+        committed = asdict(read_state(latest)[0]) if latest else None
         info = {"run": str(path), "latest": latest and str(latest), "best": str(run.best_version()),
                 "committed": committed, "metrics": run.read_metrics()[-3:]}
         if run.recovery_note:

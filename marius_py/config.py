@@ -12,6 +12,7 @@ import dataclasses
 import functools
 import math
 import numbers
+import re
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -527,19 +528,37 @@ def _yaml_kind(value) -> str:
                                                                                              type(value).__name__)
 
 
-def apply_overrides(config: Config, overrides: list[str]) -> Config:
-    """Apply ``section.key=value`` strings (values parsed as YAML scalars)."""
+def apply_overrides(config: Config, overrides: list[str], source: object = "overrides") -> Config:
+    """Apply ``section.key=value`` strings (values parsed as YAML scalars); ``source``: where they came from,
+    as errors name it (the CLI's: "command line")."""
     for item in overrides:
-        if "=" not in item:
-            raise MariusInputError(f"bad override {item!r}", path="command line",
-                                   expected="section.key=value, e.g. training.lr=0.05")
-        key, text = item.split("=", 1)
+        key, text = _split_override(item, source)
         try:
             value = yaml.safe_load(text) if text else ""
         except yaml.YAMLError:
             value = text
-        _set(config, key.strip(), value, "command line")
+        _set(config, key, value, source)
     return config
+
+
+_OVERRIDE_KEY = re.compile(r"\s*([A-Za-z_]\w*)\.([A-Za-z_]\w*)\s*")
+
+
+def is_override_key(item: str) -> bool:
+    """Whether ``item`` without ``=`` is shaped like ``section.key`` (an override missing its value) rather
+    than a config file's name (``training.yaml`` is one)."""
+    match = _OVERRIDE_KEY.fullmatch(item)
+    return bool(match) and match.group(1) in CONFIG_SECTIONS and match.group(2).lower() not in ("yaml", "yml")
+
+
+def _split_override(item: str, source: object) -> tuple[str, str]:
+    """(key, value text) of a ``section.key=value`` override."""
+    if "=" in item:
+        key, text = item.split("=", 1)
+        return key.strip(), text
+    if is_override_key(item):
+        raise MariusInputError(f"override {item!r} has no value", path=source, expected=f"{item.strip()}=VALUE")
+    raise MariusInputError(f"bad override {item!r}", path=source, expected="section.key=value, e.g. training.lr=0.05")
 
 
 class _DuplicateKey(yaml.constructor.ConstructorError):
@@ -617,8 +636,10 @@ def _node_lines(root) -> dict[str, int]:
     return lines
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
-    """Read a YAML config (or the defaults), apply overrides, validate."""
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
+                source: object = "overrides") -> Config:
+    """Read a YAML config (or the defaults), apply overrides, validate. ``source``: where the overrides came
+    from, as errors about them name it (the CLI's: "command line")."""
     config = Config()
     origins: dict = {}
     if path is not None:
@@ -626,8 +647,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         raw, lines = _read_yaml(path)
         config = from_dict(raw, source=path, lines=lines)
         origins.update({key: (path, line) for key, line in lines.items()})
-    apply_overrides(config, overrides or [])
-    origins.update({item.split("=", 1)[0].strip(): ("command line", None) for item in overrides or []})
+    apply_overrides(config, overrides or [], source)
+    origins.update({item.split("=", 1)[0].strip(): (source, None) for item in overrides or []})
     return validate(config, origins)
 
 

@@ -8,13 +8,22 @@ from marius_py.config import Config, device_list
 from marius_py.errors import MariusInputError
 
 
-def resolve_device(name: str) -> torch.device:
+def resolve_device(name: str, setting: str = "training.device", path: object = None) -> torch.device:
+    """The device ``name`` (``auto``: cuda where there is one, else cpu), where this machine has it; else a
+    MariusInputError naming ``setting`` (and ``path``, where it was set) and the devices there are."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise MariusInputError("training.device: cuda requested but no CUDA device is available",
-                               expected="training.device=cpu or auto")
-    return torch.device(name)
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError, ValueError):
+        device = None
+    if device is None or device.type not in ("cpu", "cuda"):
+        raise MariusInputError(f"{setting} {name}: not a device", path=path, expected="cpu, cuda or cuda:N")
+    available = torch.cuda.device_count() if device.type == "cuda" and torch.cuda.is_available() else 0
+    if device.type == "cuda" and (device.index or 0) >= available:
+        raise MariusInputError(f"{setting} {name}: this machine has {available} CUDA device(s)", path=path,
+                               expected="cpu" + (f", cuda or cuda:0 .. cuda:{available - 1}" if available else ""))
+    return device
 
 
 def resolve_devices(config: Config) -> list[torch.device]:

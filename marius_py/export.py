@@ -5,6 +5,11 @@ interrupted export never leaves a file that looks complete: a new output directo
 an existing one (empty, or an earlier export replaced with --overwrite) the files move one by one,
 ``export.json`` (format, node count, files) last, so a directory is a complete export exactly when it has
 one. A directory holding anything export does not write is refused, never emptied.
+
+An export into an existing directory stages its files in ``.export-staging-HOST-PID`` there and holds an
+exclusive ``flock`` on ``.export-lock`` there from its check to the end of the move: a second export into
+the same directory meanwhile is refused naming the first's pid and host (the lock file is removed at the
+end). Staging folders are removed only once their process is gone (``storage.durable.remove_abandoned``).
   npy: ``<out>/node_embeddings.npy`` + ``node_names.txt`` (and relation ones), row i <-> line i
   tsv: ``<out>/node_embeddings.tsv`` and ``relation_embeddings.tsv``, ``name<TAB>v1<TAB>v2...``
   h5:  ``<out>/embeddings.h5`` with datasets ``node_embeddings``, ``node_names``,
@@ -14,9 +19,12 @@ one. A directory holding anything export does not write is refused, never emptie
 from __future__ import annotations
 
 import errno
+import fcntl
 import json
 import os
 import shutil
+import socket
+import time
 from pathlib import Path
 
 import h5py
@@ -24,7 +32,8 @@ import numpy as np
 
 from marius_py.dataset import write_names
 from marius_py.errors import MariusInputError
-from marius_py.storage.durable import fsync_directory, fsync_tree, staging_for
+from marius_py.storage.durable import (fsync_directory, fsync_tree, owned_name, remove_abandoned,
+                                       staging_for)
 
 FORMATS = ("npy", "tsv", "h5")
 MARKER = "export.json"  # marks a directory this module wrote, the only kind --overwrite replaces
@@ -32,8 +41,80 @@ FORMAT_FILES = {"npy": ("node_embeddings.npy", "relation_embeddings.npy", "node_
                 "tsv": ("node_embeddings.tsv", "relation_embeddings.tsv"),
                 "h5": ("embeddings.h5",)}
 EXPORT_FILES = frozenset(name for names in FORMAT_FILES.values() for name in names) | {MARKER}
-STAGING_PREFIX = ".export-staging-"  # an export into an existing directory is staged in it, under this name
+STAGING_PREFIX = ".export-staging-"  # an export into an existing directory is staged in it: PREFIX + HOST-PID
+LOCK_FILE = ".export-lock"  # flock'ed by the export into an existing directory, removed when it ends
 _TSV_ROWS = 4096
+
+
+class _ExportLock:
+    """An exclusive ``flock`` on ``OUTPUT/.export-lock`` while one export checks and fills an existing
+    directory. The file names its holder (pid, host, since when) for the refusal a second export gets; it
+    is removed (still locked) at the end, and one left by a killed export counts for nothing. A kill
+    releases the lock."""
+
+    def __init__(self, output: Path):
+        self.output = output
+        self.path = output / LOCK_FILE
+        self._descriptor: int | None = None
+
+    def __enter__(self) -> "_ExportLock":
+        for _ in range(3):  # (again if the file was removed or replaced between open and flock)
+            try:
+                descriptor = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            except OSError as error:
+                raise MariusInputError(f"cannot write in the output directory ({error.strerror})", path=self.output,
+                                       expected="a directory this user can write, or a new path") from None
+            if self._lock(descriptor):
+                break
+        else:
+            raise MariusInputError(f"its {LOCK_FILE} keeps being replaced", path=self.output,
+                                   expected="one export into a directory at a time")
+        self._descriptor = descriptor
+        record = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%d %H:%M:%S")}
+        os.ftruncate(descriptor, 0)
+        os.pwrite(descriptor, (json.dumps(record) + "\n").encode(), 0)
+        return self
+
+    def _lock(self, descriptor: int) -> bool:
+        """Lock the open file; False when it is no longer the file at the path (then try again)."""
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as error:
+            if error.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                holder = _lock_holder(descriptor)
+                os.close(descriptor)
+                raise MariusInputError(f"another export into this directory is running: {holder}",
+                                       path=self.output,
+                                       expected="one export into a directory at a time: wait for it to end or "
+                                                "stop it, or export into another -o") from None
+            if error.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+                os.close(descriptor)
+                raise
+            return True  # a file system without locks: go on unlocked
+        try:
+            same = os.stat(self.path).st_ino == os.fstat(descriptor).st_ino
+        except FileNotFoundError:
+            same = False
+        if not same:
+            os.close(descriptor)
+        return same
+
+    def __exit__(self, *exc) -> None:
+        if self._descriptor is not None:
+            try:
+                os.unlink(self.path)  # while still locked: a waiting export then finds it gone and retries
+            except OSError:
+                pass
+            os.close(self._descriptor)
+            self._descriptor = None
+
+
+def _lock_holder(descriptor: int) -> str:
+    try:
+        record = json.loads(os.pread(descriptor, 4096, 0).decode("utf-8"))
+        return f"pid {int(record['pid'])} on {record['host']} (since {record['since']})"
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return "another process (its pid is not written yet)"
 
 
 def _write_tsv(path: Path, names: list[str], blocks) -> None:
@@ -54,8 +135,27 @@ def export_embeddings(output: str | Path, fmt: str, node_names: list[str], node_
         raise MariusInputError(f"unknown export format {fmt!r}", expected=" | ".join(FORMATS))
     given = Path(output)
     output = given.resolve()  # (a link to a directory: the export goes into the directory it names)
-    replaced = check_output(given, overwrite)
-    tmp = staging_for(output) if replaced is None else output / f"{STAGING_PREFIX}{os.getpid()}"
+    if check_output(given, overwrite) is None:  # a new directory: built beside it, renamed into place
+        _export(given, output, None, fmt, node_names, node_blocks, dim, relation_names, relations)
+    else:
+        with _ExportLock(output):  # one export at a time into an existing directory, from check to move
+            replaced = check_output(given, overwrite)  # (again, now that no other export can change it)
+            if replaced is None:  # (removed meanwhile)
+                raise MariusInputError("output directory vanished while export started", path=given,
+                                       expected="an output directory that nothing else removes meanwhile")
+            _export(given, output, replaced, fmt, node_names, node_blocks, dim, relation_names, relations)
+    return given
+
+
+def _export(given: Path, output: Path, replaced: list[str] | None, fmt: str, node_names: list[str], node_blocks,
+            dim: int, relation_names: list[str], relations: np.ndarray) -> None:
+    """Write the export staged, then rename it into place (``replaced`` None: a new directory) or move its
+    files into ``output`` (under ``_ExportLock``), replacing the earlier export's files ``replaced``."""
+    if replaced is None:
+        tmp = staging_for(output, MARKER)
+    else:
+        remove_abandoned(output, [STAGING_PREFIX])  # (those of dead processes only)
+        tmp = output / owned_name(STAGING_PREFIX)
     try:
         if replaced is not None:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -67,7 +167,14 @@ def export_embeddings(output: str | Path, fmt: str, node_names: list[str], node_
         _write(tmp, fmt, node_names, node_blocks, dim, relation_names, relations)
         fsync_tree(tmp)
         if replaced is None:
-            os.replace(tmp, output)  # a new directory appears whole
+            try:
+                os.replace(tmp, output)  # a new directory appears whole (onto nothing, or an empty directory)
+            except OSError as error:
+                if error.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, errno.EISDIR):
+                    raise
+                raise MariusInputError("the output appeared while export wrote (another export or program "
+                                       "created it); it is left as it is", path=given,
+                                       expected="one export into a directory at a time") from None
             fsync_directory(output.parent)
     except OSError as error:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -79,9 +186,18 @@ def export_embeddings(output: str | Path, fmt: str, node_names: list[str], node_
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    if replaced is not None:
+    if replaced is None:
+        return
+    try:
         _move_into(tmp, output, replaced)  # (interrupted, it leaves its staging folder: --overwrite recovers)
-    return given
+    except OSError as error:
+        if error.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        kept = f"; the new files wait in {tmp.name} there" if tmp.is_dir() else ""
+        raise MariusInputError(f"cannot move the export into place: {error.strerror or error}{kept}",
+                               path=error.filename or output,
+                               expected="an output directory that nothing else changes during the export; "
+                                        "export again with --overwrite") from None
 
 
 def check_output(output: str | Path, overwrite: bool) -> list[str] | None:
@@ -99,7 +215,8 @@ def check_output(output: str | Path, overwrite: bool) -> list[str] | None:
         raise MariusInputError("output is a file, not a directory", path=output,
                                expected="a directory to export into (-o DIR): a new path or an empty directory")
     try:
-        entries = sorted(os.listdir(output))
+        entries = sorted(e for e in os.listdir(output)
+                         if not (e == LOCK_FILE and (output / e).is_file()))  # (an export's lock: no content)
     except OSError as error:
         raise MariusInputError(f"cannot read the output directory: {error.strerror}", path=output,
                                expected="a directory you may read and write, or a new path") from None
@@ -126,22 +243,21 @@ def check_output(output: str | Path, overwrite: bool) -> list[str] | None:
 def _move_into(staged: Path, output: Path, replaced: list[str]) -> None:
     """Put ``staged``'s files into the existing directory ``output`` (on its file system): the earlier
     export's marker goes first, so the directory is not an export while files change; the new marker
-    comes last. Only the earlier export's own files are removed; ``staged`` (inside ``output``) last."""
+    comes last. Only the earlier export's own files are removed; ``staged`` (inside ``output``) last, then
+    the staging folders of exports whose process is gone. Runs under ``_ExportLock``."""
     if MARKER in replaced:
         os.unlink(output / MARKER)
         fsync_directory(output)
     new = sorted(os.listdir(staged))
     for name in replaced:
         if name not in new and name != MARKER:
-            os.unlink(output / name)
+            (output / name).unlink(missing_ok=True)
     for name in new:
         if name != MARKER:
             os.replace(staged / name, output / name)
     os.replace(staged / MARKER, output / MARKER)
     staged.rmdir()
-    for name in os.listdir(output):  # staging folders of interrupted exports (checked to be ours)
-        if name.startswith(STAGING_PREFIX):
-            shutil.rmtree(output / name, ignore_errors=True)
+    remove_abandoned(output, [STAGING_PREFIX])  # interrupted exports' (never a running one's)
     fsync_directory(output)
 
 

@@ -23,7 +23,10 @@ All files go to a hidden sibling directory that is renamed into place after
 ``metadata.json`` (written last) exists; on any error it is removed, so the
 output directory never exists unless it is complete. A killed run cannot remove
 its own: the next preprocess to the same output removes those whose process is
-gone (``storage.durable.staging_for``).
+gone (``storage.durable.staging_for``). A dataset replaced with ``overwrite``
+waits in ``.NAME.old-HOST-PID`` until the new one is in place; a run killed
+between those two renames leaves the output missing, and the next one puts the
+old dataset back before anything else (``storage.durable.restore_replaced``).
 
 Memory bound, O(distinct names + chunk_lines), whatever the number of edges:
   ~ (150 bytes + name length) x distinct node and relation names (dicts, names)
@@ -45,7 +48,7 @@ for train has is moved into train (counted in ``num_moved_valid/test``), so no
 edge and no name is lost: pass 1 gives every name of the file an id (a name seen
 only in valid/test draws makes its edges move), train-drawn names first, so ids
 are those of a train-only pass when nothing moves. ``unseen_policy`` applies to
-explicitly given valid/test files only.
+explicitly given valid/test files only ("error" with a random split is refused).
 
 Input rules: surrounding whitespace of every field is stripped (``"alga "`` is
 ``"alga"``); names may not be empty; with default columns a line has exactly 2 or
@@ -73,9 +76,8 @@ import shutil
 import sys
 import zlib
 from contextlib import closing, contextmanager
-from functools import partial
 from dataclasses import dataclass
-from itertools import compress, islice, repeat
+from itertools import compress, count, filterfalse, repeat
 from pathlib import Path
 from types import MappingProxyType
 from typing import Iterator, Mapping, Sequence
@@ -88,7 +90,7 @@ from marius_py.dataset import (METADATA_FILE, NODES_FILE, RELATIONS_FILE, Datase
                                write_metadata, write_names)
 from marius_py.errors import MariusInputError
 from marius_py.resources import available_memory
-from marius_py.storage.durable import fsync_directory, staging_for, staging_path
+from marius_py.storage.durable import replace_directory, restore_replaced, staging_for
 from marius_py.storage.edge_store import EDGE_FILE, SPLITS, EdgeStore, EdgeStoreWriter
 from marius_py.storage.partitioning import bucket_of, most_partitions_filled, partitions_filled
 
@@ -98,6 +100,7 @@ TRAIN, VALID, TEST = range(3)  # split codes; SPLITS[code] is the split's name
 RUNS_FILE = "train_runs.h5"
 _BLOCK_LINES = 1 << 15  # lines parsed at a time (bounded: a parsed line costs ~0.5 KB)
 _MAX_LINE_BYTES = 1 << 20  # longer lines are refused before they are held whole (CR-only or binary files)
+_CHUNK_BYTES = 1 << 20  # bytes read and decoded at a time (8 MiB: slower than line by line, out of cache)
 _NO_NAMES: Mapping[str, int] = MappingProxyType({})
 _DELIMITER_NAMES = {"\t": "tab", ",": "comma", ";": "semicolon", " ": "space", "|": "pipe"}
 
@@ -139,6 +142,10 @@ def preprocess(output_dir: str | os.PathLike, train: str | os.PathLike,
     options = options or PreprocessOptions()
     _validate_options(options)
     inputs = _resolve_inputs(train, valid, test)
+    if inputs[0].split is None and options.unseen_policy == "error":  # ("drop", the default, is no choice made)
+        raise MariusInputError("unseen_policy 'error' (--unseen error) applies only to given valid/test files",
+                               expected="no unseen_policy with a random split (it moves edges whose node or "
+                                        "relation no train edge has into train)")
 
     def build(staging: Path) -> DatasetMetadata:
         with _gc_paused():
@@ -176,11 +183,16 @@ def rebucket(source: str | os.PathLike, output_dir: str | os.PathLike, num_parti
 
 def _build_staged(output_dir: Path, overwrite: bool, build) -> DatasetMetadata:
     """Run ``build(staging)`` in a scratch directory beside ``output_dir`` and publish it there whole:
-    on any error nothing half-written is left, and an existing dataset is replaced only with ``overwrite``."""
+    on any error nothing half-written is left, and an existing dataset is replaced only with ``overwrite``.
+    First of all, a dataset that a killed overwrite had moved aside (the output missing) is put back."""
+    restored = restore_replaced(output_dir, METADATA_FILE)
+    if restored is not None:
+        print(f"note: {output_dir} was missing: put back the dataset that a killed run replacing it had moved "
+              f"to {restored.name}", file=sys.stderr)
     _check_output_dir(output_dir, overwrite)
     try:
         output_dir.parent.mkdir(parents=True, exist_ok=True)
-        staging = staging_for(output_dir)  # (abandoned ones of killed runs removed)
+        staging = staging_for(output_dir, METADATA_FILE)  # (abandoned ones of killed runs removed)
         staging.mkdir()
     except OSError as error:
         if error.errno in (errno.ENOSPC, errno.EDQUOT):
@@ -306,16 +318,9 @@ def _publish(staging: Path, output_dir: Path, overwrite: bool) -> None:
     if another process published the same output meanwhile, either fails (not empty) and theirs stays.
     """
     _check_output_dir(output_dir, overwrite)  # again: it may have changed meanwhile
-    old = None
     if output_dir.exists() and not overwrite:  # empty (checked)
         os.rmdir(output_dir)
-    elif output_dir.exists():  # a dataset to replace
-        old = staging_path(output_dir, "old")
-        os.replace(output_dir, old)
-    os.replace(staging, output_dir)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
-    fsync_directory(output_dir.parent)
+    replace_directory(staging, output_dir, METADATA_FILE)  # a dataset replaced waits in .NAME.old-HOST-PID
 
 
 # ---------------------------------------------------------------- reading
@@ -529,6 +534,101 @@ def _raise_decode_error(lines: list[bytes], path: Path, first_line: int) -> None
     raise AssertionError("block failed to decode but each of its lines decodes")
 
 
+def _read_rows(source, path: Path, first_line: int, block_lines: int) -> Iterator[tuple[int, list[str]]]:
+    """(first line number, rows) of blocks of ``block_lines`` decoded lines (the last one shorter) read from
+    ``source``, its line ``first_line`` on.
+
+    The file is read ``_CHUNK_BYTES`` at a time, cut after its last newline (the unfinished line carried
+    over, at most ``_MAX_LINE_BYTES``: no line is held whole beyond that), and a clean chunk is decoded and
+    split at C speed in one go (``_decode_chunk``). A chunk with anything to report goes line by line
+    through ``_decode_block``, block by block as ``readline(_MAX_LINE_BYTES + 1)`` would have cut it, so
+    the error and its line are those of a line-by-line reader."""
+    pending: list[str] = []  # rows of the block being filled
+    start = first_line  # line number of its first row
+    carry = b""
+    while True:
+        chunk = source.read(_CHUNK_BYTES)
+        data = carry + chunk if carry else chunk
+        if not data:
+            break
+        carry = b""
+        if chunk:
+            cut = data.rfind(b"\n") + 1
+            if len(data) - cut <= _MAX_LINE_BYTES:  # (else: a line too long, which the exact path reports)
+                data, carry = data[:cut], data[cut:]
+            if not data:
+                continue
+        next_line = start + len(pending)
+        rows = _decode_chunk(data, next_line == 1)
+        pieces = [rows] if rows is not None else _exact_pieces(data, path, next_line, block_lines - len(pending),
+                                                               block_lines)
+        for rows in pieces:
+            if pending:
+                need = block_lines - len(pending)
+                pending += rows[:need]
+                rows = rows[need:]
+                if len(pending) < block_lines:
+                    continue
+                yield start, pending
+                start, pending = start + block_lines, []
+            full = len(rows) - len(rows) % block_lines
+            for offset in range(0, full, block_lines):
+                yield start, rows[offset:offset + block_lines]
+                start += block_lines
+            pending = rows[full:]
+    if pending:
+        yield start, pending
+
+
+def _decode_chunk(data: bytes, at_line_one: bool) -> list[str] | None:
+    """The lines of ``data`` (whole lines, the last one's newline missing only at the end of the file) as
+    ``_decode_block`` gives them, or None when it has anything to report (or may have): a NUL byte, bytes
+    that are not UTF-8, a CR not ending a line, a line over ``_MAX_LINE_BYTES``."""
+    if b"\0" in data:
+        return None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    rows = text.split("\n")  # byte 0x0a never occurs inside a multi-byte character
+    if text.endswith("\n"):
+        rows.pop()
+    longest = max(map(len, rows), default=0)  # characters: at most 4 bytes each
+    if longest * 4 > _MAX_LINE_BYTES and any(len(row) * 4 > _MAX_LINE_BYTES and len(row.encode()) > _MAX_LINE_BYTES
+                                             for row in rows):
+        return None
+    if "\r" in text:
+        if text.count("\r") != text.count("\r\n") + text.endswith("\r"):  # a CR not ending a line
+            return None
+        rows = [row[:-1] if row.endswith("\r") else row for row in rows]
+    if at_line_one and rows and rows[0].startswith("\ufeff"):
+        rows[0] = rows[0][1:]
+    return rows
+
+
+def _exact_pieces(data: bytes, path: Path, first_line: int, first_size: int,
+                  block_lines: int) -> Iterator[list[str]]:
+    """The rows of ``data`` through ``_decode_block``, in pieces of ``first_size`` lines (completing the block
+    being filled), then ``block_lines``: the lines a line-by-line reader's blocks would hold, decoded one
+    block at a time, so its first problem is reported as that reader would."""
+    lines = data.split(b"\n")
+    last = lines.pop()  # b"" after a final newline; else the file's last line, or a line too long
+    lines = [line + b"\n" for line in lines]
+    if last:
+        lines.append(last)
+    for index, line in enumerate(lines):  # readline(_MAX_LINE_BYTES + 1) returns a longer line's start
+        piece = line[:_MAX_LINE_BYTES + 1]
+        if len(piece) > _MAX_LINE_BYTES and not piece.endswith(b"\n"):
+            lines[index] = piece
+            del lines[index + 1:]  # (_decode_block refuses that piece: nothing after it is read)
+            break
+    size, offset = first_size, 0
+    while offset < len(lines):
+        yield _decode_block(lines[offset:offset + size], path, first_line + offset)
+        offset += size
+        size = block_lines
+
+
 def _iter_blocks(path: Path, options: PreprocessOptions, label: str,
                  progress: bool) -> Iterator[tuple[int, list[Sequence[str]]]]:
     """(first line number, [heads, relations, tails]) for blocks of one file's edges."""
@@ -538,15 +638,15 @@ def _iter_blocks(path: Path, options: PreprocessOptions, label: str,
     with _open_binary(path) as (source, raw), \
             tqdm(total=os.fstat(raw.fileno()).st_size, desc=label, unit="B", unit_scale=True,
                  leave=False, disable=None if progress else True) as bar:
-        lines = iter(partial(source.readline, _MAX_LINE_BYTES + 1), b"")  # bounded: no line is held whole
         try:
-            lineno = sum(1 for _ in islice(lines, options.skip_header))
-            while block := list(islice(lines, block_lines)):
-                names = parser.parse(_decode_block(block, path, lineno + 1), lineno + 1)
+            while lineno < options.skip_header and source.readline(_MAX_LINE_BYTES + 1):  # (as lines are cut)
+                lineno += 1
+            for first_line, rows in _read_rows(source, path, lineno + 1, block_lines):
+                names = parser.parse(rows, first_line)
                 if names[0]:
-                    yield lineno + 1, names
+                    yield first_line, names
                 num_edges += len(names[0])
-                lineno += len(block)
+                lineno += len(rows)
                 bar.update(raw.tell() - bar.n)
         except (EOFError, zlib.error, gzip.BadGzipFile) as error:
             where = f" after line {lineno}" if lineno else ""

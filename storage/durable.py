@@ -2,6 +2,11 @@
 
 Used wherever a crash must leave either the old complete file or the new one:
 checkpoint pointers, dataset metadata, checkpoint versions, exports.
+
+Directories are built in hidden siblings named for their process (``.NAME.tmp-HOST-PID``) and renamed
+into place; a replaced one waits in ``.NAME.old-HOST-PID`` until the new one is there. A run killed
+midway leaves these behind: the next one to the same output removes those whose process is gone, and
+puts a complete ``old`` one back when the output itself is missing (``remove_abandoned_staging``).
 """
 
 from __future__ import annotations
@@ -10,9 +15,11 @@ import os
 import shutil
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+
+from marius_py.errors import MariusInputError
 
 
 def fsync_directory(path: str | os.PathLike) -> None:
@@ -47,32 +54,61 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> None:
 
 STAGING_KINDS = ("tmp", "old")  # hidden siblings of an output: .NAME.tmp-HOST-PID (built), .NAME.old-HOST-PID
 FOREIGN_STAGING_AGE = 7 * 86400  # seconds untouched after which another host's staging is abandoned
+COMPLETE_MARKER = "metadata.json"  # the file a complete dataset has (marius_py.dataset.METADATA_FILE), written last
 
 
-def staging_for(output: Path) -> Path:
+def staging_for(output: Path, marker: str = COMPLETE_MARKER) -> Path:
     """The hidden sibling a directory is built in (``staged_directory``), not yet made. Stale ones are removed
-    first: this process's own, and those of runs killed before they could clean up (``remove_abandoned_staging``)."""
-    remove_abandoned_staging(output)
+    first: this process's own, and those of runs killed before they could clean up (``remove_abandoned_staging``;
+    a complete earlier output, one holding ``marker``, that such a run had moved aside is put back first)."""
+    remove_abandoned_staging(output, marker)
     staging = staging_path(output, "tmp")
     shutil.rmtree(staging, ignore_errors=True)
     return staging
 
 
+def owned_name(prefix: str) -> str:
+    """``PREFIX`` + ``HOST-PID``: a name of this process's, that ``remove_abandoned`` removes once it is gone."""
+    return f"{prefix}{socket.gethostname()}-{os.getpid()}"
+
+
 def staging_path(output_dir: Path, kind: str) -> Path:
     """This process's hidden sibling of ``output_dir``: ``.NAME.KIND-HOST-PID`` (kind tmp or old)."""
-    return output_dir.parent / f".{output_dir.name}.{kind}-{socket.gethostname()}-{os.getpid()}"
+    return output_dir.parent / owned_name(f".{output_dir.name}.{kind}-")
 
 
-def remove_abandoned_staging(output_dir: Path) -> None:
-    """Remove the staging (and replaced ``old``) directories of ``output_dir`` left by killed runs: those of
-    this host whose process is gone (or of the older ``.NAME.tmp-PID`` form), and another host's once
-    untouched for ``FOREIGN_STAGING_AGE`` (its process cannot be asked). Nothing else is touched."""
+def remove_abandoned_staging(output_dir: Path, marker: str = COMPLETE_MARKER) -> None:
+    """Remove the staging (and replaced ``old``) directories of ``output_dir`` left by killed runs (see
+    ``abandoned``). Nothing else is touched, and while ``output_dir`` is missing an ``old`` one holding
+    ``marker`` (the complete earlier output, moved aside by a run killed before it put the new one in place)
+    is never removed: ``restore_replaced`` renames it back first."""
+    restore_replaced(output_dir, marker)
+    output_missing = not os.path.lexists(output_dir)
+    old_prefix = f".{output_dir.name}.old-"
+    for entry in abandoned(output_dir.parent, [f".{output_dir.name}.{kind}-" for kind in STAGING_KINDS]):
+        if output_missing and entry.name.startswith(old_prefix) and _holds(entry, marker):
+            continue  # (several: restore_replaced refused to choose; the user picks)
+        shutil.rmtree(entry, ignore_errors=True)
+
+
+def remove_abandoned(directory: Path, prefixes: Sequence[str]) -> None:
+    """Remove the directories of ``directory`` named ``PREFIX`` + ``HOST-PID`` whose process is gone
+    (``abandoned``)."""
+    for entry in abandoned(directory, prefixes):
+        shutil.rmtree(entry, ignore_errors=True)
+
+
+def abandoned(directory: Path, prefixes: Sequence[str]) -> list[Path]:
+    """The directories in ``directory`` named ``PREFIX`` + ``HOST-PID`` (``owned_name``) left by killed runs:
+    those of this host whose process is gone (or of the older ``PREFIX`` + ``PID`` form), and another host's
+    once untouched for ``FOREIGN_STAGING_AGE`` (its process cannot be asked). Never this process's own, a
+    link, or a file."""
     host = socket.gethostname()
-    prefixes = tuple(f".{output_dir.name}.{kind}-" for kind in STAGING_KINDS)
     try:
-        entries = list(output_dir.parent.iterdir())
-    except OSError:  # no parent folder yet (or a file in its place): nothing can have been left there
-        return
+        entries = list(Path(directory).iterdir())
+    except OSError:  # no folder yet (or a file in its place): nothing can have been left there
+        return []
+    found = []
     for entry in entries:
         prefix = next((p for p in prefixes if entry.name.startswith(p)), None)
         if prefix is None:
@@ -80,10 +116,73 @@ def remove_abandoned_staging(output_dir: Path) -> None:
         owner, _, pid = entry.name[len(prefix):].rpartition("-")  # HOST-PID, or PID (older runs)
         if not pid.isdigit() or int(pid) == os.getpid() or entry.is_symlink() or not entry.is_dir():
             continue
-        abandoned = (not _process_alive(int(pid)) if owner in ("", host)
-                     else time.time() - _newest_mtime(entry) > FOREIGN_STAGING_AGE)
-        if abandoned:
-            shutil.rmtree(entry, ignore_errors=True)
+        if (not _process_alive(int(pid)) if owner in ("", host)
+                else time.time() - _newest_mtime(entry) > FOREIGN_STAGING_AGE):
+            found.append(entry)
+    return found
+
+
+def restore_replaced(output_dir: Path, marker: str = COMPLETE_MARKER) -> Path | None:
+    """Undo a replacement cut between its two renames (``replace_directory``): when ``output_dir`` is missing
+    and an abandoned ``.NAME.old-HOST-PID`` holds ``marker`` (the complete earlier output), rename it back to
+    ``output_dir`` and return where it was. Several such (killed runs of their own) are refused by name, never
+    removed: which one is the latest cannot be told."""
+    output_dir = Path(output_dir)
+    if os.path.lexists(output_dir):
+        return None
+    candidates = sorted(entry for entry in abandoned(output_dir.parent, [f".{output_dir.name}.old-"])
+                        if _holds(entry, marker))
+    if not candidates:
+        return None
+    if len(candidates) > 1:
+        raise MariusInputError(f"output is missing and {len(candidates)} runs that were replacing it were killed, "
+                               f"each leaving an earlier complete copy: {', '.join(c.name for c in candidates)}",
+                               path=output_dir, expected=f"one of them renamed back to {output_dir.name} (the "
+                                                         "others can then be deleted), or another output path")
+    try:
+        os.replace(candidates[0], output_dir)
+    except OSError:  # another run made the output meanwhile: it is there, and the old copy stays untouched
+        if os.path.lexists(output_dir):
+            return None
+        raise
+    fsync_directory(output_dir.parent)
+    return candidates[0]
+
+
+def replace_directory(staging: Path, output: Path, marker: str = COMPLETE_MARKER) -> None:
+    """Rename the complete directory ``staging`` to ``output``. An existing ``output`` is first moved aside to
+    ``.NAME.old-HOST-PID`` and removed once the new one is in place (its ``marker`` first, so a partly removed
+    copy never looks complete); a kill between the two renames leaves it for ``restore_replaced``."""
+    old = None
+    if os.path.lexists(output):
+        old = staging_path(output, "old")
+        discard_replaced(old, marker)  # (a stale one of this pid's)
+        os.replace(output, old)
+    os.replace(staging, output)
+    fsync_directory(output.parent)
+    if old is not None:
+        discard_replaced(old, marker)
+
+
+def discard_replaced(old: Path, marker: str = COMPLETE_MARKER) -> None:
+    """Remove a replaced output moved aside: its ``marker`` first (and durably), then the rest. A link is
+    unlinked, what it points to left alone."""
+    if old.is_symlink():
+        old.unlink()
+        return
+    try:
+        os.unlink(old / marker)
+        fsync_directory(old)
+    except OSError:
+        pass
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _holds(directory: Path, marker: str) -> bool:
+    try:
+        return (directory / marker).is_file()
+    except OSError:
+        return False
 
 
 def _process_alive(pid: int) -> bool:
@@ -104,14 +203,37 @@ def _newest_mtime(directory: Path) -> float:
 
 
 @contextmanager
-def staged_directory(output: Path, staging: Path) -> Iterator[Path]:
-    """Build a directory in ``staging`` (made by the caller); on success it replaces ``output``, on any
-    error it is removed, so ``output`` never exists half-written."""
+def staged_directory(output: Path, staging: Path, marker: str = COMPLETE_MARKER) -> Iterator[Path]:
+    """Build a directory in ``staging`` (made by the caller); on success it takes the place of ``output``,
+    on any error it is removed, so ``output`` never exists half-written.
+
+    An existing ``output`` is replaced only when it is empty or a complete earlier result (it holds
+    ``marker``); it is kept aside until the new one is in place (``replace_directory``). Anything else is
+    refused (``MariusInputError``, before and again after the build), never removed."""
     try:
+        check_replaceable(output, marker)
         yield staging
-        if output.exists():
-            shutil.rmtree(output)
-        os.replace(staging, output)
+        check_replaceable(output, marker)  # again: it may have changed meanwhile
+        replace_directory(staging, output, marker)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+
+
+def check_replaceable(output: Path, marker: str = COMPLETE_MARKER) -> None:
+    """Refuse (``MariusInputError``) an existing ``output`` that is neither an empty directory nor a complete
+    earlier result (a directory holding ``marker``)."""
+    if not os.path.lexists(output):
+        return
+    if not output.is_dir():
+        raise MariusInputError("output path exists and is not a directory", path=output,
+                               expected="a new path, an empty directory or an earlier result to replace")
+    try:
+        empty = not any(output.iterdir())
+    except OSError as error:
+        raise MariusInputError(f"cannot read the output directory ({error.strerror})", path=output,
+                               expected="a directory this user can read and write, or a new path") from None
+    if not empty and not _holds(output, marker):
+        raise MariusInputError(f"output directory is not empty and holds no {marker}, so it is not an earlier "
+                               "result: it is not replaced", path=output,
+                               expected="a new path, an empty directory or an earlier result to replace")

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import json
 import os
+from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 
 import torch
 
-from marius_py.run_lock import RunLock
 from marius_py.config import Config
 from marius_py.errors import MariusInputError
+from marius_py.run_setup import claim_run_dir, unwritable_as_user_error
 from marius_py.distributed.group import Group, join_group, launch_id, restart_count
 from marius_py.distributed.trainer import DISTRIBUTED_DIR, DistributedTrainer, write_pid
 
@@ -29,42 +30,39 @@ def train_distributed(config: Config, run_dir, progress: bool, resume: bool):
         config.training.device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
         torch.cuda.set_device(config.training.device)
     group = join_group(config.distributed.timeout_seconds, cuda)
-    lock = None
     try:
         run_dir = Path(group.broadcast(str(Path(run_dir or api.default_run_dir(config)).resolve())))
         resume = resume or _restarted_launch_of(run_dir)
-        setup = group.store_connection()
-        if group.is_leader:  # rank 0 locks the run directory for the group (the others only read it)
-            with api.unwritable_as_user_error():
-                created = api.open_run_dir(run_dir, resume)
-                lock = RunLock(run_dir).acquire()
-                api.check_new_run_dir(run_dir, resume)
-                try:
-                    trainer, dataset = _start(api, config, run_dir, progress, resume, group)
-                except MariusInputError:
-                    if not resume:
-                        api.discard_new_run(run_dir, created)
-                    raise
-            setup.set("setup_done", "1")
-        else:  # the dataset is preprocessed and the store created once, by rank 0
-            setup.wait(["setup_done"], SETUP_WAIT)
-            trainer, dataset = _start(api, config, run_dir, False, True, group)
-        write_pid(run_dir, group.rank)
-        group.barrier()  # every trainer is set up: the first epoch's buckets are shared from its start
-        try:
-            trainer.train()
-            group.barrier()
-            if not group.is_leader:
-                return None
-            return api.finish_training(trainer, config, dataset, run_dir)
-        finally:
-            trainer.stop_scheduler()
-            trainer.close()
-            trainer.run.close()
+        with _set_up(api, config, run_dir, progress, resume, group) as (trainer, dataset):
+            write_pid(run_dir, group.rank)
+            group.barrier()  # every trainer is set up: the first epoch's buckets are shared from its start
+            try:
+                trainer.train()
+                group.barrier()
+                return api.finish_training(trainer, config, dataset, run_dir) if group.is_leader else None
+            finally:
+                trainer.stop_scheduler()
+                trainer.close()
+                trainer.run.close()
     finally:
         group.close()
-        if lock is not None:
-            lock.release()
+
+
+@contextmanager
+def _set_up(api, config: Config, run_dir: Path, progress: bool, resume: bool, group: Group):
+    """(trainer, dataset) of this trainer, for the with-block that trains. Rank 0 claims the run directory for
+    the group (``run_setup.claim_run_dir``: it locks the directory, prepares the dataset and creates or
+    restores the store) and holds it until the block ends; the others wait for its setup, then open what it
+    made (they only read the run directory). A file that may not be written is one error naming it."""
+    setup = group.store_connection()
+    if group.is_leader:
+        with claim_run_dir(run_dir, resume, lambda: _start(api, config, run_dir, progress, resume, group)) as started:
+            setup.set("setup_done", "1")
+            yield started
+    else:
+        setup.wait(["setup_done"], SETUP_WAIT)
+        with unwritable_as_user_error():
+            yield _start(api, config, run_dir, False, True, group)
 
 
 def _check_devices(config: Config) -> None:

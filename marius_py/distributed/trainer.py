@@ -24,7 +24,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 
-from marius_py.checkpoint import RunDirectory, TrainingState, read_json_lines
+from marius_py.checkpoint import RunDirectory, TrainingState
+from marius_py.run_log import read_json_lines
 from marius_py.errors import MariusInputError
 from marius_py.distributed.group import Group
 from marius_py.distributed.relations import RelationExchange
