@@ -116,7 +116,7 @@ def measure_step(dim: int, placement: str, score_dtype: str, args, step: str = "
     table_device = device if placement == "device" else torch.device("cpu")
     dtype = getattr(torch, table_dtype)  # storage.dtype
     nodes = (torch.randn(args.nodes, dim) * 1e-3).to(table_device, dtype)
-    state = torch.zeros(args.nodes, dim, device=table_device, dtype=dtype)
+    state = torch.zeros(args.nodes, model.node_optimizer.state_dim(dim), device=table_device, dtype=dtype)  # (row-wise: 1)
     if placement == "host":
         nodes, state = nodes.pin_memory(), state.pin_memory()
     runner = build_span_runner(model, placement, config, device)

@@ -32,7 +32,8 @@ version on disk whose files match its manifest becomes "latest" (its
 state.json names the best epoch), and a resume rewrites the pointer file
 atomically; when that newest version is damaged, nothing is guessed: the error
 names the file. A run directory is used by one training command at a time: it
-holds ``RUN_DIR/LOCK`` (``run_lock.RunLock``, an flock) while it runs.
+holds ``RUN_DIR/LOCK`` (``run_lock.RunLock``, an flock) while it runs
+(``run_setup.claim_run_dir`` makes or checks the directory and locks it).
 """
 
 from __future__ import annotations

@@ -43,6 +43,15 @@ CASES = {
     "more_partitions_than_nodes": (f"{TRAIN} storage.num_partitions=1000 storage.buffer_capacity=2 "
                                    f"--run-dir {{out}}", "at most"),
     "missing_config_file": ("train {tmp}/nope.yaml dataset.path={raw} --run-dir {out}", "config file not found"),
+    # (a missing config named like a section.key: a file name still, not an override without its value)
+    "missing_config_named_like_a_key": ("train training.yaml dataset.path={raw} --run-dir {out}",
+                                        "training.yaml: config file not found"),
+    "missing_yml_config_named_like_a_key": ("train model.yml dataset.path={raw} --run-dir {out}",
+                                            "model.yml: config file not found"),
+    "override_without_value": (f"{TRAIN} training.epochs --run-dir {{out}}",
+                               "command line: override 'training.epochs' has no value"),
+    "override_without_value_after_a_config": ("train codex-s training.epochs dataset.path={raw} --run-dir {out}",
+                                              "override 'training.epochs' has no value"),
     "yaml_syntax": ("train {syntax} dataset.path={raw} --run-dir {out}", "not valid YAML"),
     "unknown_section": ("train {section} dataset.path={raw} --run-dir {out}", "unknown config key 'nosection.x'"),
     "missing_dataset": ("train dataset.path={tmp}/nope training.device=cpu --run-dir {out}",

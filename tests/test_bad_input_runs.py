@@ -5,9 +5,10 @@ exit status 2 and one message line, no traceback) naming what was wrong, and cha
 run it was given (its files byte for byte, the lock file aside), not the reference run, and no new
 directory is left behind.
 
-``CASES``: name -> ("cli", command, message fragment, setup) or ("api", call, message fragment). Commands
-and fragments are formatted with the places of ``places`` ({copy}: a fresh copy of the reference run, two
-epochs: best and latest are committed; {pid}: this process, which holds the lock in the locked cases).
+``CASES``: name -> ("cli", command, message fragment, setup) or ("api", call, message fragment[, setup]).
+Commands and fragments are formatted with the places of ``places`` ({copy}: a fresh copy of the reference
+run, two epochs: best and latest are committed; {pid}: this process, which holds the lock in the locked
+cases). Every file and folder of the test's directory and of the reference's is compared before and after.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import pytest
 
 import marius_py as mp
 from marius_py.run_lock import RunLock
+from marius_py.run_setup import claim_run_dir
 from marius_py.preprocess import PreprocessOptions, preprocess
 from test_bad_input_corpus import TRAIN, UMLS_RAW, run_cli
 
@@ -189,7 +191,25 @@ CASES = {
         "api", lambda p: _api_model(p).score(("animal", "practices", "bacterium")), "is not a list of tuples"),
     "api_evaluate_unknown_split": ("api", lambda p: _api_model(p).evaluate("bogus"), "expected 'valid' or 'test'"),
     "api_predict_k_not_a_number": ("api", lambda p: _api_model(p).predict(head="animal", relation="practices",
-                                                                          k="5"), "k must be an integer"),
+                                                                          k="5"), "k must be at least 1, got '5'"),
+    "api_predict_head_and_tail": ("api", lambda p: _api_model(p).predict(head="animal", tail="animal",
+                                                                         relation="practices"),
+                                  "give exactly one of head and tail"),
+    "api_predict_without_a_relation": ("api", lambda p: _api_model(p).predict(head="animal"),
+                                       "a relation is required on a graph with relations"),
+    "api_load_onto_a_missing_gpu": ("api", lambda p: mp.load_checkpoint(p["copy"], device="cuda:99"),
+                                    "load_checkpoint: device cuda:99: this machine has"),
+    "api_load_onto_not_a_device": ("api", lambda p: mp.load_checkpoint(p["copy"], device="tpu"),
+                                   "load_checkpoint: device tpu: not a device"),
+    "api_load_a_run_whose_dataset_moved": ("api", lambda p: mp.load_checkpoint(p["copy"], device="cpu"),
+                                           "the run's dataset is missing: dataset.path {tmp}/gone does not exist",
+                                           lambda p: (p["copy"] / "config.yaml").write_text(
+                                               (p["copy"] / "config.yaml").read_text().replace(
+                                                   f"path: {UMLS_RAW}", f"path: {p['tmp'] / 'gone'}"))),
+    "api_override_without_value": ("api", lambda p: mp.make_config(None, ["training.epochs"]),
+                                   "overrides: override 'training.epochs' has no value"),
+    "api_config_file_named_like_a_key": ("api", lambda p: mp.make_config("training.yaml"),
+                                         "training.yaml: config file not found"),
     "api_one_override_string": ("api", lambda p: mp.make_config(None, "training.nope=1"),
                                 "overrides: unknown config key 'training.nope'"),
     "api_override_errors_name_the_overrides": ("api", lambda p: mp.make_config(None, ["training.lr=-1"]),
@@ -197,7 +217,9 @@ CASES = {
     "api_overrides_as_a_dict": ("api", lambda p: mp.make_config(None, {"training.epochs": 3}), "overrides: a dict"),
     "api_config_not_a_path": ("api", lambda p: mp.make_config(3), "make_config: config 3 is a int"),
     "api_run_config_override": ("api", lambda p: mp.api.load_run_config(p["copy"], ["training.epochs"]),
-                                "overrides: bad override 'training.epochs'"),
+                                "overrides: override 'training.epochs' has no value"),
+    "api_run_config_bad_override": ("api", lambda p: mp.api.load_run_config(p["copy"], ["epochs"]),
+                                    "overrides: bad override 'epochs'"),
     "api_load_unknown_checkpoint": ("api", lambda p: mp.load_checkpoint(p["copy"], "newest"),
                                     "expected 'best' or 'latest'"),
     "api_train_a_config_name": ("api", lambda p: mp.train("codex-s", p["out"]), "train: config is a str"),
@@ -208,13 +230,18 @@ CASES = {
 
 
 def snapshot(root: Path) -> dict[str, str]:
-    """Every file below ``root`` and its content (the lock file's: only that it is there; the holder's pid is
-    written in it)."""
+    """Every file and folder below ``root`` and each file's content (the lock file's: only that it is there;
+    the holder's pid is written in it)."""
     if root.is_file():
         return {".": hashlib.blake2b(root.read_bytes(), digest_size=8).hexdigest()}
-    return {p.relative_to(root).as_posix(): "lock" if p.name == "LOCK" else
-            hashlib.blake2b(p.read_bytes(), digest_size=8).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
+    return {p.relative_to(root).as_posix(): "folder" if p.is_dir() else "lock" if p.name == "LOCK" else
+            hashlib.blake2b(p.read_bytes(), digest_size=8).hexdigest() for p in sorted(root.rglob("*"))}
+
+
+def fixture_directories(places) -> dict[str, dict[str, str]]:
+    """Snapshots of everything the cases can reach: the test's own directory (the copy, {fresh}, {out}) and
+    the reference's (its run, the other dataset, the file)."""
+    return {"test": snapshot(places["tmp"]), "reference": snapshot(places["run"].parent)}
 
 
 @pytest.fixture(scope="module")
@@ -244,8 +271,7 @@ def test_the_family_has_at_least_twenty_cases():
 def test_run_directory_mistake_is_one_clean_error(name, places, capsys):
     _, command, fragment, setup = CASES[name]
     release = setup(places) if setup else None
-    watched = {key: snapshot(places[key]) for key in ("run", "copy", "fresh", "dataset", "file")
-               if places[key].exists()}
+    before = fixture_directories(places)
     try:
         code = run_cli(shlex.split(command.format(**places)))
     finally:
@@ -255,20 +281,20 @@ def test_run_directory_mistake_is_one_clean_error(name, places, capsys):
     assert code == 2, err
     assert fragment.format(**places) in err, err
     assert "Traceback" not in err and err.count("marius-py: error:") == 1, err
-    assert not places["out"].exists()  # nothing half-written
-    assert {key: snapshot(places[key]) for key in watched} == watched  # nothing changed
+    assert fixture_directories(places) == before  # nothing changed, nothing half-written
 
 
 @pytest.mark.parametrize("name", sorted(name for name, case in CASES.items() if case[0] == "api"))
 def test_api_misuse_is_one_clear_error(name, places):
-    _, call, fragment = CASES[name]
-    watched = {key: snapshot(places[key]) for key in ("run", "copy")}
+    _, call, fragment, *setup = CASES[name]
+    for step in setup:
+        step(places)
+    before = fixture_directories(places)
     with pytest.raises(mp.MariusInputError) as caught:
         call(places)
     message = str(caught.value)
     assert fragment.format(**places) in message and "command line" not in message, message
-    assert not places["out"].exists()
-    assert {key: snapshot(places[key]) for key in watched} == watched
+    assert fixture_directories(places) == before
 
 
 # ---- what is not an error ----
@@ -305,7 +331,7 @@ def test_a_run_that_failed_before_committing_does_not_block_a_rerun(places, caps
     sane = shlex.split(NEW_RUN.format(raw=UMLS_RAW)) + ["--run-dir", str(fresh)]
     assert run_cli(sane) == 0, capsys.readouterr().err
     records = mp.checkpoint.RunDirectory(fresh).read_metrics()
-    assert [r["event"] for r in records if r.get("event") != "eval"] == ["epoch"]  # the leftover log is gone
+    assert [r["event"] for r in records if r.get("event") not in ("eval", "startup")] == ["epoch"]  # (no leftover)
     assert mp.api.load_run_config(fresh).training.lr < 1  # the config of the run that trained
     assert run_cli(sane) == 2
     assert "already holds a run" in capsys.readouterr().err
@@ -357,6 +383,29 @@ def test_a_file_training_may_not_write_is_named_and_the_committed_state_kept(pla
     monkeypatch.undo()
     assert mp.checkpoint.RunDirectory(places["copy"]).latest_version().name == "v000002"
     assert run_cli(["verify", str(places["copy"])]) == 0
+
+
+def test_a_claimed_run_directory_names_an_unwritable_file_and_is_freed(places):
+    """claim_run_dir, which api.train and rank 0 of a torchrun group train under: permission refused at any
+    point of the training (its with-block) is one error naming the file, and the directory is free after."""
+    refused = places["copy"] / "store" / "nodes"
+    with pytest.raises(mp.MariusInputError, match=f"{refused}: cannot write \\(Permission denied\\)"):
+        with claim_run_dir(places["copy"], True, lambda: "set up") as started:
+            assert started == "set up"
+            with pytest.raises(mp.MariusInputError, match="is in use by pid"):
+                RunLock(places["copy"]).acquire()
+            raise PermissionError(13, "Permission denied", str(refused))
+    RunLock(places["copy"]).acquire().release()
+
+
+def test_a_user_error_in_a_new_runs_setup_removes_what_it_wrote(places):
+    def set_up():
+        (places["fresh"] / "config.yaml").write_text("dataset: {}\nmodel: {}\ntraining: {}\n")
+        raise mp.MariusInputError("dataset.path: not a dataset")
+    with pytest.raises(mp.MariusInputError, match="not a dataset"):
+        with claim_run_dir(places["fresh"], False, set_up):
+            pass
+    assert not places["fresh"].exists()
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only directories")

@@ -204,6 +204,13 @@ def test_bad_predict_arguments(trained_run, capsys, relation, extra, needle):
     assert needle in capsys.readouterr().err
 
 
+def test_predict_arguments_are_checked_before_the_run_is_read(tmp_path, capsys):
+    assert main(["predict", str(tmp_path / "nope"), "--head", "a", "--tail", "b"]) == 2
+    assert "command line: give exactly one of head and tail" in capsys.readouterr().err
+    assert main(["predict", str(tmp_path / "nope"), "--head", "a", "-k", "0"]) == 2
+    assert "command line: k must be at least 1, got 0" in capsys.readouterr().err
+
+
 def test_resume_with_run_dir_is_refused(trained_run, capsys):
     _, run = trained_run
     assert main(["train", "--resume", str(run), "--run-dir", str(run)]) == 2

@@ -347,6 +347,37 @@ def test_a_killed_trainer_stops_the_group_and_a_rerun_resumes(umls_p4, tmp_path)
 
 
 @pytest.mark.slow
+def test_the_run_lock_of_a_group_refuses_a_second_group_and_a_resume(umls_p4, tmp_path):
+    """Rank 0 holds the run directory's lock for its group (run_setup.claim_run_dir) while it trains: a second
+    torchrun group and a plain resume into it are refused, naming rank 0's process, and the group trains on."""
+    run_dir = tmp_path / "run"
+    group = subprocess.Popen(torchrun(2, *umls_overrides(umls_p4, 500), "--run-dir", str(run_dir)),
+                             env=run_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (run_dir / "checkpoints" / "POINTERS.json").exists() and time.monotonic() < deadline:
+            assert group.poll() is None, group.communicate()[1][-3000:]
+            time.sleep(0.1)
+        holder = f"marius-py: error: run directory {run_dir.resolve()} is in use by pid " \
+                 f"{int((run_dir / 'distributed' / 'rank0.pid').read_text())} on "
+        second = subprocess.run(torchrun(2, "--resume", str(run_dir), "--quiet"), env=run_env(),
+                                capture_output=True, text=True, timeout=120)
+        assert second.returncode != 0 and holder in second.stderr, second.stderr[-3000:]
+        resume = subprocess.run([sys.executable, "-m", "marius_py", "train", "--resume", str(run_dir), "--quiet"],
+                                env=run_env(), capture_output=True, text=True, timeout=120)
+        assert resume.returncode == 2 and holder in resume.stderr and "Traceback" not in resume.stderr, \
+            resume.stderr
+        assert group.poll() is None  # (still training: the lock was its)
+    finally:
+        group.terminate()
+        try:
+            group.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            group.kill()
+            group.communicate()
+
+
+@pytest.mark.slow
 def test_torchrun_restart_resumes_by_itself(umls_p4, tmp_path):
     """With --max-restarts, torchrun restarts the group after a trainer dies; the run resumes from its
     last commit (keys of the dead attempt are not read again) and finishes, every epoch logged once."""
