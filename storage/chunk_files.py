@@ -25,6 +25,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from marius_py.storage.manifest import digest_while_writing
 from marius_py.storage.pinned import locked_empty
 
 
@@ -136,9 +137,9 @@ class ChunkFiles:
         direct = self._direct(data)
         length = aligned(self.chunk_bytes) if direct else self.chunk_bytes
         body = lambda descriptor: _pwrite_all(descriptor, view[:length], 0)  # noqa: E731
-        if self._unshared(chunk):
-            return self._overwrite(chunk, direct, body)
-        return self._replace(chunk, direct, body)
+        write = self._overwrite if self._unshared(chunk) else self._replace
+        return digest_while_writing(view[:self.chunk_bytes], self.chunk_path(chunk),
+                                    lambda: write(chunk, direct, body))
 
     def _unshared(self, chunk: int) -> bool:
         try:

@@ -12,6 +12,8 @@ always carries it. Files a version shares with the previous one by hard link
 (partitions training did not touch) have the same inode: their digest is taken
 from the previous manifest instead of being read again. The previous version's
 links keep those inodes alive, so an inode number cannot have been reused.
+Files the store writes through ``ChunkFiles.write`` are hashed from memory while
+they are written (``digest_while_writing``): a commit then reads nothing back.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ import functools
 import hashlib
 import json
 import os
+import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -55,6 +59,37 @@ def _range_digest(path: Path, offset: int, length: int | None, raw: bool = False
     return digest.digest() if raw else digest.hexdigest()
 
 
+def bytes_digest(data) -> str:
+    """``file_digest`` of a file holding exactly ``data`` (a bytes-like), hashed from memory."""
+    view = memoryview(data).cast("B")
+    blocks = _pool().map(lambda start: hashlib.blake2b(view[start:start + BLOCK_BYTES], digest_size=16).digest(),
+                         range(0, max(len(view), 1), BLOCK_BYTES))
+    return hashlib.blake2b(b"".join(blocks), digest_size=16).hexdigest()
+
+
+def digest_while_writing(data, path: Path, write: Callable[[], object]):
+    """Run ``write()``, which writes exactly ``data`` to ``path``, while ``data`` is hashed on the pool; then
+    remember the digest for ``write_manifest`` (by the file's inode, size and modification time: any later
+    write changes them), so a commit need not read the file back."""
+    digest = _pool().submit(bytes_digest, data) if len(data) > BLOCK_BYTES else None
+    result = write()
+    stat = os.stat(path)
+    with _written_lock:
+        _written[(stat.st_dev, stat.st_ino)] = (stat.st_size, stat.st_mtime_ns,
+                                                digest.result() if digest else bytes_digest(data))
+    return result
+
+
+def _remembered(stat: os.stat_result) -> str | None:
+    with _written_lock:
+        size, mtime, digest = _written.get((stat.st_dev, stat.st_ino), (None, None, None))
+    return digest if (size, mtime) == (stat.st_size, stat.st_mtime_ns) else None
+
+
+_written: dict[tuple[int, int], tuple[int, int, str]] = {}  # (device, inode) -> (size, mtime_ns, digest)
+_written_lock = threading.Lock()
+
+
 @functools.cache
 def _pool() -> ThreadPoolExecutor:
     """Threads that hash blocks (hashlib releases the GIL on large updates)."""
@@ -79,7 +114,8 @@ def write_manifest(root: Path, previous: Path | None = None) -> None:
     files = {}
     for path in _files(root):
         stat = path.stat()
-        key, digest = known.get((stat.st_dev, stat.st_ino, stat.st_size)) or (DIGEST_KEY, file_digest(path))
+        key, digest = known.get((stat.st_dev, stat.st_ino, stat.st_size)) or \
+            (DIGEST_KEY, _remembered(stat) or file_digest(path))
         files[path.relative_to(root).as_posix()] = {"bytes": stat.st_size, key: digest}
     (root / MANIFEST_FILE).write_text(json.dumps({"files": files}, indent=1) + "\n", encoding="utf-8")
 

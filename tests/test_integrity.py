@@ -6,11 +6,13 @@ import hashlib
 import json
 import os
 
+import numpy as np
 import pytest
 
 import marius_py as mp
 from marius_py.checkpoint import RunDirectory
 from marius_py.cli import main
+from marius_py.storage.embedding_store import EmbeddingStore
 from marius_py.storage.manifest import MANIFEST_FILE, file_digest, verify_manifest, write_manifest
 
 
@@ -64,6 +66,25 @@ def test_block_digests_find_a_change_in_any_block_and_keep_their_order(tmp_path,
     swapped = data[1000:2000] + data[:1000] + data[2000:]  # same blocks, another order
     (tmp_path / "table").write_bytes(swapped)
     assert any("checksum mismatch" in p for p in verify_manifest(tmp_path))
+
+
+def test_files_the_store_writes_are_hashed_from_memory_not_read_back(tmp_path, monkeypatch):
+    monkeypatch.setattr("marius_py.storage.manifest.BLOCK_BYTES", 4096)  # several blocks, hashed on the pool
+    store = EmbeddingStore.create(tmp_path / "store", 1000, 8, 8, 2)
+    rows = np.random.default_rng(0).standard_normal((1000, 8)).astype(np.float32)
+    store.write_all(rows, rows)
+    read = []
+    monkeypatch.setattr("marius_py.storage.manifest.file_digest", lambda path: read.append(path) or file_digest(path))
+    write_manifest(tmp_path / "store")
+    written = [p for p in (tmp_path / "store").rglob("*") if p.is_file() and p.name not in ("zarr.json", MANIFEST_FILE)]
+    assert len(written) == 4 and not set(written) & set(read)  # (zarr's metadata files are read)
+    monkeypatch.setattr("marius_py.storage.manifest.file_digest", file_digest)  # (the 4 KiB blocks stay)
+    assert verify_manifest(tmp_path / "store") == []  # the digests from memory are those of the bytes on disk
+    flip_byte(written[0], 5)  # a later change of a file is not covered by what was remembered
+    write_manifest(tmp_path / "store")
+    assert verify_manifest(tmp_path / "store") == []
+    entry = json.loads((tmp_path / "store" / MANIFEST_FILE).read_text())["files"]
+    assert entry[written[0].relative_to(tmp_path / "store").as_posix()]["blake2b_blocks"] == file_digest(written[0])
 
 
 def test_whole_file_digests_of_earlier_manifests_still_verify(tmp_path):
