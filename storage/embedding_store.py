@@ -113,8 +113,9 @@ class EmbeddingStore:
         dtype are converted to the store's."""
         start, end = self.bounds(partition)
         for files, rows in zip(self.chunk_files(), (embeddings, state)):
-            chunk = torch.zeros((files.rows_per_chunk, files.cols), dtype=self.dtype)
+            chunk = _chunk_buffer(files, self.dtype)  # page-aligned with room for whole pages: written O_DIRECT
             chunk[:end - start] = torch.as_tensor(rows)
+            chunk[end - start:] = 0
             files.write(partition, raw_bytes(chunk))
 
     def _tensor(self, values: np.ndarray) -> torch.Tensor:
@@ -131,8 +132,7 @@ class EmbeddingStore:
 
     def _read_table(self, files: ChunkFiles, pin_memory: bool) -> torch.Tensor:
         rows = files.rows_per_chunk
-        slack = -(-PAGE // (files.cols * files.itemsize))  # rows of room for the last chunk's whole pages
-        table = page_aligned_empty(files.num_chunks * rows + slack, files.cols, pin_memory, self.dtype)
+        table = page_aligned_empty(files.num_chunks * rows + _page_rows(files), files.cols, pin_memory, self.dtype)
         for chunk in range(files.num_chunks):
             files.read_into(chunk, raw_bytes(table[chunk * rows:]))
         nodes = table[:self.num_nodes]
@@ -151,6 +151,16 @@ class EmbeddingStore:
         for part in range(self.num_partitions):
             start, end = self.bounds(part)
             self.write_partition(part, embeddings[start:end], state[start:end])
+
+
+def _page_rows(files: ChunkFiles) -> int:
+    """Rows that cover a page: room after a chunk for O_DIRECT's whole pages."""
+    return -(-PAGE // (files.cols * files.itemsize))
+
+
+def _chunk_buffer(files: ChunkFiles, dtype: torch.dtype) -> torch.Tensor:
+    """Memory for a chunk's rows, page-aligned with room for whole pages after them (written O_DIRECT)."""
+    return page_aligned_empty(files.rows_per_chunk + _page_rows(files), files.cols, dtype=dtype)
 
 
 def link_tree(source: str | os.PathLike, destination: str | os.PathLike) -> None:
