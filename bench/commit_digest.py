@@ -7,7 +7,7 @@ partition, fsynced) of ``--nodes`` x ``--dim`` float32 rows, drops its pages fro
 (``posix_fadvise(DONTNEED)``: the digests read from the disk, as after O_DIRECT partition writes), then
 times a commit's write of the tables from memory (``write_all``, digests computed from memory meanwhile)
 (beside the same write hashing nothing) and its manifest from those digests, then ``write_manifest`` reading the files back with one BLAKE2b over
-each whole file (the manifests before) and with the parallel 64 MiB-block digests, each from a cold cache.
+each whole file (the manifests before) and with the parallel 8 MiB-block digests, each from a cold cache.
 Prints GiB/s of each.
 Freebase86m's store (86M nodes, d=100: 69 GB) does not fit this machine's disk; the rates are what a
 commit of it would see.
