@@ -18,6 +18,8 @@ holds the edge list: pass 1 counts each chunk's edges per bucket, pass 2 regener
 the HDF5 file's contiguous datasets (``os.pwrite`` at the offset HDF5 allocated; workers write in
 parallel). Memory: ``--workers`` x one chunk (~100 bytes an edge) + p^2 counts per chunk. The
 directory appears (renamed from a hidden sibling, ``storage.durable.staged_directory``) only when complete.
+An existing ``--out`` is replaced only when empty or an earlier output of this script (kept aside until
+the new one is in place); anything else there is refused, never removed.
 """
 
 from __future__ import annotations
@@ -36,14 +38,16 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from marius_py.dataset import DatasetMetadata, write_metadata  # noqa: E402
-from marius_py.storage.durable import staged_directory, staging_for  # noqa: E402
+from marius_py.dataset import METADATA_FILE, DatasetMetadata, write_metadata  # noqa: E402
+from marius_py.errors import MariusInputError  # noqa: E402
+from marius_py.storage.durable import check_replaceable, staged_directory, staging_for  # noqa: E402
 from marius_py.storage.edge_store import EDGE_FILE  # noqa: E402
 from marius_py.storage.partitioning import partition_size  # noqa: E402
 
 FREEBASE86M = {"nodes": 86_054_151, "relations": 14_824, "train": 304_727_650, "valid": 16_929_318,
                "test": 16_929_308}
 SPLIT_CODES = {"train": 0, "valid": 1, "test": 2}
+GENERATOR = "bench/freebase_shape.py"  # metadata.json's sources.generator: an output this script may replace
 NODE_OFFSET, RELATION_OFFSET = 10.0, 1.0  # Zipf ranks r are drawn with weight 1 / (r + offset)
 
 
@@ -144,14 +148,36 @@ def _write_names(path: Path, prefix: str, count: int) -> None:
             handle.write("".join(f"{prefix}{i}\n" for i in range(start, min(count, start + (1 << 20)))))
 
 
+def check_output(out: Path) -> None:
+    """Refuse (``MariusInputError``) an existing ``out`` that is neither empty nor an earlier output of this
+    generator: only such a one is replaced (and kept aside until the new one is in place)."""
+    check_replaceable(out, METADATA_FILE)  # a file, or a directory holding something but no metadata.json
+    if (out / METADATA_FILE).is_file():
+        try:
+            generator = json.loads((out / METADATA_FILE).read_text(encoding="utf-8"))["sources"]["generator"]
+        except (OSError, ValueError, KeyError, TypeError):
+            generator = None
+        if generator != GENERATOR:
+            raise MariusInputError("output holds a dataset that bench/freebase_shape.py did not write; it is "
+                                   "not replaced", path=out,
+                                   expected="a new path, an empty directory or an earlier output of "
+                                            "bench/freebase_shape.py")
+
+
 def generate(args, log=print) -> dict:
     shape = Shape(args)
     out = Path(args.out)
-    staging = staging_for(out)
-    staging.mkdir(parents=True)
+    check_output(out)  # (before the work; staged_directory checks again before it replaces anything)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        staging = staging_for(out, METADATA_FILE)
+        staging.mkdir()
+    except OSError as error:
+        raise MariusInputError(f"cannot create the output directory ({error.strerror})", path=out,
+                               expected="an output path in a writable directory") from None
     timings, started = {}, time.perf_counter()
     p = shape.num_partitions
-    with staged_directory(out, staging):
+    with staged_directory(out, staging, METADATA_FILE):
         with ProcessPoolExecutor(args.workers) as pool:
             names = [pool.submit(_write_names, staging / "nodes.txt", "n", shape.num_nodes),
                      pool.submit(_write_names, staging / "relations.txt", "r", shape.num_relations)]
@@ -179,7 +205,7 @@ def generate(args, log=print) -> dict:
         metadata = DatasetMetadata(num_nodes=shape.num_nodes, num_relations=shape.num_relations, num_partitions=p,
                                    num_train=shape.counts["train"], num_valid=shape.counts["valid"],
                                    num_test=shape.counts["test"], seed=args.seed,
-                                   sources={"generator": "bench/freebase_shape.py",
+                                   sources={"generator": GENERATOR,
                                             "settings": json.dumps({k: v for k, v in vars(args).items()
                                                                     if k not in ("out", "json", "workers")})})
         write_metadata(staging, metadata)  # last: marks the directory complete
@@ -215,7 +241,10 @@ def parse_args(argv=None):
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    result = generate(args)
+    try:
+        result = generate(args)
+    except MariusInputError as error:
+        sys.exit(f"error: {error}")
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
 

@@ -31,7 +31,7 @@ old dataset back before anything else (``storage.durable.restore_replaced``).
 Memory bound, O(distinct names + chunk_lines), whatever the number of edges:
   ~ (150 bytes + name length) x distinct node and relation names (dicts, names)
   + ~ 100 bytes x chunk_lines         (id buffers of the splits, concatenation, sort)
-  + ~ 40 MB fixed                     (a parsed block of <= 32768 lines, HDF5 caches)
+  + ~ 40 MB fixed                     (a parsed block of <= 32768 lines, a 1 MiB chunk's lines, HDF5 caches)
   + 8 bytes x p^2 x (train edges / chunk_lines)   (bucket counts of the runs)
 Measured above the interpreter's baseline: 3M edges, 20k nodes, p=4: 35 MB at
 chunk_lines=10**4, 140 MB at 10**6; 1M edges, 1M distinct nodes: 180 MB.
@@ -50,19 +50,12 @@ only in valid/test draws makes its edges move), train-drawn names first, so ids
 are those of a train-only pass when nothing moves. ``unseen_policy`` applies to
 explicitly given valid/test files only ("error" with a random split is refused).
 
-Input rules: surrounding whitespace of every field is stripped (``"alga "`` is
-``"alga"``); names may not be empty; with default columns a line has exactly 2 or
-3 fields, plus at most one empty trailing field (a trailing delimiter); with
-explicit ``columns`` it may carry extra ones (weights, timestamps). Quotes are not
-interpreted (a quoted field keeps its quotes). A UTF-8 BOM is ignored; LF and CRLF
-line endings are read, a carriage return elsewhere, a NUL byte or a line over
-1 MiB is an error (CR-only line endings, UTF-16 or binary files).
-Whitespace-only lines are blank, allowed only at the end of a file.
-
-Header lines cannot be told from edges in general (``source<TAB>target`` is a
-valid pair); only a wrong field count gives one away, and when the first line of
-a file has the wrong field count (and no other cause shows: another delimiter,
-quotes, empty trailing fields) the error suggests ``--skip-header 1``.
+Input rules (``marius_py.edge_text``, which reads and checks the lines): surrounding
+whitespace of every field is stripped; names may not be empty; 2 or 3 fields a
+line (more with explicit ``columns``); a UTF-8 BOM is ignored; LF and CRLF line
+endings are read, a carriage return elsewhere, a NUL byte or a line over 1 MiB is
+an error (CR-only line endings, UTF-16 or binary files); blank lines only at the
+end of a file; a wrong field count on line 1 suggests ``--skip-header 1``.
 """
 
 from __future__ import annotations
@@ -70,14 +63,12 @@ from __future__ import annotations
 import dataclasses
 import errno
 import gc
-import gzip
 import os
 import shutil
 import sys
-import zlib
 from contextlib import closing, contextmanager
 from dataclasses import dataclass
-from itertools import compress, count, filterfalse, repeat
+from itertools import repeat
 from pathlib import Path
 from types import MappingProxyType
 from typing import Iterator, Mapping, Sequence
@@ -88,21 +79,20 @@ from tqdm import tqdm
 
 from marius_py.dataset import (METADATA_FILE, NODES_FILE, RELATIONS_FILE, DatasetMetadata, read_metadata,
                                write_metadata, write_names)
+from marius_py.edge_text import PAIRS_RELATION, _EdgeBlock, _iter_blocks
 from marius_py.errors import MariusInputError
 from marius_py.resources import available_memory
 from marius_py.storage.durable import replace_directory, restore_replaced, staging_for
 from marius_py.storage.edge_store import EDGE_FILE, SPLITS, EdgeStore, EdgeStoreWriter
 from marius_py.storage.partitioning import bucket_of, most_partitions_filled, partitions_filled
 
-PAIRS_RELATION = "__edge__"
+__all__ = ["PAIRS_RELATION", "UNSEEN_POLICIES", "PreprocessOptions", "preprocess", "rebucket"]
+
 UNSEEN_POLICIES = ("drop", "error")
 TRAIN, VALID, TEST = range(3)  # split codes; SPLITS[code] is the split's name
 RUNS_FILE = "train_runs.h5"
 _BLOCK_LINES = 1 << 15  # lines parsed at a time (bounded: a parsed line costs ~0.5 KB)
-_MAX_LINE_BYTES = 1 << 20  # longer lines are refused before they are held whole (CR-only or binary files)
-_CHUNK_BYTES = 1 << 20  # bytes read and decoded at a time (8 MiB: slower than line by line, out of cache)
 _NO_NAMES: Mapping[str, int] = MappingProxyType({})
-_DELIMITER_NAMES = {"\t": "tab", ",": "comma", ";": "semicolon", " ": "space", "|": "pipe"}
 
 
 @dataclass
@@ -323,342 +313,7 @@ def _publish(staging: Path, output_dir: Path, overwrite: bool) -> None:
     replace_directory(staging, output_dir, METADATA_FILE)  # a dataset replaced waits in .NAME.old-HOST-PID
 
 
-# ---------------------------------------------------------------- reading
-
-@dataclass
-class _EdgeBlock:
-    """Names of consecutive edge lines of one file (row i is line first_line + i)."""
-    path: Path
-    first_line: int
-    heads: Sequence[str]
-    relations: Sequence[str]
-    tails: Sequence[str]
-    splits: np.ndarray | int  # split code of every row, or one code for the block
-
-    def __len__(self) -> int:
-        return len(self.heads)
-
-    def select(self, rows: list[bool]) -> tuple[list[str], list[str], list[str]]:
-        return tuple(list(compress(names, rows))
-                     for names in (self.heads, self.relations, self.tails))
-
-
-class _LineParser:
-    """Checks the lines of one file and picks (head, relation, tail) names."""
-
-    def __init__(self, path: Path, options: PreprocessOptions):
-        self.path = path
-        self.delimiter = options.delimiter
-        self.pairs = options.pairs
-        self.skip_header = options.skip_header
-        default = (0, 1) if options.pairs else (0, 1, 2)
-        self.columns = tuple(int(c) for c in options.columns) if options.columns else default
-        self.exact = options.columns is None  # explicit columns may leave extra fields
-        self.num_fields = len(self.columns) if self.exact else max(self.columns) + 1
-        self.blank_line: int | None = None  # first blank line seen: fine if nothing follows
-
-    def describe(self) -> str:
-        """What a line should look like, for error messages."""
-        sep = _DELIMITER_NAMES.get(self.delimiter, repr(self.delimiter))
-        roles = ("head", "tail") if self.pairs else ("head", "relation", "tail")
-        if self.exact:
-            return f"{self.num_fields} {sep}-separated fields ({', '.join(roles)})"
-        where = ", ".join(f"{role} in column {c}" for role, c in zip(roles, self.columns))
-        return f"at least {self.num_fields} {sep}-separated fields ({where}, 0-based)"
-
-    def parse(self, rows: list[str], first_line: int) -> list[Sequence[str]]:
-        """Name columns (head, relation, tail) of a block of lines, stripped, without trailing blanks."""
-        fields = [row.split(self.delimiter) for row in rows]
-        names = self._names_if_clean(fields, _may_need_strip("\n".join(rows), self.delimiter))
-        if names is None:  # the slow path pinpoints the problem, or drops trailing blanks
-            fields = self._check_rows(rows, fields, first_line)
-            if not fields:
-                return [(), (), ()]
-            columns = list(zip(*fields))
-            names = [tuple(map(str.strip, columns[c])) for c in self.columns]
-        if self.pairs:
-            names.insert(1, (PAIRS_RELATION,) * len(names[0]))
-        return names
-
-    def _names_if_clean(self, fields: list[list[str]], strip: bool) -> list[tuple[str, ...]] | None:
-        """The stripped name columns if the whole block is well-formed (checked at C speed); ``strip``
-        False: no field has surrounding whitespace."""
-        lengths = set(map(len, fields))
-        if self.blank_line is not None or not lengths:
-            return None
-        trailing = self.exact and lengths == {self.num_fields + 1}  # a trailing delimiter on every line
-        if not trailing and ((lengths != {self.num_fields}) if self.exact else (min(lengths) < self.num_fields)):
-            return None
-        columns = list(zip(*fields))
-        if trailing and any(map(str.strip, columns[-1])):
-            return None
-        names = [tuple(map(str.strip, columns[c])) if strip else columns[c] for c in self.columns]
-        return None if any("" in column for column in names) else names
-
-    def _check_rows(self, rows: list[str], fields: list[list[str]],
-                    first_line: int) -> list[list[str]]:
-        num_edges = len(rows)
-        for index, row in enumerate(rows):
-            lineno = first_line + index
-            if not row.strip():
-                self.blank_line = self.blank_line or lineno
-                num_edges = min(num_edges, index)
-            elif self.blank_line is not None:
-                raise MariusInputError("blank line between edges", path=self.path,
-                                       line=self.blank_line,
-                                       expected="one edge per line, blank lines only at the end")
-            else:
-                self._check_fields(row, fields[index], lineno)
-        return fields[:num_edges]
-
-    def _check_fields(self, row: str, fields: list[str], lineno: int) -> None:
-        """Raise for a wrong field count or an empty name; drop one empty trailing field (in place)."""
-        if self.exact and len(fields) == self.num_fields + 1 and not fields[-1].strip():
-            fields.pop()  # a trailing delimiter
-        count = len(fields)
-        if count != self.num_fields and (self.exact or count < self.num_fields):
-            expected = self.describe() + self._hint(row, fields, lineno)
-            plural = "" if count == 1 else "s"
-            raise MariusInputError(f"line has {count} field{plural}: {_snippet(row)}",
-                                   path=self.path, line=lineno, expected=expected)
-        roles = ("head", "tail") if self.pairs else ("head", "relation", "tail")
-        empty = [role for role, c in zip(roles, self.columns) if not fields[c].strip()]
-        if empty:
-            raise MariusInputError(f"empty name ({' and '.join(empty)}, after stripping surrounding whitespace) "
-                                   f"in line {_snippet(row)}", path=self.path, line=lineno,
-                                   expected=f"{self.describe()}, none empty")
-
-    def _hint(self, row: str, fields: list[str], lineno: int) -> str:
-        """The likely cause of a wrong field count: quotes, trailing delimiters, another delimiter, a header."""
-        if '"' in row:
-            return ("; quotes are not interpreted: a quoted field keeps its quotes and a delimiter inside "
-                    "quotes still splits it")
-        empty_tail = next((i for i, f in enumerate(reversed(fields)) if f.strip()), len(fields))
-        if len(fields) > self.num_fields and empty_tail >= len(fields) - self.num_fields:
-            return (f"; the line ends with {empty_tail} empty fields (trailing delimiters; one trailing "
-                    f"delimiter is accepted)")
-        for delimiter, name in _DELIMITER_NAMES.items():
-            if delimiter != self.delimiter and len(row.split(delimiter)) == self.num_fields:
-                return f"; the line looks {name}-separated: set --delimiter"
-        if lineno == 1 and self.skip_header == 0:
-            return "; use --skip-header 1 if the file has a header"
-        return ""
-
-
-_WHITESPACE = tuple(c for c in map(chr, range(0x3001)) if c.isspace() and c != "\n")  # what str.strip strips
-
-
-def _may_need_strip(text: str, delimiter: str) -> bool:
-    """Whether a field of ``text`` (lines joined by newlines) may start or end with whitespace: a whitespace
-    character beside a delimiter or a line boundary. Substring searches: far cheaper than stripping."""
-    for c in _WHITESPACE:
-        if c != delimiter and c in text and (c + delimiter in text or delimiter + c in text or c + "\n" in text
-                                             or "\n" + c in text or text.startswith(c) or text.endswith(c)):
-            return True
-    return False
-
-
-def _snippet(line: str, limit: int = 80) -> str:
-    return repr(line if len(line) <= limit else line[:limit] + "...")
-
-
-@contextmanager
-def _open_binary(path: Path):
-    """(line iterator, raw file): gzip by suffix; the raw file's offset drives progress."""
-    try:
-        raw = open(path, "rb")
-    except OSError as error:
-        raise MariusInputError(f"cannot open input ({error.strerror})", path=path,
-                               expected="a readable file") from None
-    with raw:
-        if path.suffix == ".gz":
-            with gzip.GzipFile(fileobj=raw, mode="rb") as lines:
-                yield lines, raw
-        else:
-            yield raw, raw
-
-
-def _decode_block(lines: list[bytes], path: Path, first_line: int) -> list[str]:
-    """Strict UTF-8 lines without their endings (LF or CRLF) or a leading BOM; no NUL, no other CR.
-
-    ``lines`` come from ``readline(_MAX_LINE_BYTES + 1)``: a piece without a newline is a longer line's
-    start, unless it ends the file."""
-    data = b"".join(lines)
-    if data.count(b"\n") < len(lines) - 1 or (len(lines[-1]) > _MAX_LINE_BYTES and not data.endswith(b"\n")):
-        index = next(i for i, line in enumerate(lines) if len(line) > _MAX_LINE_BYTES and not line.endswith(b"\n"))
-        raise MariusInputError(f"line longer than {_MAX_LINE_BYTES >> 20} MiB", path=path, line=first_line + index,
-                               expected="one edge per line, LF or CRLF line endings (is the file binary, or "
-                                        "are its line endings CR only?)")
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        _raise_decode_error(lines, path, first_line)
-    if "\x00" in text:
-        index = next(i for i, line in enumerate(lines) if b"\x00" in line)
-        raise MariusInputError(f"NUL byte at byte {lines[index].index(0) + 1} of the line", path=path,
-                               line=first_line + index,
-                               expected="UTF-8 text without NUL bytes (is the file UTF-16 or binary?)")
-    rows = text.split("\n")  # byte 0x0a never occurs inside a multi-byte character
-    if text.endswith("\n"):
-        rows.pop()
-    if "\r" in text:
-        if text.count("\r") != text.count("\r\n") + text.endswith("\r"):  # a CR not ending a line: where?
-            index = next((i for i, line in enumerate(lines) if b"\r" in line.rstrip(b"\r\n")), None)
-            if index is not None:
-                raise MariusInputError("carriage return (CR) inside the line", path=path, line=first_line + index,
-                                       expected="LF or CRLF line endings (CR-only line endings are not read: "
-                                                "convert them, e.g. tr '\\r' '\\n')")
-        rows = [row[:-1] if row.endswith("\r") else row for row in rows]
-    if first_line == 1 and rows[0].startswith("\ufeff"):
-        rows[0] = rows[0][1:]
-    return rows
-
-
-def _raise_decode_error(lines: list[bytes], path: Path, first_line: int) -> None:
-    """Find the first line that is not UTF-8 (the block as a whole is not)."""
-    if first_line == 1 and lines[0].startswith((b"\xff\xfe", b"\xfe\xff")):
-        raise MariusInputError("the file starts with a UTF-16 byte-order mark", path=path, line=1,
-                               expected="UTF-8 text (convert it, e.g. iconv -f UTF-16 -t UTF-8)")
-    if first_line == 1 and lines[0].startswith(b"\x1f\x8b"):
-        raise MariusInputError("the file is gzip-compressed but its name does not end in .gz", path=path,
-                               line=1, expected="a .gz name for gzip data, or UTF-8 text")
-    for index, data in enumerate(lines):
-        try:
-            data.decode("utf-8")
-        except UnicodeDecodeError as error:
-            raise MariusInputError(
-                f"invalid UTF-8 byte 0x{data[error.start]:02x} at byte {error.start + 1} "
-                f"of the line", path=path, line=first_line + index,
-                expected="UTF-8 text (a Latin-1 or Windows-1252 file can be converted, e.g. "
-                         "iconv -f latin1 -t utf-8)") from None
-    raise AssertionError("block failed to decode but each of its lines decodes")
-
-
-def _read_rows(source, path: Path, first_line: int, block_lines: int) -> Iterator[tuple[int, list[str]]]:
-    """(first line number, rows) of blocks of ``block_lines`` decoded lines (the last one shorter) read from
-    ``source``, its line ``first_line`` on.
-
-    The file is read ``_CHUNK_BYTES`` at a time, cut after its last newline (the unfinished line carried
-    over, at most ``_MAX_LINE_BYTES``: no line is held whole beyond that), and a clean chunk is decoded and
-    split at C speed in one go (``_decode_chunk``). A chunk with anything to report goes line by line
-    through ``_decode_block``, block by block as ``readline(_MAX_LINE_BYTES + 1)`` would have cut it, so
-    the error and its line are those of a line-by-line reader."""
-    pending: list[str] = []  # rows of the block being filled
-    start = first_line  # line number of its first row
-    carry = b""
-    while True:
-        chunk = source.read(_CHUNK_BYTES)
-        data = carry + chunk if carry else chunk
-        if not data:
-            break
-        carry = b""
-        if chunk:
-            cut = data.rfind(b"\n") + 1
-            if len(data) - cut <= _MAX_LINE_BYTES:  # (else: a line too long, which the exact path reports)
-                data, carry = data[:cut], data[cut:]
-            if not data:
-                continue
-        next_line = start + len(pending)
-        rows = _decode_chunk(data, next_line == 1)
-        pieces = [rows] if rows is not None else _exact_pieces(data, path, next_line, block_lines - len(pending),
-                                                               block_lines)
-        for rows in pieces:
-            if pending:
-                need = block_lines - len(pending)
-                pending += rows[:need]
-                rows = rows[need:]
-                if len(pending) < block_lines:
-                    continue
-                yield start, pending
-                start, pending = start + block_lines, []
-            full = len(rows) - len(rows) % block_lines
-            for offset in range(0, full, block_lines):
-                yield start, rows[offset:offset + block_lines]
-                start += block_lines
-            pending = rows[full:]
-    if pending:
-        yield start, pending
-
-
-def _decode_chunk(data: bytes, at_line_one: bool) -> list[str] | None:
-    """The lines of ``data`` (whole lines, the last one's newline missing only at the end of the file) as
-    ``_decode_block`` gives them, or None when it has anything to report (or may have): a NUL byte, bytes
-    that are not UTF-8, a CR not ending a line, a line over ``_MAX_LINE_BYTES``."""
-    if b"\0" in data:
-        return None
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        return None
-    rows = text.split("\n")  # byte 0x0a never occurs inside a multi-byte character
-    if text.endswith("\n"):
-        rows.pop()
-    longest = max(map(len, rows), default=0)  # characters: at most 4 bytes each
-    if longest * 4 > _MAX_LINE_BYTES and any(len(row) * 4 > _MAX_LINE_BYTES and len(row.encode()) > _MAX_LINE_BYTES
-                                             for row in rows):
-        return None
-    if "\r" in text:
-        if text.count("\r") != text.count("\r\n") + text.endswith("\r"):  # a CR not ending a line
-            return None
-        rows = [row[:-1] if row.endswith("\r") else row for row in rows]
-    if at_line_one and rows and rows[0].startswith("\ufeff"):
-        rows[0] = rows[0][1:]
-    return rows
-
-
-def _exact_pieces(data: bytes, path: Path, first_line: int, first_size: int,
-                  block_lines: int) -> Iterator[list[str]]:
-    """The rows of ``data`` through ``_decode_block``, in pieces of ``first_size`` lines (completing the block
-    being filled), then ``block_lines``: the lines a line-by-line reader's blocks would hold, decoded one
-    block at a time, so its first problem is reported as that reader would."""
-    lines = data.split(b"\n")
-    last = lines.pop()  # b"" after a final newline; else the file's last line, or a line too long
-    lines = [line + b"\n" for line in lines]
-    if last:
-        lines.append(last)
-    for index, line in enumerate(lines):  # readline(_MAX_LINE_BYTES + 1) returns a longer line's start
-        piece = line[:_MAX_LINE_BYTES + 1]
-        if len(piece) > _MAX_LINE_BYTES and not piece.endswith(b"\n"):
-            lines[index] = piece
-            del lines[index + 1:]  # (_decode_block refuses that piece: nothing after it is read)
-            break
-    size, offset = first_size, 0
-    while offset < len(lines):
-        yield _decode_block(lines[offset:offset + size], path, first_line + offset)
-        offset += size
-        size = block_lines
-
-
-def _iter_blocks(path: Path, options: PreprocessOptions, label: str,
-                 progress: bool) -> Iterator[tuple[int, list[Sequence[str]]]]:
-    """(first line number, [heads, relations, tails]) for blocks of one file's edges."""
-    parser = _LineParser(path, options)
-    block_lines = min(options.chunk_lines, _BLOCK_LINES)
-    num_edges, lineno = 0, 0  # lineno: lines consumed so far
-    with _open_binary(path) as (source, raw), \
-            tqdm(total=os.fstat(raw.fileno()).st_size, desc=label, unit="B", unit_scale=True,
-                 leave=False, disable=None if progress else True) as bar:
-        try:
-            while lineno < options.skip_header and source.readline(_MAX_LINE_BYTES + 1):  # (as lines are cut)
-                lineno += 1
-            for first_line, rows in _read_rows(source, path, lineno + 1, block_lines):
-                names = parser.parse(rows, first_line)
-                if names[0]:
-                    yield first_line, names
-                num_edges += len(names[0])
-                lineno += len(rows)
-                bar.update(raw.tell() - bar.n)
-        except (EOFError, zlib.error, gzip.BadGzipFile) as error:
-            where = f" after line {lineno}" if lineno else ""
-            raise MariusInputError(f"corrupt or truncated gzip data{where} ({error})", path=path,
-                                   expected="a complete gzip file") from None
-        except OSError as error:
-            raise MariusInputError(f"cannot read input ({error})", path=path,
-                                   expected="a readable file") from None
-    if num_edges == 0:
-        raise MariusInputError("no edges in input file", path=path,
-                               expected=f"at least one line of {parser.describe()}")
-
+# ---------------------------------------------------------------- splits
 
 class _SplitAssigner:
     """Seeded split codes, one per edge: Bernoulli draws with the split fractions.
@@ -684,8 +339,8 @@ def _edge_blocks(inputs: list[_Input], options: PreprocessOptions, split_seed, l
     """Blocks of edges of several inputs, each with its split codes."""
     for item in inputs:
         assigner = _SplitAssigner(tuple(options.split_fractions), split_seed)  # same per pass
-        for first_line, names in _iter_blocks(item.path, options, f"{label} {item.path.name}",
-                                              progress):
+        for first_line, names in _iter_blocks(item.path, options, f"{label} {item.path.name}", progress,
+                                              min(options.chunk_lines, _BLOCK_LINES)):
             splits = item.split if item.split is not None else assigner.codes(len(names[0]))
             yield _EdgeBlock(item.path, first_line, *names, splits)
 
@@ -738,8 +393,8 @@ def _add_edge_names(nodes: dict[str, int], relations: dict[str, int], heads: Seq
 
 def _add_names(index: dict[str, int], names: Sequence[str], known: Mapping[str, int] = _NO_NAMES) -> None:
     """Give names not yet in ``index`` (nor in ``known``) the next indices, in order of first appearance."""
-    for name in dict.fromkeys(names):  # unique, in order, at C speed
-        if name not in index and name not in known:
+    for name in dict.fromkeys(names):  # unique, in order, at C speed (hashing: most of the time)
+        if name not in index and name not in known:  # (filterfalse/update at C speed measured no faster)
             index[name] = len(index)
 
 

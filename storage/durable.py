@@ -158,7 +158,12 @@ def replace_directory(staging: Path, output: Path, marker: str = COMPLETE_MARKER
         old = staging_path(output, "old")
         discard_replaced(old, marker)  # (a stale one of this pid's)
         os.replace(output, old)
-    os.replace(staging, output)
+    try:
+        os.replace(staging, output)
+    except BaseException:  # (an interrupt, or another run's output made meanwhile): the earlier one goes back
+        if old is not None and not os.path.lexists(output):
+            os.replace(old, output)
+        raise
     fsync_directory(output.parent)
     if old is not None:
         discard_replaced(old, marker)

@@ -306,6 +306,72 @@ def test_interrupted_overwrite_is_recovered(places, tmp_path):
     assert sorted(os.listdir(out)) == sorted(["export.json", *export_module.FORMAT_FILES["npy"]])
 
 
+def test_a_second_export_into_a_directory_in_use_is_refused(places, tmp_path, capsys):
+    """Two `export --overwrite -o DIR` at once: the second (here: while the test holds the first's lock) is
+    refused naming the holder, and the finished export stays whole; once the lock is free it goes ahead."""
+    import fcntl
+    out = tmp_path / "emb"
+    assert main(["export", str(places["run"]), "-o", str(out)]) == 0
+    before = snapshot(out)
+    descriptor = os.open(out / export_module.LOCK_FILE, os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX)
+        os.write(descriptor, b'{"pid": 4242, "host": "elsewhere", "since": "2024-01-01 00:00:00"}\n')
+        capsys.readouterr()
+        assert main(["export", str(places["run"]), "-o", str(out), "--format", "tsv", "--overwrite"]) == 2
+        err = capsys.readouterr().err
+        assert f"{out}: another export into this directory is running: pid 4242 on elsewhere" in err
+        assert "Traceback" not in err
+        assert {k: v for k, v in snapshot(out).items() if k != export_module.LOCK_FILE} == before
+    finally:
+        os.close(descriptor)
+    assert main(["export", str(places["run"]), "-o", str(out), "--format", "tsv", "--overwrite"]) == 0
+    assert sorted(os.listdir(out)) == ["export.json", "node_embeddings.tsv", "relation_embeddings.tsv"]
+
+
+def test_overwrite_removes_only_staging_of_exports_whose_process_is_gone(places, tmp_path):
+    """Staging folders are named for their process (HOST-PID); an export removes those of dead processes
+    (and the older PID-only form), never a running export's."""
+    import socket
+    import subprocess
+    out = tmp_path / "emb"
+    assert main(["export", str(places["run"]), "-o", str(out)]) == 0
+    child = subprocess.Popen(["true"])
+    child.wait()
+    host = socket.gethostname()
+    running = out / f"{export_module.STAGING_PREFIX}{host}-{os.getppid()}"
+    for folder in (running, out / f"{export_module.STAGING_PREFIX}{host}-{child.pid}",
+                   out / f"{export_module.STAGING_PREFIX}{child.pid}"):
+        folder.mkdir()
+        (folder / "node_embeddings.npy").write_bytes(b"being written")
+    assert main(["export", str(places["run"]), "-o", str(out), "--overwrite"]) == 0
+    assert sorted(os.listdir(out)) == sorted(["export.json", running.name, *export_module.FORMAT_FILES["npy"]])
+    assert (running / "node_embeddings.npy").read_bytes() == b"being written"
+
+
+def test_a_failed_move_is_a_clean_error_and_overwrite_recovers(places, tmp_path, monkeypatch, capsys):
+    """A file vanishing while the export moves in (as another export removing it once did) is one error
+    naming the file, not a raw FileNotFoundError; the next --overwrite completes the directory."""
+    out = tmp_path / "emb"
+    assert main(["export", str(places["run"]), "-o", str(out)]) == 0
+    replace = os.replace
+
+    def vanishing(source, target, *args, **kwargs):
+        if Path(source).name == "node_names.txt" and Path(source).parent.name.startswith(
+                export_module.STAGING_PREFIX):
+            raise FileNotFoundError(2, "No such file or directory", str(source))
+        return replace(source, target, *args, **kwargs)
+    monkeypatch.setattr(os, "replace", vanishing)
+    capsys.readouterr()
+    assert main(["export", str(places["run"]), "-o", str(out), "--overwrite"]) == 2
+    err = capsys.readouterr().err
+    assert "node_names.txt: cannot move the export into place: No such file or directory" in err
+    assert "Traceback" not in err and not (out / "export.json").exists()  # not an export meanwhile
+    monkeypatch.setattr(os, "replace", replace)
+    assert main(["export", str(places["run"]), "-o", str(out), "--overwrite"]) == 0
+    assert sorted(os.listdir(out)) == sorted(["export.json", *export_module.FORMAT_FILES["npy"]])
+
+
 # ---------------------------------------------------------------------------
 # predict and the best checkpoint
 # ---------------------------------------------------------------------------

@@ -469,6 +469,88 @@ def test_a_killed_preprocess_leaves_nothing_once_the_next_runs(tmp_path, capsys)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "train.txt"]
 
 
+def _build_staged(out: Path, text: str, during=None) -> None:
+    from marius_py.storage.durable import staged_directory, staging_for
+    staging = staging_for(out)
+    staging.mkdir()
+    with staged_directory(out, staging):
+        (staging / "data.bin").write_text(text)
+        if during:
+            during()
+        (staging / "metadata.json").write_text("{}")
+
+
+def test_staged_directory_replaces_only_an_empty_directory_or_an_earlier_result(tmp_path):
+    """storage.durable.staged_directory had deleted any existing output: a folder holding something but no
+    metadata.json is refused by name (before the build, and after it if one appeared meanwhile), never
+    removed; an empty one or an earlier result is replaced."""
+    from marius_py.errors import MariusInputError
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("the user's")
+    with pytest.raises(MariusInputError, match=f"{out}: output directory is not empty and holds no metadata.json"):
+        _build_staged(out, "new")
+    assert os.listdir(out) == ["notes.txt"] and os.listdir(tmp_path) == ["out"]
+    (out / "notes.txt").unlink()
+    _build_staged(out, "first")  # an empty directory
+    _build_staged(out, "second")  # an earlier result
+    assert (out / "data.bin").read_text() == "second" and os.listdir(tmp_path) == ["out"]
+
+    late = tmp_path / "late"
+
+    def user_makes_it():
+        late.mkdir()
+        (late / "notes.txt").write_text("the user's")
+    with pytest.raises(MariusInputError, match="holds no metadata.json"):
+        _build_staged(late, "new", during=user_makes_it)
+    assert os.listdir(late) == ["notes.txt"] and sorted(os.listdir(tmp_path)) == ["late", "out"]
+
+
+def test_a_replacement_cut_between_its_renames_is_undone(tmp_path, monkeypatch):
+    """The earlier result waits in .NAME.old-HOST-PID until the new one is in place. Interrupted at the
+    second rename, it goes straight back; killed there (the old folder left by a dead process, the output
+    missing), the next staging_for puts it back instead of removing it as abandoned."""
+    import marius_py.storage.durable as durable
+    out = tmp_path / "out"
+    _build_staged(out, "earlier")
+    replace = os.replace
+
+    def cut(source, target):
+        if Path(target) == out and ".tmp-" in Path(source).name:
+            raise KeyboardInterrupt
+        return replace(source, target)
+    monkeypatch.setattr(os, "replace", cut)
+    with pytest.raises(KeyboardInterrupt):
+        _build_staged(out, "new")
+    monkeypatch.undo()
+    assert (out / "data.bin").read_text() == "earlier" and os.listdir(tmp_path) == ["out"]
+
+    dead = _dead_pid()
+    os.replace(out, tmp_path / f".out.old-{socket.gethostname()}-{dead}")
+    durable.staging_for(out)
+    assert (out / "data.bin").read_text() == "earlier" and os.listdir(tmp_path) == ["out"]
+
+
+def test_freebase_shape_replaces_only_its_own_earlier_output(tmp_path):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+    from freebase_shape import generate, parse_args
+
+    from marius_py.errors import MariusInputError
+    small = ["--nodes", "200", "--relations", "5", "--train", "2000", "--valid", "50", "--test", "50",
+             "--partitions", "2", "--chunk", "1000", "--workers", "1"]
+    (tmp_path / "train.txt").write_bytes(GOOD)
+    assert run_cli(["preprocess", "--train", str(tmp_path / "train.txt"), "-o", str(tmp_path / "real"),
+                    "--quiet"]) == 0
+    before = {p.name: p.read_bytes() for p in (tmp_path / "real").iterdir()}
+    with pytest.raises(MariusInputError, match="holds a dataset that bench/freebase_shape.py did not write"):
+        generate(parse_args(["--out", str(tmp_path / "real"), *small]), log=lambda _: None)
+    assert {p.name: p.read_bytes() for p in (tmp_path / "real").iterdir()} == before
+    generate(parse_args(["--out", str(tmp_path / "gen"), *small]), log=lambda _: None)
+    generate(parse_args(["--out", str(tmp_path / "gen"), *small, "--seed", "1"]), log=lambda _: None)
+    assert json.loads((tmp_path / "gen" / "metadata.json").read_text())["seed"] == 1
+    assert sorted(os.listdir(tmp_path)) == ["gen", "real", "train.txt"]
+
+
 CASES = {}
 for table in (FILE_ERRORS, FILE_ACCEPTED, CONFIG_ERRORS, OVERRIDE_ERRORS, CONFIG_ACCEPTED, SPECIAL):
     assert not set(table) & set(CASES), set(table) & set(CASES)

@@ -261,6 +261,99 @@ def test_many_blocks(tmp_path, monkeypatch):
         run(tmp_path / "bad", {"train": path}, split_fractions=(0, 0))
 
 
+def _line_by_line(path: Path, first_line: int, block_lines: int):
+    """The reader that edge_text._read_rows replaced: readline(_MAX_LINE_BYTES + 1) per line, each block of
+    lines decoded (and checked) by _decode_block. (That reader went on after the start of a too-long line,
+    so a line of up to twice the limit was taken whole when the rest of it ended inside the same block;
+    here the block ends with that start, which _decode_block refuses.)"""
+    from functools import partial
+
+    from marius_py import edge_text
+    limit = edge_text._MAX_LINE_BYTES
+    with open(path, "rb") as handle:
+        for _ in range(first_line - 1):
+            handle.readline(limit + 1)
+        lines = iter(partial(handle.readline, limit + 1), b"")
+        lineno = first_line - 1
+        while True:
+            block = []
+            for line in lines:
+                block.append(line)
+                if len(line) > limit and not line.endswith(b"\n") or len(block) == block_lines:
+                    break
+            if not block:
+                return
+            yield lineno + 1, edge_text._decode_block(block, path, lineno + 1)
+            lineno += len(block)
+
+
+def _in_chunks(path: Path, first_line: int, block_lines: int):
+    from marius_py import edge_text
+    with open(path, "rb") as handle:
+        for _ in range(first_line - 1):  # (as _iter_blocks skips a header)
+            handle.readline(edge_text._MAX_LINE_BYTES + 1)
+        yield from edge_text._read_rows(handle, path, first_line, block_lines)
+
+
+def _outcome(blocks) -> tuple[list, str | None]:
+    """The blocks read, and the error that ended the reading (None: the file's end)."""
+    seen = []
+    try:
+        for first_line, rows in blocks:
+            seen.append((first_line, list(rows)))
+    except MariusInputError as error:
+        return seen, str(error)
+    return seen, None
+
+
+GOOD3 = b"a\tr\tb\nb\tr\tc\nc\ts\ta\n"
+READ_CASES = {  # lines of at most 16 bytes here (_MAX_LINE_BYTES patched)
+    "good": GOOD3 * 5, "no_final_newline": GOOD3 * 3 + b"d\tr\ta", "crlf_bom": b"\xef\xbb\xbf" +
+    (GOOD3 * 4).replace(b"\n", b"\r\n"), "cr_at_the_end": GOOD3 + b"a\tr\tb\r", "multibyte": "é\tr\tñ€\n".encode() * 9,
+    "nul": GOOD3 * 2 + b"c\x00\tr\ta\n" + GOOD3, "not_utf8": GOOD3 * 3 + b"caf\xe9\tr\ta\n" + GOOD3,
+    "cr_inside": GOOD3 + b"a\rb\tr\tc\n" + GOOD3, "long_line": GOOD3 + b"x" * 40 + b"\tr\ta\n" + GOOD3,
+    "long_last_line": GOOD3 + b"y" * 17, "sixteen_bytes": GOOD3 + b"abcdefghij\tr\tbc\n" + GOOD3,
+    "sixteen_bytes_crlf": GOOD3 + b"abcdefghij\tr\tbc\r\n", "only_a_long_line": b"z" * 100,
+    "utf16": "a\tr\tb\n".encode("utf-16"), "gzip_magic": b"\x1f\x8b\x08\x00" + GOOD3, "empty": b"",
+    "blank": b"\n\n", "bad_utf8_then_long": b"a\tr\tb\n\xff\tr\ta\na\tr\tb\n" + b"w" * 30 + b"\n",
+    "nul_then_bad_utf8": GOOD3 + b"\x00\tr\ta\n\xfe\tr\ta\n" + GOOD3,
+}
+
+
+def test_reading_in_chunks_gives_the_lines_and_errors_of_a_line_by_line_reader(tmp_path, monkeypatch):
+    """Chunks cut anywhere (inside a line, a CRLF, a UTF-8 character) and blocks of any size: the same blocks,
+    and the same first error at the same line, as reading line by line."""
+    from marius_py import edge_text
+    monkeypatch.setattr(edge_text, "_MAX_LINE_BYTES", 16)
+    for name, data in READ_CASES.items():
+        path = tmp_path / f"{name}.txt"
+        path.write_bytes(data)
+        for first_line in (1, 2):
+            for block_lines in (1, 2, 3, 4, 1000):
+                expected = _outcome(_line_by_line(path, first_line, block_lines))
+                for chunk in (1, 2, 3, 5, 8, 17, 64, 1 << 20):
+                    monkeypatch.setattr(edge_text, "_CHUNK_BYTES", chunk)
+                    assert _outcome(_in_chunks(path, first_line, block_lines)) == expected, \
+                        (name, first_line, block_lines, chunk)
+
+
+def test_a_line_just_over_the_limit_is_refused_among_others(tmp_path):
+    """The line-by-line reader took a line of up to 2 MiB whole when its rest ended in the same block."""
+    path = tmp_path / "train.txt"
+    path.write_bytes(b"a\tr\tb\n" + b"n" * (1 << 20) + b"\tr\tb\n" + b"b\tr\tc\n")
+    with pytest.raises(MariusInputError, match=r"train\.txt:2: line longer than 1 MiB"):
+        preprocess(tmp_path / "out", path, progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["train.txt"]
+
+
+def test_small_chunks_give_the_same_dataset(tmp_path, kg, monkeypatch):
+    from marius_py import edge_text
+    run(tmp_path / "whole", kg["paths"], num_partitions=2)
+    monkeypatch.setattr(edge_text, "_CHUNK_BYTES", 7)
+    run(tmp_path / "chunks", kg["paths"], num_partitions=2)
+    assert snapshot(tmp_path / "chunks") == snapshot(tmp_path / "whole")
+
+
 # ---------------------------------------------------------------- unseen names
 
 def test_unseen_policy_drop_counts(tmp_path, capsys):
@@ -323,6 +416,68 @@ def test_interrupt_leaves_nothing(tmp_path, kg, monkeypatch):
         run(tmp_path / "out", kg["paths"], num_partitions=2)
     assert not (tmp_path / "out").exists()
     assert [p for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+def _dead_pid() -> int:
+    import subprocess
+    child = subprocess.Popen(["true"])
+    child.wait()
+    return child.pid
+
+
+def test_a_kill_between_the_renames_of_an_overwrite_puts_the_earlier_dataset_back(tmp_path, kg, capsys):
+    """--overwrite moves the dataset to .NAME.old-HOST-PID, then renames the new one in: killed between the
+    two, the output is missing and the old folder is the only complete copy. The next preprocess puts it
+    back before anything else (it had removed it as abandoned staging), so without overwrite it refuses."""
+    import os
+    import shutil
+    import socket
+    out = tmp_path / "out"
+    run(out, kg["paths"], seed=1)
+    before = snapshot(out)
+    host, dead = socket.gethostname(), _dead_pid()
+    shutil.copytree(out, tmp_path / f".out.tmp-{host}-{dead}")  # the killed run's new dataset, never published
+    os.replace(out, tmp_path / f".out.old-{host}-{dead}")
+    capsys.readouterr()
+    with pytest.raises(MariusInputError, match="already holds a dataset"):
+        run(out, kg["paths"], seed=2)
+    assert snapshot(out) == before
+    assert f"put back the dataset that a killed run replacing it had moved to .out.old-{host}-{dead}" in \
+        capsys.readouterr().err
+    preprocess(out, **kg["paths"], options=PreprocessOptions(seed=2), progress=False, overwrite=True)
+    assert snapshot(out)["metadata"]["seed"] == 2
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []  # both leftovers gone
+
+
+def test_several_killed_overwrites_are_refused_by_name_and_kept(tmp_path, kg):
+    """Output missing, two dead runs' .NAME.old-* each holding a complete dataset: which is the latest cannot
+    be told, so both are kept and named; an old folder without metadata.json is only half-removed: removed."""
+    import os
+    import shutil
+    import socket
+    out = tmp_path / "out"
+    run(out, kg["paths"], seed=1)
+    host, dead = socket.gethostname(), _dead_pid()
+    olds = [tmp_path / f".out.old-{host}-{dead}", tmp_path / f".out.old-{dead}"]
+    shutil.copytree(out, olds[1])
+    os.replace(out, olds[0])
+    with pytest.raises(MariusInputError, match=f"2 runs that were replacing it were killed.*{olds[0].name}"):
+        run(out, kg["paths"], seed=2, split_fractions=(0.1, 0.1))
+    assert all((old / "metadata.json").is_file() for old in olds) and not out.exists()
+    shutil.rmtree(olds[1])
+    (olds[0] / "metadata.json").unlink()  # (a replaced copy is removed marker first: this one was being removed)
+    run(out, kg["paths"], seed=2)
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+
+
+def test_unseen_policy_error_with_a_random_split_is_refused(tmp_path, kg):
+    """The random split moves unseen edges into train: 'error' would be silently ignored, so it is refused
+    (as the CLI refuses --unseen with --split); with given valid/test files it applies."""
+    with pytest.raises(MariusInputError, match="unseen_policy 'error' .* applies only to given valid/test files"):
+        preprocess(tmp_path / "out", kg["paths"]["train"], options=PreprocessOptions(unseen_policy="error"),
+                   progress=False)
+    assert not (tmp_path / "out").exists()
+    assert run(tmp_path / "given", kg["paths"], unseen_policy="error").metadata.unseen_policy == "error"
 
 
 def test_progress_output(tmp_path, kg, capsys):
