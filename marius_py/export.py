@@ -19,12 +19,9 @@ end). Staging folders are removed only once their process is gone (``storage.dur
 from __future__ import annotations
 
 import errno
-import fcntl
 import json
 import os
 import shutil
-import socket
-import time
 from pathlib import Path
 
 import h5py
@@ -32,6 +29,7 @@ import numpy as np
 
 from marius_py.dataset import write_names
 from marius_py.errors import MariusInputError
+from marius_py.run_lock import DirectoryLock
 from marius_py.storage.durable import (fsync_directory, fsync_tree, owned_name, remove_abandoned,
                                        staging_for)
 
@@ -46,75 +44,17 @@ LOCK_FILE = ".export-lock"  # flock'ed by the export into an existing directory,
 _TSV_ROWS = 4096
 
 
-class _ExportLock:
-    """An exclusive ``flock`` on ``OUTPUT/.export-lock`` while one export checks and fills an existing
-    directory. The file names its holder (pid, host, since when) for the refusal a second export gets; it
-    is removed (still locked) at the end, and one left by a killed export counts for nothing. A kill
-    releases the lock."""
-
-    def __init__(self, output: Path):
-        self.output = output
-        self.path = output / LOCK_FILE
-        self._descriptor: int | None = None
-
-    def __enter__(self) -> "_ExportLock":
-        for _ in range(3):  # (again if the file was removed or replaced between open and flock)
-            try:
-                descriptor = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-            except OSError as error:
-                raise MariusInputError(f"cannot write in the output directory ({error.strerror})", path=self.output,
-                                       expected="a directory this user can write, or a new path") from None
-            if self._lock(descriptor):
-                break
-        else:
-            raise MariusInputError(f"its {LOCK_FILE} keeps being replaced", path=self.output,
-                                   expected="one export into a directory at a time")
-        self._descriptor = descriptor
-        record = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%d %H:%M:%S")}
-        os.ftruncate(descriptor, 0)
-        os.pwrite(descriptor, (json.dumps(record) + "\n").encode(), 0)
-        return self
-
-    def _lock(self, descriptor: int) -> bool:
-        """Lock the open file; False when it is no longer the file at the path (then try again)."""
-        try:
-            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as error:
-            if error.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                holder = _lock_holder(descriptor)
-                os.close(descriptor)
-                raise MariusInputError(f"another export into this directory is running: {holder}",
-                                       path=self.output,
-                                       expected="one export into a directory at a time: wait for it to end or "
-                                                "stop it, or export into another -o") from None
-            if error.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
-                os.close(descriptor)
-                raise
-            return True  # a file system without locks: go on unlocked
-        try:
-            same = os.stat(self.path).st_ino == os.fstat(descriptor).st_ino
-        except FileNotFoundError:
-            same = False
-        if not same:
-            os.close(descriptor)
-        return same
-
-    def __exit__(self, *exc) -> None:
-        if self._descriptor is not None:
-            try:
-                os.unlink(self.path)  # while still locked: a waiting export then finds it gone and retries
-            except OSError:
-                pass
-            os.close(self._descriptor)
-            self._descriptor = None
-
-
-def _lock_holder(descriptor: int) -> str:
-    try:
-        record = json.loads(os.pread(descriptor, 4096, 0).decode("utf-8"))
-        return f"pid {int(record['pid'])} on {record['host']} (since {record['since']})"
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return "another process (its pid is not written yet)"
+def _export_lock(output: Path) -> DirectoryLock:
+    """``OUTPUT/.export-lock`` while one export checks and fills an existing directory; removed at the end,
+    and one left by a killed export counts for nothing."""
+    return DirectoryLock(
+        output / LOCK_FILE,
+        busy=lambda holder: MariusInputError(f"another export into this directory is running: {holder}",
+                                             path=output, expected="one export into a directory at a time: wait "
+                                                                   "for it to end or stop it, or export into another -o"),
+        unwritable=lambda reason: MariusInputError(f"cannot write in the output directory ({reason})", path=output,
+                                                   expected="a directory this user can write, or a new path"),
+        remove_on_release=True)
 
 
 def _write_tsv(path: Path, names: list[str], blocks) -> None:
@@ -138,7 +78,7 @@ def export_embeddings(output: str | Path, fmt: str, node_names: list[str], node_
     if check_output(given, overwrite) is None:  # a new directory: built beside it, renamed into place
         _export(given, output, None, fmt, node_names, node_blocks, dim, relation_names, relations)
     else:
-        with _ExportLock(output):  # one export at a time into an existing directory, from check to move
+        with _export_lock(output):  # one export at a time into an existing directory, from check to move
             replaced = check_output(given, overwrite)  # (again, now that no other export can change it)
             if replaced is None:  # (removed meanwhile)
                 raise MariusInputError("output directory vanished while export started", path=given,
@@ -150,7 +90,7 @@ def export_embeddings(output: str | Path, fmt: str, node_names: list[str], node_
 def _export(given: Path, output: Path, replaced: list[str] | None, fmt: str, node_names: list[str], node_blocks,
             dim: int, relation_names: list[str], relations: np.ndarray) -> None:
     """Write the export staged, then rename it into place (``replaced`` None: a new directory) or move its
-    files into ``output`` (under ``_ExportLock``), replacing the earlier export's files ``replaced``."""
+    files into ``output`` (under ``_export_lock``), replacing the earlier export's files ``replaced``."""
     if replaced is None:
         tmp = staging_for(output, MARKER)
     else:
@@ -244,7 +184,7 @@ def _move_into(staged: Path, output: Path, replaced: list[str]) -> None:
     """Put ``staged``'s files into the existing directory ``output`` (on its file system): the earlier
     export's marker goes first, so the directory is not an export while files change; the new marker
     comes last. Only the earlier export's own files are removed; ``staged`` (inside ``output``) last, then
-    the staging folders of exports whose process is gone. Runs under ``_ExportLock``."""
+    the staging folders of exports whose process is gone. Runs under ``_export_lock``."""
     if MARKER in replaced:
         os.unlink(output / MARKER)
         fsync_directory(output)
