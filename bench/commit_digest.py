@@ -24,11 +24,13 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from marius_py.storage import chunk_files, manifest  # noqa: E402
 from marius_py.storage.embedding_store import EmbeddingStore  # noqa: E402
 from marius_py.trainer import init_rows  # noqa: E402
+from store_init import timed  # noqa: E402
 
 
 def drop_cached_pages(root: Path) -> None:
@@ -44,12 +46,6 @@ def drop_cached_pages(root: Path) -> None:
 
 def store_bytes(root: Path) -> int:
     return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
-
-
-def timed(work) -> float:
-    started = time.perf_counter()
-    work()
-    return time.perf_counter() - started
 
 
 def main() -> None:
