@@ -138,6 +138,8 @@ class ChunkFiles:
         length = aligned(self.chunk_bytes) if direct else self.chunk_bytes
         body = lambda descriptor: _pwrite_all(descriptor, view[:length], 0)  # noqa: E731
         write = self._overwrite if self._unshared(chunk) else self._replace
+        if not self.direct:  # a store shared by trainers: another process may rewrite the file meanwhile
+            return write(chunk, direct, body)
         return digest_while_writing(view[:self.chunk_bytes], self.chunk_path(chunk),
                                     lambda: write(chunk, direct, body))
 

@@ -24,7 +24,7 @@ import json
 import os
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 MANIFEST_FILE = "MANIFEST.json"
@@ -61,23 +61,40 @@ def _range_digest(path: Path, offset: int, length: int | None, raw: bool = False
 
 def bytes_digest(data) -> str:
     """``file_digest`` of a file holding exactly ``data`` (a bytes-like), hashed from memory."""
-    view = memoryview(data).cast("B")
-    blocks = _pool().map(lambda start: hashlib.blake2b(view[start:start + BLOCK_BYTES], digest_size=16).digest(),
-                         range(0, max(len(view), 1), BLOCK_BYTES))
-    return hashlib.blake2b(b"".join(blocks), digest_size=16).hexdigest()
+    return _combined(_block_digests(memoryview(data).cast("B")))
+
+
+def _block_digests(view: memoryview) -> list[Future]:
+    """The blocks' digests, queued on the pool from the calling thread (a pool thread never waits on the
+    pool: with every thread waiting for blocks queued behind it, none would run)."""
+    return [_pool().submit(lambda start: hashlib.blake2b(view[start:start + BLOCK_BYTES], digest_size=16).digest(),
+                           start) for start in range(0, max(len(view), 1), BLOCK_BYTES)]
+
+
+def _combined(blocks: list[Future]) -> str:
+    return hashlib.blake2b(b"".join(block.result() for block in blocks), digest_size=16).hexdigest()
 
 
 def digest_while_writing(data, path: Path, write: Callable[[], object]):
     """Run ``write()``, which writes exactly ``data`` to ``path``, while ``data`` is hashed on the pool; then
     remember the digest for ``write_manifest`` (by the file's inode, size and modification time: any later
     write changes them), so a commit need not read the file back."""
-    digest = _pool().submit(bytes_digest, data) if len(data) > BLOCK_BYTES else None
+    _forget(path)  # (a failed write leaves nothing remembered for the file)
+    blocks = _block_digests(memoryview(data).cast("B"))
     result = write()
     stat = os.stat(path)
     with _written_lock:
-        _written[(stat.st_dev, stat.st_ino)] = (stat.st_size, stat.st_mtime_ns,
-                                                digest.result() if digest else bytes_digest(data))
+        _written[(stat.st_dev, stat.st_ino)] = (stat.st_size, stat.st_mtime_ns, _combined(blocks))
     return result
+
+
+def _forget(path: Path) -> None:
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return
+    with _written_lock:
+        _written.pop((stat.st_dev, stat.st_ino), None)
 
 
 def _remembered(stat: os.stat_result) -> str | None:

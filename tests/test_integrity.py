@@ -87,6 +87,28 @@ def test_files_the_store_writes_are_hashed_from_memory_not_read_back(tmp_path, m
     assert entry[written[0].relative_to(tmp_path / "store").as_posix()]["blake2b_blocks"] == file_digest(written[0])
 
 
+def test_hashing_while_writing_never_waits_on_its_own_pool(tmp_path, monkeypatch):
+    """With as many writes as pool threads (here one), a pool thread that waited for blocks queued behind it
+    would hang the writer for good."""
+    from concurrent.futures import ThreadPoolExecutor
+    import threading
+    from marius_py.storage import manifest
+    pool = ThreadPoolExecutor(1)
+    monkeypatch.setattr(manifest, "_pool", lambda: pool)
+    monkeypatch.setattr(manifest, "BLOCK_BYTES", 4096)
+    data = os.urandom(5 * 4096)
+    path = tmp_path / "chunk"
+    writers = [threading.Thread(target=manifest.digest_while_writing,
+                                args=(data, path, lambda: path.write_bytes(data)), daemon=True) for _ in range(2)]
+    for writer in writers:
+        writer.start()
+    for writer in writers:
+        writer.join(timeout=20)
+    assert not any(writer.is_alive() for writer in writers), "the digest pool deadlocked"
+    assert manifest._remembered(os.stat(path)) == file_digest(path)
+    pool.shutdown()
+
+
 def test_whole_file_digests_of_earlier_manifests_still_verify(tmp_path):
     (tmp_path / "table").write_bytes(b"partition rows")
     whole = hashlib.blake2b(b"partition rows", digest_size=16).hexdigest()
