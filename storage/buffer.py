@@ -187,19 +187,21 @@ class PartitionBuffer:
             self._copy_streams.stream = torch.cuda.Stream(self.device)
         return torch.cuda.stream(self._copy_streams.stream)
 
-    def _submit_write(self, partition: int, slot: int, checkpoint: bool = False) -> Future:
+    def _submit_write(self, partition: int, slot: int, checkpoint: bool = False, for_commit: bool = False) -> Future:
         """Queue ``_write``; its copy from the GPU waits for the kernels launched so far (they update the
         slot), marked now on the caller's stream."""
         trained = None
         if self._copy_streams is not None:
             trained = torch.cuda.Event()
             trained.record(torch.cuda.current_stream(self.device))
-        return self._writer.submit(self._write, partition, slot, checkpoint, trained)
+        return self._writer.submit(self._write, partition, slot, checkpoint, trained, for_commit)
 
     def _write(self, partition: int, slot: int, checkpoint: bool = False,
-               trained: torch.cuda.Event | None = None) -> None:
+               trained: torch.cuda.Event | None = None, for_commit: bool = False) -> None:
         """Write a slot's partition (``checkpoint``: a resident one, for a commit; counted apart from the
-        ordering's write-backs, which the simulator predicts)."""
+        ordering's write-backs, which the simulator predicts). ``for_commit`` (checkpoints and the epoch's
+        final write-backs): the files' digests are taken from memory meanwhile (``ChunkFiles.write``)."""
+        for_commit = for_commit or checkpoint
         rows, nbytes = self._slot_rows(slot), 0
         for files, host, table in zip(self.files, self._host, self.tables):
             if table is not host:
@@ -207,17 +209,17 @@ class PartitionBuffer:
                     if trained is not None:
                         torch.cuda.current_stream(self.device).wait_event(trained)
                     host[rows].copy_(table[rows])
-            nbytes += files.write(partition, raw_bytes(host[rows]))
+            nbytes += files.write(partition, raw_bytes(host[rows]), for_commit=for_commit)
         if checkpoint:
             self.counters.add_checkpoint_write(nbytes)
         else:
             self.counters.add_write(nbytes)
 
-    def _evict(self, partition: int) -> None:
+    def _evict(self, partition: int, for_commit: bool = False) -> None:
         slot = self._slot_of.pop(partition)
         if self.cache:
             self.cache.evicted(partition, self.tables, slot * self.stride)
-        future = self._submit_write(partition, slot)
+        future = self._submit_write(partition, slot, for_commit=for_commit)
         self._slot_writes[slot] = self._partition_writes[partition] = future
         self._free.append(slot)
 
@@ -340,7 +342,7 @@ class PartitionBuffer:
             self._free.append(slot)
         self._scheduled = {}
         for partition in sorted(self._slot_of):
-            self._evict(partition)
+            self._evict(partition, for_commit=True)  # (the epoch's commit follows)
         for future in self._slot_writes.values():
             future.result()
         self._slot_writes, self._partition_writes = {}, {}

@@ -127,7 +127,7 @@ class ChunkFiles:
             os.close(descriptor)
         return nbytes
 
-    def write(self, chunk: int, data: np.ndarray) -> int:
+    def write(self, chunk: int, data: np.ndarray, for_commit: bool = True) -> int:
         """Write the first ``chunk_bytes`` of ``data`` as chunk ``chunk``: over the file's bytes when no other
         name links to it, else atomically into a new file renamed over it (a checkpoint version's hard link
         keeps the old bytes). Through the page cache a new file costs ~6x an overwrite (fresh pages;
@@ -138,7 +138,10 @@ class ChunkFiles:
         length = aligned(self.chunk_bytes) if direct else self.chunk_bytes
         body = lambda descriptor: _pwrite_all(descriptor, view[:length], 0)  # noqa: E731
         write = self._overwrite if self._unshared(chunk) else self._replace
-        if not self.direct:  # a store shared by trainers: another process may rewrite the file meanwhile
+        # Hashed from memory only where a commit follows (a write-back mid-epoch would pay the hashing in the
+        # epoch's IO wait, and may be rewritten before any commit), and not in a store shared by trainers,
+        # where another process may rewrite the file meanwhile.
+        if not (for_commit and self.direct):
             return write(chunk, direct, body)
         return digest_while_writing(view[:self.chunk_bytes], self.chunk_path(chunk),
                                     lambda: write(chunk, direct, body))

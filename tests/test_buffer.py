@@ -384,7 +384,7 @@ def test_write_back_error_surfaces_from_walk(tmp_path, monkeypatch):
     store = make_store(tmp_path / "s", 19, 5)
     buffer = PartitionBuffer(store, capacity=2)
 
-    def failing_write(self, chunk, data):
+    def failing_write(self, chunk, data, for_commit=True):
         raise OSError(f"disk full writing chunk {chunk}")
 
     monkeypatch.setattr(ChunkFiles, "write", failing_write)
@@ -411,7 +411,7 @@ def test_write_back_error_surfaces_from_flush(tmp_path, monkeypatch):
         views = list(buffer.walk([(0, 1)]))  # one state: nothing evicted, the flush writes
         assert len(views) == 1
         monkeypatch.setattr(ChunkFiles, "write",
-                            lambda self, chunk, data: (_ for _ in ()).throw(OSError("flush failed")))
+                            lambda self, chunk, data, for_commit=True: (_ for _ in ()).throw(OSError("flush failed")))
         error = run_bounded(buffer.flush)
         assert isinstance(error, OSError) and "flush failed" in str(error)
     finally:
@@ -461,9 +461,9 @@ def test_no_update_is_lost(tmp_path, monkeypatch, slow, io_threads):
         name = "write" if slow == "write" else "read_into"
         original = getattr(ChunkFiles, name)
 
-        def slowed(self, *args):
+        def slowed(self, *args, **kwargs):
             time.sleep(0.003)
-            return original(self, *args)
+            return original(self, *args, **kwargs)
 
         monkeypatch.setattr(ChunkFiles, name, slowed)
     states = random_walk_states(num_partitions=6, capacity=3, num_states=30, seed=5)
@@ -526,9 +526,9 @@ def test_hold_release_writes_behind_and_loses_no_update(tmp_path, monkeypatch, d
     On the GPU the updates are queued behind a long kernel: the write-back's copy must wait for them."""
     original = ChunkFiles.write
 
-    def slow_write(self, *args):
+    def slow_write(self, *args, **kwargs):
         time.sleep(0.2)
-        return original(self, *args)
+        return original(self, *args, **kwargs)
 
     monkeypatch.setattr(ChunkFiles, "write", slow_write)
     num_nodes = 5 * 6

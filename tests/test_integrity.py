@@ -87,6 +87,19 @@ def test_files_the_store_writes_are_hashed_from_memory_not_read_back(tmp_path, m
     assert entry[written[0].relative_to(tmp_path / "store").as_posix()]["blake2b_blocks"] == file_digest(written[0])
 
 
+def test_only_writes_a_commit_follows_are_hashed_from_memory(tmp_path):
+    """A write-back in the middle of an epoch is not hashed (the epoch would wait for it); the manifest reads
+    that file instead."""
+    from marius_py.storage import manifest
+    store = EmbeddingStore.create(tmp_path / "store", 1000, 8, 8, 2)
+    embeddings, _ = store.chunk_files()
+    rows = np.ones((embeddings.rows_per_chunk, 8), dtype=np.float32)
+    embeddings.write(0, rows, for_commit=False)
+    embeddings.write(1, rows)
+    assert manifest._remembered(os.stat(embeddings.chunk_path(0))) is None
+    assert manifest._remembered(os.stat(embeddings.chunk_path(1))) == file_digest(embeddings.chunk_path(1))
+
+
 def test_hashing_while_writing_never_waits_on_its_own_pool(tmp_path, monkeypatch):
     """With as many writes as pool threads (here one), a pool thread that waited for blocks queued behind it
     would hang the writer for good."""
