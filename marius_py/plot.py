@@ -15,6 +15,7 @@ from pathlib import Path
 
 from marius_py.checkpoint import CONFIG_FILE, RunDirectory
 from marius_py.errors import MariusInputError
+from marius_py.timeline import EPOCH_PHASES
 
 
 def _pyplot():
@@ -97,9 +98,6 @@ def _throughput(pyplot, epochs: list[dict], path: Path) -> Path:
     axis.set_xlabel("epoch")
     axis.set_ylabel("million edges / s")
     return _save(pyplot, figure, path)
-
-
-EPOCH_PHASES = ("wait", "prepare", "train", "sync", "validate", "commit")  # (timeline.EpochPhases, trainer)
 
 
 def _epoch_time(pyplot, epochs: list[dict], startup: dict | None, path: Path) -> Path:

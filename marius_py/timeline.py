@@ -60,13 +60,17 @@ class Startup:
         return {"event": "startup", "seconds_to_first_batch": self._mark - self._started, "phases": self.phases}
 
 
+# An epoch record's ``time`` keys: EpochPhases' own, then those the trainer adds after the epoch.
+EPOCH_PHASES = ("wait", "prepare", "train", "sync", "validate", "commit")
+
+
 class EpochPhases:
     """Host seconds of an epoch's phases: ``wait`` for a buffer state's edges, ``prepare`` them (mapping,
     moving, shuffling), ``train`` (the runner queueing and running batches), ``sync`` (waiting for the
     devices at the end). The epoch's record adds ``validate`` and ``commit`` after it."""
 
     def __init__(self):
-        self.seconds = {"wait": 0.0, "prepare": 0.0, "train": 0.0, "sync": 0.0}
+        self.seconds = dict.fromkeys(EPOCH_PHASES[:4], 0.0)
         self._mark = time.perf_counter()
 
     def add(self, phase: str) -> None:

@@ -49,7 +49,8 @@ from marius_py.resources import check_memory, check_partitioning
 from marius_py.step.model import Model
 from marius_py.step.runners import build_multi_device_runner, build_span_runner
 from marius_py.orderings import Ordering, balanced_buckets, build_ordering, is_two_level
-from marius_py.pipeline.placements import PLACEMENT_DEVICE, choose_devices_placement, choose_placement
+from marius_py.pipeline.placements import (PLACEMENT_DEVICE, choose_devices_placement, choose_placement,
+                                           choose_plan_device)
 from marius_py.pipeline.row_kernels import zero_copy_available
 from marius_py.storage.buffer import BufferView, PartitionBuffer
 from marius_py.storage.durable import fsync_tree
@@ -193,17 +194,8 @@ class Trainer:
         self.placement = choose_placement(config.pipeline.placement, self.device, self._table_bytes())
         self.table_device = self.device if self.placement == PLACEMENT_DEVICE else torch.device("cpu")
         self.runner = build_span_runner(self.model, self.placement, config, self.device)
-        self.plan_device = self._choose_plan_device()
-
-    def _choose_plan_device(self) -> torch.device:
-        """Where a span's edges are mapped and shuffled and its negatives drawn: where the runner plans batches.
-        Zero-copy host tables plan on the GPU when the train edges (twice: the span and its shuffled copy) fit
-        in a quarter of its memory; the host then does no per-epoch shuffle and no per-batch pinning."""
-        if not (self.runner.zero_copy and self.device.type == "cuda"):
-            return self.table_device
-        total = torch.cuda.get_device_properties(self.device).total_memory  # (not free memory: the same run
-        edge_bytes = self.dataset.metadata.num_train * 3 * torch.tensor([], dtype=torch.long).element_size()
-        return self.device if 2 * edge_bytes <= total // 4 else self.table_device  # draws alike every time)
+        self.plan_device = choose_plan_device(self.runner.zero_copy, self.device, self.table_device,
+                                              self.dataset.metadata.num_train * 3 * torch.long.itemsize)
 
     # ---- the live store and checkpoints ----
     @property

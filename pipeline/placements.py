@@ -53,6 +53,18 @@ class Transferable(Protocol):
         """Replace the results by asynchronous copies in pinned host memory."""
 
 
+def choose_plan_device(zero_copy: bool, device: torch.device, table_device: torch.device,
+                       edge_bytes: int) -> torch.device:
+    """Where a span's edges are mapped and shuffled and its negatives drawn: where the runner plans batches.
+    Zero-copy host tables plan on the GPU when the train edges (``edge_bytes``, twice: the span and its
+    shuffled copy) fit in a quarter of its memory; the host then does no per-epoch shuffle and no per-batch
+    pinning. Total memory, not free: the same run draws alike every time."""
+    if not (zero_copy and device.type == "cuda"):
+        return table_device
+    total = torch.cuda.get_device_properties(device).total_memory
+    return device if 2 * edge_bytes <= total // 4 else table_device
+
+
 def choose_placement(requested: str, device: torch.device, table_bytes: int) -> str:
     """``cpu`` on a CPU; otherwise the requested placement, ``auto`` by whether the tables fit."""
     if device.type != "cuda":
