@@ -60,7 +60,7 @@ def test_block_digests_find_a_change_in_any_block_and_keep_their_order(tmp_path,
     (tmp_path / "table").write_bytes(data)
     write_manifest(tmp_path)
     entry = json.loads((tmp_path / MANIFEST_FILE).read_text())["files"]["table"]
-    assert set(entry) == {"bytes", "blake2b_blocks"} and verify_manifest(tmp_path) == []
+    assert set(entry) == {"bytes", "crc32c_blocks"} and verify_manifest(tmp_path) == []
     flip_byte(tmp_path / "table", 3999)  # the fourth block
     assert any("checksum mismatch" in p for p in verify_manifest(tmp_path))
     swapped = data[1000:2000] + data[:1000] + data[2000:]  # same blocks, another order
@@ -84,7 +84,7 @@ def test_files_the_store_writes_are_hashed_from_memory_not_read_back(tmp_path, m
     write_manifest(tmp_path / "store")
     assert verify_manifest(tmp_path / "store") == []
     entry = json.loads((tmp_path / "store" / MANIFEST_FILE).read_text())["files"]
-    assert entry[written[0].relative_to(tmp_path / "store").as_posix()]["blake2b_blocks"] == file_digest(written[0])
+    assert entry[written[0].relative_to(tmp_path / "store").as_posix()]["crc32c_blocks"] == file_digest(written[0])
 
 
 def test_only_writes_a_commit_follows_are_hashed_from_memory(tmp_path):
@@ -120,6 +120,19 @@ def test_hashing_while_writing_never_waits_on_its_own_pool(tmp_path, monkeypatch
     assert not any(writer.is_alive() for writer in writers), "the digest pool deadlocked"
     assert manifest._remembered(os.stat(path)) == file_digest(path)
     pool.shutdown()
+
+
+def test_blake2b_block_digests_of_earlier_manifests_still_verify(tmp_path, monkeypatch):
+    """Manifests written before CRC32C blocks (BLAKE2b of each block) verify, and find a change."""
+    monkeypatch.setattr("marius_py.storage.manifest.BLOCK_BYTES", 1000)
+    data = os.urandom(2500)
+    (tmp_path / "table").write_bytes(data)
+    blocks = b"".join(hashlib.blake2b(data[start:start + 1000], digest_size=16).digest() for start in (0, 1000, 2000))
+    digest = hashlib.blake2b(blocks, digest_size=16).hexdigest()
+    (tmp_path / MANIFEST_FILE).write_text(json.dumps({"files": {"table": {"bytes": 2500, "blake2b_blocks": digest}}}))
+    assert verify_manifest(tmp_path) == []
+    flip_byte(tmp_path / "table", 2400)
+    assert any("checksum mismatch" in p for p in verify_manifest(tmp_path))
 
 
 def test_whole_file_digests_of_earlier_manifests_still_verify(tmp_path):
