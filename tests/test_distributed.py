@@ -447,3 +447,13 @@ def test_relation_exchange_keeps_every_trainers_updates(tmp_path):
     mp.spawn(_averaging_trainer, args=(str(tmp_path / "store"), str(tmp_path)), nprocs=2)
     for rank in (0, 1):
         assert [float(x) for x in (tmp_path / f"{rank}.txt").read_text().split()] == pytest.approx([250.0] * 3)
+
+
+def test_trainers_refuse_tables_in_one_partition(tmp_path):
+    """torchrun trainers hand partitions to each other: one partition is refused by name, not a traceback."""
+    from marius_py.config import load_config
+    from marius_py.distributed.trainer import DistributedTrainer
+    from marius_py.errors import MariusInputError
+    config = load_config(None, ["storage.num_partitions=1"])
+    with pytest.raises(MariusInputError, match="storage.num_partitions=1: torchrun trainers share the tables"):
+        DistributedTrainer(config, None, tmp_path / "run", group=None)

@@ -76,6 +76,11 @@ class DistributedTrainer(Trainer):
             raise MariusInputError(f"storage.dtype={config.storage.dtype}: torchrun trainers exchange float32 "
                                    "partitions", path=Path(run_dir) / "config.yaml",
                                    expected="storage.dtype=float32 under torchrun")
+        if config.storage.num_partitions < 2:
+            raise MariusInputError(f"storage.num_partitions={config.storage.num_partitions}: torchrun trainers "
+                                   "share the tables by partition", path=Path(run_dir) / "config.yaml",
+                                   expected="storage.num_partitions of at least 2 under torchrun (2 per trainer "
+                                            "or more keeps them busy)")
         self.group = group
         self.holds_log = Path(run_dir) / DISTRIBUTED_DIR / f"rank{group.rank}.jsonl"
         super().__init__(config, dataset, run_dir, progress=progress and group.is_leader)
