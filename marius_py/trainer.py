@@ -54,7 +54,7 @@ from marius_py.pipeline.placements import (PLACEMENT_DEVICE, choose_devices_plac
 from marius_py.pipeline.row_kernels import zero_copy_available
 from marius_py.storage.buffer import BufferView, PartitionBuffer
 from marius_py.storage.durable import fsync_tree
-from marius_py.storage.embedding_store import EmbeddingStore, link_tree
+from marius_py.storage.embedding_store import EmbeddingStore, initial_tables, link_tree
 from marius_py.storage.negative_cache import NegativeCache, cached_rows
 from marius_py.storage.partitioning import partition_size
 
@@ -203,14 +203,24 @@ class Trainer:
         return self.run.path / LIVE_STORE
 
     def _create_store(self) -> None:
-        """Initial embeddings written partition by partition, zero optimizer state."""
+        """The live store: initial embeddings written partition by partition, zero optimizer state. Tables held
+        in memory are initialised there (``_open_live``); their store is written by the first commit."""
         c = self.config
-        state_dim = self.model.node_optimizer.state_dim(c.model.dim)
         shutil.rmtree(self.live_store_path, ignore_errors=True)
-        EmbeddingStore.create(self.live_store_path, self.dataset.num_nodes, c.model.dim, state_dim,
-                              c.storage.num_partitions,
-                              init=init_rows(c.training.seed, c.model.init_scale, c.model.dim),
-                              threads=min(INIT_THREADS, os.cpu_count() or 1), dtype=self.table_dtype)
+        EmbeddingStore.create(self.live_store_path, self.dataset.num_nodes, c.model.dim, self._state_dim(),
+                              c.storage.num_partitions, init=self._init_rows() if self.partitioned else None,
+                              threads=self._init_threads(), dtype=self.table_dtype)
+
+    def _state_dim(self) -> int:
+        return self.model.node_optimizer.state_dim(self.config.model.dim)
+
+    def _init_rows(self):
+        c = self.config
+        return init_rows(c.training.seed, c.model.init_scale, c.model.dim)
+
+    @staticmethod
+    def _init_threads() -> int:
+        return min(INIT_THREADS, os.cpu_count() or 1)
 
     def _start_new_run(self) -> None:
         """A new run (or one killed before its first commit): the seeded initial state, recreated identically
@@ -219,7 +229,7 @@ class Trainer:
         self.run.create(self.config)
         self._create_store()
         self.state, self._position = TrainingState(config_fingerprint=self.fingerprint), None
-        self._open_live(self.model.state_dict())
+        self._open_live(self.model.state_dict(), new=True)
 
     def restore(self, version: Path) -> None:
         """Make ``version`` the live state: store files, model parameters, position."""
@@ -246,8 +256,9 @@ class Trainer:
         shutil.rmtree(self.live_store_path, ignore_errors=True)
         link_tree(version / NODES, self.live_store_path)
 
-    def _open_live(self, model_state: dict) -> None:
-        """Load ``model_state`` into the model and its replicas, and open the live store (in memory: load it)."""
+    def _open_live(self, model_state: dict, new: bool = False) -> None:
+        """Load ``model_state`` into the model and its replicas, and open the live store (in memory: load it,
+        or with ``new`` initialise the tables)."""
         for replica in self.replicas:  # each its own copy: same-device tensors would alias the optimizer state
             replica.load_state_dict(model_state if replica is self.model else copy.deepcopy(model_state))
         self.store = EmbeddingStore(self.live_store_path)
@@ -256,8 +267,10 @@ class Trainer:
             # Host tables are pinned only for the fused step, whose GPU kernels read and write them in place;
             # otherwise they stay pageable and each batch's rows are gathered into pinned staging memory.
             pinned = self._zero_copy_tables()
-            self.nodes, self.node_state = (table if pinned else table.to(self.table_device)
-                                           for table in self.store.read_tables(pin_memory=pinned))
+            tables = initial_tables(self.store.num_nodes, self.store.dim, self.store.state_dim, self._init_rows(),
+                                    self._init_threads(), pinned, self.table_dtype) if new \
+                else self.store.read_tables(pin_memory=pinned)
+            self.nodes, self.node_state = (table if pinned else table.to(self.table_device) for table in tables)
 
     def _zero_copy_tables(self) -> bool:
         if self.multi_device:  # every device's kernels read and write the pinned host tables in place
@@ -276,8 +289,7 @@ class Trainer:
 
     def _row_bytes(self) -> int:
         """Bytes of one node's embedding and optimizer state."""
-        dim = self.config.model.dim
-        return (dim + self.model.node_optimizer.state_dim(dim)) * self.table_dtype.itemsize
+        return (self.config.model.dim + self._state_dim()) * self.table_dtype.itemsize
 
     @property
     def table_dtype(self) -> torch.dtype:

@@ -153,6 +153,26 @@ class EmbeddingStore:
             self.write_partition(part, embeddings[start:end], state[start:end])
 
 
+def initial_tables(num_nodes: int, dim: int, state_dim: int, init: Callable[[int, int], np.ndarray],
+                   threads: int = 1, pin_memory: bool = False,
+                   dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+    """The tables ``EmbeddingStore.create(..., init)`` would store and ``read_tables`` read back, built in
+    memory: ``init``'s rows (drawn ``INIT_PIECE_ROWS`` at a time on ``threads`` threads, rounded to ``dtype``
+    alike) and zero optimizer state. A run holding its tables in memory starts without writing them and
+    reading them back: its first commit writes them."""
+    nodes = page_aligned_empty(num_nodes, dim, pin_memory, dtype)
+    state = page_aligned_empty(num_nodes, state_dim, pin_memory, dtype)
+
+    def fill(first: int) -> None:
+        last = min(first + INIT_PIECE_ROWS, num_nodes)
+        nodes[first:last] = torch.from_numpy(init(first, last))
+        state[first:last] = 0
+
+    with ThreadPoolExecutor(max(1, threads)) as pool:
+        list(pool.map(fill, range(0, num_nodes, INIT_PIECE_ROWS)))
+    return nodes, state
+
+
 def _page_rows(files: ChunkFiles) -> int:
     """Rows that cover a page: room after a chunk for O_DIRECT's whole pages."""
     return -(-PAGE // (files.cols * files.itemsize))
