@@ -72,7 +72,7 @@ def config_overrides(dataset: Path, args) -> list[str]:
             "evaluation.every=0", "evaluation.protocol=sampled", "evaluation.negative_sampling=mixed",
             "evaluation.num_negatives=2000", f"storage.num_partitions={args.partitions}",
             f"storage.buffer_capacity={args.buffer}", f"storage.ordering={args.ordering}",
-            f"storage.lookahead={args.lookahead}", f"storage.edge_assignment={args.edge_assignment}"]
+            f"storage.lookahead={args.lookahead}", f"storage.edge_assignment={args.edge_assignment}", *args.set]
 
 
 def measure(args) -> None:
@@ -101,13 +101,13 @@ def measure(args) -> None:
             table.zero_()
         ChunkFiles.read_into = lambda self, chunk, out: self.chunk_bytes
         ChunkFiles.write = lambda self, chunk, data: self.chunk_bytes
-    started = time.perf_counter()
+    started, record = time.perf_counter(), {}
     if args.mode == "io":
         for _ in trainer.partition_buffer().walk(states):
             pass
         trainer.partition_buffer().flush()
     elif args.mode != "eval":  # (eval: the store as created; evaluation takes as long as after training)
-        trainer.train_epoch(1)
+        record = trainer.train_epoch(1)
     seconds = time.perf_counter() - started
     peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # (before any evaluation)
     evaluation = {}
@@ -125,6 +125,7 @@ def measure(args) -> None:
                        for i, j in buckets) for buckets in ordering.buckets]
     print(json.dumps({
         "mode": args.mode, "seconds": seconds, "setup_seconds": setup_seconds, **evaluation,
+        "settings": args.set, "phases": record.get("time"), "states": record.get("states"),
         "num_edges": trainer.dataset.metadata.num_train, "num_nodes": trainer.dataset.num_nodes,
         "peak_rss_bytes": peak_rss, "allocator_settings_taken": allocator_settings_taken,
         "buffer_bytes": trainer._buffer_bytes(), "max_state_edges": max(state_edges),
@@ -172,6 +173,7 @@ def main() -> None:
     parser.add_argument("--allocator", choices=("command", "system"), default="command",
                         help="command: glibc malloc as `marius-py train` sets it (resources.keep_freed_memory); "
                              "system: glibc's defaults, as the library leaves them")
+    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="more config overrides")
     parser.add_argument("--out", default="bench/results/larger_than_memory.json")
     parser.add_argument("--mode", choices=("io", "compute", "full", "eval"), help=argparse.SUPPRESS)
     parser.add_argument("--dataset", help=argparse.SUPPRESS)
@@ -205,7 +207,8 @@ def main() -> None:
             str(args.buffer), "--batch-size", str(args.batch_size), "--negatives", str(args.negatives),
             "--degree-fraction", str(args.degree_fraction), "--decoder", args.decoder, "--adagrad", args.adagrad,
             "--device", args.device, "--ordering", args.ordering, "--lookahead", str(args.lookahead),
-            "--edge-assignment", args.edge_assignment, "--allocator", args.allocator] + (["--eval"] if args.eval else [])
+            "--edge-assignment", args.edge_assignment, "--allocator", args.allocator] + \
+        (["--eval"] if args.eval else []) + (["--set", *args.set] if args.set else [])
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     if args.dd_gib:
