@@ -99,7 +99,9 @@ def main() -> None:
             for name, variant in variants.items():
                 with variant():
                     seconds = timed(lambda: (opened.write_all(*tables), drop_cached_pages(store)))
-                rows[f"{name}_seconds"] = min(seconds, rows.get(f"{name}_seconds", seconds))
+                rows.setdefault(f"{name}_runs_seconds", []).append(seconds)
+        for name in variants:
+            rows[f"{name}_seconds"] = min(rows[f"{name}_runs_seconds"])
         opened.write_all(*tables)  # (remembered digests of the files as they are now)
         drop_cached_pages(store)
         rows["remembered_seconds"] = timed(lambda: manifest.write_manifest(store))
@@ -119,7 +121,9 @@ def main() -> None:
         print(f"store {gib:.1f} GiB in {args.partitions} partitions, {os.cpu_count()} CPUs")
         for name in ("create", "write", "write_blake2b", "write_unhashed", "remembered", "whole_file",
                      "blake2b_blocks", "crc32c_blocks"):
-            print(f"  {name:<14} {rows[f'{name}_seconds']:7.2f} s   {gib / rows[f'{name}_seconds']:6.2f} GiB/s")
+            runs = rows.get(f"{name}_runs_seconds", [])
+            print(f"  {name:<14} {rows[f'{name}_seconds']:7.2f} s   {gib / rows[f'{name}_seconds']:6.2f} GiB/s"
+                  + (f"   (runs: {', '.join(f'{run:.2f}' for run in runs)} s)" if len(runs) > 1 else ""))
         if args.json:
             Path(args.json).write_text(json.dumps(rows, indent=1))
     finally:
