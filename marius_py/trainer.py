@@ -148,6 +148,7 @@ class Trainer:
         # One relation replica per further device; restore() keeps them equal to the model.
         self.replicas = [self.model] + [Model(config, dataset.num_nodes, dataset.num_relations, device)
                                         for device in self.devices[1:]]
+        self._startup_mark("model")
         self.fingerprint = config_fingerprint(config, dataset.metadata)
         self.state = TrainingState(config_fingerprint=self.fingerprint)
         self.buffer: PartitionBuffer | None = None
@@ -156,6 +157,7 @@ class Trainer:
             self.dataset = dataset = bucketed_for_run(config.storage, dataset, progress)
             check_partitioning(config, dataset)
         self._build_runner()
+        self._startup_mark("runner")
         repaired = self.run.repair_pointers()  # a lost or damaged pointer file, recovered from the versions
         if repaired:
             print(f"marius-py: {repaired}", file=sys.stderr)
@@ -164,10 +166,15 @@ class Trainer:
             self.restore(self.run.latest_version())
         else:
             self._start_new_run()
+        self._startup_mark("tables")
         # Records of epochs whose checkpoint never committed are replayed, not duplicated.
         self.run.truncate_metrics(self.state.epoch)
         self._known = None
         self._last_commit = time.monotonic()
+
+    def _startup_mark(self, phase: str) -> None:
+        if self.startup is not None:
+            self.startup.mark(phase)
 
     def _run_directory(self, run_dir) -> RunDirectory:
         return RunDirectory(run_dir)
