@@ -346,7 +346,7 @@ class Trainer:
 
     def save_checkpoint(self, is_best: bool = False) -> None:
         if not self.partitioned:  # the buffer flushes itself at the end of every epoch
-            self.store.write_all(self.nodes.cpu(), self.node_state.cpu())
+            self.store.write_all(self.nodes, self.node_state)  # (streamed from where they live)
         self._commit(is_best)
 
     def node_table(self) -> NodeTable:

@@ -19,13 +19,14 @@ import json
 import math
 import os
 import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 import torch
 
-from marius_py.storage.manifest import digest_while_writing
+from marius_py.storage.manifest import StreamDigest, digest_while_writing, forget, remember
 from marius_py.storage.pinned import locked_empty
 
 
@@ -168,25 +169,46 @@ class ChunkFiles:
             raise
         return self.chunk_bytes
 
-    def write_generated(self, chunk: int, rows: Callable[[int, int], np.ndarray], piece_rows: int) -> int:
-        """Replace chunk ``chunk`` atomically with ``rows(first, end)`` (its rows ``[first, end)``, zero past
-        the array's end), drawn and written ``piece_rows`` at a time: memory is one piece, not a chunk."""
+    def write_generated(self, chunk: int, rows: Callable[[int, int], np.ndarray | torch.Tensor], piece_rows: int,
+                        for_commit: bool = False, pin: bool = False) -> int:
+        """Write chunk ``chunk`` from ``rows(first, end)`` (its rows ``[first, end)``: an array, or a tensor
+        on any device; zero past the array's end), ``piece_rows`` at a time through two staging pieces, one
+        filled while the other is written: memory is two pieces, not a chunk. Atomically into a new file
+        where a snapshot links the old one. ``for_commit``: hashed as the pieces pass (``write``'s
+        for_commit). ``pin``: page-locked pieces (rows from a GPU then copy at the link's speed)."""
         piece_rows = min(slot_rows(piece_rows, self.cols, itemsize=self.itemsize),
                          slot_rows(self.rows_per_chunk, self.cols, itemsize=self.itemsize))
-        piece = page_aligned_empty(piece_rows, self.cols, dtype=self.dtype)  # whole pages: each piece aligned
-        view = memoryview(raw_bytes(piece)).cast("B")
+        pieces = [page_aligned_empty(piece_rows, self.cols, pin, self.dtype) for _ in range(2)]  # whole pages
         row_bytes = self.cols * self.itemsize
         valid = max(0, min(self.rows_per_chunk, self.num_rows - chunk * self.rows_per_chunk))
+        digest = StreamDigest() if for_commit and self.direct else None
+        target = self.chunk_path(chunk)
 
         def write_pieces(descriptor: int) -> None:
-            for first in range(0, self.rows_per_chunk, piece_rows):
-                count = min(piece_rows, self.rows_per_chunk - first)
-                filled = max(0, min(count, valid - first))
-                if filled:
-                    piece[:filled] = torch.from_numpy(rows(first, first + filled))  # (rounded to dtype)
-                piece[filled:count] = 0.0
-                _pwrite_all(descriptor, view[:aligned(count * row_bytes)], first * row_bytes)
-        return self._replace(chunk, self.direct and bool(_O_DIRECT), write_pieces)
+            with ThreadPoolExecutor(1, thread_name_prefix="chunk-writer") as writer:
+                pending: list[Future | None] = [None, None]
+                for index, first in enumerate(range(0, self.rows_per_chunk, piece_rows)):
+                    piece, count = pieces[index % 2], min(piece_rows, self.rows_per_chunk - first)
+                    if pending[index % 2] is not None:
+                        pending[index % 2].result()  # (its last write is done: the piece may be refilled)
+                    filled = max(0, min(count, valid - first))
+                    if filled:
+                        piece[:filled] = torch.as_tensor(rows(first, first + filled))  # (rounded to dtype)
+                    piece[filled:count] = 0.0
+                    view = memoryview(raw_bytes(piece)).cast("B")
+                    pending[index % 2] = writer.submit(_pwrite_all, descriptor, view[:aligned(count * row_bytes)],
+                                                       first * row_bytes)
+                    if digest is not None:
+                        digest.update(view[:count * row_bytes])  # (while the piece is written)
+                for future in pending:
+                    if future is not None:
+                        future.result()
+        forget(target)
+        written = (self._overwrite if self._unshared(chunk) else self._replace)(
+            chunk, self.direct and bool(_O_DIRECT), write_pieces)
+        if digest is not None:
+            remember(target, digest.hexdigest())
+        return written
 
     def _replace(self, chunk: int, direct: bool, write_body: Callable[[int], None]) -> int:
         """Write a chunk file through ``write_body(descriptor)`` into a temporary file renamed over it.

@@ -28,6 +28,8 @@ from marius_py.storage.partitioning import partition_bounds, partition_size
 EMBEDDINGS = "embeddings"
 STATE = "state"
 INIT_PIECE_ROWS = 65_536  # rows drawn and written at once per thread when a store is created
+WRITE_PIECE_BYTES = 32 << 20  # staging pieces of write_all (under pinned.REGISTER_MIN_BYTES: torch's cached
+                              # pinned allocator, not a registration per piece)
 _ZARR_V3 = int(zarr.__version__.split(".")[0]) >= 3
 
 
@@ -109,14 +111,14 @@ class EmbeddingStore:
 
     def write_partition(self, partition: int, embeddings: np.ndarray | torch.Tensor,
                         state: np.ndarray | torch.Tensor) -> None:
-        """Replace one partition whole (through ``ChunkFiles``, so snapshots keep the old bytes); rows of another
-        dtype are converted to the store's."""
-        start, end = self.bounds(partition)
+        """Replace one partition whole (arrays, or tensors on any device; rows of another dtype are converted
+        to the store's), for a commit: streamed to its files through small staging pieces
+        (``ChunkFiles.write_generated``: no copy of the partition is made), hashed as they pass."""
+        pin = any(isinstance(rows, torch.Tensor) and rows.is_cuda for rows in (embeddings, state))
         for files, rows in zip(self.chunk_files(), (embeddings, state)):
-            chunk = _chunk_buffer(files, self.dtype)  # page-aligned with room for whole pages: written O_DIRECT
-            chunk[:end - start] = torch.as_tensor(rows)
-            chunk[end - start:] = 0
-            files.write(partition, raw_bytes(chunk))
+            piece_rows = max(1, WRITE_PIECE_BYTES // (files.cols * files.itemsize))
+            files.write_generated(partition, lambda first, last: rows[first:last], piece_rows, for_commit=True,
+                                  pin=pin)
 
     def _tensor(self, values: np.ndarray) -> torch.Tensor:
         """Values read through zarr as a tensor of the store's dtype."""
@@ -176,11 +178,6 @@ def initial_tables(num_nodes: int, dim: int, state_dim: int, init: Callable[[int
 def _page_rows(files: ChunkFiles) -> int:
     """Rows that cover a page: room after a chunk for O_DIRECT's whole pages."""
     return -(-PAGE // (files.cols * files.itemsize))
-
-
-def _chunk_buffer(files: ChunkFiles, dtype: torch.dtype) -> torch.Tensor:
-    """Memory for a chunk's rows, page-aligned with room for whole pages after them (written O_DIRECT)."""
-    return page_aligned_empty(files.rows_per_chunk + _page_rows(files), files.cols, dtype=dtype)
 
 
 def link_tree(source: str | os.PathLike, destination: str | os.PathLike) -> None:

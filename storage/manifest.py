@@ -102,20 +102,49 @@ def _combined(blocks: list[Future]) -> str:
     return _blake2b_of(block.result() for block in blocks)
 
 
+class StreamDigest:
+    """``file_digest`` of a file written front to back in pieces of any size, hashed as they pass
+    (``update``): for writes that stream a table through a small staging buffer."""
+
+    def __init__(self):
+        self._blocks: list[bytes] = []
+        self._hasher, self._left = BLOCK_HASHERS[DIGEST_KEY](), BLOCK_BYTES
+
+    def update(self, data) -> None:
+        piece = np.frombuffer(memoryview(data).cast("B"), dtype=np.uint8)
+        while len(piece):
+            taken = piece[:self._left]
+            self._hasher.update(taken)
+            piece, self._left = piece[len(taken):], self._left - len(taken)
+            if not self._left:
+                self._blocks.append(self._hasher.digest())
+                self._hasher, self._left = BLOCK_HASHERS[DIGEST_KEY](), BLOCK_BYTES
+
+    def hexdigest(self) -> str:
+        last = [self._hasher.digest()] if self._left < BLOCK_BYTES or not self._blocks else []
+        return _blake2b_of(self._blocks + last)
+
+
+def remember(path: Path, digest: str) -> None:
+    """``digest`` is that of ``path`` as it is now (just written from memory): ``write_manifest`` takes it
+    instead of reading the file back, unless the file changed since (its inode, size or mtime)."""
+    stat = os.stat(path)
+    with _written_lock:
+        _written[(stat.st_dev, stat.st_ino)] = (stat.st_size, stat.st_mtime_ns, digest)
+
+
 def digest_while_writing(data, path: Path, write: Callable[[], object]):
     """Run ``write()``, which writes exactly ``data`` to ``path``, while ``data`` is hashed on the pool; then
     remember the digest for ``write_manifest`` (by the file's inode, size and modification time: any later
     write changes them), so a commit need not read the file back."""
-    _forget(path)  # (a failed write leaves nothing remembered for the file)
+    forget(path)  # (a failed write leaves nothing remembered for the file)
     blocks = _block_digests(memoryview(data).cast("B"))
     result = write()
-    stat = os.stat(path)
-    with _written_lock:
-        _written[(stat.st_dev, stat.st_ino)] = (stat.st_size, stat.st_mtime_ns, _combined(blocks))
+    remember(path, _combined(blocks))
     return result
 
 
-def _forget(path: Path) -> None:
+def forget(path: Path) -> None:
     try:
         stat = os.stat(path)
     except OSError:

@@ -7,6 +7,7 @@ import json
 import os
 
 import numpy as np
+import torch
 import pytest
 
 import marius_py as mp
@@ -85,6 +86,37 @@ def test_files_the_store_writes_are_hashed_from_memory_not_read_back(tmp_path, m
     assert verify_manifest(tmp_path / "store") == []
     entry = json.loads((tmp_path / "store" / MANIFEST_FILE).read_text())["files"]
     assert entry[written[0].relative_to(tmp_path / "store").as_posix()]["crc32c_blocks"] == file_digest(written[0])
+
+
+@pytest.mark.parametrize("key", ["crc32c_blocks", "blake2b_blocks"])
+def test_a_digest_streamed_in_pieces_of_any_size_is_the_files(tmp_path, monkeypatch, key):
+    """Pieces that end inside a block, on its edge, or span several blocks hash as the whole file does."""
+    from marius_py.storage import manifest
+    monkeypatch.setattr(manifest, "BLOCK_BYTES", 1000)
+    monkeypatch.setattr(manifest, "DIGEST_KEY", key)
+    for size in (0, 1000, 4321):
+        data = os.urandom(size)
+        (tmp_path / "table").write_bytes(data)
+        stream, start = manifest.StreamDigest(), 0
+        for piece in (999, 1, 1000, 2500, 17, 10_000):
+            stream.update(data[start:start + piece])
+            start += piece
+        assert stream.hexdigest() == file_digest(tmp_path / "table", key)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_a_commit_streams_gpu_or_host_tables_and_remembers_their_digests(tmp_path, monkeypatch, device):
+    """write_all takes the tables where they are (no copy of them), in pieces smaller than a partition."""
+    from marius_py.storage import embedding_store, manifest
+    monkeypatch.setattr(embedding_store, "WRITE_PIECE_BYTES", 3 * 8 * 4)  # three rows a piece
+    monkeypatch.setattr(manifest, "BLOCK_BYTES", 4096)
+    store = EmbeddingStore.create(tmp_path / "store", 1000, 8, 8, 3)
+    nodes = torch.randn(1000, 8, device=device)
+    store.write_all(nodes, -nodes)
+    back = store.read_tables()
+    assert torch.equal(back[0], nodes.cpu()) and torch.equal(back[1], -nodes.cpu())
+    for path in (p for p in (tmp_path / "store").rglob("*") if p.is_file() and p.name != "zarr.json"):
+        assert manifest._remembered(os.stat(path)) == file_digest(path)
 
 
 def test_only_writes_a_commit_follows_are_hashed_from_memory(tmp_path):
