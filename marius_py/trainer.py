@@ -275,7 +275,8 @@ class Trainer:
             # otherwise they stay pageable and each batch's rows are gathered into pinned staging memory.
             pinned = self._zero_copy_tables()
             tables = initial_tables(self.store.num_nodes, self.store.dim, self.store.state_dim, self._init_rows(),
-                                    self._init_threads(), pinned, self.table_dtype) if new \
+                                    self._init_threads(), pinned, self.table_dtype,
+                                    torch.device("cpu") if pinned else self.table_device) if new \
                 else self.store.read_tables(pin_memory=pinned)
             self.nodes, self.node_state = (table if pinned else table.to(self.table_device) for table in tables)
 

@@ -156,14 +156,19 @@ class EmbeddingStore:
 
 
 def initial_tables(num_nodes: int, dim: int, state_dim: int, init: Callable[[int, int], np.ndarray],
-                   threads: int = 1, pin_memory: bool = False,
-                   dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+                   threads: int = 1, pin_memory: bool = False, dtype: torch.dtype = torch.float32,
+                   device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
     """The tables ``EmbeddingStore.create(..., init)`` would store and ``read_tables`` read back, built in
-    memory: ``init``'s rows (drawn ``INIT_PIECE_ROWS`` at a time on ``threads`` threads, rounded to ``dtype``
-    alike) and zero optimizer state. A run holding its tables in memory starts without writing them and
-    reading them back: its first commit writes them."""
-    nodes = page_aligned_empty(num_nodes, dim, pin_memory, dtype)
-    state = page_aligned_empty(num_nodes, state_dim, pin_memory, dtype)
+    memory (``device``'s: a GPU's tables never pass through a host copy of them): ``init``'s rows (drawn
+    ``INIT_PIECE_ROWS`` at a time on ``threads`` threads, rounded to ``dtype`` alike) and zero optimizer
+    state. A run holding its tables in memory starts without writing them and reading them back: its first
+    commit writes them."""
+    if torch.device(device).type == "cpu":
+        nodes = page_aligned_empty(num_nodes, dim, pin_memory, dtype)
+        state = page_aligned_empty(num_nodes, state_dim, pin_memory, dtype)
+    else:
+        nodes = torch.empty(num_nodes, dim, dtype=dtype, device=device)
+        state = torch.empty(num_nodes, state_dim, dtype=dtype, device=device)
 
     def fill(first: int) -> None:
         last = min(first + INIT_PIECE_ROWS, num_nodes)

@@ -119,8 +119,9 @@ def test_store_created_in_pieces_holds_init_rows(tmp_path, monkeypatch, piece_ro
     assert sorted(calls)[0][0] == 0 and sum(end - start for start, end in calls) == nodes
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_tables_initialised_in_memory_equal_a_created_store_read_back(tmp_path, monkeypatch, dtype):
+def test_tables_initialised_in_memory_equal_a_created_store_read_back(tmp_path, monkeypatch, dtype, device):
     """A run holding its tables in memory builds them without the store; a resume before its first commit
     builds them again: both must be the rows a created store holds, rounded alike."""
     import marius_py.storage.embedding_store as embedding_store
@@ -130,10 +131,10 @@ def test_tables_initialised_in_memory_equal_a_created_store_read_back(tmp_path, 
     nodes, init = 5003, init_rows(seed=3, init_scale=0.5, dim=DIM)
     stored = EmbeddingStore.create(tmp_path / "s", nodes, DIM, STATE_DIM, 1, init=init, threads=2,
                                    dtype=dtype).read_tables()
-    built = initial_tables(nodes, DIM, STATE_DIM, init, threads=3, dtype=dtype)
+    built = initial_tables(nodes, DIM, STATE_DIM, init, threads=3, dtype=dtype, device=device)
     for table, expected in zip(built, stored):
-        assert table.dtype == dtype and table.shape == expected.shape
-        torch.testing.assert_close(table, expected, rtol=0, atol=0)
+        assert table.dtype == dtype and table.shape == expected.shape and table.device.type == device
+        torch.testing.assert_close(table.cpu(), expected, rtol=0, atol=0)
     assert built[0].abs().sum() > 0 and not built[1].any()
 
 
