@@ -1,4 +1,4 @@
-"""A checkpoint's digests against the disk that writes them (issue 37): CRC32C and BLAKE2b blocks, whole files.
+"""A checkpoint's digests against the disk that writes them (issue 37): CRC-32 and BLAKE2b blocks, whole files.
 
     python bench/commit_digest.py --nodes 20000000 --dim 100 --partitions 16 --json bench/results/commit-digest.json
 
@@ -6,8 +6,8 @@ Writes an embedding store (``EmbeddingStore.create``: embeddings and Adagrad sta
 partition, fsynced) of ``--nodes`` x ``--dim`` float32 rows, drops its pages from the page cache
 (``posix_fadvise(DONTNEED)``: the digests read from the disk, as after O_DIRECT partition writes), then
 times a commit's write of the tables from memory (``write_all``, streamed through small staging pieces
-with CRC32C block digests computed as they pass; beside the same write hashing BLAKE2b blocks, the digests before, and hashing nothing) and its
-manifest from those digests, then ``write_manifest`` reading the files back with one BLAKE2b over each whole
+with CRC-32 block digests computed as they pass; beside the same write hashing BLAKE2b blocks, the digests
+before, and hashing nothing) and its manifest from those digests, then ``write_manifest`` reading the files back with one BLAKE2b over each whole
 file (the first manifests) and with the parallel 8 MiB-block digests of each kind, each from a cold cache.
 Prints GiB/s of each.
 Freebase86m's store (86M nodes, d=100: 69 GB) does not fit this machine's disk; the rates are what a
@@ -117,7 +117,7 @@ def main() -> None:
         (store / manifest.MANIFEST_FILE).unlink()
         manifest._written.clear()  # the digests below read the files back
         for name, key in (("whole_file", manifest.WHOLE_FILE_KEY), ("blake2b_blocks", "blake2b_blocks"),
-                          ("crc32c_blocks", "crc32c_blocks")):
+                          ("crc32_blocks", "crc32_blocks")):
             drop_cached_pages(store)
             original = manifest.file_digest
             manifest.file_digest = lambda path, key=key: original(path, key)  # write_manifest's digest
@@ -129,7 +129,7 @@ def main() -> None:
         gib = size / 2**30
         print(f"store {gib:.1f} GiB in {args.partitions} partitions, {os.cpu_count()} CPUs")
         for name in ("create", "write", "write_blake2b", "write_unhashed", "remembered", "whole_file",
-                     "blake2b_blocks", "crc32c_blocks"):
+                     "blake2b_blocks", "crc32_blocks"):
             runs = rows.get(f"{name}_runs_seconds", [])
             print(f"  {name:<14} {rows[f'{name}_seconds']:7.2f} s   {gib / rows[f'{name}_seconds']:6.2f} GiB/s"
                   + (f"   (runs: {', '.join(f'{run:.2f}' for run in runs)} s)" if len(runs) > 1 else ""))

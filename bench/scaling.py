@@ -55,16 +55,17 @@ def main() -> None:
     graph = make_graph(args)
     record = row_recorder(args.json, print_row)
     one_gpu: dict[tuple[str, int], float] = {}
-    for dim, placement, variant, gpus in itertools.product(args.dims, args.placements, args.variants, args.gpus):
-        if gpus == 1 and variant != args.variants[0]:
-            continue  # (dedup is a several-GPU setting)
+    # GPU counts outermost: every placement's one-GPU row (the first count) is known before any other row.
+    for gpus, dim, placement, variant in itertools.product(args.gpus, args.dims, args.placements, args.variants):
+        if gpus == args.gpus[0] and variant != args.variants[0]:
+            continue  # (dedup is a several-GPU setting: one variant of the baseline row)
         settings = [*COMMAND_SETTINGS, f"model.decoder={args.decoder}", f"model.dim={dim}",
                     f"pipeline.placement={placement}", f"pipeline.load_threads={args.load_threads}", *args.set]
         command = run_command(graph, [*settings, "--gpus", str(gpus), *VARIANTS[variant]], args,
                               f"{placement}-d{dim}-{variant}-g{gpus}")
         edges = command.pop("edges_per_s")
         if gpus == args.gpus[0]:
-            one_gpu[(placement, dim)] = min(edges)
+            one_gpu[(placement, dim)] = min(edges)  # (the baseline: the first --gpus value, 1 by default)
         best = max((value for (_, d), value in one_gpu.items() if d == dim), default=min(edges))
         record({"part": "scaling", "placement": placement, "dim": dim, "variant": variant, "gpus": gpus,
                 "settings": settings, "edges_per_s": edges,

@@ -238,7 +238,7 @@ def _start(config: Config, run_dir: Path, progress: bool, resume: bool) -> tuple
     if not resume:
         RunDirectory(run_dir).write_config(config)  # with the partitions the dataset allowed
     trainer = Trainer(config, dataset, run_dir, progress=progress, startup=startup)
-    startup.mark("trainer")
+    startup.mark("trainer_other")  # (its model, bucketing, runner and tables are marked apart)
     return trainer, dataset
 
 

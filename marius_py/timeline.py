@@ -44,10 +44,10 @@ class StateTimeline:
 
 class Startup:
     """Seconds of a command's start-up phases, from the package's import (``marius_py.IMPORTED_AT``) to the
-    first batch queued on the device: imports and config, the dataset, the trainer's model, its runner
-    (placement and pipeline), its tables (initialised, or restored from a checkpoint) and the rest of its
-    set-up, then the first epoch until its first batch (edge preparation, kernel compiles, CUDA-graph
-    capture)."""
+    first batch queued on the device: imports and config, the dataset, the trainer's model, the dataset's
+    buckets for the run (out of core: re-bucketed on first use), its runner (placement and pipeline), its
+    tables (initialised, or restored from a checkpoint) and the rest of its set-up (``trainer_other``),
+    then the first epoch until its first batch (edge preparation, kernel compiles, CUDA-graph capture)."""
 
     def __init__(self):
         from marius_py import IMPORTED_AT

@@ -81,7 +81,7 @@ def epoch_ordering(config: Config, epoch: int) -> Ordering:
 
 
 _INIT_BLOCK = 1 << 16
-INIT_THREADS = 8  # partitions initialised at once when a store is created (memory: 8 pieces of rows)
+INIT_THREADS = 8  # partitions initialised at once when a store is created (memory: 2 pieces of rows each)
 
 
 def init_rows(seed: int, init_scale: float, dim: int):
@@ -119,8 +119,9 @@ class Trainer:
     """Trains one run directory; ``train()`` runs the remaining epochs.
 
     The run's live ``EmbeddingStore`` (``RUN_DIR/store``) is the training state
-    on disk. With ``storage.num_partitions == 1`` it is loaded whole onto the
-    compute device; otherwise a ``PartitionBuffer`` walks the epoch's ordering.
+    on disk. With ``storage.num_partitions == 1`` the tables live in memory (loaded
+    whole, or initialised there by a new run, whose first commit writes them);
+    otherwise a ``PartitionBuffer`` walks the epoch's ordering.
     A checkpoint flushes the tables to the live store and snapshots it with hard
     links: a chunk file a snapshot links is replaced by rename, never rewritten; one
     only the live store holds is overwritten in place (a resume rebuilds the live
@@ -156,6 +157,7 @@ class Trainer:
             check_memory(self._buffer_bytes(), "storage.buffer_capacity")
             self.dataset = dataset = bucketed_for_run(config.storage, dataset, progress)
             check_partitioning(config, dataset)
+            self._startup_mark("bucketing")
         self._build_runner()
         self._startup_mark("runner")
         repaired = self.run.repair_pointers()  # a lost or damaged pointer file, recovered from the versions
@@ -274,10 +276,12 @@ class Trainer:
             # Host tables are pinned only for the fused step, whose GPU kernels read and write them in place;
             # otherwise they stay pageable and each batch's rows are gathered into pinned staging memory.
             pinned = self._zero_copy_tables()
-            tables = initial_tables(self.store.num_nodes, self.store.dim, self.store.state_dim, self._init_rows(),
-                                    self._init_threads(), pinned, self.table_dtype,
-                                    torch.device("cpu") if pinned else self.table_device) if new \
-                else self.store.read_tables(pin_memory=pinned)
+            if new:
+                where = torch.device("cpu") if pinned else self.table_device
+                tables = initial_tables(self.store.num_nodes, self.store.dim, self.store.state_dim, self._init_rows(),
+                                        self._init_threads(), pinned, self.table_dtype, where)
+            else:
+                tables = self.store.read_tables(pin_memory=pinned)
             self.nodes, self.node_state = (table if pinned else table.to(self.table_device) for table in tables)
 
     def _zero_copy_tables(self) -> bool:
@@ -313,9 +317,8 @@ class Trainer:
 
     def _partition_shape(self) -> tuple[int, tuple[int, int]]:
         """Rows of a partition, and the widths of its embedding and optimizer-state tables."""
-        dim = self.config.model.dim
         return (partition_size(self.dataset.num_nodes, self.config.storage.num_partitions),
-                (dim, self.model.node_optimizer.state_dim(dim)))
+                (self.config.model.dim, self._state_dim()))
 
     def partition_buffer(self) -> PartitionBuffer:
         """The partition buffer, allocated on first use (evaluation and export never need it)."""

@@ -172,11 +172,13 @@ class ChunkFiles:
     def write_generated(self, chunk: int, rows: Callable[[int, int], np.ndarray | torch.Tensor], piece_rows: int,
                         for_commit: bool = False, pin: bool = False) -> int:
         """Write chunk ``chunk`` from ``rows(first, end)`` (its rows ``[first, end)``: an array, or a tensor
-        on any device; zero past the array's end), ``piece_rows`` at a time through two staging pieces, one
-        filled while the other is written: memory is two pieces, not a chunk. Atomically into a new file
+        on any device; zero past the array's end), at most ``piece_rows`` (rounded down to whole pages) at a
+        time through two staging pieces, one filled while the other is written: memory is two pieces, not a
+        chunk. Atomically into a new file
         where a snapshot links the old one. ``for_commit``: hashed as the pieces pass (``write``'s
         for_commit). ``pin``: page-locked pieces (rows from a GPU then copy at the link's speed)."""
-        piece_rows = min(slot_rows(piece_rows, self.cols, itemsize=self.itemsize),
+        unit = slot_rows(1, self.cols, itemsize=self.itemsize)  # rows filling whole pages
+        piece_rows = min(max(unit, piece_rows // unit * unit),
                          slot_rows(self.rows_per_chunk, self.cols, itemsize=self.itemsize))
         pieces = [page_aligned_empty(piece_rows, self.cols, pin, self.dtype) for _ in range(2)]  # whole pages
         row_bytes = self.cols * self.itemsize

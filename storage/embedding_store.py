@@ -2,9 +2,11 @@
 
 A store is a directory holding two uncompressed zarr arrays, ``embeddings``
 [n, d] and ``state`` [n, s], chunked so that one node partition is exactly one
-chunk: a partition is read and written whole. Every chunk is written, even
-all-zero ones, so each partition is one file of raw rows. Any zarr tool can
-open the store. Values are float32, or bfloat16 (``storage.dtype``): zarr has
+chunk: a partition is read and written whole, each one file of raw rows (all
+of them, zeros too). A chunk never written reads as zarr's fill value, zero:
+a new store's optimizer state, and a new in-memory run's tables until its
+first commit writes them. Any zarr tool can open the store. Values are
+float32, or bfloat16 (``storage.dtype``): zarr has
 no bfloat16, so those arrays are uint16 holding the bits, marked by the
 ``element_type`` attribute.
 """
@@ -28,8 +30,9 @@ from marius_py.storage.partitioning import partition_bounds, partition_size
 EMBEDDINGS = "embeddings"
 STATE = "state"
 INIT_PIECE_ROWS = 65_536  # rows drawn and written at once per thread when a store is created
-WRITE_PIECE_BYTES = 32 << 20  # staging pieces of write_all (under pinned.REGISTER_MIN_BYTES: torch's cached
-                              # pinned allocator, not a registration per piece)
+# Staging pieces of a commit's writes: with their alignment page, each fits 32 MiB of torch's cached pinned
+# allocator (under pinned.REGISTER_MIN_BYTES: no registration per piece; its power-of-two rounding wastes nothing).
+WRITE_PIECE_BYTES = (32 << 20) - PAGE
 _ZARR_V3 = int(zarr.__version__.split(".")[0]) >= 3
 
 
@@ -85,7 +88,7 @@ class EmbeddingStore:
     def _initialise(self, init: Callable[[int, int], np.ndarray], threads: int) -> None:
         """Write ``init``'s rows as raw chunk files (zarr's array writes ran at ~0.1 GiB/s), ``threads``
         partitions at once (torch's generators and file writes release the GIL), each drawn and written
-        in pieces of ``INIT_PIECE_ROWS``: memory is ``threads`` pieces, whatever the partitions' size.
+        in pieces of ``INIT_PIECE_ROWS``: memory is two pieces a thread, whatever the partitions' size.
         Optimizer state stays zarr's fill value, 0: its chunk files are never written."""
         files = self.chunk_files()[0]
 
@@ -114,11 +117,10 @@ class EmbeddingStore:
         """Replace one partition whole (arrays, or tensors on any device; rows of another dtype are converted
         to the store's), for a commit: streamed to its files through small staging pieces
         (``ChunkFiles.write_generated``: no copy of the partition is made), hashed as they pass."""
-        pin = any(isinstance(rows, torch.Tensor) and rows.is_cuda for rows in (embeddings, state))
         for files, rows in zip(self.chunk_files(), (embeddings, state)):
-            piece_rows = max(1, WRITE_PIECE_BYTES // (files.cols * files.itemsize))
-            files.write_generated(partition, lambda first, last: rows[first:last], piece_rows, for_commit=True,
-                                  pin=pin)
+            files.write_generated(partition, lambda first, last, rows=rows: rows[first:last],
+                                  WRITE_PIECE_BYTES // (files.cols * files.itemsize), for_commit=True,
+                                  pin=isinstance(rows, torch.Tensor) and rows.is_cuda)
 
     def _tensor(self, values: np.ndarray) -> torch.Tensor:
         """Values read through zarr as a tensor of the store's dtype."""

@@ -97,10 +97,10 @@ def test_chunk_files_round_trip(tmp_path):
     np.testing.assert_array_equal(reopened.state[12:], state_expected[12:])
 
 
-@pytest.mark.parametrize("piece_rows, largest_call", [(1, 1024), (1500, 2048), (10 ** 6, 2502)])
+@pytest.mark.parametrize("piece_rows, largest_call", [(1, 1024), (2500, 2048), (10 ** 6, 2502)])
 def test_store_created_in_pieces_holds_init_rows(tmp_path, monkeypatch, piece_rows, largest_call):
-    """Pieces (rounded up to whole pages: 1,024 rows of 3 floats) smaller than a partition, not dividing
-    it, or larger than it write exactly the rows init gives, each row drawn once."""
+    """Pieces (rounded down to whole pages, at least one: 1,024 rows of 3 floats) smaller than a partition,
+    not dividing it, or larger than it write exactly the rows init gives, each row drawn once."""
     import marius_py.storage.embedding_store as embedding_store
     monkeypatch.setattr(embedding_store, "INIT_PIECE_ROWS", piece_rows)
     calls = []

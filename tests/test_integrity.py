@@ -61,7 +61,7 @@ def test_block_digests_find_a_change_in_any_block_and_keep_their_order(tmp_path,
     (tmp_path / "table").write_bytes(data)
     write_manifest(tmp_path)
     entry = json.loads((tmp_path / MANIFEST_FILE).read_text())["files"]["table"]
-    assert set(entry) == {"bytes", "crc32c_blocks"} and verify_manifest(tmp_path) == []
+    assert set(entry) == {"bytes", "crc32_blocks"} and verify_manifest(tmp_path) == []
     flip_byte(tmp_path / "table", 3999)  # the fourth block
     assert any("checksum mismatch" in p for p in verify_manifest(tmp_path))
     swapped = data[1000:2000] + data[:1000] + data[2000:]  # same blocks, another order
@@ -85,10 +85,10 @@ def test_files_the_store_writes_are_hashed_from_memory_not_read_back(tmp_path, m
     write_manifest(tmp_path / "store")
     assert verify_manifest(tmp_path / "store") == []
     entry = json.loads((tmp_path / "store" / MANIFEST_FILE).read_text())["files"]
-    assert entry[written[0].relative_to(tmp_path / "store").as_posix()]["crc32c_blocks"] == file_digest(written[0])
+    assert entry[written[0].relative_to(tmp_path / "store").as_posix()]["crc32_blocks"] == file_digest(written[0])
 
 
-@pytest.mark.parametrize("key", ["crc32c_blocks", "blake2b_blocks"])
+@pytest.mark.parametrize("key", ["crc32_blocks", "blake2b_blocks"])
 def test_a_digest_streamed_in_pieces_of_any_size_is_the_files(tmp_path, monkeypatch, key):
     """Pieces that end inside a block, on its edge, or span several blocks hash as the whole file does."""
     from marius_py.storage import manifest
@@ -106,17 +106,52 @@ def test_a_digest_streamed_in_pieces_of_any_size_is_the_files(tmp_path, monkeypa
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_a_commit_streams_gpu_or_host_tables_and_remembers_their_digests(tmp_path, monkeypatch, device):
-    """write_all takes the tables where they are (no copy of them), in pieces smaller than a partition."""
+    """write_all takes the tables where they are (no copy of them), in pieces smaller than a partition: first
+    into new files, then over the files in place (only the live store links them)."""
     from marius_py.storage import embedding_store, manifest
-    monkeypatch.setattr(embedding_store, "WRITE_PIECE_BYTES", 3 * 8 * 4)  # three rows a piece
+    monkeypatch.setattr(embedding_store, "WRITE_PIECE_BYTES", 1)  # one page's rows a piece (128 of 8 floats)
     monkeypatch.setattr(manifest, "BLOCK_BYTES", 4096)
     store = EmbeddingStore.create(tmp_path / "store", 1000, 8, 8, 3)
-    nodes = torch.randn(1000, 8, device=device)
-    store.write_all(nodes, -nodes)
-    back = store.read_tables()
-    assert torch.equal(back[0], nodes.cpu()) and torch.equal(back[1], -nodes.cpu())
-    for path in (p for p in (tmp_path / "store").rglob("*") if p.is_file() and p.name != "zarr.json"):
-        assert manifest._remembered(os.stat(path)) == file_digest(path)
+    files = [p for p in (tmp_path / "store").rglob("*") if p.is_file() and p.name != "zarr.json"]
+    for scale in (1.0, -2.0):
+        nodes = torch.randn(1000, 8, device=device) * scale
+        store.write_all(nodes, nodes.abs())
+        back = store.read_tables()
+        assert torch.equal(back[0], nodes.cpu()) and torch.equal(back[1], nodes.abs().cpu())
+        files = [p for p in (tmp_path / "store").rglob("*") if p.is_file() and p.name != "zarr.json"]
+        assert len(files) == 6 and all(os.stat(p).st_nlink == 1 for p in files)
+        for path in files:
+            assert manifest._remembered(os.stat(path)) == file_digest(path)
+
+
+def test_a_failed_streamed_write_names_the_file_and_leaves_nothing_remembered(tmp_path, monkeypatch):
+    """A commit's write that fails (its rows, or the disk) leaves no temporary file and no remembered digest:
+    the next manifest reads whatever the file holds."""
+    from marius_py.storage import chunk_files, manifest
+    monkeypatch.setattr(manifest, "BLOCK_BYTES", 4096)
+    store = EmbeddingStore.create(tmp_path / "store", 1000, 8, 8, 1)
+    embeddings, _ = store.chunk_files()
+    rows = np.ones((1000, 8), dtype=np.float32)
+    embeddings.write_generated(0, lambda first, last: rows[first:last], 128, for_commit=True)
+    path = embeddings.chunk_path(0)
+    assert manifest._remembered(os.stat(path)) == file_digest(path)
+
+    def rows_failing(first, last):
+        if first >= 256:
+            raise RuntimeError("rows unavailable")
+        return rows[first:last]
+    with pytest.raises(RuntimeError, match="rows unavailable"):
+        embeddings.write_generated(0, rows_failing, 128, for_commit=True)
+    assert manifest._remembered(os.stat(path)) is None
+    os.link(path, tmp_path / "snapshot")  # linked: the next write goes to a new file renamed over it
+
+    def disk_full(descriptor, view, offset):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(chunk_files, "_pwrite_all", disk_full)
+    with pytest.raises(OSError, match=f"No space left on device: '{path}'"):
+        embeddings.write_generated(0, lambda first, last: rows[first:last], 128, for_commit=True)
+    assert manifest._remembered(os.stat(path)) is None
+    assert not [p for p in path.parent.iterdir() if p.name.endswith(".tmp")]
 
 
 def test_only_writes_a_commit_follows_are_hashed_from_memory(tmp_path):
