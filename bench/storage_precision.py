@@ -22,7 +22,7 @@ import torch
 
 from marius_py.step import fused
 from marius_py.pipeline import span_runner
-from marius_py.pipeline.row_kernels import LOW_BITS, round_stochastic_bfloat16
+from marius_py.storage.rounding import LOW_BITS, round_stochastic_bfloat16
 
 PRECISIONS = ("float32", "bfloat16", "bfloat16-nearest")
 

@@ -5,9 +5,10 @@ The Python API (see ``marius_py.api``): ``load_dataset``, ``make_config``,
 ``predict``, ``evaluate``).
 """
 
-import time
+# First, before torch's import: start-up is timed from the package's import (timeline.Startup).
+from marius_py import timeline
 
-IMPORTED_AT = time.perf_counter()  # before torch's import: start-up is timed from here (timeline.Startup)
+IMPORTED_AT = timeline.IMPORTED_AT
 
 from marius_py.api import TrainedModel, load_checkpoint, load_dataset, make_config, train  # noqa: E402
 from marius_py.config import Config  # noqa: E402

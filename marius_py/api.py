@@ -28,7 +28,7 @@ from marius_py.run_setup import claim_run_dir, not_a_run
 from marius_py.timeline import Startup
 from marius_py.evaluation import InMemoryNodes, KnownAnswers, NodeTable, StoredNodes, evaluate_split
 from marius_py.devices import resolve_device
-from marius_py.distributed import launched_by_torchrun, train_distributed
+from marius_py.distributed import RunSteps, launched_by_torchrun, train_distributed
 from marius_py.step.model import Model
 from marius_py.trainer import Trainer
 from marius_py.storage.embedding_store import EmbeddingStore
@@ -255,7 +255,8 @@ def train(config: Config, run_dir: str | Path | None = None, progress: bool = Tr
                                expected="a Config: mp.make_config(...), or mp.api.load_run_config(RUN_DIR) "
                                         "to resume")
     if launched_by_torchrun():
-        return train_distributed(config, run_dir, progress, resume)
+        return train_distributed(config, run_dir, progress, resume,
+                                 RunSteps(default_run_dir, open_dataset, finish_training))
     run_dir = Path(run_dir) if run_dir is not None else default_run_dir(config)
     with claim_run_dir(run_dir, resume, lambda: _start(config, run_dir, progress, resume)) as (trainer, dataset):
         try:

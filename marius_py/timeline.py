@@ -14,6 +14,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+IMPORTED_AT = time.perf_counter()  # (the package imports this module first: before torch's import)
+
 
 class StateTimeline:
     """Records one epoch's states; ``rows`` goes into the epoch's metrics record."""
@@ -43,14 +45,13 @@ class StateTimeline:
 
 
 class Startup:
-    """Seconds of a command's start-up phases, from the package's import (``marius_py.IMPORTED_AT``) to the
+    """Seconds of a command's start-up phases, from the package's import (``IMPORTED_AT``) to the
     first batch queued on the device: imports and config, the dataset, the trainer's model, the dataset's
     buckets for the run (out of core: re-bucketed on first use), its runner (placement and pipeline), its
     tables (initialised, or restored from a checkpoint) and the rest of its set-up (``trainer_other``),
     then the first epoch until its first batch (edge preparation, kernel compiles, CUDA-graph capture)."""
 
     def __init__(self):
-        from marius_py import IMPORTED_AT
         self.phases: dict[str, float] = {}
         self._started = self._mark = IMPORTED_AT
 

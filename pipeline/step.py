@@ -90,8 +90,7 @@ def add_rows_(embeddings: torch.Tensor, state: torch.Tensor, rows: torch.Tensor,
     unique) adds in float32 and stores the sum rounded stochastically from ``seed``
     (required then): rounding to nearest would drop small updates for good.
     """
-    from marius_py.pipeline.row_kernels import round_stochastic_bfloat16  # local: this interface module imports torch alone
-
+    from marius_py.storage.rounding import round_stochastic_bfloat16  # local: this interface module imports torch alone
     if seed is None and torch.bfloat16 in (embeddings.dtype, state.dtype):
         raise ValueError("add_rows_: bfloat16 tables need a seed for their stochastic rounding")
     for salt, (table, update) in enumerate(((embeddings, delta), (state, squared))):  # a salt per table

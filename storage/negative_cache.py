@@ -55,6 +55,7 @@ import torch
 
 from marius_py.storage.chunk_files import raw_bytes
 from marius_py.storage.partitioning import partition_bounds
+from marius_py.storage.rounding import round_stochastic_bfloat16
 
 REFRESH_POLICIES = ("evict", "epoch")
 GRADIENT_POLICIES = ("drop", "defer")
@@ -88,8 +89,7 @@ def merged(rows: torch.Tensor, change: torch.Tensor, seed: int, salt: int = 0) -
     """``rows + change`` in ``rows``' dtype: exact in float32, rounded stochastically into bfloat16."""
     if rows.dtype != torch.bfloat16:
         return rows + change
-    from marius_py.pipeline.row_kernels import round_stochastic_bfloat16  # the step's rounding (the storage layer needs
-    return round_stochastic_bfloat16(rows.float() + change, seed, salt)  # it only for bfloat16 defer)
+    return round_stochastic_bfloat16(rows.float() + change, seed, salt)
 
 
 class NegativeCache:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from marius_py.pipeline.row_kernels import _adagrad_rows_torch, gather_rows, round_stochastic_bfloat16, sparse_adagrad_
+from marius_py.pipeline.row_kernels import _adagrad_rows_torch, gather_rows, sparse_adagrad_
+from marius_py.storage.rounding import round_stochastic_bfloat16
 from marius_py.pipeline.step import add_rows_
 
 

@@ -10,6 +10,6 @@ parameters kept in step by all-reduce) and ``group`` (the process group).
 """
 
 from marius_py.distributed.group import launched_by_torchrun
-from marius_py.distributed.launch import train_distributed
+from marius_py.distributed.launch import RunSteps, train_distributed
 
-__all__ = ["launched_by_torchrun", "train_distributed"]
+__all__ = ["RunSteps", "launched_by_torchrun", "train_distributed"]

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
 import torch
 
+from marius_py.checkpoint import RunDirectory
 from marius_py.config import Config
 from marius_py.errors import MariusInputError
 from marius_py.run_setup import claim_run_dir, unwritable_as_user_error
@@ -20,10 +23,19 @@ LAUNCH_FILE = "launch.json"      # in RUN_DIR/distributed: the torchrun launch t
 SETUP_WAIT = timedelta(days=7)   # rank 0's setup (preprocessing, store creation, checksums) has no limit
 
 
-def train_distributed(config: Config, run_dir, progress: bool, resume: bool):
+@dataclass(frozen=True)
+class RunSteps:
+    """The steps of a run that the API defines and a trainer group shares (passed in by ``api.train``: this
+    package sits below the API and does not import it)."""
+
+    default_run_dir: Callable[[Config], Path]
+    open_dataset: Callable[[Config, bool], object]        # (config, progress) -> Dataset
+    finish_training: Callable[..., object]                # (trainer, config, dataset, run_dir) -> TrainedModel
+
+
+def train_distributed(config: Config, run_dir, progress: bool, resume: bool, api: RunSteps):
     """This process's share of a run trained by torchrun's trainers; rank 0 returns the tested model,
     the others ``None``."""
-    from marius_py import api  # (api imports this module)
     _check_devices(config)
     cuda = config.training.device in ("auto", "cuda") and torch.cuda.is_available()
     if cuda:  # one GPU per trainer; NCCL's communicators use the current device
@@ -49,7 +61,7 @@ def train_distributed(config: Config, run_dir, progress: bool, resume: bool):
 
 
 @contextmanager
-def _set_up(api, config: Config, run_dir: Path, progress: bool, resume: bool, group: Group):
+def _set_up(api: RunSteps, config: Config, run_dir: Path, progress: bool, resume: bool, group: Group):
     """(trainer, dataset) of this trainer, for the with-block that trains. Rank 0 claims the run directory for
     the group (``run_setup.claim_run_dir``: it locks the directory, prepares the dataset and creates or
     restores the store) and holds it until the block ends; the others wait for its setup, then open what it
@@ -79,9 +91,9 @@ def _restarted_launch_of(run_dir: Path) -> bool:
     return restart_count() > 0 and marker.exists() and json.loads(marker.read_text())["launch"] == launch_id()
 
 
-def _start(api, config: Config, run_dir: Path, progress: bool, resume: bool, group: Group):
+def _start(api: RunSteps, config: Config, run_dir: Path, progress: bool, resume: bool, group: Group):
     if not resume:
-        api.RunDirectory(run_dir).create(config)
+        RunDirectory(run_dir).create(config)
     if group.is_leader:  # (also for a run that one process started: its logs go there from now on)
         (run_dir / DISTRIBUTED_DIR).mkdir(parents=True, exist_ok=True)
     if not resume:

@@ -35,7 +35,7 @@ except ImportError:  # pragma: no cover - depends on the torch build
     triton = None
 
 KINDS = ("l1", "modulus")
-MODULUS_EPS = 1e-12  # as RotatE.distance in marius_py/models.py: keeps d m / d diff finite at diff = 0
+MODULUS_EPS = pairwise_cuda.MODULUS_EPS  # (one value for the NVRTC, Triton and torch versions)
 
 # The torch version builds [G, m, n, dim] tiles of at most this many elements.
 BROADCAST_ELEMENTS = 1 << 24

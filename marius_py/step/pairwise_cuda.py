@@ -245,7 +245,7 @@ KERNEL_NAME(const float* __restrict__ w, const float* __restrict__ x, const floa
 
 # Shared by the kernels: float4 reads of a thread's columns in shared rows, the approximate square roots
 # Triton's tl.sqrt and tl.rsqrt use, and the score tile's store (bench/pairwise_cuda.py's variant uses it too).
-# (MODULUS_EPS is defined from pairwise.MODULUS_EPS by kernel_source.)
+# (MODULUS_EPS is defined from this module's MODULUS_EPS by kernel_source.)
 COMMON_SOURCE = r"""
 #define LOAD4(v, row, t) { float4 f = *(const float4*)&(row)[(t) * 4]; v[0] = f.x; v[1] = f.y; v[2] = f.z; v[3] = f.w; }
 #define LOAD8(v, row, t) { float4 f0 = *(const float4*)&(row)[(t) * 4], f1 = *(const float4*)&(row)[64 + (t) * 4]; \
@@ -280,11 +280,12 @@ GRID_YZ_MAX = 65535  # CUDA's limit on a grid's y and z dimensions (x: 2^31 - 1)
 ROWS_PER_BLOCK = 128  # rows of a block in both kernels (the scores' 128 x 128 tile, the gradients' 128 rows)
 GRADIENT_COORDINATES_PER_BLOCK = 32  # the gradient kernel's block: 128 rows x 32 coordinates
 SWITCHED_OFF = ("0", "false", "off", "no")
+MODULUS_EPS = 1e-12  # as RotatE.distance in marius_py/models.py: keeps d m / d diff finite at diff = 0 (pairwise's
+                     # torch and Triton versions take it from here)
 
 
 def kernel_source(kind: str, kernel: str, min_blocks: int | None = None, name: str | None = None) -> str:
     """CUDA source of ``kernel`` ("scores", "grad_queries" or "grad_candidates") for ``kind``, entry ``name``."""
-    from marius_py.step.pairwise import MODULUS_EPS  # (pairwise imports this module)
     role = "scores" if kernel == "scores" else "gradient"
     defines = {"MODULUS": int(kind == "modulus"), "X_MINUS_Y": int(kernel == "grad_queries"),
                "MIN_BLOCKS": min_blocks or MIN_BLOCKS[kind, role], "KERNEL_NAME": name or f"{kind}_{kernel}",
