@@ -91,7 +91,7 @@ class RecordingStep:
 
 
 @pytest.mark.parametrize("variant", sorted(RUNNER_VARIANTS))
-@pytest.mark.parametrize("num_devices", [2, 3])
+@pytest.mark.parametrize("num_devices", [2, 3, 4])
 @pytest.mark.parametrize("bound", [1, 2, 4])
 def test_every_row_reaches_its_device_and_every_gradient_its_owner_once(small_config, variant, num_devices, bound):
     config, replicas, nodes, state, edges = setup(small_config, ["cpu"] * num_devices, "model.decoder=distmult",
@@ -115,7 +115,7 @@ def test_every_row_reaches_its_device_and_every_gradient_its_owner_once(small_co
 
 
 @pytest.mark.parametrize("variant", sorted(RUNNER_VARIANTS))
-@pytest.mark.parametrize("num_devices", [2, 3])
+@pytest.mark.parametrize("num_devices", [2, 3, 4])
 def test_every_device_receives_the_table_rows_it_needs(small_config, variant, num_devices):
     """Zero gradients leave the tables unchanged: every row a device receives must equal the table's."""
     config, replicas, nodes, state, edges = setup(small_config, ["cpu"] * num_devices, *RUNNER_VARIANTS[variant])
@@ -140,23 +140,23 @@ def _recording_runner(config, replicas, nodes, state, bound, log, scale: float =
                              cache_all=p.placement == "device")
 
 
-@pytest.mark.parametrize("decoder", ["complex", "distmult"])
+@pytest.mark.parametrize("decoder, num_devices", [("complex", 2), ("distmult", 2), ("distmult", 4)])
 @pytest.mark.parametrize("bound", [1, 3])
-def test_deduplicated_training_equals_every_device_reading_its_own_rows(small_config, decoder, bound):
+def test_deduplicated_training_equals_every_device_reading_its_own_rows(small_config, decoder, bound, num_devices):
     """Same seed: dedup, dedup with caches, tables split across devices and the baseline train the same model."""
     results = {}
     for variant, overrides in RUNNER_VARIANTS.items():
-        config, replicas, nodes, state, edges = setup(small_config, ["cpu", "cpu"], f"model.decoder={decoder}",
+        config, replicas, nodes, state, edges = setup(small_config, ["cpu"] * num_devices, f"model.decoder={decoder}",
                                                       "model.reg_weight=0.01", *overrides)
         runner, loss = run_runner(config, replicas, nodes, state, edges, bound)
         results[variant] = nodes, state, [r.decoder.relations.detach() for r in replicas], loss, runner
     nodes, state, relations, loss, _ = results["baseline"]
-    assert torch.equal(relations[0], relations[1]), "relation replicas diverged"
+    assert all(torch.equal(relations[0], other) for other in relations[1:]), "relation replicas diverged"
     for variant in ("dedup", "cache", "split"):
         got_nodes, got_state, got_relations, got_loss, _ = results[variant]
         torch.testing.assert_close(got_nodes, nodes, rtol=0, atol=1e-6)
         torch.testing.assert_close(got_state, state, rtol=0, atol=1e-6)
-        torch.testing.assert_close(got_relations[1], relations[1], rtol=0, atol=1e-6)
+        torch.testing.assert_close(got_relations[-1], relations[-1], rtol=0, atol=1e-6)
         torch.testing.assert_close(got_loss, loss, rtol=1e-6, atol=0)
     cached = results["cache"][4].counters.snapshot(4, 8)
     assert cached["cache_hits"] > 0
@@ -367,8 +367,9 @@ def _bucketed(config, tmp_path, partitions: int) -> str:
     return str(out)
 
 
-def test_replicas_leave_training_equal(small_config, tmp_path):
-    config = small_config("training.devices=cpu,cpu,cpu", "training.epochs=2")
+@pytest.mark.parametrize("devices", ["cpu,cpu,cpu", "cpu,cpu,cpu,cpu"])
+def test_replicas_leave_training_equal(small_config, tmp_path, devices):
+    config = small_config(f"training.devices={devices}", "training.epochs=2")
     trainer = Trainer(config, Dataset(config.dataset.path), tmp_path / "run", progress=False)
     try:
         initial = trainer.replicas[0].decoder.relations.detach().clone()
