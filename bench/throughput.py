@@ -52,9 +52,9 @@ from marius_py.trainer import tf32_matmuls
 STEP_SETTINGS = ["model.decoder=distmult", "model.loss=softmax_ce", "training.batch_size=50000",
                  "training.num_chunks=10", "training.num_negatives=1000", "model.reg_weight=0"]
 # --decoders names beyond the decoders' own: TransE's two distances, RotatE's L2 norm.
-DECODER_SETTINGS = {"transe-l1": ["model.decoder=transe", "model.transe_norm=1"],
-                    "transe-l2": ["model.decoder=transe", "model.transe_norm=2"],
-                    "rotate-l2": ["model.decoder=rotate", "model.rotate_norm=2"]}
+DECODER_SETTINGS = {"transe-l1": ["model.decoder=transe", "model.norm=1"],
+                    "transe-l2": ["model.decoder=transe", "model.norm=2"],
+                    "rotate-l2": ["model.decoder=rotate", "model.norm=2"]}
 
 
 class UtilisationSampler:

@@ -14,6 +14,7 @@ import math
 import numbers
 import re
 import typing
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -57,11 +58,9 @@ class ModelConfig:
     decoder: str = _f("complex", f"scoring function, one of {DECODERS}")
     dim: int = _f(256, "embedding dimension (real numbers per node; complex decoders use dim/2 complex pairs)")
     init_scale: float = _f(1e-3, "standard deviation of the normal initialisation")
-    transe_norm: int = _f(1, "TransE distance norm: 1 or 2 (2 is scored on matmuls, several times faster on a "
-                             "GPU; the norms want different model.reg_weight, see README)")
-    rotate_norm: int = _f(1, "RotatE distance: 1 sums the complex moduli of h*r - t (Sun et al. 2019); 2 takes "
-                             "its L2 norm (PyKEEN's RotatE), scored on matmuls, several times faster on a GPU; the "
-                             "norms want different model.reg_weight, see README")
+    norm: int = _f(1, "distance norm of transe and rotate: 1 or 2. RotatE's 1 sums the complex moduli of h*r - t "
+                      "(Sun et al. 2019), its 2 takes their L2 norm (PyKEEN's RotatE); 2 is scored on matmuls, "
+                      "faster on a GPU, and wants another model.reg_weight")
     loss: str = _f("softmax_ce", f"training loss, one of {LOSSES}")
     margin: float = _f(1.0, "margin of the margin ranking loss")
     regularizer: str = _f("n3", f"regulariser on the batch's embeddings, one of {REGULARIZERS}")
@@ -316,8 +315,7 @@ def validate(config: Config, origins: dict | None = None) -> Config:
            "expected > 0, or -1 for all nodes", t.num_negatives)
     _check(t.num_chunks <= t.batch_size, "training.num_chunks", "expected <= training.batch_size",
            t.num_chunks)
-    _check(m.transe_norm in (1, 2), "model.transe_norm", "expected 1 or 2", m.transe_norm)
-    _check(m.rotate_norm in (1, 2), "model.rotate_norm", "expected 1 or 2", m.rotate_norm)
+    _check(m.norm in (1, 2), "model.norm", "expected 1 or 2", m.norm)
     _check(t.relation_prediction >= 0, "training.relation_prediction", "expected >= 0", t.relation_prediction)
     _check(t.relation_prediction == 0 or m.decoder in ("distmult", "complex"), "training.relation_prediction",
            f"needs a decoder linear in the relation vector (distmult, complex), not {m.decoder}",
@@ -493,6 +491,39 @@ def _set(config: Config, dotted: str, value, source, line: int | None = None) ->
     setattr(section, parts[1], _coerce(value, types[parts[1]], dotted, source, line))
 
 
+# Keys renamed since earlier runs wrote their config.yaml: read as the new key, with a warning.
+RENAMED_KEYS = {"model.transe_norm": "model.norm", "model.rotate_norm": "model.norm"}
+_DECODER_NORM_KEYS = {"transe": "transe_norm", "rotate": "rotate_norm"}  # (the two norms that became one)
+
+
+def _renamed(key: str, source: object) -> str:
+    """``key``, or the key it was renamed to (warning that the old name goes)."""
+    if key in RENAMED_KEYS:
+        _warn_renamed([key], source)
+    return RENAMED_KEYS.get(key, key)
+
+
+def _warn_renamed(keys: list[str], source: object) -> None:
+    new = RENAMED_KEYS[keys[0]]
+    warnings.warn(f"{source}: {' and '.join(keys)} {'is' if len(keys) == 1 else 'are'} now {new} (one distance "
+                  f"norm for transe and rotate); the old names will be refused in a later release", FutureWarning,
+                  stacklevel=4)
+
+
+def _one_norm(model: dict, source: object) -> dict:
+    """A model section written before ``model.norm`` (``transe_norm`` and ``rotate_norm``, each decoder its
+    own): its decoder's norm becomes ``norm``; the other one never applied."""
+    old = {key: model[key] for key in _DECODER_NORM_KEYS.values() if key in model}
+    if not old:
+        return model
+    _warn_renamed([f"model.{key}" for key in old], source)
+    model = {key: value for key, value in model.items() if key not in old}
+    own = _DECODER_NORM_KEYS.get(model.get("decoder", ModelConfig.decoder))
+    if own in old and "norm" not in model:
+        model["norm"] = old[own]
+    return model
+
+
 def from_dict(raw: dict, source: object = None, lines: dict[str, int] | None = None) -> Config:
     """Build a config from nested dicts (unknown keys are errors); ``lines``: the line of every section and
     ``section.key`` in ``source``, for errors."""
@@ -517,6 +548,8 @@ def from_dict(raw: dict, source: object = None, lines: dict[str, int] | None = N
                 expected = f"a mapping of sections, one of {', '.join(CONFIG_SECTIONS)}"
             raise MariusInputError(f"config section {section!r} is a {_yaml_kind(values)}, not a mapping",
                                    path=source, line=line, expected=expected)
+        if section == "model":
+            values = _one_norm(values, source)
         for key, value in values.items():
             dotted = f"{section}.{key}"
             _set(config, dotted, value, source, lines.get(dotted))
@@ -533,6 +566,7 @@ def apply_overrides(config: Config, overrides: list[str], source: object = "over
     as errors name it (the CLI's: "command line")."""
     for item in overrides:
         key, text = _split_override(item, source)
+        key = _renamed(key, source)
         try:
             value = yaml.safe_load(text) if text else ""
         except yaml.YAMLError:

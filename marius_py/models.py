@@ -21,11 +21,15 @@ _BROADCAST_BLOCK = 1 << 24
 
 
 class Decoder(nn.Module):
-    """Base class; subclasses define ``operator`` and ``compare_pairs``/``compare_all``."""
+    """Base class; subclasses define ``operator`` and ``compare_pairs``/``compare_all``, and declare what the
+    fused step computes for them (``edge_operator`` and ``comparator``, read by ``step/edge_kernels.py``)."""
 
     name = ""
     complex_valued = False
     regularize_relations = True  # False where relation parameters are not vectors (RotatE phases)
+    edge_operator: str | None = None  # the fused step's operator (identity, diagonal, complex, translation,
+                                      # rotation); None: no fused step
+    comparator = "dot"                # how queries meet targets: dot, l2, l1 or modulus
 
     def __init__(self, num_relations: int, dim: int, init_scale: float):
         super().__init__()
@@ -86,6 +90,7 @@ class Dot(DotProductComparator):
     """Plain graphs: score = <h, t>; the relation is ignored."""
 
     name = "dot"
+    edge_operator = "identity"
 
     def relation_dim(self, dim):
         return 0
@@ -98,6 +103,7 @@ class DistMult(DotProductComparator):
     """score = <h * r, t> (Yang et al. 2015)."""
 
     name = "distmult"
+    edge_operator = "diagonal"
 
     def operator(self, nodes, relations):
         return nodes * relations
@@ -123,6 +129,7 @@ class ComplEx(DotProductComparator):
 
     name = "complex"
     complex_valued = True
+    edge_operator = "complex"
 
     def operator(self, nodes, relations):
         return complex_product(nodes, relations)
@@ -137,9 +144,15 @@ class ComplEx(DotProductComparator):
 class DistanceComparator(Decoder):
     """Comparator -||q - t||_p, p (``norm``) 1 or 2; 2 has a matmul form (|q|^2 + |t|^2 - 2 q.t)."""
 
+    norm_1_comparator = "l1"  # (RotatE's norm 1 is the sum of complex moduli)
+
     def __init__(self, num_relations, dim, init_scale, norm: int = 1):
         super().__init__(num_relations, dim, init_scale)
         self.norm = norm
+
+    @property
+    def comparator(self) -> str:
+        return "l2" if self.norm == 2 else self.norm_1_comparator
 
     def compare_pairs(self, queries, targets):
         return -self.distance(queries - targets)
@@ -157,6 +170,7 @@ class TransE(DistanceComparator):
     """score = -||h + r - t||_p (Bordes et al. 2013), p = 1 or 2."""
 
     name = "transe"
+    edge_operator = "translation"
 
     def operator(self, nodes, relations):
         return nodes + relations
@@ -175,6 +189,8 @@ class RotatE(DistanceComparator):
     name = "rotate"
     complex_valued = True
     regularize_relations = False
+    edge_operator = "rotation"
+    norm_1_comparator = "modulus"
 
     def relation_dim(self, dim):
         return dim // 2
@@ -205,14 +221,14 @@ def _blocked_pairwise(queries: torch.Tensor, candidates: torch.Tensor, distance)
 DECODER_CLASSES = {cls.name: cls for cls in (Dot, DistMult, ComplEx, TransE, RotatE)}
 
 
-def build_decoder(name: str, num_relations: int, dim: int, init_scale: float,
-                  transe_norm: int = 1, rotate_norm: int = 1) -> Decoder:
+def build_decoder(name: str, num_relations: int, dim: int, init_scale: float, norm: int = 1) -> Decoder:
+    """The decoder ``name``; ``norm``: the distance norm of distance decoders (TransE, RotatE)."""
     try:
         cls = DECODER_CLASSES[name]
     except KeyError:  # the CLI checks names in config.validate; this guards library callers
         raise ValueError(f"unknown decoder {name!r}; known: {', '.join(DECODER_CLASSES)}") from None
     if issubclass(cls, DistanceComparator):
-        return cls(num_relations, dim, init_scale, norm=rotate_norm if cls is RotatE else transe_norm)
+        return cls(num_relations, dim, init_scale, norm=norm)
     return cls(num_relations, dim, init_scale)
 
 

@@ -124,7 +124,7 @@ def test_bad_config_file(tmp_path, yaml_text, line, needle):
     ("model.decoder=transr", "model.decoder: expected one of dot, distmult, complex, transe, rotate"),
     ("training.nonsense=3", "unknown config key 'training.nonsense'"),
     ("model.dropout=1.5", "model.dropout: expected in [0, 1)"),
-    ("model.rotate_norm=3", "model.rotate_norm: expected 1 or 2, got 3"),
+    ("model.norm=3", "model.norm: expected 1 or 2, got 3"),
     ("storage.direct_io=sometimes", "storage.direct_io: expected one of auto, true, false"),
 ])
 def test_bad_override(tmp_path, override, needle):

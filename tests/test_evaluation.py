@@ -91,7 +91,7 @@ def make_model(name, norm, seed, duplicate_rows=False):
         nodes[5] = nodes[3]
         nodes[7] = nodes[3]
         nodes[10] = nodes[1]
-    decoder = build_decoder(name, NUM_RELATIONS, DIM, 1.0, transe_norm=norm, rotate_norm=norm).double()
+    decoder = build_decoder(name, NUM_RELATIONS, DIM, 1.0, norm=norm).double()
     with torch.no_grad():
         decoder.relations.copy_(torch.randn(decoder.relations.shape, generator=g, dtype=torch.float64))
     return decoder, nodes
@@ -321,7 +321,7 @@ def test_evaluate_sampled_tie_with_sampled_copy_of_target(case, captured_ranks):
     name, norm = case
     g = torch.Generator().manual_seed(0)
     nodes = torch.randn(40, 16, generator=g, dtype=torch.float64)
-    decoder = build_decoder(name, 2, 16, 1.0, transe_norm=norm, rotate_norm=norm).double()
+    decoder = build_decoder(name, 2, 16, 1.0, norm=norm).double()
     with torch.no_grad():
         decoder.relations.copy_(torch.randn(decoder.relations.shape, generator=g, dtype=torch.float64))
     for i in range(40):

@@ -9,7 +9,7 @@ import torch
 
 from marius_py.config import load_config
 from marius_py.models import build_decoder
-from marius_py.step.edge_kernels import EdgeMaths, comparator_of, edge_backward_, edge_queries
+from marius_py.step.edge_kernels import EdgeMaths, edge_backward_, edge_queries
 from marius_py.step.fused import FusedStep, supports_fused_step
 from marius_py.pipeline.row_kernels import gather_rows, scatter_add_rows_, sparse_adagrad_
 from marius_py.optim import SparseAdagrad
@@ -94,19 +94,22 @@ def test_fused_step_with_regulariser_and_dropout_equals_autograd_step(decoder, r
                    f"model.dropout={dropout}"])
 
 
-DISTANCE_DECODERS = {"transe-l1": ["model.decoder=transe", "model.transe_norm=1"],
-                     "transe-l2": ["model.decoder=transe", "model.transe_norm=2"],
+DISTANCE_DECODERS = {"transe-l1": ["model.decoder=transe", "model.norm=1"],
+                     "transe-l2": ["model.decoder=transe", "model.norm=2"],
                      "rotate": ["model.decoder=rotate"],
-                     "rotate-l2": ["model.decoder=rotate", "model.rotate_norm=2"]}
+                     "rotate-l2": ["model.decoder=rotate", "model.norm=2"]}
 
 
-def test_each_decoder_takes_its_comparator():
+def test_each_decoder_declares_its_operator_and_comparator():
     """The L2 forms of TransE and RotatE share the matmul expansion (l2); their L1 forms take the pairwise
-    kernels (l1, modulus); the rest compare by dot products."""
-    expected = {("dot", 1): "dot", ("distmult", 1): "dot", ("complex", 1): "dot", ("transe", 1): "l1",
-                ("transe", 2): "l2", ("rotate", 1): "modulus", ("rotate", 2): "l2"}
-    for (name, norm), comparator in expected.items():
-        assert comparator_of(build_decoder(name, 2, 8, 0.1, transe_norm=norm, rotate_norm=norm)) == comparator
+    kernels (l1, modulus); the rest compare by dot products. Every decoder has a fused step."""
+    expected = {("dot", 1): ("identity", "dot"), ("distmult", 1): ("diagonal", "dot"),
+                ("complex", 1): ("complex", "dot"), ("transe", 1): ("translation", "l1"),
+                ("transe", 2): ("translation", "l2"), ("rotate", 1): ("rotation", "modulus"),
+                ("rotate", 2): ("rotation", "l2")}
+    for (name, norm), (operator, comparator) in expected.items():
+        decoder = build_decoder(name, 2, 8, 0.1, norm=norm)
+        assert (decoder.edge_operator, decoder.comparator) == (operator, comparator)
 
 
 @pytest.mark.parametrize("decoder", list(DISTANCE_DECODERS))
@@ -170,7 +173,7 @@ def test_only_one_vs_all_over_every_row_shares_its_candidates():
     assert not complex_step._shares_candidates(plan.routed(plan.rows.flip(0), plan.local))
     sampled = FusedStep(make_model("complex", "full", "cpu", True))
     assert not sampled._shares_candidates(sampled.model.plan_batch(edges, generator))
-    l1 = FusedStep(make_model("transe", "full", "cpu", True, ["training.num_negatives=-1", "model.transe_norm=1"]))
+    l1 = FusedStep(make_model("transe", "full", "cpu", True, ["training.num_negatives=-1", "model.norm=1"]))
     assert not l1._shares_candidates(l1.model.plan_batch(edges, generator))
 
 

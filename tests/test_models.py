@@ -109,7 +109,7 @@ def relation_table(name):
 
 
 def make_decoder(name, norm=1, num_relations=NUM_RELATIONS, dim=DIM):
-    decoder = build_decoder(name, num_relations, dim, 0.1, transe_norm=norm, rotate_norm=norm).double()
+    decoder = build_decoder(name, num_relations, dim, 0.1, norm=norm).double()
     if num_relations == NUM_RELATIONS and dim == DIM:
         table = torch.tensor(relation_table(name), dtype=torch.float64).reshape(2 * NUM_RELATIONS, -1)
         if (name, norm) in HAND_SCORES:
@@ -162,7 +162,7 @@ def test_hand_functions_on_written_out_numbers():
     ("rotate-2", -math.sqrt(87))])
 def test_library_score_on_written_out_numbers(name, expected):
     base, _, norm = name.partition("-")
-    decoder = build_decoder(base, 1, 4, 0.1, transe_norm=int(norm or 1), rotate_norm=int(norm or 1)).double()
+    decoder = build_decoder(base, 1, 4, 0.1, norm=int(norm or 1)).double()
     rel = [math.pi / 2, math.pi] if base == "rotate" else ([] if base == "dot" else [0.5, -1, 2, 0])
     with torch.no_grad():
         decoder.relations.copy_(t64([rel, rel]).reshape(2, -1))
@@ -417,8 +417,7 @@ def _make_model(name, norm, loss="softmax_ce", num_negatives=-1, num_chunks=1, d
                 reg_weight=0.0, regularizer="n3", dim=DIM):
     config = Config()
     config.model.decoder = name
-    config.model.transe_norm = norm
-    config.model.rotate_norm = norm
+    config.model.norm = norm
     config.model.dim = dim
     config.model.loss = loss
     config.model.dropout = 0.0
@@ -635,3 +634,28 @@ def test_relation_prediction_bad_config_is_refused(overrides, message):
     config.training.relation_prediction = overrides.get("weight", 0.1)
     with pytest.raises(MariusInputError, match=f"training.relation_prediction.*{message}"):
         validate(config)
+
+
+@pytest.mark.parametrize("decoder, transe_norm, rotate_norm, norm", [("transe", 2, 1, 2), ("rotate", 1, 2, 2),
+                                                                      ("rotate", 2, 1, 1), ("complex", 2, 2, 1)])
+def test_a_config_written_before_model_norm_keeps_its_decoders_norm(tmp_path, decoder, transe_norm, rotate_norm,
+                                                                    norm):
+    """Runs wrote model.transe_norm and model.rotate_norm in their config.yaml: a resume reads the decoder's
+    own as model.norm (the other never applied), warning that the names go."""
+    from marius_py.config import dump_config, load_config
+    path = tmp_path / "config.yaml"
+    path.write_text(f"model:\n  decoder: {decoder}\n  transe_norm: {transe_norm}\n  rotate_norm: {rotate_norm}\n")
+    with pytest.warns(FutureWarning, match="model.transe_norm and model.rotate_norm are now model.norm"):
+        config = load_config(path)
+    assert config.model.norm == norm
+    assert "transe_norm" not in dump_config(config) and "norm: " in dump_config(config)
+
+
+def test_an_old_norm_override_is_model_norm_with_a_warning():
+    from marius_py.config import load_config
+    with pytest.warns(FutureWarning, match="model.rotate_norm is now model.norm"):
+        config = load_config(None, ["model.decoder=rotate", "model.rotate_norm=2"])
+    assert config.model.norm == 2
+    with pytest.raises(MariusInputError, match="model.norm: expected 1 or 2, got 3"), \
+            pytest.warns(FutureWarning, match="model.transe_norm is now model.norm"):
+        load_config(None, ["model.transe_norm=3"])

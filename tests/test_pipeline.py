@@ -344,8 +344,8 @@ def test_fused_device_step_matches_the_cpu_pipeline(small_config, graphs):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("decoder", [["model.decoder=transe", "model.transe_norm=1"], ["model.decoder=rotate"],
-                                     ["model.decoder=rotate", "model.rotate_norm=2"]],
+@pytest.mark.parametrize("decoder", [["model.decoder=transe", "model.norm=1"], ["model.decoder=rotate"],
+                                     ["model.decoder=rotate", "model.norm=2"]],
                          ids=["transe-l1", "rotate", "rotate-l2"])
 def test_graphed_distance_step_trains_as_the_eager_one(small_config, decoder):
     """The distance kernels (pairwise_cuda.py's, or Triton's) inside a replayed CUDA graph train as they do

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 from torch.nn import functional as F
 
-from marius_py.models import DistanceComparator, complex_product, regularization
+from marius_py.models import complex_product, regularization
 from marius_py.step.fused_loss import to_16_bytes
 from marius_py.pipeline.row_kernels import tile_shape, triton, use_triton
 
@@ -39,9 +39,6 @@ if triton is not None:
 
     from marius_py.pipeline.row_kernels import load_rows
 
-# Decoders with a fused step and their operator (their comparator: ``comparator_of``).
-OPERATORS = {"dot": "identity", "distmult": "diagonal", "complex": "complex", "transe": "translation",
-             "rotate": "rotation"}
 _OPERATOR_CODE = {"identity": 0, "diagonal": 1, "translation": 2}
 _COMPARATOR_CODE = {"dot": 0, "l2": 1, "l1": 2, "modulus": 3}
 _REGULARIZER_CODE = {"none": 0, "n3": 1, "l2": 2}
@@ -69,9 +66,9 @@ class EdgeMaths:
     def of(cls, model) -> "EdgeMaths":
         m = model.config.model
         regularizer = m.regularizer if m.reg_weight > 0 else "none"
-        operator = OPERATORS[model.decoder.name]
-        return cls(operator, regularizer, operator != "identity" and model.decoder.regularize_relations,
-                   comparator_of(model.decoder))
+        decoder = model.decoder  # (each decoder class declares its operator and comparator: marius_py/models.py)
+        return cls(decoder.edge_operator, regularizer,
+                   decoder.edge_operator != "identity" and decoder.regularize_relations, decoder.comparator)
 
     @property
     def complex(self) -> bool:
@@ -82,15 +79,6 @@ class EdgeMaths:
     def complex_moduli(self) -> bool:
         """Rows are [re | im] complex vectors: N3 regularises the moduli."""
         return self.operator in ("complex", "rotation")
-
-
-def comparator_of(decoder) -> str:
-    """How a decoder compares queries with targets: dot, l2, l1 or modulus."""
-    if not isinstance(decoder, DistanceComparator):
-        return "dot"
-    if decoder.norm == 2:
-        return "l2"
-    return "modulus" if decoder.name == "rotate" else "l1"
 
 
 def edge_queries(nodes: torch.Tensor, relations: torch.Tensor | None, edges: torch.Tensor,

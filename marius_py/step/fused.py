@@ -31,7 +31,7 @@ import contextlib
 
 import torch
 
-from marius_py.step.edge_kernels import OPERATORS, EdgeMaths, edge_backward_, edge_queries, relation_prediction_
+from marius_py.step.edge_kernels import EdgeMaths, edge_backward_, edge_queries, relation_prediction_
 from marius_py.step.fused_loss import (SCORE_DTYPES, candidate_padding, pad_candidate_ids, score_form,
                                       softmax_ce_gradients, to_16_bytes)
 from marius_py.negatives import by_chunk, chunk_row_weights
@@ -41,7 +41,7 @@ from marius_py.pipeline.step import rounding_seed
 
 def supports_fused_step(model) -> bool:
     """Whether ``FusedStep`` computes this model's step: Dot, DistMult, ComplEx, TransE or RotatE with softmax CE."""
-    return model.decoder.name in OPERATORS and model.config.model.loss == "softmax_ce"
+    return model.decoder.edge_operator is not None and model.config.model.loss == "softmax_ce"
 
 
 class FusedStep:

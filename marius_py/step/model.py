@@ -39,8 +39,7 @@ class Model:
         m, t = config.model, config.training
         self.config = config
         self.num_nodes = num_nodes
-        self.decoder: Decoder = build_decoder(m.decoder, num_relations, m.dim, m.init_scale,
-                                              m.transe_norm, m.rotate_norm).to(device)
+        self.decoder: Decoder = build_decoder(m.decoder, num_relations, m.dim, m.init_scale, m.norm).to(device)
         self.loss_fn = LOSSES[m.loss]
         self.node_optimizer = SparseAdagrad(t.lr, rowwise=t.adagrad_variant == "rowwise")
         params = [p for p in self.decoder.parameters() if p.numel() > 0]
