@@ -58,9 +58,9 @@ class ModelConfig:
     decoder: str = _f("complex", f"scoring function, one of {DECODERS}")
     dim: int = _f(256, "embedding dimension (real numbers per node; complex decoders use dim/2 complex pairs)")
     init_scale: float = _f(1e-3, "standard deviation of the normal initialisation")
-    norm: int = _f(1, "distance norm of transe and rotate: 1 or 2. RotatE's 1 sums the complex moduli of h*r - t "
-                      "(Sun et al. 2019), its 2 takes their L2 norm (PyKEEN's RotatE); 2 is scored on matmuls, "
-                      "faster on a GPU, and wants another model.reg_weight")
+    norm: int = _f(1,
+        "distance norm of transe and rotate, 1 or 2 (rotate's 1 sums the complex moduli of h*r - t, as Sun et "
+        "al.; 2 is scored on matmuls and wants another model.reg_weight)")
     loss: str = _f("softmax_ce", f"training loss, one of {LOSSES}")
     margin: float = _f(1.0, "margin of the margin ranking loss")
     regularizer: str = _f("n3", f"regulariser on the batch's embeddings, one of {REGULARIZERS}")
@@ -81,26 +81,23 @@ class TrainingConfig:
     relation_lr: float = _f(0.1, "learning rate of the relation parameters")
     seed: int = _f(0, "seed of every random draw (initialisation, shuffling, negatives, dropout)")
     device: str = _f("auto", f"compute device, one of {DEVICES} (auto: cuda when present)")
-    devices: str = _f("", "several devices training one model, comma-separated: cuda:0,cuda:1 (or --gpus 2); "
-                          "cpu,cpu simulates two devices on the CPU (tests). Each step trains one batch of "
-                          "training.batch_size per device. Empty: training.device alone")
+    devices: str = _f("",
+        "several devices training one model, comma-separated: cuda:0,cuda:1 (or --gpus 2); cpu,cpu simulates "
+        "two on a CPU. Each step trains one batch of training.batch_size per device; empty: training.device "
+        "alone")
     relation_prediction: float = _f(0.0, "weight of the relation-prediction objective (Chen et al., AKBC 2021): "
                                           "each edge's relation predicted from its head and tail by a softmax over "
                                           "all relation vectors, both directions (distmult, complex); 0: off")
-    shared_negatives: bool = _f(False, "several devices: the batches of a step draw the same uniform negatives "
-                                       "(chunk c of every device), so each negative row is read from the host "
-                                       "once per step (faster; -0.003 test MRR on CoDEx-M); degree-based "
-                                       "negatives stay per device")
+    shared_negatives: bool = _f(False,
+        "several devices: the batches of a step draw the same uniform negatives, so each negative row is read "
+        "from the host once per step (degree-based negatives stay per device)")
     num_threads: int = _f(0, "torch CPU threads (0: leave torch's default)")
     tensorboard: bool = _f(False, "also write the metrics as TensorBoard events to RUN_DIR/tensorboard (needs the "
                                   "tensorboard package: the tensorboard extra)")
-    checkpoint_interval: float = _f(0.0, "seconds: an epoch commits a checkpoint only when this long has passed "
-                                         "since the last commit, or validation found a new best, or it is the "
-                                         "last epoch; out of core, a commit also happens between two buffer "
-                                         "states once this long has passed (a crash then loses at most this "
-                                         "long plus one state's work; --resume continues at the next state; "
-                                         "not with storage.negative_cache, whose blocks are not checkpointed). "
-                                         "0: every epoch, never inside one")
+    checkpoint_interval: float = _f(0.0,
+        "seconds between checkpoint commits: an epoch commits when this long has passed, validation found a "
+        "new best, or it is the last epoch; out of core a commit may also fall between two buffer states. 0: "
+        "every epoch, never inside one")
     score_dtype: str = _f("float32", "precision of the [batch x negatives] score block of dot-product decoders "
                                      "with softmax_ce: float32 or bfloat16 (half the memory traffic; reductions "
                                      "stay float32); TransE and RotatE blocks stay float32")
@@ -128,60 +125,38 @@ class EvaluationConfig:
 @dataclass
 class StorageConfig:
     num_partitions: int = _f(1, "node partitions on disk (1: embeddings wholly in memory)")
-    dtype: str = _f("float32", f"one of {STORAGE_DTYPES}: how node embeddings and their Adagrad state are stored "
-                               "(on disk, in the partition buffer, in memory tables). bfloat16 halves their "
-                               "memory and IO, so a buffer of the same bytes holds twice the partitions; "
-                               "training computes in float32 and rounds each update stochastically (FB15k-237: "
-                               "no measurable loss in memory, and 16:8 in a float32 16:4 buffer's memory within "
-                               "0.0013 of in-memory; disk epochs 2.1-2.3x faster; bench/RESULTS.md). Tables that fit in "
-                               "GPU memory train slower in bfloat16 (a gathered step without CUDA graphs): keep "
-                               "float32 there. One "
-                               "device, not under torchrun; a run keeps the dtype it started with")
+    dtype: str = _f("float32",
+        f"how node embeddings and their Adagrad state are stored, one of {STORAGE_DTYPES}: bfloat16 halves "
+        "their memory and IO (updates computed in float32, rounded stochastically; one device, not under "
+        "torchrun). A run keeps the dtype it started with; see the out-of-core guide")
     buffer_capacity: int = _f(0, "partitions held in memory at once when num_partitions > 1 "
                                  "(0: all of them)")
-    ordering: str = _f("comet", f"order of buffer states and buckets, one of {ORDERING_NAMES}. comet: BETA's "
-                                f"states over logical partitions of storage.comet_group_size physical ones, "
-                                f"regrouped at random every epoch (accuracy near in-memory training); affine: "
-                                f"the same groups, the buffer walking the lines of an affine plane (P = C^2 "
-                                f"logical partitions, e.g. 16:4: each trained in C + 1 states instead of comet's "
-                                f"2P/C - 1; FB15k-237 at a quarter resident lost 0.0067 instead of 0.0103 over "
-                                f"three seeds, at +5% IO; bench/RESULTS.md); beta: plain BETA over the "
-                                f"physical partitions (least IO)")
-    edge_assignment: str = _f("bucket", "which state trains an edge: 'bucket' (the ordering's bucket "
-                                        "assignment), 'balanced' (whole buckets, each to the state holding "
-                                        "both its partitions that evens the edges per state: the first state's "
-                                        "training no longer waits alone, same IO) or 'edge' (each edge to a "
-                                        "random state holding its bucket)")
+    ordering: str = _f("comet",
+        f"order of buffer states and buckets, one of {ORDERING_NAMES}: beta needs the least IO, comet runs "
+        "BETA over groups of partitions regrouped every epoch, affine walks the lines of an affine plane "
+        "(P = C^2). See the out-of-core guide for their IO and accuracy")
+    edge_assignment: str = _f("bucket",
+        "which state trains an edge: bucket (the ordering's assignment), balanced (whole buckets, evening the "
+        "edges per state at the same IO) or edge (each edge to a random state holding its bucket)")
     lookahead: int = _f(2, "buffer states whose admitted partitions are read ahead; each costs one more "
                            "partition of memory (a group with comet)")
-    direct_io: str = _f("auto", "partition reads and writes bypass the page cache (O_DIRECT, where the file "
-                                "system allows): true, false, or auto: true, except for torchrun trainers all "
-                                "on one machine whose store takes at most a quarter of its memory (they then "
-                                "exchange partitions through the page cache, at memory speed)")
-    io_threads: int = _f(1, "threads reading partitions into the buffer and as many writing them back (more "
-                            "overlap page-cache copies of several partitions; disk IO with O_DIRECT was "
-                            "measured with 1)")
-    comet_group_size: int = _f(0, "comet and affine orderings: physical partitions per logical one, regrouped "
-                                  "at random every epoch (0: for comet the largest k <= 8 dividing num_partitions "
-                                  "and buffer_capacity that leaves >= 2 groups in the buffer, 1 if none; for "
-                                  "affine buffer_capacity^2 / num_partitions, after a P = C^2 store is split in "
-                                  "4 as comet_split does)")
-    comet_split: int = _f(0, "comet (and affine) ordering with an automatic comet_group_size: each of "
-                             "num_partitions is "
-                             "stored as this many physical partitions, and buffer_capacity likewise (the same "
-                             "memory and bytes read), so that groups of 8 can be regrouped every epoch "
-                             "(measured: CoDEx-M within 0.005 of in-memory test MRR at 8:2, 16:4 and 32:8, "
-                             "where groups of 1-2 lost up to 0.024; bench/RESULTS.md). 0: "
-                             "automatic, the smallest split <= 8 giving groups of 8 with at most 256 partitions "
-                             "(affine: 4, or 2 past 256, else 1) "
-                             "(lowered when the graph's nodes cannot fill them; 1 under torchrun, whose "
-                             "scheduler does not follow an ordering); 1: as given. A run's config.yaml "
-                             "records the split applied")
-    negative_cache: float = _f(0.0, "fraction of every partition's rows kept in the buffer as negatives while "
-                                    "their partition is not resident (0: off, negatives from resident "
-                                    "partitions only; off by default: on CoDEx-M it did not bring BETA or comet "
-                                    "closer to in-memory accuracy, bench/RESULTS.md); costs that fraction of "
-                                    "the table in memory, and reading it once an epoch")
+    direct_io: str = _f("auto",
+        "partition IO bypasses the page cache (O_DIRECT where the file system allows): true, false, or auto "
+        "(true, except torchrun trainers on one machine whose store fits a quarter of its memory)")
+    io_threads: int = _f(1,
+        "threads reading partitions into the buffer, and as many writing them back")
+    comet_group_size: int = _f(0,
+        "comet and affine: physical partitions per logical one, regrouped every epoch. 0: automatic (comet: "
+        "the largest k <= 8 dividing the partitions and the buffer; affine: buffer_capacity^2 / "
+        "num_partitions)")
+    comet_split: int = _f(0,
+        "comet and affine with an automatic group size: each partition (and buffer slot) is stored as this "
+        "many physical ones, at the same memory and bytes read, so that groups can be regrouped every epoch. "
+        "0: automatic (at most 8, lowered for small graphs, 1 under torchrun); a run's config.yaml records "
+        "the split applied")
+    negative_cache: float = _f(0.0,
+        "fraction of every partition's rows kept in the buffer as negatives while their partition is not "
+        "resident (0: off). Costs that fraction of the table in memory and one read of it an epoch")
     negative_cache_refresh: str = _f("evict", f"one of {REFRESH_POLICIES}: when the cached rows are refreshed: "
                                               "'evict' (read at the epoch's start, then copied from every "
                                               "evicted partition, no IO) or 'epoch' (only read at the start)")
@@ -196,22 +171,20 @@ class StorageConfig:
 
 @dataclass
 class PipelineConfig:
-    placement: str = _f("auto", f"where node embeddings (or the partition buffer) live when training on "
-                                f"CUDA, one of {PLACEMENTS}: 'device' (GPU memory, no per-batch transfers), "
-                                "'host' (host memory, the five-stage pipeline), 'auto' (device when "
-                                "they fit in GPU memory). Several devices: 'device' splits the tables across "
-                                "their memory (each keeps the rows it owns); a partition buffer, or "
-                                "pipeline.dedup=false, keeps them in host memory")
-    staleness_bound: int = _f(0, "batches in flight at once; a batch's compute misses the updates of at most "
-                                 "bound - 1 earlier ones (1: synchronous). With tables in GPU memory it is how "
-                                 "far batches are planned ahead, and training stays synchronous. 0: 16 on CUDA, "
-                                 "1 on CPU. Several devices: steps in flight (0: 2; graphed steps at most 2)")
+    placement: str = _f("auto",
+        f"where node embeddings (or the partition buffer) live when training on CUDA, one of {PLACEMENTS}: "
+        "device (GPU memory), host (pinned host memory, the five-stage pipeline) or auto (device when they "
+        "fit). With several devices, device splits the tables across them")
+    staleness_bound: int = _f(0,
+        "batches in flight at once: a batch's compute misses the updates of at most bound - 1 earlier ones "
+        "(1: synchronous; with tables in GPU memory, how far batches are planned ahead). 0: 16 on CUDA, 1 on "
+        "a CPU, 2 steps with several devices")
     load_threads: int = _f(1, "threads of the load stage (negatives, unique rows, gathers)")
     queue_size: int = _f(0, "capacity of each queue between stages (0: the staleness bound)")
-    dedup: bool = _f(True, "several devices: each row a step needs crosses PCIe once (its owner device reads it "
-                           "and shares it over NVLink; gradients return to the owner, which writes one update). "
-                           "false: every device reads its own rows over PCIe (the baseline; faster where the "
-                           "devices' batches share few rows, rho near 1, at small d)")
+    dedup: bool = _f(True,
+        "several devices: each row a step needs crosses PCIe once, read by its owner and shared with the "
+        "others over NVLink, which return its gradients to the owner. false: every device reads its own rows "
+        "(faster where the devices' batches share few rows)")
     step_grouping: int = _f(0, "several devices: windows of this many steps are sorted by head and each step "
                                "dealt round-robin, so the batches that run together share rows (0: off; the "
                                "batches are then uniform samples of the span)")
@@ -226,11 +199,10 @@ class DistributedConfig:
                                            "parameters reach the others by an all-reduce at least this often "
                                            "(applied at the next bucket boundary), and exactly at the end of "
                                            "every epoch")
-    partitions_per_trainer: int = _f(2, "several trainers: partitions each trainer holds at once; "
-                                        "it is granted every bucket left among them, so more partitions mean "
-                                        "fewer partition reads per bucket (measured at P=16, 1-4 trainers: "
-                                        "~0.5 with 2, ~0.3 with 4). Its buffer has twice as many slots: the "
-                                        "next grant's reads need not wait for the last one's write-backs")
+    partitions_per_trainer: int = _f(2,
+        "several trainers: partitions each trainer holds at once; more mean fewer partition reads per bucket. "
+        "Its buffer has twice as many slots, so the next grant's reads need not wait for the last one's "
+        "write-backs")
     timeout_seconds: float = _f(600.0, "several trainers: how long a trainer waits for the others (the "
                                        "scheduler, a collective, rank 0's evaluation) before it stops the "
                                        "group with an error")
