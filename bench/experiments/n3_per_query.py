@@ -1,6 +1,6 @@
 r"""bench/quality.py with N3 weighted per query, as Chen et al. (2021) count it, on the autograd step.
 
-    python bench/n3_per_query.py 2.0 -- --datasets-root <dir> --runs codex-s:codex-s \
+    python bench/experiments/n3_per_query.py 2.0 -- --datasets-root <dir> --runs codex-s:codex-s \
         --set training.fused_step=false --set training.seed=0 --out /tmp/n3.json
 
 Their N3 term is taken per query: an edge's two queries penalise each of its entities twice and each
@@ -30,7 +30,7 @@ def main() -> None:
         return factor * entities + relations
     step_model.regularization = per_query
     sys.argv = ["bench/quality.py", *sys.argv[3:]]
-    runpy.run_path(str(Path(__file__).parent / "quality.py"), run_name="__main__")
+    runpy.run_path(str(Path(__file__).resolve().parent.parent / "quality.py"), run_name="__main__")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """The softmax rows of the step on the CPU (`fused_loss.softmax_rows_`, torch version) at the bundled job's block.
 
-    python bench/cpu_softmax.py --json bench/results/cpu-softmax-rows.json
+    python bench/experiments/cpu_softmax.py --json bench/results/cpu-softmax-rows.json
 
 The allocator settings of the command (marius_py/resources.py) are applied first where the code has them,
 as in `marius-py train`.
@@ -22,7 +22,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent))  # the repository
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # bench/, for its shared helpers
 
 from marius_py.step.fused_loss import softmax_rows_  # noqa: E402
 

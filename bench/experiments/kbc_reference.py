@@ -1,6 +1,6 @@
 r"""A plain-PyTorch reference of Chen et al.'s (AKBC 2021) ComplEx-N3 training, to set beside ours.
 
-    python bench/kbc_reference.py --dataset <dir>/codex-s --seeds 0 1 2 \
+    python bench/experiments/kbc_reference.py --dataset <dir>/codex-s --seeds 0 1 2 \
         --out bench/results/gpu-kbc-reference-codex-s.json
 
 Written from their paper and public repository (facebookresearch/ssl-relation-prediction, the LCWA

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # FB15k-237 DistMult with sampled negatives, trained three ways on one GPU: the fused step with float32
 # scores, with bfloat16 scores, and the autograd step. Prints each run's filtered test metrics and time.
-#   bash bench/fused_accuracy.sh [FB15K_DIR]
+#   bash bench/experiments/fused_accuracy.sh [FB15K_DIR]
 set -euo pipefail
 DATA=${1:-.data/fb15k-237}
 COMMON="dataset.path=$DATA training.device=cuda model.decoder=distmult model.dim=200 model.reg_weight=0

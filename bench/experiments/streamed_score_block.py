@@ -1,6 +1,6 @@
 """Tried and dropped: the score block streamed through on-chip memory, in the manner of flash attention.
 
-    python bench/streamed_score_block.py --json bench/results/gpu-streamed-score-block.json
+    python bench/experiments/streamed_score_block.py --json bench/results/gpu-streamed-score-block.json
 
 Kept so that the figure in bench/RESULTS.md can be rerun. The trainer's
 ``softmax_ce_gradients`` materialises the [G, M, N] score block (cuBLAS
@@ -23,7 +23,8 @@ import torch
 import triton
 import triton.language as tl
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent))  # the repository
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # bench/, for its shared helpers
 
 from marius_py.step.fused_loss import softmax_ce_gradients  # noqa: E402
 

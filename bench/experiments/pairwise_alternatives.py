@@ -1,6 +1,6 @@
 """Two rewrites of the TransE-L1 score block, timed against the shipped float32 kernel (one GPU).
 
-    python bench/pairwise_alternatives.py --json bench/results/gpu-pairwise-alternatives.json
+    python bench/experiments/pairwise_alternatives.py --json bench/results/gpu-pairwise-alternatives.json
 
 The block is the step's: 10 groups of 10,000 queries against 1,000 candidates, dim 100 and 400.
 Each row gives the median time and the largest absolute and relative error against a float64 reference.
@@ -27,9 +27,10 @@ import torch
 import triton
 import triton.language as tl
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent))  # the repository
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # bench/, for its shared helpers
 
-from kernels import time_ms  # noqa: E402  (bench/kernels.py, beside this file)
+from kernels import time_ms  # noqa: E402  (bench/kernels.py)
 from marius_py.step import pairwise  # noqa: E402
 
 HALF2_TILES = [(32, 32, 8, 4, 2), (32, 64, 8, 4, 8), (64, 32, 8, 4, 8), (32, 32, 16, 4, 4)]  # BM, BN, BK, warps, inner
