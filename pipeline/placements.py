@@ -8,8 +8,9 @@ what joins them:
 - ``cpu``: load -> compute -> update as threads; no transfers. At bound 1
   they run inline: the stages could not overlap anyway, and handing batches
   between threads measured ~15% slower on two cores.
-- ``device`` (tables in GPU memory): no threads. Dot/DistMult/ComplEx models take
-  the fused step (``marius_py/step/fused.py``, optionally a CUDA graph),
+- ``device`` (tables in GPU memory): no threads. Models the fused step serves
+  (``supports_fused_step``: every decoder with the softmax loss) take it
+  (``marius_py/step/fused.py``, optionally a CUDA graph),
   which reads no count on the host. Other models use ``run_planned_ahead``: each
   batch is planned on the GPU (negatives, touched rows with their count left
   on the device) ``staleness_bound`` batches before it runs; by then its row
