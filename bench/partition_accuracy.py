@@ -11,7 +11,7 @@ A variant ``ORDERING:P:C`` trains with P partitions and a buffer of C (for
 or of K with ``comet:P:C:K``; ``default:P:C`` is the default ordering over P
 physical partitions, its group size chosen as training does); ``+key=value``
 suffixes override that variant's config only, e.g.
-``beta:16:4+storage.negative_cache=0.1``.
+``beta:16:4+storage.dtype=bfloat16``.
 
 ``order:P:C`` trains in memory (every node a candidate, no buffer) but takes an
 epoch's edges state by state, in the order the default P:C ordering would train
@@ -59,7 +59,6 @@ from marius_py.negatives import CandidateRows  # noqa: E402
 from marius_py.trainer import Trainer, TrainingSpan, epoch_ordering  # noqa: E402
 from marius_py.orderings import is_two_level, simulate  # noqa: E402
 from marius_py.orderings.simulator import format_bytes  # noqa: E402
-from marius_py.storage.negative_cache import cache_bytes_per_epoch, cache_row_bytes  # noqa: E402
 from marius_py.storage.partitioning import partition_bounds, partition_of, partition_size  # noqa: E402
 
 
@@ -163,17 +162,13 @@ def predicted_io(config: dict, num_nodes: int) -> dict:
     state_dim = 1 if resolved.training.adagrad_variant == "rowwise" else dim
     itemsize = getattr(torch, s.dtype).itemsize
     chunk_bytes = partition_size(num_nodes, s.num_partitions) * (dim + state_dim) * itemsize
-    cache_bytes = cache_bytes_per_epoch(num_nodes, s.num_partitions, s.negative_cache,
-                                        cache_row_bytes(dim, state_dim, s.negative_cache_gradients, itemsize))
-    totals = {"partitions_read": 0, "partitions_written": 0, "bytes_read": 0, "bytes_written": 0,
-              "cache_bytes_read": 0}
+    totals = {"partitions_read": 0, "partitions_written": 0, "bytes_read": 0, "bytes_written": 0}
     for epoch in range(1, resolved.training.epochs + 1):
-        stats = simulate(epoch_ordering(resolved, epoch), chunk_bytes, cache_bytes)
+        stats = simulate(epoch_ordering(resolved, epoch), chunk_bytes)
         totals["partitions_read"] += stats.physical_partitions_read
         totals["partitions_written"] += stats.physical_partitions_written
         totals["bytes_read"] += stats.bytes_read
         totals["bytes_written"] += stats.bytes_written
-        totals["cache_bytes_read"] += stats.cache_bytes_read
     return totals
 
 
@@ -223,7 +218,7 @@ def main() -> None:
             if result["io"] is not None:
                 io = result["io"]
                 result["io_predicted"] = predicted_io(result["resolved_config"], result["num_nodes"])
-                io_match = (f"read {format_bytes(io['bytes_read'])} + cache {format_bytes(io['cache_bytes_read'])}, "
+                io_match = (f"read {format_bytes(io['bytes_read'])}, "
                             + ("IO = simulator" if all(io[k] == v for k, v in result["io_predicted"].items())
                                else "IO MISMATCH"))
             results.append(result)

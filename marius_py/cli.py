@@ -213,7 +213,6 @@ def as_trained(args, name: str, num_nodes: int, row_bytes: int):
 
 def cmd_ordering(args) -> None:
     from marius_py.orderings import ORDERINGS, compare_orderings, format_table
-    from marius_py.orderings.simulator import format_bytes
     from marius_py.storage.partitioning import partition_size
     num_nodes = args.nodes
     if args.dataset:
@@ -253,16 +252,6 @@ def cmd_ordering(args) -> None:
     if num_nodes:
         print(f"partition = {rows:,} rows x (dim {args.dim} + optimizer state {state_dim}) x {itemsize} B "
               f"({args.dtype})")
-    if num_nodes and args.negative_cache:
-        from marius_py.storage.negative_cache import cache_bytes_per_epoch, cache_row_bytes, cached_rows
-        extra = cache_bytes_per_epoch(num_nodes, args.partitions, args.negative_cache,
-                                      cache_row_bytes(args.dim, state_dim, args.negative_cache_gradients, itemsize))
-        beta = next(r for r in table if r.ordering == "beta")
-        print(f"negative cache {args.negative_cache:g}: {cached_rows(rows, args.negative_cache):,} rows of every "
-              f"partition, read once an epoch: +{format_bytes(extra)} per epoch "
-              f"({100 * extra / beta.bytes_read:.1f}% of beta's reads), "
-              f"{format_bytes(cached_rows(rows, args.negative_cache) * args.partitions * row_bytes)} "
-              f"more memory")
     if not num_nodes:
         print("bytes are 0: give --dataset DIR or --nodes N (and --dim) to size the partitions")
 
@@ -403,10 +392,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--group-size", type=int, default=0,
                    help="comet and affine: physical partitions per logical one (0: as training picks it)")
-    p.add_argument("--negative-cache", type=float, default=0.0, metavar="FRACTION",
-                   help="storage.negative_cache: the extra IO and memory of caching this fraction of every partition")
-    p.add_argument("--negative-cache-gradients", choices=["drop", "defer"], default="drop",
-                   help="storage.negative_cache_gradients (defer also reads the optimizer state)")
     p.set_defaults(func=cmd_ordering)
 
     p = sub.add_parser("plot", help="PNGs of a run: loss, validation MRR, edges/s, and out of core the "

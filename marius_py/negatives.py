@@ -18,24 +18,18 @@ class CandidateRows:
     """Rows uniform negatives are drawn from: a union of contiguous ranges of a node table.
 
     In memory that is ``[0, num_nodes)``; in a partition buffer, the valid rows
-    of each resident partition's slot, and the blocks of a negative cache. A
-    range ``(start, count, span)`` is drawn as if it had ``span`` rows, each
-    row about ``span / count`` times (floor or ceiling): a cached block stands
-    for its whole partition. ``(start, count)`` means ``span == count``.
-    ``all()`` lists every row once (1-vs-all ignores spans).
+    of each resident partition's slot: ranges ``(start, count)``.
     """
 
-    def __init__(self, ranges: list[tuple[int, ...]], device: torch.device | str = "cpu"):
-        spans = [r[2] if len(r) > 2 else r[1] for r in ranges]
-        self.total = sum(spans)  # draw positions, on the host: no device synchronisation
-        self._identity = len(ranges) == 1 and ranges[0][0] == 0 and spans[0] == ranges[0][1]
-        self._weighted = any(span != r[1] for span, r in zip(spans, ranges))
+    def __init__(self, ranges: list[tuple[int, int]], device: torch.device | str = "cpu"):
+        self.total = sum(count for _, count in ranges)  # draw positions, on the host: no device synchronisation
+        self._identity = len(ranges) == 1 and ranges[0][0] == 0
         if not self._identity:
             as_tensor = lambda values: torch.tensor(values, dtype=torch.long, device=device)  # noqa: E731
-            self._starts, self._counts = as_tensor([r[0] for r in ranges]), as_tensor([r[1] for r in ranges])
-            self._spans = as_tensor(spans)
-            self._ends = torch.cumsum(self._spans, 0)
-            self._offsets = self._starts - (self._ends - self._spans)  # row = position + offset of its range
+            counts = as_tensor([count for _, count in ranges])
+            self._ends = torch.cumsum(counts, 0)
+            # row = position + the offset of its range
+            self._offsets = as_tensor([start for start, _ in ranges]) - (self._ends - counts)
 
     def to(self, device: torch.device | str) -> CandidateRows:
         """The same rows, their lookup tensors on ``device``."""
@@ -61,18 +55,11 @@ class CandidateRows:
             return positions
         device = positions.device
         ranges = torch.searchsorted(self._ends.to(device), positions, right=True)
-        if not self._weighted:
-            return positions + self._offsets.to(device)[ranges]
-        within = positions - (self._ends - self._spans).to(device)[ranges]
-        return self._starts.to(device)[ranges] + within * self._counts.to(device)[ranges] // \
-            self._spans.to(device)[ranges]
+        return positions + self._offsets.to(device)[ranges]
 
     def all(self, device: torch.device) -> torch.Tensor:
         """Every row once (1-vs-all scoring)."""
-        if not self._weighted:
-            return self.rows(torch.arange(self.total, device=device))
-        return torch.cat([torch.arange(start, start + count, device=device)
-                          for start, count in zip(self._starts.tolist(), self._counts.tolist())])
+        return self.rows(torch.arange(self.total, device=device))
 
 
 def sample_negatives(endpoints: torch.Tensor, candidates: CandidateRows | int, num_chunks: int,

@@ -4,7 +4,7 @@ into the metrics log, and ``marius-py plot`` draws them.
 
 
 StateTimeline, for every state: ``wait`` (seconds from the end of the previous state's training to this state's
-edges being ready: swap reads not finished yet, the negative cache's read, commits between states),
+edges being ready: swap reads not finished yet, commits between states),
 ``train`` (seconds of its batches, the devices synchronized), its edges, and the partition bytes read
 and written meanwhile (write-backs finish asynchronously and count when they finish).
 """
@@ -38,8 +38,7 @@ class StateTimeline:
         self.synchronize()
         now, io = time.perf_counter(), self.counters.snapshot()
         self.rows.append({"wait": self._wait, "train": now - self._mark, "edges": edges,
-                          "read": io["bytes_read"] + io["cache_bytes_read"] - self._io["bytes_read"]
-                          - self._io["cache_bytes_read"],
+                          "read": io["bytes_read"] - self._io["bytes_read"],
                           "written": io["bytes_written"] - self._io["bytes_written"]})
         self._mark, self._io = now, io
 

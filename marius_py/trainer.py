@@ -55,7 +55,6 @@ from marius_py.pipeline.row_kernels import zero_copy_available
 from marius_py.storage.buffer import BufferView, PartitionBuffer
 from marius_py.storage.durable import fsync_tree
 from marius_py.storage.embedding_store import EmbeddingStore, initial_tables, link_tree
-from marius_py.storage.negative_cache import NegativeCache, cached_rows
 from marius_py.storage.partitioning import partition_size
 
 
@@ -312,8 +311,7 @@ class Trainer:
         rows, cols = self._partition_shape()
         s = self.config.storage
         return PartitionBuffer.bytes_needed(rows, cols, s.buffer_capacity, self._swap_size(), s.lookahead,
-                                            cached_rows(rows, s.negative_cache) * s.num_partitions,
-                                            self.table_dtype.itemsize)
+                                            itemsize=self.table_dtype.itemsize)
 
     def _partition_shape(self) -> tuple[int, tuple[int, int]]:
         """Rows of a partition, and the widths of its embedding and optimizer-state tables."""
@@ -324,15 +322,10 @@ class Trainer:
         """The partition buffer, allocated on first use (evaluation and export never need it)."""
         if self.buffer is None:
             s = self.config.storage
-            cache = None
-            if s.negative_cache > 0:
-                cache = NegativeCache(self.store.num_nodes, self.store.num_partitions, self.store.rows_per_partition,
-                                      s.negative_cache, s.negative_cache_refresh, s.negative_cache_gradients,
-                                      self.config.training.seed, s.negative_cache_draws)
             self.buffer = PartitionBuffer(self.store, s.buffer_capacity, self.table_device,
                                           swap_size=self._swap_size(), lookahead=s.lookahead,
-                                          pin_memory=self._zero_copy_tables(), cache=cache,
-                                          direct_io=self._direct_io(), io_threads=s.io_threads)
+                                          pin_memory=self._zero_copy_tables(), direct_io=self._direct_io(),
+                                          io_threads=s.io_threads)
         return self.buffer
 
     def _direct_io(self) -> bool:
@@ -372,7 +365,7 @@ class Trainer:
         if first_state >= len(states):  # resumed after the epoch's last state: its work is in the store
             return
         buffer = self.partition_buffer()
-        for view in buffer.walk(states[first_state:], epoch):
+        for view in buffer.walk(states[first_state:]):
             yield self._buffer_span(view, state_edges(first_state + view.index)), buffer.embeddings, buffer.state
         buffer.flush()
 
@@ -505,10 +498,9 @@ class Trainer:
 
     def _state_commit_due(self) -> bool:
         """Whether to commit between two buffer states: out of core, once ``training.checkpoint_interval``
-        seconds have passed (not with a negative cache, whose blocks are not part of a checkpoint)."""
+        seconds have passed."""
         interval = self.config.training.checkpoint_interval
-        return (self.partitioned and interval > 0 and self.config.storage.negative_cache == 0
-                and time.monotonic() - self._last_commit >= interval)
+        return self.partitioned and interval > 0 and time.monotonic() - self._last_commit >= interval
 
     def _commit_between_states(self, epoch: int, num_states: int, states_done: int, total_loss: torch.Tensor,
                                generators: list[torch.Generator]) -> None:

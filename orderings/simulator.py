@@ -20,9 +20,6 @@ Counting rules (a real buffer's counters must equal these):
   partitions (``len(groups[l])`` per logical partition ``l``, i.e. ``k`` each),
   and bytes are the sums over physical partitions. For one-level orderings the
   physical counts equal the logical ones.
-* ``cache_bytes_read``: what a negative cache reads besides the partitions
-  (``storage.negative_cache``: a block of every partition at the epoch's
-  start, ``storage.negative_cache.cache_bytes_per_epoch``); given by the caller.
 * ``lower_bound_swaps`` = ``swap_lower_bound(p, c)`` and ``ratio_to_lower_bound``
   = ``swaps / lower_bound_swaps`` (1.0 when both are 0, i.e. ``c == p``).
 """
@@ -55,7 +52,6 @@ class IOStats:
     ratio_to_lower_bound: float
     physical_partitions_read: int
     physical_partitions_written: int
-    cache_bytes_read: int = 0
 
 
 def storage_sizes(partition_bytes: PartitionBytes, num_storage_partitions: int) -> list[int]:
@@ -72,9 +68,8 @@ def storage_sizes(partition_bytes: PartitionBytes, num_storage_partitions: int) 
     return sizes
 
 
-def simulate(ordering: Ordering, partition_bytes: PartitionBytes, cache_bytes: int = 0) -> IOStats:
-    """Partitions and bytes read and written in one epoch of ``ordering`` (``cache_bytes``: a negative
-    cache's reads per epoch)."""
+def simulate(ordering: Ordering, partition_bytes: PartitionBytes) -> IOStats:
+    """Partitions and bytes read and written in one epoch of ``ordering``."""
     sizes = storage_sizes(partition_bytes, ordering.num_physical_partitions)
     logical_bytes = [sum(sizes[q] for q in ordering.partitions_of(lp)) for lp in range(ordering.num_partitions)]
     logical_width = [len(ordering.partitions_of(lp)) for lp in range(ordering.num_partitions)]
@@ -90,7 +85,7 @@ def simulate(ordering: Ordering, partition_bytes: PartitionBytes, cache_bytes: i
         bytes_read=sum(logical_bytes[q] for q in read), bytes_written=sum(logical_bytes[q] for q in written),
         lower_bound_swaps=lower, ratio_to_lower_bound=ratio,
         physical_partitions_read=sum(logical_width[q] for q in read),
-        physical_partitions_written=sum(logical_width[q] for q in written), cache_bytes_read=cache_bytes)
+        physical_partitions_written=sum(logical_width[q] for q in written))
 
 
 def split_evenly(total: int, parts: int) -> list[int]:

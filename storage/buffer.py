@@ -15,8 +15,7 @@ CUDA stream, so a swap's copy neither waits for nor holds up the kernels queued
 for training; a write-back's copy waits only for the kernels launched before
 its eviction (a CUDA event). Host memory:
 ``(c + L) x partition bytes`` (embeddings + optimizer state; slots are padded
-to whole pages for O_DIRECT), ``(c + L k)`` with groups of k. A negative cache
-(``storage.negative_cache``) adds its rows after the slots of the tables.
+to whole pages for O_DIRECT), ``(c + L k)`` with groups of k.
 """
 
 from __future__ import annotations
@@ -31,7 +30,6 @@ import torch
 
 from marius_py.storage.chunk_files import page_aligned_empty, raw_bytes, slot_rows
 from marius_py.storage.embedding_store import EmbeddingStore
-from marius_py.storage.negative_cache import NegativeCache
 from marius_py.storage.partitioning import partition_bounds
 
 
@@ -43,7 +41,6 @@ class IOCounters:
     partitions_written: int = 0
     bytes_read: int = 0
     bytes_written: int = 0
-    cache_bytes_read: int = 0        # the negative cache's reads (storage.negative_cache)
     checkpoint_bytes_written: int = 0  # resident partitions written for a commit between states
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
@@ -57,10 +54,6 @@ class IOCounters:
             self.partitions_written += 1
             self.bytes_written += nbytes
 
-    def add_cache_read(self, nbytes: int) -> None:
-        with self._lock:
-            self.cache_bytes_read += nbytes
-
     def add_checkpoint_write(self, nbytes: int) -> None:
         with self._lock:
             self.checkpoint_bytes_written += nbytes
@@ -69,7 +62,6 @@ class IOCounters:
         with self._lock:
             return {"partitions_read": self.partitions_read, "partitions_written": self.partitions_written,
                     "bytes_read": self.bytes_read, "bytes_written": self.bytes_written,
-                    "cache_bytes_read": self.cache_bytes_read,
                     "checkpoint_bytes_written": self.checkpoint_bytes_written}
 
 
@@ -83,8 +75,7 @@ class BufferView:
     rows_per_partition: int
     rows_per_slot: int               # >= rows_per_partition: slots are padded to whole pages
     resident_ranges: list[tuple[int, int]]  # (first local row, valid rows) per resident partition
-    candidate_ranges: list[tuple[int, ...]]  # negatives' rows: the resident ones and the negative cache's
-                                             # blocks ((first row, rows, draw span): negatives.CandidateRows)
+    candidate_ranges: list[tuple[int, ...]]  # negatives' rows: the resident partitions' (first row, rows)
 
     def local_ids(self, global_ids: torch.Tensor) -> torch.Tensor:
         """Buffer-local row of each global node id (all must be resident)."""
@@ -105,8 +96,8 @@ class PartitionBuffer:
 
     def __init__(self, store: EmbeddingStore, capacity: int, device: torch.device | str = "cpu",
                  swap_size: int = 1, lookahead: int = 2, pin_memory: bool = False,
-                 cache: NegativeCache | None = None, direct_io: bool = True, io_threads: int = 1):
-        """``cache``: a negative cache, placed in the tables after the slots. ``direct_io``: partition IO
+                 direct_io: bool = True, io_threads: int = 1):
+        """``direct_io``: partition IO
         bypasses the page cache (O_DIRECT) where the file system allows. ``io_threads``: reading threads,
         and as many writing (each slot still has one reader or writer at a time: a read waits for its
         slot's and its partition's last write)."""
@@ -121,11 +112,8 @@ class PartitionBuffer:
         self.stride = slot_rows(self.rows, *(f.cols for f in self.files), itemsize=self.dtype.itemsize)
         self.num_partitions = store.num_partitions
         self.num_slots = capacity + swap_size * lookahead
-        self.cache = cache
         slot_rows_total = self.num_slots * self.stride
-        table_rows = slot_rows_total + (cache.num_rows if cache else 0)
-        if cache:
-            cache.base = slot_rows_total
+        table_rows = slot_rows_total
         pin = self.device.type == "cuda" or pin_memory  # host slots that GPU kernels read in place are pinned too
         if self.device.type == "cpu":  # the host slots are the tables
             self._host = [page_aligned_empty(table_rows, f.cols, pin, self.dtype) for f in self.files]
@@ -147,11 +135,11 @@ class PartitionBuffer:
 
     @staticmethod
     def bytes_needed(rows_per_partition: int, cols: tuple[int, ...], capacity: int, swap_size: int = 1,
-                     lookahead: int = 2, cache_rows: int = 0, itemsize: int = 4) -> int:
-        """Memory of the tables (``cols``: widths of the embedding and optimizer-state tables, of
-        ``itemsize``-byte values): the slots and ``cache_rows`` rows of negative cache."""
+                     lookahead: int = 2, itemsize: int = 4) -> int:
+        """Memory of the tables' slots (``cols``: widths of the embedding and optimizer-state tables, of
+        ``itemsize``-byte values)."""
         slots = (capacity + swap_size * lookahead) * slot_rows(rows_per_partition, *cols, itemsize=itemsize)
-        return (slots + cache_rows) * itemsize * sum(cols)
+        return slots * itemsize * sum(cols)
 
     @property
     def embeddings(self) -> torch.Tensor:
@@ -217,8 +205,6 @@ class PartitionBuffer:
 
     def _evict(self, partition: int, for_commit: bool = False) -> None:
         slot = self._slot_of.pop(partition)
-        if self.cache:
-            self.cache.evicted(partition, self.tables, slot * self.stride)
         future = self._submit_write(partition, slot, for_commit=for_commit)
         self._slot_writes[slot] = self._partition_writes[partition] = future
         self._free.append(slot)
@@ -232,19 +218,14 @@ class PartitionBuffer:
             slot_of[partition] = slot
             start, end = partition_bounds(self.store.num_nodes, self.num_partitions, partition)
             ranges.append((slot * self.stride, end - start))
-        candidates = ranges + (self.cache.ranges(partitions) if self.cache else [])
-        return BufferView(index, tuple(partitions), slot_of, self.rows, self.stride, ranges, candidates)
+        return BufferView(index, tuple(partitions), slot_of, self.rows, self.stride, ranges, ranges)
 
-    def walk(self, states: Sequence[Sequence[int]], epoch: int = 0) -> Iterator[BufferView]:
+    def walk(self, states: Sequence[Sequence[int]]) -> Iterator[BufferView]:
         """Yield a view per state (the storage partitions resident in it).
 
         Admissions of the next states are read while this one trains;
         evictions are written back behind. Call ``flush()`` after the last state.
-        ``epoch`` seeds the negative cache's blocks, read before the first state.
         """
-        if self.cache:
-            self.flush()  # the store is current before the cache reads it
-            self.counters.add_cache_read(self.cache.fill(epoch, self.files, self.tables))
         self._fill(sorted(states[0]))
         self._schedule(states, 0)
         yield self._view(0, states[0])
@@ -268,8 +249,6 @@ class PartitionBuffer:
         else:
             future.result()
         self._slot_of[partition] = slot
-        if self.cache:
-            self.cache.admitted(partition, self.tables, slot * self.stride)
 
     def _schedule(self, states: Sequence[Sequence[int]], index: int) -> None:
         """Read ahead the admissions of states ``index + 1 .. index + lookahead`` into free slots.

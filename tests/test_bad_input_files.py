@@ -247,11 +247,17 @@ OVERRIDE_ERRORS = {
     "override_timeout_overflow": OverrideError(["distributed.timeout_seconds=1e400"],
                                                "distributed.timeout_seconds: expected a finite number"),
     "override_epochs_inf": OverrideError(["training.epochs=.inf"], "training.epochs: expected int, got inf"),
-    "override_negative_cache_nan": OverrideError(["storage.negative_cache=.nan"],
-                                                 "storage.negative_cache: expected a finite number"),
+    "override_init_scale_nan": OverrideError(["model.init_scale=.nan"],
+                                             "model.init_scale: expected a finite number"),
+    "override_removed_negative_cache": OverrideError(["storage.negative_cache=0.1"],
+                                                     "storage.negative_cache=0.1: storage.negative_cache was removed"),
 }
 
 CONFIG_ACCEPTED = {
+    # an earlier run's config.yaml names the removed negative-cache keys, off: it still resumes
+    "config_of_an_earlier_run_with_removed_keys_off": ConfigAccepted(yaml_text(
+        "storage:\n  negative_cache: 0.0\n  negative_cache_refresh: evict\n  negative_cache_gradients: drop\n"
+        "  negative_cache_draws: rows\n  lookahead: 3\n"), {"storage.lookahead": 3}),
     "config_bom_and_crlf": ConfigAccepted(b"\xef\xbb\xbftraining:\r\n  lr: 0.3\r\n", {"training.lr": 0.3}),
     "config_utf16_with_bom": ConfigAccepted("training:\n  lr: 0.3\nmodel:\n  dim: 8\n".encode("utf-16"),
                                             {"training.lr": 0.3, "model.dim": 8}),

@@ -84,13 +84,11 @@ def test_chunk_more_chunks_than_rows():
     assert out.tolist() == [[5], [6], [6]]
 
 
-def test_candidate_ranges_with_a_span_repeat_their_rows():
+def test_candidate_ranges_map_positions_to_their_rows():
     from marius_py.negatives import CandidateRows
-    candidates = CandidateRows([(0, 4), (10, 2, 8), (20, 3)])
-    assert candidates.total == 15
-    assert candidates.rows(torch.arange(15)).tolist() == [0, 1, 2, 3] + [10] * 4 + [11] * 4 + [20, 21, 22]
-    assert candidates.all(torch.device("cpu")).tolist() == [0, 1, 2, 3, 10, 11, 20, 21, 22]  # each row once
-    moved = candidates.to("cpu")
-    assert moved.rows(torch.tensor([8, 14])).tolist() == [11, 22]
-    plain = CandidateRows([(0, 4), (10, 2)])
-    assert plain.rows(torch.arange(6)).tolist() == [0, 1, 2, 3, 10, 11]
+    candidates = CandidateRows([(0, 4), (10, 2), (20, 3)])
+    assert candidates.total == 9
+    assert candidates.rows(torch.arange(9)).tolist() == [0, 1, 2, 3, 10, 11, 20, 21, 22]
+    assert candidates.all(torch.device("cpu")).tolist() == [0, 1, 2, 3, 10, 11, 20, 21, 22]
+    assert candidates.to("cpu").rows(torch.tensor([5, 8])).tolist() == [11, 22]
+    assert CandidateRows.contiguous(5).is_identity and not candidates.is_identity

@@ -106,7 +106,6 @@ def test_io_counters_equal_simulator_every_epoch(beta_p8_run):
         assert record["io"] == {"partitions_read": stats.partitions_read,
                                 "partitions_written": stats.partitions_written,
                                 "bytes_read": stats.bytes_read, "bytes_written": stats.bytes_written,
-                                "cache_bytes_read": 0,
             "checkpoint_bytes_written": 0}, \
             f"epoch {record['epoch']}"
         assert stats.partitions_read == 3 + ordering.num_swaps

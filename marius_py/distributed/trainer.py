@@ -148,7 +148,7 @@ class DistributedTrainer(Trainer):
     def _buffer_bytes(self) -> int:
         """``partition_buffer``'s: as many spare slots as held ones."""
         capacity = self._capacity()
-        return PartitionBuffer.bytes_needed(*self._partition_shape(), capacity, capacity, 1, 0)
+        return PartitionBuffer.bytes_needed(*self._partition_shape(), capacity, capacity, 1)
 
     def _state_commit_due(self) -> bool:
         return False  # the group commits at epoch ends only
