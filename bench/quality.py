@@ -59,7 +59,7 @@ def run_one(dataset: Path, config_name: str, overrides: list[str], workdir: Path
     best_valid = max(valid, key=lambda r: r["mrr"]) if valid else None
     train_seconds = sum(r["seconds"] for r in epochs)
     edges = sum(r["edges_per_s"] * r["seconds"] for r in epochs)
-    io = {key: sum(r["io"][key] for r in epochs) for key in epochs[0]["io"]} if "io" in epochs[0] else None
+    io = {key: sum(r["io"].get(key, 0) for r in epochs) for key in epochs[0]["io"]} if "io" in epochs[0] else None
     return {"dataset": dataset.name, "config": config_name, "overrides": overrides,
             "num_nodes": model.dataset.num_nodes,
             "test": model.test_metrics,

@@ -14,6 +14,11 @@ DOCS = Path(__file__).resolve().parent
 sys.path.insert(0, str(DOCS))
 sys.path.insert(0, str(DOCS.parent))
 
+import importlib.util  # noqa: E402
+
+if importlib.util.find_spec("marius_py.orderings") is None:  # (a source checkout without an install)
+    raise SystemExit("docs: install the package first: pip install -e '.[docs]'")
+
 import generate  # noqa: E402
 
 project = "marius-py"

@@ -430,10 +430,7 @@ def _section_types(section) -> dict[str, str]:
 
 def _set(config: Config, dotted: str, value, source, line: int | None = None) -> None:
     if dotted in REMOVED_KEYS:
-        off, why = REMOVED_KEYS[dotted]
-        if value != off:
-            raise MariusInputError(f"{dotted}={value!r}: {why}", path=source, line=line,
-                                   expected=f"no {dotted} (or {off!r}, as earlier runs wrote it)")
+        _check_removed(dotted, value, source, line)
         return
     parts = dotted.split(".")
     if len(parts) != 2 or parts[0] not in CONFIG_SECTIONS:
@@ -447,50 +444,60 @@ def _set(config: Config, dotted: str, value, source, line: int | None = None) ->
     setattr(section, parts[1], _coerce(value, types[parts[1]], dotted, source, line))
 
 
-# Keys removed, with why and the value that meant "off": an earlier run's config.yaml holds them at it, and
-# is read as before; any other value is refused, saying why.
-REMOVED_KEYS = {
-    f"storage.{key}": (off, "storage.negative_cache was removed: measured on CoDEx-M and FB15k-237, it brought no "
-                            "ordering closer to in-memory accuracy (docs/design.md)")
-    for key, off in (("negative_cache", 0.0), ("negative_cache_refresh", "evict"),
-                     ("negative_cache_gradients", "drop"), ("negative_cache_draws", "rows"))}
+# storage.negative_cache and its three policies were removed. An earlier run's config.yaml names them: off
+# (0), it loads as before, whatever its policies said; on, it is refused, saying why and how to go on.
+REMOVED_KEYS = ("storage.negative_cache", "storage.negative_cache_refresh", "storage.negative_cache_gradients",
+                "storage.negative_cache_draws")
+_REMOVED_WHY = ("storage.negative_cache was removed: measured on CoDEx-M and FB15k-237, it brought no ordering "
+                "closer to in-memory accuracy (docs/design.md)")
 
-# Keys renamed since earlier runs wrote their config.yaml: read as the new key, with a warning.
-RENAMED_KEYS = {"model.transe_norm": "model.norm", "model.rotate_norm": "model.norm"}
-_DECODER_NORM_KEYS = {"transe": "transe_norm", "rotate": "rotate_norm"}  # (the two norms that became one)
-
-
-def _renamed(key: str, source: object) -> str:
-    """``key``, or the key it was renamed to (warning that the old name goes)."""
-    if key in RENAMED_KEYS:
-        _warn_renamed([key], source)
-    return RENAMED_KEYS.get(key, key)
+# model.transe_norm and model.rotate_norm (each decoder its own) became model.norm. An earlier run's
+# config.yaml holds both: the final decoder's own one becomes model.norm, unless model.norm is given at the
+# same level or later (the command line is later than the file), with a warning that the names go.
+OLD_NORM_KEYS = {"model.transe_norm": "transe", "model.rotate_norm": "rotate"}
 
 
-def _warn_renamed(keys: list[str], source: object) -> None:
-    new = RENAMED_KEYS[keys[0]]
-    warnings.warn(f"{source}: {' and '.join(keys)} {'is' if len(keys) == 1 else 'are'} now {new} (one distance "
-                  f"norm for transe and rotate); the old names will be refused in a later release", FutureWarning,
-                  stacklevel=4)
+def _check_removed(dotted: str, value, source, line: int | None = None) -> None:
+    """Refuse a removed key that would turn the negative cache on."""
+    if dotted != "storage.negative_cache":
+        return
+    try:
+        off = float(value) == 0.0
+    except (TypeError, ValueError):
+        off = False
+    if not off:
+        raise MariusInputError(f"{dotted}={value!r}: {_REMOVED_WHY}", path=source, line=line,
+                               expected=f"no {dotted}, or 0 (a run trained with it continues without it once its "
+                                        f"config.yaml says {dotted}: 0.0)")
 
 
-def _one_norm(model: dict, source: object) -> dict:
-    """A model section written before ``model.norm`` (``transe_norm`` and ``rotate_norm``, each decoder its
-    own): its decoder's norm becomes ``norm``; the other one never applied."""
-    old = {key: model[key] for key in _DECODER_NORM_KEYS.values() if key in model}
-    if not old:
-        return model
-    _warn_renamed([f"model.{key}" for key in old], source)
-    model = {key: value for key, value in model.items() if key not in old}
-    own = _DECODER_NORM_KEYS.get(model.get("decoder", ModelConfig.decoder))
-    if own in old and "norm" not in model:
-        model["norm"] = old[own]
-    return model
+def _old_norms(values: dict, level: int, source, found: dict) -> dict:
+    """``values`` (a model section) without the old norm keys, which go to ``found`` as (level, value)."""
+    for key in [k for k in values if f"model.{k}" in OLD_NORM_KEYS]:
+        found[f"model.{key}"] = (level, values[key], source)
+    return {key: value for key, value in values.items() if f"model.{key}" not in OLD_NORM_KEYS}
 
 
-def from_dict(raw: dict, source: object = None, lines: dict[str, int] | None = None) -> Config:
+def _resolve_old_norms(config: Config, found: dict, norm_level: int | None) -> None:
+    """model.norm from the old key of the final decoder (``found``: key -> (level, value, source)), unless
+    model.norm was given at the same level or later (``norm_level``)."""
+    if not found:
+        return
+    sources = {str(source) for _, _, source in found.values()}
+    warnings.warn(f"{', '.join(sorted(sources))}: {' and '.join(sorted(found))} "
+                  f"{'is' if len(found) == 1 else 'are'} now model.norm (one distance norm for transe and rotate); "
+                  "the old names will be refused in a later release", FutureWarning, stacklevel=3)
+    own = next((key for key, decoder in OLD_NORM_KEYS.items() if decoder == config.model.decoder), None)
+    if own in found and (norm_level is None or found[own][0] > norm_level):
+        level, value, source = found[own]
+        _set(config, "model.norm", value, source)
+
+
+def from_dict(raw: dict, source: object = None, lines: dict[str, int] | None = None,
+              old_norms: dict | None = None) -> Config:
     """Build a config from nested dicts (unknown keys are errors); ``lines``: the line of every section and
-    ``section.key`` in ``source``, for errors."""
+    ``section.key`` in ``source``, for errors; ``old_norms`` collects the model section's old norm keys
+    (``load_config`` resolves them once every override is in)."""
     config = Config()
     lines = lines or {}
     if raw is None:
@@ -513,7 +520,7 @@ def from_dict(raw: dict, source: object = None, lines: dict[str, int] | None = N
             raise MariusInputError(f"config section {section!r} is a {_yaml_kind(values)}, not a mapping",
                                    path=source, line=line, expected=expected)
         if section == "model":
-            values = _one_norm(values, source)
+            values = _old_norms(values, 0, source, old_norms if old_norms is not None else {})
         for key, value in values.items():
             dotted = f"{section}.{key}"
             _set(config, dotted, value, source, lines.get(dotted))
@@ -525,16 +532,19 @@ def _yaml_kind(value) -> str:
                                                                                              type(value).__name__)
 
 
-def apply_overrides(config: Config, overrides: list[str], source: object = "overrides") -> Config:
+def apply_overrides(config: Config, overrides: list[str], source: object = "overrides",
+                    old_norms: dict | None = None) -> Config:
     """Apply ``section.key=value`` strings (values parsed as YAML scalars); ``source``: where they came from,
-    as errors name it (the CLI's: "command line")."""
+    as errors name it (the CLI's: "command line"); ``old_norms`` collects old norm keys (see from_dict)."""
     for item in overrides:
         key, text = _split_override(item, source)
-        key = _renamed(key, source)
         try:
             value = yaml.safe_load(text) if text else ""
         except yaml.YAMLError:
             value = text
+        if key in OLD_NORM_KEYS:
+            (old_norms if old_norms is not None else {})[key] = (1, value, source)
+            continue
         _set(config, key, value, source)
     return config
 
@@ -640,13 +650,21 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     from, as errors about them name it (the CLI's: "command line")."""
     config = Config()
     origins: dict = {}
+    old_norms: dict = {}
+    norm_level = None  # where model.norm itself was given: 0 the file, 1 the overrides
     if path is not None:
         path = Path(path)
         raw, lines = _read_yaml(path)
-        config = from_dict(raw, source=path, lines=lines)
+        config = from_dict(raw, source=path, lines=lines, old_norms=old_norms)
         origins.update({key: (path, line) for key, line in lines.items()})
-    apply_overrides(config, overrides or [], source)
-    origins.update({item.split("=", 1)[0].strip(): (source, None) for item in overrides or []})
+        norm_level = 0 if "model.norm" in lines else None
+    apply_overrides(config, overrides or [], source, old_norms)
+    given = {item.split("=", 1)[0].strip() for item in overrides or []}
+    origins.update({key: (source, None) for key in given})
+    norm_level = 1 if "model.norm" in given else norm_level
+    _resolve_old_norms(config, old_norms, norm_level)
+    for key, (level, _, where) in old_norms.items():  # (errors about model.norm name where it came from)
+        origins.setdefault("model.norm", origins.get(key, (where, None)))
     return validate(config, origins)
 
 

@@ -31,6 +31,11 @@ class Decoder(nn.Module):
                                       # rotation); None: no fused step
     comparator = "dot"                # how queries meet targets: dot, l2, l1 or modulus
 
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "edge_operator" not in cls.__dict__:  # a subclass declares its own fused maths, or has none
+            cls.edge_operator = None
+
     def __init__(self, num_relations: int, dim: int, init_scale: float):
         super().__init__()
         self.dim = dim

@@ -75,7 +75,7 @@ class BufferView:
     rows_per_partition: int
     rows_per_slot: int               # >= rows_per_partition: slots are padded to whole pages
     resident_ranges: list[tuple[int, int]]  # (first local row, valid rows) per resident partition
-    candidate_ranges: list[tuple[int, ...]]  # negatives' rows: the resident partitions' (first row, rows)
+    candidate_ranges: list[tuple[int, int]]  # negatives' rows: the resident partitions' (first row, rows)
 
     def local_ids(self, global_ids: torch.Tensor) -> torch.Tensor:
         """Buffer-local row of each global node id (all must be resident)."""

@@ -256,8 +256,8 @@ OVERRIDE_ERRORS = {
 CONFIG_ACCEPTED = {
     # an earlier run's config.yaml names the removed negative-cache keys, off: it still resumes
     "config_of_an_earlier_run_with_removed_keys_off": ConfigAccepted(yaml_text(
-        "storage:\n  negative_cache: 0.0\n  negative_cache_refresh: evict\n  negative_cache_gradients: drop\n"
-        "  negative_cache_draws: rows\n  lookahead: 3\n"), {"storage.lookahead": 3}),
+        "storage:\n  negative_cache: 0.0\n  negative_cache_refresh: epoch\n  negative_cache_gradients: defer\n"
+        "  negative_cache_draws: partitions\n  lookahead: 3\n"), {"storage.lookahead": 3}),
     "config_bom_and_crlf": ConfigAccepted(b"\xef\xbb\xbftraining:\r\n  lr: 0.3\r\n", {"training.lr": 0.3}),
     "config_utf16_with_bom": ConfigAccepted("training:\n  lr: 0.3\nmodel:\n  dim: 8\n".encode("utf-16"),
                                             {"training.lr": 0.3, "model.dim": 8}),

@@ -348,3 +348,21 @@ def test_softmax_row_kernel_matches_torch_version(num_candidates, squared_l2):
         outputs.append([t.cpu() for t in (scores, loss, grad_positive)])
     for got, expected in zip(outputs[1], outputs[0]):
         torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-6)
+
+
+def test_a_decoder_subclass_gets_no_fused_step_unless_it_declares_one():
+    """The fused step computes a decoder's declared maths: a subclass that changes the operator without
+    declaring its own must not inherit its parent's."""
+    from marius_py.models import DistMult
+
+    class Scaled(DistMult):
+        name = "scaled"
+
+        def operator(self, nodes, relations):
+            return 2 * nodes * relations
+
+    class Declared(DistMult):
+        edge_operator = "diagonal"
+
+    assert Scaled.edge_operator is None and Declared.edge_operator == "diagonal"
+    assert DistMult.edge_operator == "diagonal"

@@ -41,7 +41,7 @@ def imported_names(path: Path, module: str) -> set[tuple[str, str]]:
     names: set[tuple[str, str]] = set()
 
     def visit(node: ast.AST) -> None:
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+        if isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING"):
             for child in node.orelse:
                 visit(child)
             return

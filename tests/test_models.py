@@ -645,17 +645,30 @@ def test_a_config_written_before_model_norm_keeps_its_decoders_norm(tmp_path, de
     from marius_py.config import dump_config, load_config
     path = tmp_path / "config.yaml"
     path.write_text(f"model:\n  decoder: {decoder}\n  transe_norm: {transe_norm}\n  rotate_norm: {rotate_norm}\n")
-    with pytest.warns(FutureWarning, match="model.transe_norm and model.rotate_norm are now model.norm"):
+    with pytest.warns(FutureWarning, match="model.rotate_norm and model.transe_norm are now model.norm"):
         config = load_config(path)
     assert config.model.norm == norm
     assert "transe_norm" not in dump_config(config) and "norm: " in dump_config(config)
 
 
-def test_an_old_norm_override_is_model_norm_with_a_warning():
+@pytest.mark.parametrize("yaml_model, overrides, norm", [
+    ("decoder: transe\n  transe_norm: 2\n  rotate_norm: 1", ["model.decoder=rotate"], 1),  # the final decoder's
+    ("transe_norm: 2", ["model.decoder=transe"], 2),
+    ("decoder: transe\n  transe_norm: 2", ["model.norm=1"], 1),            # model.norm later: it wins
+    ("decoder: transe\n  norm: 1", ["model.transe_norm=2"], 2),            # the old key later: it wins
+    ("decoder: rotate", ["model.rotate_norm=2", "model.transe_norm=1"], 2),
+    ("decoder: transe", ["model.rotate_norm=2"], 1),                        # another decoder's: never applied
+])
+def test_the_final_decoders_old_norm_counts_unless_model_norm_comes_later(tmp_path, yaml_model, overrides, norm):
     from marius_py.config import load_config
-    with pytest.warns(FutureWarning, match="model.rotate_norm is now model.norm"):
-        config = load_config(None, ["model.decoder=rotate", "model.rotate_norm=2"])
-    assert config.model.norm == 2
+    path = tmp_path / "config.yaml"
+    path.write_text(f"model:\n  {yaml_model}\n")
+    with pytest.warns(FutureWarning, match="now model.norm"):
+        assert load_config(path, overrides).model.norm == norm
+
+
+def test_an_old_norm_out_of_range_is_named_as_model_norm():
+    from marius_py.config import load_config
     with pytest.raises(MariusInputError, match="model.norm: expected 1 or 2, got 3"), \
             pytest.warns(FutureWarning, match="model.transe_norm is now model.norm"):
-        load_config(None, ["model.transe_norm=3"])
+        load_config(None, ["model.decoder=transe", "model.transe_norm=3"])

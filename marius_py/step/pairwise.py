@@ -35,7 +35,7 @@ except ImportError:  # pragma: no cover - depends on the torch build
     triton = None
 
 KINDS = ("l1", "modulus")
-MODULUS_EPS = pairwise_cuda.MODULUS_EPS  # (one value for the NVRTC, Triton and torch versions)
+MODULUS_EPS = pairwise_cuda.MODULUS_EPS  # (the NVRTC and torch versions' value; Triton's kernels write 1e-12)
 
 # The torch version builds [G, m, n, dim] tiles of at most this many elements.
 BROADCAST_ELEMENTS = 1 << 24

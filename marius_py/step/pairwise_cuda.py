@@ -281,7 +281,7 @@ ROWS_PER_BLOCK = 128  # rows of a block in both kernels (the scores' 128 x 128 t
 GRADIENT_COORDINATES_PER_BLOCK = 32  # the gradient kernel's block: 128 rows x 32 coordinates
 SWITCHED_OFF = ("0", "false", "off", "no")
 MODULUS_EPS = 1e-12  # as RotatE.distance in marius_py/models.py: keeps d m / d diff finite at diff = 0 (pairwise's
-                     # torch and Triton versions take it from here)
+                     # torch version takes it from here; its Triton kernels write the same 1e-12)
 
 
 def kernel_source(kind: str, kernel: str, min_blocks: int | None = None, name: str | None = None) -> str:
