@@ -4,7 +4,7 @@ Out of core, a buffer's bytes bound how many partitions it holds. Stored as
 bfloat16, rows and state take half the bytes: the memory of a 16:4 float32
 buffer holds 16:8, and each partition read or write moves half the bytes.
 This measured the accuracy that costs before ``storage.dtype=bfloat16`` was
-built (bench/RESULTS.md, eighteenth session): after every
+built (docs/design.md): after every
 node update (the fused step's ``sparse_adagrad_``, or the pipeline's
 ``add_rows_`` where the autograd step runs) the whole node and state tables are
 rounded to bfloat16 values, kept in their float32 tensors. Rounding

@@ -63,7 +63,7 @@ def check_partitions_filled(p: int, dataset: Dataset) -> None:
                                expected=f"at most {valid} partitions (a smaller storage.num_partitions)")
 
 
-# glibc's mallopt parameters and the values `keep_freed_memory` sets (bench/RESULTS.md, eleventh session).
+# glibc's mallopt parameters and the values `keep_freed_memory` sets (docs/design.md).
 M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD = -1, -2, -3
 ALLOCATOR_SETTINGS = {M_MMAP_THRESHOLD: 32 << 20, M_TRIM_THRESHOLD: 256 << 20, M_TOP_PAD: 16 << 20}
 ALLOCATOR_OPT_OUT = "MARIUS_PY_SYSTEM_MALLOC"

@@ -1,7 +1,7 @@
 """A two-level ordering whose buffer states are the lines of an affine plane.
 
 Out of core, accuracy falls as each partition is trained in more buffer states
-per epoch (bench/RESULTS.md, nineteenth session): every such state gives its
+per epoch (docs/design.md): every such state gives its
 nodes a biased share of their edges. BETA's sequence over logical partitions,
 two of them in the buffer, trains each one in ``2 p / c - 1`` states; with a
 quarter of the nodes resident that is 7.

@@ -10,7 +10,7 @@ reads and writes a partition. Moving buckets to other eligible states changes
 no state, so no IO, and lets every state's training overlap its swap.
 
 Buckets stay whole (every bucket still trains in one burst, which is what kept
-accuracy in bench/RESULTS.md's ordering studies); only which eligible state
+accuracy in the ordering studies of docs/design.md); only which eligible state
 trains it changes.
 """
 

@@ -54,7 +54,7 @@ def default_group_size(num_physical: int, capacity: int, largest: int = 8) -> in
 def default_split(num_partitions: int, capacity: int, group_size: int = 8, most: int = 256) -> int:
     """Physical partitions each of ``num_partitions`` becomes under the default ordering: the smallest
     m <= ``group_size`` for which ``default_group_size(P m, C m)`` is ``group_size``, keeping P m <= ``most``.
-    Measured (bench/RESULTS.md, issue 12): regrouping 8 physical partitions per logical one keeps test MRR
+    Measured (docs/design.md): regrouping 8 physical partitions per logical one keeps test MRR
     within 0.0034-0.0047 of in-memory training on CoDEx-M and 0.0092-0.0101 on FB15k-237, where groups of
     1-2 lost up to 0.024 and 0.016, at the same bytes read. 1 when
     the buffer holds every partition or no such m exists."""

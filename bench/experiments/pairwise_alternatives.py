@@ -13,7 +13,7 @@ Each row gives the median time and the largest absolute and relative error again
   into a [BM, BN] float32 accumulator (the SGEMM loop shape), from coordinate-major copies of the rows;
   the copies' cost is timed apart (``transpose_ms``).
 
-Neither is shipped: bench/RESULTS.md (eleventh session) says why.
+Neither is shipped: the lab notes (`git show 4a3116a:bench/RESULTS.md`) (eleventh session) say why.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
     python bench/experiments/streamed_score_block.py --json bench/results/gpu-streamed-score-block.json
 
-Kept so that the figure in bench/RESULTS.md can be rerun. The trainer's
+Kept so that its figure in docs/design.md can be rerun. The trainer's
 ``softmax_ce_gradients`` materialises the [G, M, N] score block (cuBLAS
 matmuls and a Triton row kernel); this version never writes it, at the cost
 of five tile matmuls instead of three. On an H100 at the issue's block

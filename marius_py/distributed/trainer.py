@@ -282,7 +282,7 @@ def page_cache_suits(store_bytes: int, world_size: int, local_world_size: int | 
     """``storage.direct_io=auto`` for trainers: partitions through the page cache when every trainer runs on
     this machine and the store takes at most a quarter of its memory (MemTotal: every trainer decides
     alike). Two H200 trainers on one disk: 1.91x one trainer that way, 1.45x with O_DIRECT (both waited
-    on the disk; bench/RESULTS.md). Across machines, or with a larger store, O_DIRECT (not measured
+    on the disk; docs/design.md). Across machines, or with a larger store, O_DIRECT (not measured
     otherwise)."""
     return local_world_size == world_size and memory is not None and 4 * store_bytes <= memory
 

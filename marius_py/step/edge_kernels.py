@@ -45,7 +45,7 @@ _REGULARIZER_CODE = {"none": 0, "n3": 1, "l2": 2}
 # Elements of one [edges, d] tile per program, for the query and the backward kernels (``_launch``). The
 # backward kernels hold ~20 such tiles live; at 4096 they spilled registers: ComplEx with N3 took 1.25 ms
 # (d=100) and 3.2 ms (d=400) for 50k edges against ~0.09 and 0.28 ms at 1024, where every operator moves
-# ~2.8 TB/s on an H100 (bench/kernels.py --edge, RESULTS). The query kernels were measured only within
+# ~2.8 TB/s on an H100 (bench/kernels.py --edge, docs/design.md). The query kernels were measured only within
 # the step (bench/throughput.py --parts step).
 EDGE_TILE = 1024
 

@@ -7,7 +7,7 @@ thread owns a register micro-tile of outputs and streams shared-memory columns t
 instructions a (query, candidate, coordinate) triple for the scores and 3 for each gradient (difference,
 sign-bit flip of the weight, add). On one H100 at the step's block (10 x 10,000 x 1,000), L1: scores 1.6 ->
 0.96 ms at d=100 and 6.4 -> 3.3 ms at d=400; both gradients 5.2 -> 3.8 ms and 16.7 -> 12.2 ms; the modulus
-kernels gain 1.1-1.3x (``bench/pairwise_cuda.py``, bench/RESULTS.md twelfth session).
+kernels gain 1.1-1.3x (``bench/pairwise_cuda.py``, docs/design.md).
 
 NVRTC comes with CUDA builds of torch and ``torch.cuda._compile_kernel`` (torch >= 2.8) compiles and
 launches through it: no CUDA toolkit and no build step, the source ships as text as Triton's does. Where
