@@ -46,6 +46,17 @@ PLACEMENT_SETTINGS = {"device": ["pipeline.placement=device"], "host": ["pipelin
 STEP_BATCHES = 200  # the step trains 200 batches of the graph's train edges over and over (a drain per 200)
 
 
+def add_graph_arguments(parser: argparse.ArgumentParser) -> None:
+    """The graph (generated once into --graph) and the command's run folders and epochs, for the benches
+    that run ``marius-py train`` on it (this one and bench/scaling.py)."""
+    parser.add_argument("--graph", default="/tmp/e2e/graph")
+    parser.add_argument("--workdir", default="/tmp/e2e")
+    parser.add_argument("--nodes", type=int, default=4_000_000)
+    parser.add_argument("--relations", type=int, default=1000)
+    parser.add_argument("--train", type=int, default=40_000_000)
+    parser.add_argument("--epochs", type=int, default=3)
+
+
 def make_graph(args) -> Path:
     graph = Path(args.graph)
     if not (graph / "metadata.json").exists():
@@ -88,12 +99,7 @@ def print_row(row: dict) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--graph", default="/tmp/e2e/graph")
-    parser.add_argument("--workdir", default="/tmp/e2e")
-    parser.add_argument("--nodes", type=int, default=4_000_000)
-    parser.add_argument("--relations", type=int, default=1000)
-    parser.add_argument("--train", type=int, default=40_000_000)
-    parser.add_argument("--epochs", type=int, default=3)
+    add_graph_arguments(parser)
     parser.add_argument("--placements", nargs="+", default=["device", "host", "disk"], choices=list(PLACEMENT_SETTINGS))
     parser.add_argument("--dims", nargs="+", type=int, default=[100, 400])
     parser.add_argument("--decoders", nargs="+", default=["complex", "distmult"])

@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from e2e import COMMAND_SETTINGS, make_graph, run_command  # noqa: E402
+from e2e import COMMAND_SETTINGS, add_graph_arguments, make_graph, run_command  # noqa: E402
 from throughput import row_recorder  # noqa: E402
 
 VARIANTS = {"dedup": [], "no-dedup": ["--no-dedup"]}
@@ -36,12 +36,7 @@ def print_row(row: dict) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--graph", default="/tmp/e2e/graph")
-    parser.add_argument("--workdir", default="/tmp/e2e")
-    parser.add_argument("--nodes", type=int, default=4_000_000)
-    parser.add_argument("--relations", type=int, default=1000)
-    parser.add_argument("--train", type=int, default=40_000_000)
-    parser.add_argument("--epochs", type=int, default=3)
+    add_graph_arguments(parser)
     parser.add_argument("--gpus", nargs="+", type=int, default=[1, 2, 4])
     parser.add_argument("--placements", nargs="+", default=["auto", "host"], choices=["auto", "device", "host"])
     parser.add_argument("--variants", nargs="+", default=["dedup"], choices=list(VARIANTS))

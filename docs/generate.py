@@ -12,6 +12,7 @@ import dataclasses
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -116,6 +117,25 @@ def _as_shipped(run: dict) -> bool:
                     for key, value in shipped.items()))
 
 
+def _table(heading: str, intro: str, columns: list[str], rows: list[list[object]]) -> list[str]:
+    """A section of the results page: a heading, what was measured and how, and a markdown table (none when
+    there are no rows)."""
+    if not rows:
+        return []
+    return [f"## {heading}", "", intro, "", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns),
+            *("| " + " | ".join(str(cell) for cell in row) + " |" for row in rows), ""]
+
+
+def _rates(edges_per_s: list[float]) -> str:
+    return f"{min(edges_per_s) / 1e6:.1f}-{max(edges_per_s) / 1e6:.1f}"
+
+
+def _newest(has: Callable[[dict], bool]) -> tuple[Path, dict] | None:
+    """The newest result file whose JSON (an object) ``has`` what a table reads."""
+    found = [(path, data) for path, data in _json_files() if isinstance(data, dict) and has(data)]
+    return found[-1] if found else None
+
+
 def _quality_table() -> list[str]:
     runs = {}
     for path, data in _json_files():
@@ -123,83 +143,67 @@ def _quality_table() -> list[str]:
             for run in data.get("results", []):
                 if isinstance(run, dict) and _as_shipped(run):
                     runs[(run["dataset"], run["config"])] = (path, data, run)
-    if not runs:
-        return []
-    lines = ["## Shipped configs: link prediction quality", "",
-             "Filtered test MRR of the shipped configs as they ship today (the best-validation checkpoint), "
-             "from the newest run of each: `python bench/quality.py --runs DATASET:CONFIG --datasets-root DIR`.",
-             "", "| dataset | config | test MRR | Hits@10 | training seconds | machine | date | file |",
-             "|---|---|---|---|---|---|---|---|"]
-    for (dataset, config), (path, data, run) in sorted(runs.items()):
-        test = run["test"]
-        lines.append(f"| {dataset} | `{config}` | {test['mrr']:.4f} | {test.get('hits@10', 0):.3f} | "
-                     f"{run.get('train_seconds', 0):.0f} | {data.get('machine', '')} | {data.get('date', '')} | "
-                     f"`{_relative(path)}` |")
-    return lines + [""]
+    return _table(
+        "Shipped configs: link prediction quality",
+        "Filtered test MRR of the shipped configs as they ship today (the best-validation checkpoint), from the "
+        "newest run of each: `python bench/quality.py --runs DATASET:CONFIG --datasets-root DIR`.",
+        ["dataset", "config", "test MRR", "Hits@10", "training seconds", "machine", "date", "file"],
+        [[dataset, f"`{config}`", f"{run['test']['mrr']:.4f}", f"{run['test'].get('hits@10', 0):.3f}",
+          f"{run.get('train_seconds', 0):.0f}", data.get("machine", ""), data.get("date", ""), f"`{_relative(path)}`"]
+         for (dataset, config), (path, data, run) in sorted(runs.items())])
 
 
 def _e2e_table() -> list[str]:
     rows = {(r["placement"], r["dim"], r["decoder"], r["score_dtype"]): (path, r) for path, _, r in _rows("e2e")}
-    if not rows:
-        return []
-    lines = ["## One GPU: end to end against the step alone", "",
-             "`marius-py train` epochs (after the first) beside the training step alone at the same settings, "
-             "measured in the same run: `python bench/e2e.py` (4M nodes, 40M edges, B=50k, 10 x 1000 "
-             "negatives, half by degree, row-wise Adagrad). The disk row's step is the host placement's.", "",
-             "| placement | d | decoder | scores | end to end (M edges/s) | step (M edges/s) | share | file |",
-             "|---|---|---|---|---|---|---|---|"]
-    for (placement, dim, decoder, scores), (path, row) in sorted(rows.items()):
-        e2e = row["e2e_edges_per_s"]
-        share = f"{row['share']:.0%}" if placement != "disk" else ""
-        lines.append(f"| {placement} | {dim} | {decoder} | {scores} | {min(e2e) / 1e6:.1f}-{max(e2e) / 1e6:.1f} | "
-                     f"{row['step_edges_per_s'] / 1e6:.1f} | {share} | `{_relative(path)}` |")
-    return lines + [""]
+    return _table(
+        "One GPU: end to end against the step alone",
+        "`marius-py train` epochs (after the first) beside the training step alone at the same settings, measured "
+        "in the same run: `python bench/e2e.py` (4M nodes, 40M edges, B=50k, 10 x 1000 negatives, half by "
+        "degree, row-wise Adagrad). The disk row's step is the host placement's.",
+        ["placement", "d", "decoder", "scores", "end to end (M edges/s)", "step (M edges/s)", "share", "file"],
+        [[*key, _rates(row["e2e_edges_per_s"]), f"{row['step_edges_per_s'] / 1e6:.1f}",
+          f"{row['share']:.0%}" if key[0] != "disk" else "", f"`{_relative(path)}`"]
+         for key, (path, row) in sorted(rows.items())])
 
 
 def _scaling_table() -> list[str]:
     rows = {(r["placement"], r["dim"], r["variant"], r["gpus"]): (path, data, r) for path, data, r in _rows("scaling")}
-    if not rows:
-        return []
-    lines = ["## Several GPUs of one host", "",
-             "`marius-py train --gpus G` against one GPU at the same placement: `python bench/scaling.py`.", "",
-             "| placement | d | dedup | GPUs | M edges/s | x one GPU | cards | file |", "|---|---|---|---|---|---|---|---|"]
-    for (placement, dim, variant, gpus), (path, data, row) in sorted(rows.items()):
-        edges = row["edges_per_s"]
-        lines.append(f"| {placement} | {dim} | {variant} | {gpus} | {min(edges) / 1e6:.1f}-{max(edges) / 1e6:.1f} | "
-                     f"{row['speedup']:.2f} | {', '.join(sorted(set(data.get('devices', []))))} | "
-                     f"`{_relative(path)}` |")
-    return lines + [""]
+    return _table(
+        "Several GPUs of one host",
+        "`marius-py train --gpus G` against one GPU at the same placement: `python bench/scaling.py`.",
+        ["placement", "d", "dedup", "GPUs", "M edges/s", "x one GPU", "cards", "file"],
+        [[*key, _rates(row["edges_per_s"]), f"{row['speedup']:.2f}", ", ".join(sorted(set(data.get("devices", [])))),
+          f"`{_relative(path)}`"] for key, (path, data, row) in sorted(rows.items())])
 
 
 def _disk_table() -> list[str]:
-    passes = [(path, data) for path, data in _json_files()
-              if isinstance(data, dict) and isinstance(data.get("summary"), dict)
-              and "epoch_over_max" in data["summary"]]
-    if not passes:
+    newest = _newest(lambda data: isinstance(data.get("summary"), dict) and "epoch_over_max" in data["summary"])
+    if newest is None:
         return []
-    path, data = passes[-1]
+    path, data = newest
     summary = data["summary"]
-    return ["## A disk epoch against its bounds", "",
-            f"`python {data.get('command', 'bench/larger_than_memory.py')}`: the epoch against the pass that "
-            "only moves partitions and the one that only trains.", "",
-            "| epoch | IO only | compute only | epoch / max(IO, compute) | file |", "|---|---|---|---|---|",
-            f"| {summary['epoch_seconds']:.2f} s | {summary['io_only_seconds']:.2f} s | "
-            f"{summary['compute_only_seconds']:.2f} s | {summary['epoch_over_max']:.2f} | `{_relative(path)}` |", ""]
+    return _table(
+        "A disk epoch against its bounds",
+        f"`python {data.get('command', 'bench/larger_than_memory.py')}`: the epoch against the pass that only moves "
+        "partitions and the one that only trains.",
+        ["epoch", "IO only", "compute only", "epoch / max(IO, compute)", "file"],
+        [[f"{summary['epoch_seconds']:.2f} s", f"{summary['io_only_seconds']:.2f} s",
+          f"{summary['compute_only_seconds']:.2f} s", f"{summary['epoch_over_max']:.2f}", f"`{_relative(path)}`"]])
 
 
 def _commit_table() -> list[str]:
-    commits = [(path, data) for path, data in _json_files()
-               if isinstance(data, dict) and "write_unhashed_seconds" in data and "write_seconds" in data]
-    if not commits:
+    newest = _newest(lambda data: "write_unhashed_seconds" in data and "write_seconds" in data)
+    if newest is None:
         return []
-    path, data = commits[-1]
-    return ["## A checkpoint commit against the disk", "",
-            f"`python bench/commit_digest.py --nodes {data['nodes']} --dim {data['dim']} --partitions "
-            f"{data['partitions']}` ({data['bytes'] / 2 ** 30:.1f} GiB, best of the turns): the commit's write "
-            "with its digests against the same write hashing nothing.", "",
-            "| write with digests | bare write | read back with block digests | file |", "|---|---|---|---|",
-            f"| {data['write_seconds']:.2f} s | {data['write_unhashed_seconds']:.2f} s | "
-            f"{data.get('crc32_blocks_seconds', data.get('blocks_seconds', 0)):.2f} s | `{_relative(path)}` |", ""]
+    path, data = newest
+    return _table(
+        "A checkpoint commit against the disk",
+        f"`python bench/commit_digest.py --nodes {data['nodes']} --dim {data['dim']} --partitions "
+        f"{data['partitions']}` ({data['bytes'] / 2 ** 30:.1f} GiB, best of the turns): the commit's write with its "
+        "digests against the same write hashing nothing.",
+        ["write with digests", "bare write", "read back with block digests", "file"],
+        [[f"{data['write_seconds']:.2f} s", f"{data['write_unhashed_seconds']:.2f} s",
+          f"{data.get('crc32_blocks_seconds', data.get('blocks_seconds', 0)):.2f} s", f"`{_relative(path)}`"]])
 
 
 def _call_number(path: Path) -> int:
