@@ -138,14 +138,19 @@ class ChunkFiles:
         direct = self._direct(data)
         length = aligned(self.chunk_bytes) if direct else self.chunk_bytes
         body = lambda descriptor: _pwrite_all(descriptor, view[:length], 0)  # noqa: E731
-        write = self._overwrite if self._unshared(chunk) else self._replace
         # Hashed from memory only where a commit follows (a write-back mid-epoch would pay the hashing in the
         # epoch's IO wait, and may be rewritten before any commit), and not in a store shared by trainers,
         # where another process may rewrite the file meanwhile.
         if not (for_commit and self.direct):
-            return write(chunk, direct, body)
+            return self._write_file(chunk, direct, body)
         return digest_while_writing(view[:self.chunk_bytes], self.chunk_path(chunk),
-                                    lambda: write(chunk, direct, body))
+                                    lambda: self._write_file(chunk, direct, body))
+
+    def _write_file(self, chunk: int, direct: bool, write_body: Callable[[int], None]) -> int:
+        """Write chunk ``chunk``'s file through ``write_body(descriptor)``: over its bytes when no other name
+        links to it, else into a new file renamed over it (a checkpoint version's link keeps the old bytes)."""
+        write = self._overwrite if self._unshared(chunk) else self._replace
+        return write(chunk, direct, write_body)
 
     def _unshared(self, chunk: int) -> bool:
         try:
@@ -174,9 +179,9 @@ class ChunkFiles:
         """Write chunk ``chunk`` from ``rows(first, end)`` (its rows ``[first, end)``: an array, or a tensor
         on any device; zero past the array's end), at most ``piece_rows`` (rounded down to whole pages) at a
         time through two staging pieces, one filled while the other is written: memory is two pieces, not a
-        chunk. Atomically into a new file
-        where a snapshot links the old one. ``for_commit``: hashed as the pieces pass (``write``'s
-        for_commit). ``pin``: page-locked pieces (rows from a GPU then copy at the link's speed)."""
+        chunk. Atomically into a new file where a snapshot links the old one (``_write_file``).
+        ``for_commit``: hashed as the pieces pass (``write``'s for_commit). ``pin``: page-locked pieces (rows
+        from a GPU then copy at the link's speed)."""
         unit = slot_rows(1, self.cols, itemsize=self.itemsize)  # rows filling whole pages
         piece_rows = min(max(unit, piece_rows // unit * unit),
                          slot_rows(self.rows_per_chunk, self.cols, itemsize=self.itemsize))
@@ -206,8 +211,7 @@ class ChunkFiles:
                     if future is not None:
                         future.result()
         forget(target)
-        written = (self._overwrite if self._unshared(chunk) else self._replace)(
-            chunk, self.direct and bool(_O_DIRECT), write_pieces)
+        written = self._write_file(chunk, self.direct and bool(_O_DIRECT), write_pieces)
         if digest is not None:
             remember(target, digest.hexdigest())
         return written
