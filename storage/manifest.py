@@ -92,11 +92,6 @@ def _blake2b_of(block_digests) -> str:
     return hashlib.blake2b(b"".join(block_digests), digest_size=16).hexdigest()
 
 
-def bytes_digest(data) -> str:
-    """``file_digest`` of a file holding exactly ``data`` (a bytes-like), hashed from memory."""
-    return _combined(_block_digests(memoryview(data).cast("B")))
-
-
 def _block_digests(view: memoryview) -> list[Future]:
     """The blocks' digests, queued on the pool from the calling thread (a pool thread never waits on the
     pool: with every thread waiting for blocks queued behind it, none would run)."""
