@@ -35,7 +35,7 @@ DEVICES = ("auto", "cpu", "cuda")
 EVAL_PROTOCOLS = ("filtered", "sampled")
 ORDERING_NAMES = tuple(ORDERINGS)
 NEGATIVE_KINDS = ("uniform", "degree", "mixed")
-PLACEMENTS = ("auto", "device", "host")
+PLACEMENTS = ("auto", "device", "host", "replicated", "split")
 DIRECT_IO = ("auto", "true", "false")
 STORAGE_DTYPES = ("float32", "bfloat16")
 
@@ -158,9 +158,9 @@ class StorageConfig:
 @dataclass
 class PipelineConfig:
     placement: str = _f("auto",
-        f"where node embeddings (or the partition buffer) live when training on CUDA, one of {PLACEMENTS}: "
-        "device (GPU memory), host (pinned host memory, the five-stage pipeline) or auto (device when they "
-        "fit). With several devices, device splits the tables across them")
+        f"where node embeddings (or the partition buffer) live on CUDA, one of {PLACEMENTS}: device (GPU "
+        "memory), host (pinned host memory) or auto (device where they fit). Several GPUs: replicated (a copy "
+        "on each) or split (a share on each); device and auto replicate where each GPU holds the tables")
     staleness_bound: int = _f(0,
         "batches in flight at once: a batch's compute misses the updates of at most bound - 1 earlier ones "
         "(1: synchronous; with tables in GPU memory, how far batches are planned ahead). 0: 16 on CUDA, 1 on "

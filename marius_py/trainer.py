@@ -49,8 +49,8 @@ from marius_py.resources import check_memory, check_partitioning
 from marius_py.step.model import Model
 from marius_py.step.runners import build_multi_device_runner, build_span_runner
 from marius_py.orderings import Ordering, balanced_buckets, build_ordering, is_two_level
-from marius_py.pipeline.placements import (PLACEMENT_DEVICE, choose_devices_placement, choose_placement,
-                                           choose_plan_device)
+from marius_py.pipeline.placements import (PLACEMENT_DEVICE, PLACEMENT_REPLICATED, PLACEMENT_SPLIT,
+                                           choose_devices_placement, choose_placement, choose_plan_device)
 from marius_py.pipeline.row_kernels import zero_copy_available
 from marius_py.storage.buffer import BufferView, PartitionBuffer
 from marius_py.storage.durable import fsync_tree
@@ -187,23 +187,32 @@ class Trainer:
     def _build_runner(self) -> None:
         """The placement, where the node tables (or the buffer's slots) live, and the pipeline runner."""
         config = self.config
-        if self.multi_device:  # tables in host memory, shared by the devices
+        if self.multi_device:
             p = config.pipeline
-            if p.placement == PLACEMENT_DEVICE and (self.partitioned or not p.dedup):
-                raise MariusInputError("pipeline.placement: device splits in-memory tables across the GPUs, "
+            if p.placement == PLACEMENT_SPLIT and (self.partitioned or not p.dedup):
+                raise MariusInputError("pipeline.placement: split shares in-memory tables out across the GPUs, "
                                        "which needs pipeline.dedup and storage.num_partitions=1",
                                        expected="pipeline.placement=host or auto")
-            self.placement = choose_devices_placement(config.pipeline.placement, self.devices, self._table_bytes(),
-                                                      self.partitioned, config.pipeline.dedup)
-            self.table_device = self.plan_device = torch.device("cpu")
+            if p.placement == PLACEMENT_REPLICATED and self.partitioned:
+                raise MariusInputError("pipeline.placement: replicated keeps all the tables on every GPU, "
+                                       "which needs storage.num_partitions=1",
+                                       expected="pipeline.placement=host or auto")
+            self.placement = choose_devices_placement(p.placement, self.devices, self._table_bytes(),
+                                                      self.partitioned, p.dedup)
+            # Replicas start from device 0's tables; split and host tables live in (pinned) host memory.
+            self.table_device = self.device if self.placement == PLACEMENT_REPLICATED else torch.device("cpu")
             self.runner = build_multi_device_runner(self.replicas, self.placement, config, self.devices,
                                                     self._row_bytes())
+            self.plan_device = choose_plan_device(True, self.device, self.table_device, self._edge_bytes())
             return
         self.placement = choose_placement(config.pipeline.placement, self.device, self._table_bytes())
         self.table_device = self.device if self.placement == PLACEMENT_DEVICE else torch.device("cpu")
         self.runner = build_span_runner(self.model, self.placement, config, self.device)
         self.plan_device = choose_plan_device(self.runner.zero_copy, self.device, self.table_device,
-                                              self.dataset.metadata.num_train * 3 * torch.long.itemsize)
+                                              self._edge_bytes())
+
+    def _edge_bytes(self) -> int:
+        return self.dataset.metadata.num_train * 3 * torch.long.itemsize
 
     # ---- the live store and checkpoints ----
     @property
@@ -285,7 +294,7 @@ class Trainer:
 
     def _zero_copy_tables(self) -> bool:
         if self.multi_device:  # every device's kernels read and write the pinned host tables in place
-            return self.device.type == "cuda" and zero_copy_available()
+            return self.placement != PLACEMENT_REPLICATED and self.device.type == "cuda" and zero_copy_available()
         return self.runner.zero_copy
 
     def _swap_size(self) -> int:

@@ -99,10 +99,10 @@ def hot_rows(degree: torch.Tensor, owner: int, num_devices: int, capacity: int) 
     owner saves reading them over PCIe at every step. Rows that are no edge's
     endpoint are never chosen.
     """
-    owned = torch.arange(owner, len(degree), num_devices)
+    owned = torch.arange(owner, len(degree), num_devices, device=degree.device)
     owned_degree = degree[owned]
     keep = min(capacity, int((owned_degree > 0).sum()))
     if keep == 0:
-        return torch.empty(0, dtype=torch.long)
+        return torch.empty(0, dtype=torch.long, device=degree.device)
     top = torch.topk(owned_degree, keep, sorted=False).indices
     return torch.sort(owned[top]).values

@@ -112,7 +112,7 @@ class MultiDeviceRunner:
         step_edges = self.batch_size * self.num_devices
         if self.grouping_window:
             edges = group_steps_by_head(edges, step_edges, self.num_devices, self.grouping_window)
-        if cuda and not edges.is_pinned():
+        if cuda and edges.device.type == "cpu" and not edges.is_pinned():
             edges = edges.pin_memory()  # batches copy to their devices asynchronously
         context = _SpanContext(nodes, state, [None if candidates is None else candidates.to(d) for d in self.devices],
                                sampling, dropout)

@@ -118,11 +118,11 @@ class PhaseGraphs:
         graphs = {}
         for name, phase in phases.items():
             priority = LOAD_PRIORITY if name in ("plan", "read") else 0  # kernels keep their stream's priority
-            graphs[name] = [self._graph_of(phase, g, device, priority) for g, device in enumerate(runner.devices)]
+            graphs[name] = [self.graph_of(phase, g, device, priority) for g, device in enumerate(runner.devices)]
         return graphs
 
     @staticmethod
-    def _graph_of(phase: Callable, g: int, device: torch.device, priority: int):
+    def graph_of(phase: Callable, g: int, device: torch.device, priority: int):
         """A phase captured on its device; on a CPU (tests of the static tensors) the phase itself."""
         if device.type != "cuda":
             return Replayed(lambda: phase(g))

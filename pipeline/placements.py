@@ -37,6 +37,7 @@ import torch
 from marius_py.pipeline.stages import Pipeline, Stage
 
 PLACEMENT_CPU, PLACEMENT_DEVICE, PLACEMENT_HOST = "cpu", "device", "host"
+PLACEMENT_REPLICATED, PLACEMENT_SPLIT = "replicated", "split"  # several devices, tables in GPU memory
 CUDA_STALENESS_DEFAULT = 16  # host: batches in flight; device: batches planned ahead
 DEVICE_MEMORY_FRACTION = 0.6  # of free GPU memory the tables may take; the rest is batch workspace
 
@@ -70,6 +71,8 @@ def choose_placement(requested: str, device: torch.device, table_bytes: int) -> 
     """``cpu`` on a CPU; otherwise the requested placement, ``auto`` by whether the tables fit."""
     if device.type != "cuda":
         return PLACEMENT_CPU
+    if requested in (PLACEMENT_REPLICATED, PLACEMENT_SPLIT):  # (several devices' choices; one GPU holds all)
+        return PLACEMENT_DEVICE
     if requested != "auto":
         return requested
     free, _ = torch.cuda.mem_get_info(device)
@@ -78,20 +81,27 @@ def choose_placement(requested: str, device: torch.device, table_bytes: int) -> 
 
 def choose_devices_placement(requested: str, devices: list[torch.device], table_bytes: int,
                              partitioned: bool, dedup: bool = True) -> str:
-    """Several devices: ``device`` (each holds the rows it owns) or ``host`` (tables or buffer in host memory).
+    """Several devices: ``replicated`` (each holds all the tables), ``split`` (each holds the rows it owns)
+    or ``host`` (tables or buffer in pinned host memory).
 
-    ``auto`` splits the tables across the devices' memory when they fit there
-    together. A partition buffer always lives in host memory, and so do the
-    tables without deduplication (only owners keep rows on their device).
+    ``auto`` and ``device`` keep the tables in GPU memory where they fit:
+    replicated where each GPU holds them (no step waits for another GPU's rows),
+    else split where they fit together (with dedup: only owners keep rows on
+    their device). ``auto`` falls back to host memory; a partition buffer
+    always lives there.
     """
-    if partitioned or not dedup:
+    if partitioned or requested == PLACEMENT_HOST:
         return PLACEMENT_HOST
-    if requested != "auto":
+    if requested in (PLACEMENT_REPLICATED, PLACEMENT_SPLIT):
         return requested
     if devices[0].type != "cuda":
-        return PLACEMENT_HOST
-    free = sum(torch.cuda.mem_get_info(device)[0] for device in devices)
-    return PLACEMENT_DEVICE if table_bytes <= DEVICE_MEMORY_FRACTION * free else PLACEMENT_HOST
+        return PLACEMENT_HOST if requested == "auto" else PLACEMENT_REPLICATED
+    free = [torch.cuda.mem_get_info(device)[0] for device in devices]
+    if table_bytes <= DEVICE_MEMORY_FRACTION * min(free):
+        return PLACEMENT_REPLICATED
+    if dedup and table_bytes <= DEVICE_MEMORY_FRACTION * sum(free):
+        return PLACEMENT_SPLIT
+    return PLACEMENT_HOST
 
 
 def default_staleness(placement: str, requested: int) -> int:

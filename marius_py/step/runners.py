@@ -16,7 +16,8 @@ from marius_py.config import Config
 from marius_py.step.fused import FusedStep, supports_fused_step
 from marius_py.step.graph import GraphedFusedStep
 from marius_py.pipeline.multi_device import DEFAULT_STALENESS, MultiDeviceRunner
-from marius_py.pipeline.placements import PLACEMENT_DEVICE, PLACEMENT_HOST
+from marius_py.pipeline.placements import PLACEMENT_DEVICE, PLACEMENT_HOST, PLACEMENT_REPLICATED, PLACEMENT_SPLIT
+from marius_py.pipeline.replicated import ReplicatedRunner
 from marius_py.pipeline.row_kernels import sparse_adagrad_, zero_copy_available
 from marius_py.pipeline.span_runner import SpanRunner
 
@@ -78,19 +79,24 @@ class FusedGradients:
 
 
 def build_multi_device_runner(replicas: list, placement: str, config: Config, devices: list[torch.device],
-                              row_bytes: int) -> MultiDeviceRunner:
-    """Several devices sharing host tables; ``replicas[g]``: the model on device g; ``row_bytes``: a row's
-    embedding and optimizer state."""
+                              row_bytes: int) -> MultiDeviceRunner | ReplicatedRunner:
+    """Several devices training one model; ``replicas[g]``: the model on device g; ``placement``: replicated
+    (``ReplicatedRunner``), split or host (``MultiDeviceRunner``); ``row_bytes``: a row's embedding and
+    optimizer state."""
     use_fused = config.training.fused_step and supports_fused_step(replicas[0])
     steps = [FusedGradients(model, FusedStep(model)) if use_fused else model for model in replicas]
     adagrad = replicas[0].node_optimizer
+    update = functools.partial(sparse_adagrad_, lr=adagrad.lr, eps=adagrad.eps)
     p = config.pipeline
+    staleness = p.staleness_bound or DEFAULT_STALENESS
+    if placement == PLACEMENT_REPLICATED:
+        return ReplicatedRunner(steps, update, devices, config.training.batch_size, staleness,
+                                graphs=config.training.cuda_graphs)
     cache_rows = p.cache_rows
     if cache_rows == -1:
         cache_rows = automatic_cache_rows(devices, row_bytes)
-    return MultiDeviceRunner(steps, functools.partial(sparse_adagrad_, lr=adagrad.lr, eps=adagrad.eps), devices,
-                             config.training.batch_size, p.staleness_bound or DEFAULT_STALENESS,
-                             dedup=p.dedup, cache_rows=cache_rows, cache_all=placement == PLACEMENT_DEVICE,
+    return MultiDeviceRunner(steps, update, devices, config.training.batch_size, staleness,
+                             dedup=p.dedup, cache_rows=cache_rows, cache_all=placement == PLACEMENT_SPLIT,
                              shared_negatives=config.training.shared_negatives, grouping_window=p.step_grouping,
                              graphs=config.training.cuda_graphs)
 
