@@ -42,40 +42,57 @@ from marius_py.pipeline.row_kernels import gather_rows
 from marius_py.pipeline.step import BatchStep
 
 
+_ALIGN = 16  # bytes: every packed tensor starts aligned for its dtype and for vector loads
+
+
 @dataclass
 class Gradients:
-    """What one device's batch sends every replica: its unique rows (the first ``count`` real), their
-    gradients and the relation gradients."""
+    """What one device's batch sends every replica, packed into one byte buffer (one copy per pair of
+    devices): its unique rows (the first ``count`` real), their gradients and the relation gradients."""
 
+    buffer: torch.Tensor                 # uint8: the tensors below are views of it
     rows: torch.Tensor
     count: torch.Tensor | None
     grads: torch.Tensor
     relation_grads: list[torch.Tensor]
 
+    @classmethod
+    def pack(cls, rows: torch.Tensor, count: torch.Tensor | None, grads: torch.Tensor,
+             relation_grads: list[torch.Tensor]) -> "Gradients":
+        tensors = [rows, *([] if count is None else [count]), grads, *relation_grads]
+        packed = cls._views(torch.empty(_packed_bytes(tensors), dtype=torch.uint8, device=rows.device),
+                            tensors, count is not None)
+        for target, tensor in zip(packed.tensors(), tensors):
+            target.copy_(tensor)
+        return packed
+
     def tensors(self) -> list[torch.Tensor]:
         return [self.rows, *([] if self.count is None else [self.count]), self.grads, *self.relation_grads]
 
-    def to(self, device: torch.device) -> "Gradients":
-        """A copy on ``device`` (the same tensors on a CPU: simulated devices share memory)."""
-        moved = [t.to(device, non_blocking=True) for t in self.tensors()]
-        return self._from(moved)
-
     def empty_like(self, device: torch.device) -> "Gradients":
-        return self._from([torch.empty_like(t, device=device) for t in self.tensors()])
+        return self._views(torch.empty_like(self.buffer, device=device), self.tensors(), self.count is not None)
 
     def copy_(self, source: "Gradients") -> "Gradients":
-        for target, tensor in zip(self.tensors(), source.tensors()):
-            target.copy_(tensor, non_blocking=True)
+        self.buffer.copy_(source.buffer, non_blocking=True)
         return self
 
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.tensors())
+        return self.buffer.numel()
 
-    def _from(self, tensors: list[torch.Tensor]) -> "Gradients":
-        counted = self.count is not None
-        rows, count = tensors[0], tensors[1] if counted else None
-        rest = tensors[2 if counted else 1:]
-        return Gradients(rows, count, rest[0], rest[1:])
+    @classmethod
+    def _views(cls, buffer: torch.Tensor, like: list[torch.Tensor], counted: bool) -> "Gradients":
+        views, offset = [], 0
+        for tensor in like:
+            size = tensor.numel() * tensor.element_size()
+            views.append(buffer[offset:offset + size].view(tensor.dtype).view(tensor.shape))
+            offset += -(-size // _ALIGN) * _ALIGN
+        rows, count = views[0], views[1] if counted else None
+        rest = views[2 if counted else 1:]
+        return cls(buffer, rows, count, rest[0], rest[1:])
+
+
+def _packed_bytes(tensors: list[torch.Tensor]) -> int:
+    return sum(-(-t.numel() * t.element_size() // _ALIGN) * _ALIGN for t in tensors)
 
 
 @dataclass
@@ -243,7 +260,7 @@ class ReplicatedRunner:
                                                          device=nodes.device), plan.unique_count)
         grads, relation_grads, loss = model.gradients(plan, rows, dropout)
         self.losses[g].add_(loss * len(plan.edges))
-        return Gradients(plan.rows, plan.unique_count, grads, list(relation_grads))
+        return Gradients.pack(plan.rows, plan.unique_count, grads, list(relation_grads))
 
     def _exchange(self, step: _Step, applied: deque) -> None:
         """Every device copies the others' gradients; the copy h -> d runs on a stream of its own (torch runs a
