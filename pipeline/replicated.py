@@ -34,6 +34,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import time
+
 import torch
 
 from marius_py.pipeline.lanes import enable_peer_access, on, record, wait
@@ -128,10 +130,12 @@ class ReplicatedRunner:
     """Trains in-memory spans on ``devices``, each with a replica of the tables (see the module docstring)."""
 
     def __init__(self, steps: list[BatchStep], node_update: Callable, devices: list[torch.device], batch_size: int,
-                 staleness_bound: int, graphs: bool = False):
+                 staleness_bound: int, graphs: bool = False, exchange: str = "copy"):
         """``steps[g]``: device g's step (its own relation replica). ``node_update(nodes, state, rows, grads,
         count)``: the in-place optimizer update of rows (``row_kernels.sparse_adagrad_``). ``graphs``: replay
-        full steps as CUDA graphs where ``ReplicaGraphs.supported``."""
+        full steps as CUDA graphs where ``ReplicaGraphs.supported``. ``exchange``: ``copy`` (the gradients
+        are copied to every device, overlapping compute) or ``peer`` (each apply reads the other devices'
+        gradients where they are, over NVLink: no copies to launch)."""
         if len(steps) != len(devices) or not devices:
             raise ValueError("a replicated runner needs one step per device")
         self.steps, self.node_update, self.devices = steps, node_update, devices
@@ -148,6 +152,8 @@ class ReplicatedRunner:
         self.counters = ExchangeCounters()
         self.graphs = ReplicaGraphs(self) if graphs and ReplicaGraphs.supported(self) else None
         self.max_in_flight = 0
+        self.exchange = exchange
+        self.host_seconds = 0.0  # spent enqueuing steps (a host-bound run spends all its time here)
 
     @property
     def num_devices(self) -> int:
@@ -184,6 +190,7 @@ class ReplicatedRunner:
         bound = self.effective_staleness
         pending: deque[_Step] = deque()
         applied: deque[_Step] = deque()
+        started = time.perf_counter()
         for index, batches in enumerate(steps):
             step = self._compute(index, batches, sampling, dropout, applied)
             self._exchange(step, applied)
@@ -194,6 +201,7 @@ class ReplicatedRunner:
             on_batch(len(batches))
         while pending:
             self._retire(self._apply(pending.popleft()), applied)
+        self.host_seconds += time.perf_counter() - started
         for device, stream in zip(self.devices, self.compute_streams):
             if stream is not None:
                 torch.cuda.current_stream(device).wait_stream(stream)
@@ -240,8 +248,9 @@ class ReplicatedRunner:
         for g, batch in enumerate(batches):
             stream = self.compute_streams[g]
             with on(stream):
-                if reused is not None:
-                    wait(stream, reused.exchanged)
+                if reused is not None:  # (peer: the applies read the sent gradients)
+                    wait(stream, reused.applied if self.exchange == "peer" else
+                         [event for events in reused.exchanged for event in events])
                 if step.graphed:
                     step.sent.append(graphs.compute(index, g, batch, sampling[g]))
                 else:
@@ -265,6 +274,11 @@ class ReplicatedRunner:
     def _exchange(self, step: _Step, applied: deque) -> None:
         """Every device copies the others' gradients; the copy h -> d runs on a stream of its own (torch runs a
         copy between GPUs on the source's current stream), so a sender's copies to its peers overlap."""
+        if self.exchange == "peer":  # each apply reads every device's gradients where they are
+            step.received = [step.sent] * self.num_devices
+            step.exchanged = [[event for event in step.computed]] * self.num_devices
+            self.counters.steps += 1
+            return
         reused = self._earlier(applied, step.index - 2)  # its applies read the buffers this step rewrites
         for d, device in enumerate(self.devices):
             stream = self.copy_streams[d]
@@ -283,14 +297,14 @@ class ReplicatedRunner:
                         received.append(target.copy_(sent))
                     self.counters.exchanged_bytes += sent.nbytes()
                 step.received.append(received)
-                step.exchanged.append(record(stream))
+                step.exchanged.append([record(stream)])
         self.counters.steps += 1
 
     def _apply(self, step: _Step) -> _Step:
         for d in range(self.num_devices):
             stream = self.compute_streams[d]
             with on(stream):
-                wait(stream, step.exchanged[d:d + 1])
+                wait(stream, step.exchanged[d])
                 if step.graphed:
                     self.graphs.apply(step.index, d)
                 else:
@@ -379,11 +393,12 @@ class ReplicaGraphs:
             for g in range(len(devices)):
                 graphs["compute"][g].replay()
                 runner.losses[g].copy_(losses[g])
-        received = [[sent[h] if h == d else sent[h].empty_like(device) for h in range(len(devices))]
-                    for d, device in enumerate(devices)]
+        received = [[sent[h] if h == d or runner.exchange == "peer" else sent[h].empty_like(device)
+                     for h in range(len(devices))] for d, device in enumerate(devices)]
 
         def apply(d: int) -> None:  # its own gradients where its compute left them
-            runner.apply_on(d, [sent[h] if h == d else received[d][h] for h in range(len(devices))], count=False)
+            runner.apply_on(d, [sent[h] if h == d or runner.exchange == "peer" else received[d][h]
+                                for h in range(len(devices))], count=False)
         graphs.update(sent=sent, received=received,
                       apply=[PhaseGraphs.graph_of(apply, d, device, 0) for d, device in enumerate(devices)])
         return graphs
