@@ -40,7 +40,7 @@ import torch
 
 from marius_py.pipeline.lanes import enable_peer_access, on, record, wait
 from marius_py.pipeline.phase_graphs import GRAPH_STALENESS, PhaseGraphs
-from marius_py.pipeline.row_kernels import gather_rows
+from marius_py.pipeline.row_kernels import gather_rows, move_rows
 from marius_py.pipeline.step import BatchStep
 
 
@@ -91,6 +91,15 @@ class Gradients:
         rows, count = views[0], views[1] if counted else None
         rest = views[2 if counted else 1:]
         return cls(buffer, rows, count, rest[0], rest[1:])
+
+
+def _on_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``tensor``, or a copy on ``device`` made by a kernel there reading it in place (capturable)."""
+    if tensor.device == device:
+        return tensor
+    local = torch.empty_like(tensor, device=device)
+    move_rows(tensor.reshape(len(tensor), -1), local.reshape(len(local), -1), len(tensor))
+    return local
 
 
 def _packed_bytes(tensors: list[torch.Tensor]) -> int:
@@ -322,10 +331,10 @@ class ReplicatedRunner:
         False: the relation step's host-side count is kept out of the graph)."""
         nodes, state = self.tables[d]
         summed = None
-        for sent in received:
+        for sent in received:  # (the update kernel reads another GPU's rows and gradients in place)
             self.node_update(nodes, state, sent.rows, sent.grads, sent.count)
-            summed = list(sent.relation_grads) if summed is None else \
-                [a + b for a, b in zip(summed, sent.relation_grads)]
+            relation_grads = [_on_device(grad, nodes.device) for grad in sent.relation_grads]
+            summed = relation_grads if summed is None else [a + b for a, b in zip(summed, relation_grads)]
         if count:
             self.steps[d].step_relations([summed])
         else:
