@@ -39,13 +39,10 @@ def print_row(row: dict) -> None:
           f"x{row['speedup']:.2f} of one GPU here, x{row['speedup_vs_best']:.2f} of one GPU's best"
           + (f"   step alone {step / 1e6:6.2f} M/s" if step else "")
           + (f" (host enqueuing {row['step_host_share']:.0%} of it)" if "step_host_share" in row else ""), flush=True)
-    for extra in row.get("more_steps", []):
-        print(f"{'':>60} step alone, exchange={extra['exchange']}: {extra['step_edges_per_s'] / 1e6:6.2f} M/s "
-              f"(host enqueuing {extra['step_host_share']:.0%})", flush=True)
 
 
 def measure_devices_step(gpus: int, placement: str, settings: list[str], edges, seconds: float,
-                         metadata: dict, exchange: str = "copy") -> dict:
+                         metadata: dict) -> dict:
     """The step alone on ``gpus`` GPUs: the runner the command builds (``placement`` as it ran), training
     ``edges`` over and over from tables already in place; edges/s of a timed stretch after a warm-up."""
     import torch
@@ -69,8 +66,6 @@ def measure_devices_step(gpus: int, placement: str, settings: list[str], edges, 
     if where.type == "cpu":
         nodes, state = nodes.pin_memory(), state.pin_memory()
     runner = build_multi_device_runner(replicas, placement, config, devices, (dim + state_dim) * 4)
-    if placement == "replicated":
-        runner.exchange = exchange
     edges = edges.to(devices[0])
     loss = torch.zeros((), device=devices[0])
 
@@ -90,8 +85,7 @@ def measure_devices_step(gpus: int, placement: str, settings: list[str], edges, 
             timed += run()
             rounds += 1
     host = getattr(runner, "host_seconds", 0.0) - host_before
-    return {"step_edges_per_s": rounds * len(edges) / timed, "step_seconds": timed,
-            "step_host_share": host / timed, "exchange": exchange if placement == "replicated" else None}
+    return {"step_edges_per_s": rounds * len(edges) / timed, "step_seconds": timed, "step_host_share": host / timed}
 
 
 def main() -> None:
@@ -101,8 +95,6 @@ def main() -> None:
     parser.add_argument("--placements", nargs="+", default=["auto", "host"],
                         choices=["auto", "device", "host", "replicated", "split"])
     parser.add_argument("--step-seconds", type=float, default=3.0, help="the step alone: seconds timed (0: skip)")
-    parser.add_argument("--exchanges", nargs="+", default=["copy"], choices=["copy", "peer"],
-                        help="replicated tables: how the step alone exchanges gradients (the first as the command)")
     parser.add_argument("--variants", nargs="+", default=["dedup"], choices=list(VARIANTS))
     parser.add_argument("--dims", nargs="+", type=int, default=[100])
     parser.add_argument("--decoder", default="complex")
@@ -139,11 +131,7 @@ def main() -> None:
             else:
                 dedup = ["pipeline.dedup=false"] if variant == "no-dedup" else []
                 step = measure_devices_step(gpus, ran, [*settings, *dedup], sample[:gpus * step_edges],
-                                            args.step_seconds, metadata, args.exchanges[0])
-                if ran == "replicated":
-                    step["more_steps"] = [measure_devices_step(gpus, ran, settings, sample[:gpus * step_edges],
-                                                               args.step_seconds, metadata, exchange)
-                                          for exchange in args.exchanges[1:]]
+                                            args.step_seconds, metadata)
         if gpus == args.gpus[0]:
             one_gpu[(placement, dim)] = min(edges)  # (the baseline: the first --gpus value, 1 by default)
         best = max((value for (_, d), value in one_gpu.items() if d == dim), default=min(edges))

@@ -17,15 +17,16 @@ so no step waits for another device's rows. A span's edges are dealt as
    replica with their sum in device order.
 
 Every replica applies the same gradients in the same order whatever the
-timing, so the replicas stay equal and device 0's tables are the model. With
-``staleness_bound`` 2 (the default) step i+1 computes while step i's gradients
-cross and is followed by step i's apply: a batch misses at most the previous
-step's updates. Bound 1 applies each step before the next computes; the model
-then equals ``MultiDeviceRunner``'s at bound 1 (tests compare them). On CUDA
-with a graphable step, each device's compute and apply phases are CUDA graphs
-over two alternating sets of static tensors, so the host enqueues a few
-launches per device and step. On a CPU the same code runs inline, so G
-simulated devices test it.
+timing, so the replicas stay equal and device 0's tables are the model. The
+apply runs on its own stream. With ``staleness_bound`` 2 (the default) step
+i+1 computes while step i's gradients cross and are applied, so a batch may
+miss (or see in part) the previous step's updates, never older ones. Bound 1
+applies each step before the next computes; the model then equals
+``MultiDeviceRunner``'s at bound 1 (tests compare them). On CUDA with a
+graphable step, each device's compute and apply phases are CUDA graphs over two
+alternating sets of static tensors, so the host enqueues a few launches per
+device and step. On a CPU the same code runs inline, so G simulated devices
+test it.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ import torch
 
 from marius_py.pipeline.lanes import enable_peer_access, on, record, wait
 from marius_py.pipeline.phase_graphs import GRAPH_STALENESS, PhaseGraphs
-from marius_py.pipeline.row_kernels import gather_rows, move_rows
+from marius_py.pipeline.row_kernels import gather_rows
 from marius_py.pipeline.step import BatchStep
 
 
@@ -93,15 +94,6 @@ class Gradients:
         return cls(buffer, rows, count, rest[0], rest[1:])
 
 
-def _on_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """``tensor``, or a copy on ``device`` made by a kernel there reading it in place (capturable)."""
-    if tensor.device == device:
-        return tensor
-    local = torch.empty_like(tensor, device=device)
-    move_rows(tensor.reshape(len(tensor), -1), local.reshape(len(local), -1), len(tensor))
-    return local
-
-
 def _packed_bytes(tensors: list[torch.Tensor]) -> int:
     return sum(-(-t.numel() * t.element_size() // _ALIGN) * _ALIGN for t in tensors)
 
@@ -139,12 +131,10 @@ class ReplicatedRunner:
     """Trains in-memory spans on ``devices``, each with a replica of the tables (see the module docstring)."""
 
     def __init__(self, steps: list[BatchStep], node_update: Callable, devices: list[torch.device], batch_size: int,
-                 staleness_bound: int, graphs: bool = False, exchange: str = "copy"):
+                 staleness_bound: int, graphs: bool = False):
         """``steps[g]``: device g's step (its own relation replica). ``node_update(nodes, state, rows, grads,
         count)``: the in-place optimizer update of rows (``row_kernels.sparse_adagrad_``). ``graphs``: replay
-        full steps as CUDA graphs where ``ReplicaGraphs.supported``. ``exchange``: ``copy`` (the gradients
-        are copied to every device, overlapping compute) or ``peer`` (each apply reads the other devices'
-        gradients where they are, over NVLink: no copies to launch)."""
+        full steps as CUDA graphs where ``ReplicaGraphs.supported``."""
         if len(steps) != len(devices) or not devices:
             raise ValueError("a replicated runner needs one step per device")
         self.steps, self.node_update, self.devices = steps, node_update, devices
@@ -152,6 +142,7 @@ class ReplicatedRunner:
         cuda = devices[0].type == "cuda"
         self.compute_streams = [torch.cuda.Stream(d) if cuda else None for d in devices]
         self.copy_streams = [torch.cuda.Stream(d) if cuda else None for d in devices]
+        self.update_streams = [torch.cuda.Stream(d) if cuda else None for d in devices]
         # [sender][receiver]: the stream of each copy between two GPUs
         self.pair_streams = [[torch.cuda.Stream(sender) if cuda and h != d else None for d in range(len(devices))]
                              for h, sender in enumerate(devices)]
@@ -161,7 +152,6 @@ class ReplicatedRunner:
         self.counters = ExchangeCounters()
         self.graphs = ReplicaGraphs(self) if graphs and ReplicaGraphs.supported(self) else None
         self.max_in_flight = 0
-        self.exchange = exchange
         self.host_seconds = 0.0  # spent enqueuing steps (a host-bound run spends all its time here)
 
     @property
@@ -192,7 +182,8 @@ class ReplicatedRunner:
             raise ValueError("replicated tables train in-memory spans only")
         self.replicate(nodes, state)
         steps = self._deal(edges)
-        for device, streams in zip(self.devices, zip(self.compute_streams, self.copy_streams)):
+        lanes = list(zip(self.compute_streams, self.copy_streams, self.update_streams))
+        for device, streams in zip(self.devices, lanes):
             for stream in streams:  # after what the caller queued (relations restored, the loss zeroed)
                 if stream is not None:
                     stream.wait_stream(torch.cuda.current_stream(device))
@@ -211,9 +202,10 @@ class ReplicatedRunner:
         while pending:
             self._retire(self._apply(pending.popleft()), applied)
         self.host_seconds += time.perf_counter() - started
-        for device, stream in zip(self.devices, self.compute_streams):
-            if stream is not None:
-                torch.cuda.current_stream(device).wait_stream(stream)
+        for device, streams in zip(self.devices, lanes):
+            for stream in streams:
+                if stream is not None:
+                    torch.cuda.current_stream(device).wait_stream(stream)
         for loss in self.losses:
             loss_sum.add_(loss.to(loss_sum.device))
             loss.zero_()
@@ -254,12 +246,14 @@ class ReplicatedRunner:
         full = len(batches) == self.num_devices and all(len(b) == self.batch_size for b in batches)
         step = _Step(index, full=full, graphed=graphs is not None and full and graphs.ready())
         reused = self._earlier(applied, index - 2)  # its copies read the static tensors this step rewrites
+        missed = self._earlier(applied, index - self.effective_staleness)  # the last step this one must see
         for g, batch in enumerate(batches):
             stream = self.compute_streams[g]
             with on(stream):
-                if reused is not None:  # (peer: the applies read the sent gradients)
-                    wait(stream, reused.applied if self.exchange == "peer" else
-                         [event for events in reused.exchanged for event in events])
+                if reused is not None:
+                    wait(stream, [event for d, event in enumerate(reused.exchanged) if d != g])
+                if missed is not None:
+                    wait(stream, missed.applied[g:g + 1])
                 if step.graphed:
                     step.sent.append(graphs.compute(index, g, batch, sampling[g]))
                 else:
@@ -283,11 +277,6 @@ class ReplicatedRunner:
     def _exchange(self, step: _Step, applied: deque) -> None:
         """Every device copies the others' gradients; the copy h -> d runs on a stream of its own (torch runs a
         copy between GPUs on the source's current stream), so a sender's copies to its peers overlap."""
-        if self.exchange == "peer":  # each apply reads every device's gradients where they are
-            step.received = [step.sent] * self.num_devices
-            step.exchanged = [[event for event in step.computed]] * self.num_devices
-            self.counters.steps += 1
-            return
         reused = self._earlier(applied, step.index - 2)  # its applies read the buffers this step rewrites
         for d, device in enumerate(self.devices):
             stream = self.copy_streams[d]
@@ -306,14 +295,14 @@ class ReplicatedRunner:
                         received.append(target.copy_(sent))
                     self.counters.exchanged_bytes += sent.nbytes()
                 step.received.append(received)
-                step.exchanged.append([record(stream)])
+                step.exchanged.append(record(stream))
         self.counters.steps += 1
 
     def _apply(self, step: _Step) -> _Step:
         for d in range(self.num_devices):
-            stream = self.compute_streams[d]
+            stream = self.update_streams[d]
             with on(stream):
-                wait(stream, step.exchanged[d])
+                wait(stream, [step.exchanged[d], *step.computed[d:d + 1]])
                 if step.graphed:
                     self.graphs.apply(step.index, d)
                 else:
@@ -331,10 +320,10 @@ class ReplicatedRunner:
         False: the relation step's host-side count is kept out of the graph)."""
         nodes, state = self.tables[d]
         summed = None
-        for sent in received:  # (the update kernel reads another GPU's rows and gradients in place)
+        for sent in received:
             self.node_update(nodes, state, sent.rows, sent.grads, sent.count)
-            relation_grads = [_on_device(grad, nodes.device) for grad in sent.relation_grads]
-            summed = relation_grads if summed is None else [a + b for a, b in zip(summed, relation_grads)]
+            summed = list(sent.relation_grads) if summed is None else \
+                [a + b for a, b in zip(summed, sent.relation_grads)]
         if count:
             self.steps[d].step_relations([summed])
         else:
@@ -402,12 +391,11 @@ class ReplicaGraphs:
             for g in range(len(devices)):
                 graphs["compute"][g].replay()
                 runner.losses[g].copy_(losses[g])
-        received = [[sent[h] if h == d or runner.exchange == "peer" else sent[h].empty_like(device)
-                     for h in range(len(devices))] for d, device in enumerate(devices)]
+        received = [[sent[h] if h == d else sent[h].empty_like(device) for h in range(len(devices))]
+                    for d, device in enumerate(devices)]
 
         def apply(d: int) -> None:  # its own gradients where its compute left them
-            runner.apply_on(d, [sent[h] if h == d or runner.exchange == "peer" else received[d][h]
-                                for h in range(len(devices))], count=False)
+            runner.apply_on(d, [sent[h] if h == d else received[d][h] for h in range(len(devices))], count=False)
         graphs.update(sent=sent, received=received,
                       apply=[PhaseGraphs.graph_of(apply, d, device, 0) for d, device in enumerate(devices)])
         return graphs
