@@ -29,6 +29,7 @@ import torch
 
 import marius_py as mp
 from marius_py.checkpoint import RunDirectory
+from marius_py.devices import gpus_overrides
 
 
 def sweep(settings: list[str]) -> list[list[str]]:
@@ -74,6 +75,8 @@ def main() -> None:
     parser.add_argument("--runs", nargs="+", required=True, help="DATASET:CONFIG pairs")
     parser.add_argument("--datasets-root", default="../shared/datasets")
     parser.add_argument("--set", action="append", default=[], help="key=v1,v2 (sweep)")
+    parser.add_argument("--gpus", nargs="+", type=int, default=[],
+                        help="GPU counts to sweep (as marius-py train --gpus N); default: the config's devices")
     parser.add_argument("--out", default="bench/results/quality.json")
     args = parser.parse_args()
     results = []
@@ -82,7 +85,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as workdir:
         for spec in args.runs:
             dataset_name, config_name = spec.split(":", 1)
-            for overrides in sweep(args.set):
+            for overrides in [[*gpus, *swept] for gpus in [gpus_overrides(n) for n in args.gpus] or [[]] for swept in sweep(args.set)]:
                 result = run_one(Path(args.datasets_root) / dataset_name, config_name, overrides,
                                  Path(workdir))
                 results.append(result)

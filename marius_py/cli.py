@@ -52,8 +52,8 @@ def cmd_train(args) -> None:
     if args.gpus is not None:
         if args.gpus < 1:
             raise MariusInputError(f"--gpus {args.gpus}", path="command line", expected="--gpus N with N >= 1")
-        overrides += ["training.device=cuda", "training.devices="] if args.gpus == 1 else \
-            ["training.devices=" + ",".join(f"cuda:{i}" for i in range(args.gpus))]
+        from marius_py.devices import gpus_overrides  # (torch: imported only by commands that train)
+        overrides += gpus_overrides(args.gpus)
     if args.no_dedup:
         overrides.append("pipeline.dedup=false")
     if args.resume:

@@ -46,3 +46,11 @@ def resolve_devices(config: Config) -> list[torch.device]:
                                            "the GPUs exchange rows and gradients that way",
                                            expected="GPUs joined by NVLink or one PCIe switch")
     return devices
+
+
+def gpus_overrides(count: int) -> list[str]:
+    """The config overrides of ``--gpus COUNT``: one GPU (``training.device``), or the first COUNT sharing
+    the tables (``training.devices``)."""
+    if count == 1:
+        return ["training.device=cuda", "training.devices="]
+    return ["training.devices=" + ",".join(f"cuda:{i}" for i in range(count))]
