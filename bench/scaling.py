@@ -38,13 +38,11 @@ def print_row(row: dict) -> None:
           f"{min(edges) / 1e6:6.2f}-{max(edges) / 1e6:6.2f} M/s   ran {row['placement_run']:<10} "
           f"x{row['speedup']:.2f} of one GPU here, x{row['speedup_vs_best']:.2f} of one GPU's best"
           + (f"   step alone {step / 1e6:6.2f} M/s" if step else "")
-          + (f" (host enqueuing {row['step_host_share']:.0%} of it)" if "step_host_share" in row else "")
-          + (f"; one host thread {row['one_thread_edges_per_s'] / 1e6:6.2f} M/s "
-             f"(enqueuing {row['one_thread_host_share']:.0%})" if "one_thread_edges_per_s" in row else ""), flush=True)
+          + (f" (host enqueuing {row['step_host_share']:.0%} of it)" if "step_host_share" in row else ""), flush=True)
 
 
 def measure_devices_step(gpus: int, placement: str, settings: list[str], edges, seconds: float,
-                         metadata: dict, host_threads: bool = True) -> dict:
+                         metadata: dict) -> dict:
     """The step alone on ``gpus`` GPUs: the runner the command builds (``placement`` as it ran), training
     ``edges`` over and over from tables already in place; edges/s of a timed stretch after a warm-up."""
     import torch
@@ -68,7 +66,6 @@ def measure_devices_step(gpus: int, placement: str, settings: list[str], edges, 
     if where.type == "cpu":
         nodes, state = nodes.pin_memory(), state.pin_memory()
     runner = build_multi_device_runner(replicas, placement, config, devices, (dim + state_dim) * 4)
-    runner.host_threads = host_threads  # (replicated tables: a thread per GPU enqueues its graphed steps)
     edges = edges.to(devices[0])
     loss = torch.zeros((), device=devices[0])
 
@@ -135,11 +132,6 @@ def main() -> None:
                 dedup = ["pipeline.dedup=false"] if variant == "no-dedup" else []
                 step = measure_devices_step(gpus, ran, [*settings, *dedup], sample[:gpus * step_edges],
                                             args.step_seconds, metadata)
-                if ran == "replicated":  # the same step enqueued by one thread, for the process model's choice
-                    one = measure_devices_step(gpus, ran, settings, sample[:gpus * step_edges], args.step_seconds,
-                                               metadata, host_threads=False)
-                    step.update(one_thread_edges_per_s=one["step_edges_per_s"],
-                                one_thread_host_share=one["step_host_share"])
         if gpus == args.gpus[0]:
             one_gpu[(placement, dim)] = min(edges)  # (the baseline: the first --gpus value, 1 by default)
         best = max((value for (_, d), value in one_gpu.items() if d == dim), default=min(edges))

@@ -35,8 +35,6 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import contextlib
-import threading
 import time
 
 import torch
@@ -102,20 +100,18 @@ def _packed_bytes(tensors: list[torch.Tensor]) -> int:
 
 @dataclass
 class _Step:
-    """One step in flight: per device, what it sent and received, and the events of its phases."""
-
     index: int
-    active: int             # devices with a batch (the span's last step may not fill them all)
-    num_devices: int
+    sent: list[Gradients] = field(default_factory=list)               # per active device
+    received: list[list[Gradients]] = field(default_factory=list)     # [device][sender]
+    computed: list = field(default_factory=list)                      # events, per device
+    exchanged: list = field(default_factory=list)
+    applied: list = field(default_factory=list)
     full: bool = False      # G batches of the batch size
     graphed: bool = False
 
-    def __post_init__(self):
-        self.sent: list[Gradients | None] = [None] * self.active
-        self.computed: list = [None] * self.active
-        self.received: list[list[Gradients] | None] = [None] * self.num_devices  # [device][sender]
-        self.exchanged: list = [None] * self.num_devices
-        self.applied: list = [None] * self.num_devices
+    @property
+    def active(self) -> int:
+        return len(self.sent)
 
 
 class ExchangeCounters:
@@ -135,11 +131,10 @@ class ReplicatedRunner:
     """Trains in-memory spans on ``devices``, each with a replica of the tables (see the module docstring)."""
 
     def __init__(self, steps: list[BatchStep], node_update: Callable, devices: list[torch.device], batch_size: int,
-                 staleness_bound: int, graphs: bool = False, host_threads: bool = True):
+                 staleness_bound: int, graphs: bool = False):
         """``steps[g]``: device g's step (its own relation replica). ``node_update(nodes, state, rows, grads,
         count)``: the in-place optimizer update of rows (``row_kernels.sparse_adagrad_``). ``graphs``: replay
-        full steps as CUDA graphs where ``ReplicaGraphs.supported``; ``host_threads``: graphed steps are
-        enqueued by a thread per device."""
+        full steps as CUDA graphs where ``ReplicaGraphs.supported``."""
         if len(steps) != len(devices) or not devices:
             raise ValueError("a replicated runner needs one step per device")
         self.steps, self.node_update, self.devices = steps, node_update, devices
@@ -157,7 +152,6 @@ class ReplicatedRunner:
         self.counters = ExchangeCounters()
         self.graphs = ReplicaGraphs(self) if graphs and ReplicaGraphs.supported(self) else None
         self.max_in_flight = 0
-        self.host_threads = host_threads
         self.host_seconds = 0.0  # spent enqueuing steps (a host-bound run spends all its time here)
 
     @property
@@ -193,23 +187,20 @@ class ReplicatedRunner:
             for stream in streams:  # after what the caller queued (relations restored, the loss zeroed)
                 if stream is not None:
                     stream.wait_stream(torch.cuda.current_stream(device))
+        bound = self.effective_staleness
         pending: deque[_Step] = deque()
         applied: deque[_Step] = deque()
         started = time.perf_counter()
-        index = 0
-        while index < len(steps):
-            if self._threaded_from(index, steps):
-                index = self._run_threaded(steps, index, sampling, applied, pending, on_batch)
-                continue
-            step = self._compute(index, steps[index], sampling, dropout, applied)
+        for index, batches in enumerate(steps):
+            step = self._compute(index, batches, sampling, dropout, applied)
             self._exchange(step, applied)
             pending.append(step)
             self.max_in_flight = max(self.max_in_flight, len(pending))
-            if len(pending) >= self.effective_staleness:
+            if len(pending) >= bound:
                 self._retire(self._apply(pending.popleft()), applied)
-            on_batch(len(steps[index]))
-            index += 1
-        self._flush(pending, applied)
+            on_batch(len(batches))
+        while pending:
+            self._retire(self._apply(pending.popleft()), applied)
         self.host_seconds += time.perf_counter() - started
         for device, streams in zip(self.devices, lanes):
             for stream in streams:
@@ -249,108 +240,29 @@ class ReplicatedRunner:
         """The applied step ``index``, if still kept (the one whose static tensors step index + 2 reuses)."""
         return next((s for s in applied if s.index == index), None)
 
-    def _threaded_from(self, index: int, steps: list[list[torch.Tensor]]) -> bool:
-        """Whether graphed steps start at ``index`` and a thread per device should enqueue them."""
-        if not self.host_threads or self.graphs is None or self.num_devices < 2:
-            return False
-        batches = steps[index]
-        full = len(batches) == self.num_devices and all(len(b) == self.batch_size for b in batches)
-        return full and self.graphs.ready()
-
-    def _run_threaded(self, steps: list[list[torch.Tensor]], first: int, sampling, applied: deque,
-                      pending: deque, on_batch: Callable[[int], None]) -> int:
-        """The full steps from ``first`` on, each device's phases enqueued by a thread of its own (one Python
-        thread measured host-bound at four GPUs; torch releases the GIL while it launches). The threads
-        meet once a step, when every device's gradients are enqueued; events order the rest as in turn.
-        Steps ``pending`` on entry are applied by the threads when their turn comes, and the last
-        ``bound - 1`` steps are left pending on return, as in turn. Returns the index of the first step
-        left (the span's short last one)."""
-        last = first
-        while last < len(steps) and len(steps[last]) == self.num_devices and \
-                all(len(b) == self.batch_size for b in steps[last]):
-            last += 1
-        self.graphs.capture_all()
-        shared = {i: self._new_step(i, steps[i]) for i in range(first, last)}
-        unapplied = list(pending)
-        shared.update((step.index, step) for step in unapplied)
-        earlier = {step.index: step for step in applied}
-        bound, barrier, errors = self.effective_staleness, threading.Barrier(self.num_devices), []
-
-        def step_at(index: int) -> _Step | None:
-            return shared.get(index) or earlier.get(index)
-
-        def enqueue(g: int) -> None:
-            device = self.devices[g]
-            try:
-                with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
-                    for i in range(first, last):
-                        self._compute_on(shared[i], g, steps[i][g], sampling[g], None, step_at(i - 2),
-                                         step_at(i - bound))
-                        barrier.wait()  # every device's gradients of step i are enqueued
-                        self._exchange_into(shared[i], g, step_at(i - 2))
-                        if i - bound + 1 in shared:
-                            self._apply_on_device(shared[i - bound + 1], g)
-                        if g == 0:
-                            on_batch(self.num_devices)
-            except BaseException as error:  # the others stop at the barrier; the caller raises it
-                errors.append(error)
-                barrier.abort()
-
-        threads = [threading.Thread(target=enqueue, args=(g,), name=f"marius-step-{g}")
-                   for g in range(self.num_devices)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        if errors:
-            raise next((e for e in errors if not isinstance(e, threading.BrokenBarrierError)), errors[0])
-        pending.clear()
-        for step in unapplied:
-            self._retire(step, applied)
-        for i in range(first, last):
-            self._count_exchange(shared[i])
-            if i > last - bound:  # applied by whatever runs next, as in turn
-                pending.append(shared[i])
-            else:
-                self._retire(shared[i], applied)
-        self.max_in_flight = max(self.max_in_flight, bound)
-        return last
-
-    def _flush(self, pending: deque, applied: deque) -> None:
-        while pending:
-            self._retire(self._apply(pending.popleft()), applied)
-
-    # ---- the phases, each device's part on its own: run in turn, or by a thread per device ----
-    def _new_step(self, index: int, batches: list[torch.Tensor]) -> _Step:
+    # ---- the phases ----
+    def _compute(self, index: int, batches: list[torch.Tensor], sampling, dropout, applied: deque) -> _Step:
         graphs = self.graphs
         full = len(batches) == self.num_devices and all(len(b) == self.batch_size for b in batches)
-        return _Step(index, len(batches), self.num_devices, full=full,
-                     graphed=graphs is not None and full and graphs.ready())
-
-    def _compute(self, index: int, batches: list[torch.Tensor], sampling, dropout, applied: deque) -> _Step:
-        step = self._new_step(index, batches)
+        step = _Step(index, full=full, graphed=graphs is not None and full and graphs.ready())
         reused = self._earlier(applied, index - 2)  # its copies read the static tensors this step rewrites
         missed = self._earlier(applied, index - self.effective_staleness)  # the last step this one must see
         for g, batch in enumerate(batches):
-            self._compute_on(step, g, batch, sampling[g], dropout[g], reused, missed)
+            stream = self.compute_streams[g]
+            with on(stream):
+                if reused is not None:
+                    wait(stream, [event for d, event in enumerate(reused.exchanged) if d != g])
+                if missed is not None:
+                    wait(stream, missed.applied[g:g + 1])
+                if step.graphed:
+                    step.sent.append(graphs.compute(index, g, batch, sampling[g]))
+                else:
+                    model = self.steps[g]
+                    edges = batch.to(self.devices[g], non_blocking=True)
+                    draws = model.negative_draws(len(edges), None, sampling[g])
+                    step.sent.append(self.gradients_on(g, edges, draws, dropout[g]))
+                step.computed.append(record(stream))
         return step
-
-    def _compute_on(self, step: _Step, g: int, batch: torch.Tensor, sampling, dropout, reused: _Step | None,
-                    missed: _Step | None) -> None:
-        stream = self.compute_streams[g]
-        with on(stream):
-            if reused is not None:
-                wait(stream, [event for d, event in enumerate(reused.exchanged) if d != g])
-            if missed is not None:
-                wait(stream, missed.applied[g:g + 1])
-            if step.graphed:
-                step.sent[g] = self.graphs.compute(step.index, g, batch, sampling)
-            else:
-                model = self.steps[g]
-                edges = batch.to(self.devices[g], non_blocking=True)
-                draws = model.negative_draws(len(edges), None, sampling)
-                step.sent[g] = self.gradients_on(g, edges, draws, dropout)
-            step.computed[g] = record(stream)
 
     def gradients_on(self, g: int, edges: torch.Tensor, draws, dropout: torch.Generator | None) -> Gradients:
         """Device g's batch: its plan, rows gathered from its replica, gradients (captured by graphs too)."""
@@ -363,54 +275,45 @@ class ReplicatedRunner:
         return Gradients.pack(plan.rows, plan.unique_count, grads, list(relation_grads))
 
     def _exchange(self, step: _Step, applied: deque) -> None:
-        reused = self._earlier(applied, step.index - 2)  # its applies read the buffers this step rewrites
-        for d in range(self.num_devices):
-            self._exchange_into(step, d, reused)
-        self._count_exchange(step)
-
-    def _exchange_into(self, step: _Step, d: int, reused: _Step | None) -> None:
-        """Device d copies the others' gradients; the copy h -> d runs on a stream of its own (torch runs a
+        """Every device copies the others' gradients; the copy h -> d runs on a stream of its own (torch runs a
         copy between GPUs on the source's current stream), so a sender's copies to its peers overlap."""
-        device, stream = self.devices[d], self.copy_streams[d]
-        with on(stream):
-            if reused is not None:
-                wait(stream, reused.applied[d:d + 1])
-            received = []
-            for h, sent in enumerate(step.sent):
-                if h == d or device.type != "cuda":  # (simulated devices share memory)
-                    received.append(sent if not step.graphed or h == d else
-                                    self.graphs.received(step.index, d, h).copy_(sent))
-                    continue
-                with on(self.pair_streams[h][d]):
-                    wait(self.pair_streams[h][d], [step.computed[h]])
-                    target = self.graphs.received(step.index, d, h) if step.graphed else sent.empty_like(device)
-                    received.append(target.copy_(sent))
-            step.received[d] = received
-            step.exchanged[d] = record(stream)
-
-    def _count_exchange(self, step: _Step) -> None:
-        if self.devices[0].type == "cuda":
-            self.counters.exchanged_bytes += sum(sent.nbytes() for sent in step.sent) * (self.num_devices - 1)
+        reused = self._earlier(applied, step.index - 2)  # its applies read the buffers this step rewrites
+        for d, device in enumerate(self.devices):
+            stream = self.copy_streams[d]
+            with on(stream):
+                if reused is not None:
+                    wait(stream, reused.applied[d:d + 1])
+                received = []
+                for h, sent in enumerate(step.sent):
+                    if h == d or device.type != "cuda":  # (simulated devices share memory)
+                        received.append(sent if not step.graphed or h == d else
+                                        self.graphs.received(step.index, d, h).copy_(sent))
+                        continue
+                    with on(self.pair_streams[h][d]):
+                        wait(self.pair_streams[h][d], [step.computed[h]])
+                        target = self.graphs.received(step.index, d, h) if step.graphed else sent.empty_like(device)
+                        received.append(target.copy_(sent))
+                    self.counters.exchanged_bytes += sent.nbytes()
+                step.received.append(received)
+                step.exchanged.append(record(stream))
         self.counters.steps += 1
 
     def _apply(self, step: _Step) -> _Step:
         for d in range(self.num_devices):
-            self._apply_on_device(step, d)
-        if step.full and not step.graphed and self.graphs is not None:
+            stream = self.update_streams[d]
+            with on(stream):
+                wait(stream, [step.exchanged[d], *step.computed[d:d + 1]])
+                if step.graphed:
+                    self.graphs.apply(step.index, d)
+                else:
+                    self.apply_on(d, step.received[d])
+                step.applied.append(record(stream))
+        if step.graphed:
+            for model in self.steps:
+                model.count_relation_step()
+        elif step.full and self.graphs is not None:
             self.graphs.warmed_up = True
         return step
-
-    def _apply_on_device(self, step: _Step, d: int) -> None:
-        stream = self.update_streams[d]
-        with on(stream):
-            wait(stream, [step.exchanged[d], *step.computed[d:d + 1]])
-            if step.graphed:
-                self.graphs.apply(step.index, d)
-            else:
-                self.apply_on(d, step.received[d])
-            step.applied[d] = record(stream)
-        if step.graphed:
-            self.steps[d].count_relation_step()
 
     def apply_on(self, d: int, received: list[Gradients], count: bool = True) -> None:
         """Replica d takes every device's gradients, in device order (captured by graphs with ``count``
@@ -465,10 +368,6 @@ class ReplicaGraphs:
 
     def apply(self, index: int, d: int) -> None:
         self._set(index % 2)["apply"][d].replay()
-
-    def capture_all(self) -> None:
-        for parity in (0, 1):
-            self._set(parity)
 
     def _set(self, parity: int) -> dict:
         if self.sets[parity] is None:
