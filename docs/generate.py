@@ -85,9 +85,10 @@ def _relative(path: Path) -> str:
 
 
 def _rows(part: str) -> list[tuple[Path, dict, dict]]:
-    """(file, its JSON, row) of every row of ``part`` that a bench's row recorder wrote."""
+    """(file, its JSON, row) of every row of ``part`` that a bench's row recorder wrote (except in files
+    marked ``superseded``: measurements of code that was reverted)."""
     return [(path, data, row) for path, data in _json_files()
-            if isinstance(data, dict) and isinstance(data.get("rows"), list)
+            if isinstance(data, dict) and isinstance(data.get("rows"), list) and not data.get("superseded")
             for row in data["rows"] if isinstance(row, dict) and row.get("part") == part]
 
 
@@ -170,10 +171,15 @@ def _scaling_table() -> list[str]:
     rows = {(r["placement"], r["dim"], r["variant"], r["gpus"]): (path, data, r) for path, data, r in _rows("scaling")}
     return _table(
         "Several GPUs of one host",
-        "`marius-py train --gpus G` against one GPU at the same placement: `python bench/scaling.py`.",
-        ["placement", "d", "dedup", "GPUs", "M edges/s", "x one GPU", "cards", "file"],
-        [[*key, _rates(row["edges_per_s"]), f"{row['speedup']:.2f}", ", ".join(sorted(set(data.get("devices", [])))),
-          f"`{_relative(path)}`"] for key, (path, data, row) in sorted(rows.items())])
+        "`marius-py train --gpus G` against one GPU at the same placement, with the step alone (the same runner "
+        "from tables already in place) measured in the same run: `python bench/scaling.py`.",
+        ["placement", "d", "dedup", "GPUs", "ran", "M edges/s", "x one GPU here", "x one GPU's best", "step alone",
+         "cards", "file"],
+        [[*key, row.get("placement_run", ""), _rates(row["edges_per_s"]), f"{row['speedup']:.2f}",
+          f"{row['speedup_vs_best']:.2f}" if "speedup_vs_best" in row else "",
+          f"{row['step_edges_per_s'] / 1e6:.1f}" if row.get("step_edges_per_s") else "",
+          ", ".join(sorted(set(data.get("devices", [])))), f"`{_relative(path)}`"]
+         for key, (path, data, row) in sorted(rows.items())])
 
 
 def _disk_table() -> list[str]:
