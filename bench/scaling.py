@@ -85,6 +85,9 @@ def measure_devices_step(gpus: int, placement: str, settings: list[str], edges, 
             timed += run()
             rounds += 1
     host = getattr(runner, "host_seconds", 0.0) - host_before
+    close = getattr(runner, "close", None)
+    if close is not None:  # (a process per GPU: its workers and group end here)
+        close()
     return {"step_edges_per_s": rounds * len(edges) / timed, "step_seconds": timed, "step_host_share": host / timed}
 
 

@@ -36,6 +36,7 @@ EVAL_PROTOCOLS = ("filtered", "sampled")
 ORDERING_NAMES = tuple(ORDERINGS)
 NEGATIVE_KINDS = ("uniform", "degree", "mixed")
 PLACEMENTS = ("auto", "device", "host", "replicated", "split")
+PROCESS_MODELS = ("one", "per_device")
 DIRECT_IO = ("auto", "true", "false")
 STORAGE_DTYPES = ("float32", "bfloat16")
 
@@ -174,6 +175,8 @@ class PipelineConfig:
     step_grouping: int = _f(0, "several devices: windows of this many steps are sorted by head and each step "
                                "dealt round-robin, so the batches that run together share rows (0: off; the "
                                "batches are then uniform samples of the span)")
+    processes: str = _f("one", f"several devices with replicated tables, one of {PROCESS_MODELS}: one process "
+                               "drives every device, or a process per device (gradients gathered by NCCL)")
     cache_rows: int = _f(-1, "several devices, tables in host memory: rows each device keeps in its memory for "
                              "a span (its most frequent endpoints), read and updated there instead of over PCIe; "
                              "-1: as many as fit in a quarter of the device's free memory (none on a CPU); 0: none")
@@ -240,6 +243,7 @@ def validate(config: Config, origins: dict | None = None) -> Config:
                ("training.device", t.device, DEVICES), ("evaluation.protocol", e.protocol, EVAL_PROTOCOLS),
                ("evaluation.negative_sampling", e.negative_sampling, NEGATIVE_KINDS),
                ("pipeline.placement", config.pipeline.placement, PLACEMENTS),
+               ("pipeline.processes", config.pipeline.processes, PROCESS_MODELS),
                ("training.score_dtype", t.score_dtype, ("float32", "bfloat16"))]
     _check_devices(t.devices, _check)
     _check(config.storage.dtype == "float32" or len(device_list(t.devices)) <= 1, "storage.dtype",

@@ -279,7 +279,7 @@ class Trainer:
         for replica in self.replicas:  # each its own copy: same-device tensors would alias the optimizer state
             replica.load_state_dict(model_state if replica is self.model else copy.deepcopy(model_state))
         self.store = EmbeddingStore(self.live_store_path)
-        self.close()  # a buffer over the old files must not write them back
+        self._close_buffer()  # a buffer over the old files must not write them back
         if not self.partitioned:
             # Host tables are pinned only for the fused step, whose GPU kernels read and write them in place;
             # otherwise they stay pageable and each batch's rows are gathered into pinned staging memory.
@@ -663,6 +663,13 @@ class Trainer:
             self.restore(best)
 
     def close(self) -> None:
+        """Release the partition buffer and the runner's processes (a replica group's workers)."""
+        self._close_buffer()
+        close_runner = getattr(self.runner, "close", None)
+        if close_runner is not None:
+            close_runner()
+
+    def _close_buffer(self) -> None:
         if self.buffer is not None:
             self.buffer.close()
             self.buffer = None

@@ -45,35 +45,69 @@ from marius_py.pipeline.row_kernels import gather_rows
 from marius_py.pipeline.step import BatchStep
 
 
+def apply_in_order(step: BatchStep, node_update: Callable, received: list["Gradients"], nodes: torch.Tensor,
+                   state: torch.Tensor, count: bool = True) -> None:
+    """One replica takes every device's gradients: the rows' as consecutive updates in device order, the
+    relations' summed in device order and stepped once (``count`` False: without the host-side step count,
+    as a CUDA graph captures it)."""
+    summed = None
+    for sent in received:
+        node_update(nodes, state, sent.rows, sent.grads, sent.count)
+        summed = list(sent.relation_grads) if summed is None else [a + b for a, b in zip(summed, sent.relation_grads)]
+    if count:
+        step.step_relations([summed])
+    else:
+        step.apply_relation_gradients([summed])
+
+
 _ALIGN = 16  # bytes: every packed tensor starts aligned for its dtype and for vector loads
 
 
 @dataclass
 class Gradients:
-    """What one device's batch sends every replica, packed into one byte buffer (one copy per pair of
-    devices): its unique rows (the first ``count`` real), their gradients and the relation gradients."""
+    """What one device's batch sends every replica, packed into one byte buffer (one copy, or one collective,
+    moves it): its unique rows (the first ``count`` real), their gradients and the relation gradients."""
 
     buffer: torch.Tensor                 # uint8: the tensors below are views of it
-    rows: torch.Tensor
-    count: torch.Tensor | None
-    grads: torch.Tensor
+    rows: torch.Tensor                   # [capacity] int64
+    count: torch.Tensor                  # [1] int64
+    grads: torch.Tensor                  # [capacity, d]
     relation_grads: list[torch.Tensor]
+
+    @classmethod
+    def empty(cls, capacity: int, grads_like: torch.Tensor, relation_like: list[torch.Tensor],
+              device: torch.device) -> "Gradients":
+        """Room for ``capacity`` rows of gradients like ``grads_like``'s and relation gradients like these."""
+        spec = [(torch.long, (capacity,)), (torch.long, (1,)), (grads_like.dtype, (capacity, grads_like.shape[1])),
+                *[(t.dtype, tuple(t.shape)) for t in relation_like]]
+        return cls.viewing(torch.empty(_packed_bytes(spec), dtype=torch.uint8, device=device), spec)
 
     @classmethod
     def pack(cls, rows: torch.Tensor, count: torch.Tensor | None, grads: torch.Tensor,
              relation_grads: list[torch.Tensor]) -> "Gradients":
-        tensors = [rows, *([] if count is None else [count]), grads, *relation_grads]
-        packed = cls._views(torch.empty(_packed_bytes(tensors), dtype=torch.uint8, device=rows.device),
-                            tensors, count is not None)
-        for target, tensor in zip(packed.tensors(), tensors):
-            target.copy_(tensor)
-        return packed
+        return cls.empty(len(rows), grads, relation_grads, rows.device).fill_(rows, count, grads, relation_grads)
+
+    def fill_(self, rows: torch.Tensor, count: torch.Tensor | None, grads: torch.Tensor,
+              relation_grads: list[torch.Tensor]) -> "Gradients":
+        """Copy a batch's gradients in (its rows may be fewer than the capacity: ``count`` says how many)."""
+        self.rows[:len(rows)].copy_(rows)
+        self.grads[:len(rows)].copy_(grads)
+        if count is None:
+            self.count.fill_(len(rows))
+        else:
+            self.count.copy_(count.reshape(1))
+        for target, grad in zip(self.relation_grads, relation_grads):
+            target.copy_(grad)
+        return self
 
     def tensors(self) -> list[torch.Tensor]:
-        return [self.rows, *([] if self.count is None else [self.count]), self.grads, *self.relation_grads]
+        return [self.rows, self.count, self.grads, *self.relation_grads]
+
+    def spec(self) -> list[tuple[torch.dtype, tuple[int, ...]]]:
+        return [(t.dtype, tuple(t.shape)) for t in self.tensors()]
 
     def empty_like(self, device: torch.device) -> "Gradients":
-        return self._views(torch.empty_like(self.buffer, device=device), self.tensors(), self.count is not None)
+        return self.viewing(torch.empty_like(self.buffer, device=device), self.spec())
 
     def copy_(self, source: "Gradients") -> "Gradients":
         self.buffer.copy_(source.buffer, non_blocking=True)
@@ -83,19 +117,22 @@ class Gradients:
         return self.buffer.numel()
 
     @classmethod
-    def _views(cls, buffer: torch.Tensor, like: list[torch.Tensor], counted: bool) -> "Gradients":
+    def viewing(cls, buffer: torch.Tensor, spec: list[tuple[torch.dtype, tuple[int, ...]]]) -> "Gradients":
+        """The tensors of ``spec`` laid out in ``buffer`` (uint8, ``_packed_bytes(spec)`` long)."""
         views, offset = [], 0
-        for tensor in like:
-            size = tensor.numel() * tensor.element_size()
-            views.append(buffer[offset:offset + size].view(tensor.dtype).view(tensor.shape))
+        for dtype, shape in spec:
+            size = _nbytes(dtype, shape)
+            views.append(buffer[offset:offset + size].view(dtype).view(shape))
             offset += -(-size // _ALIGN) * _ALIGN
-        rows, count = views[0], views[1] if counted else None
-        rest = views[2 if counted else 1:]
-        return cls(buffer, rows, count, rest[0], rest[1:])
+        return cls(buffer, views[0], views[1], views[2], views[3:])
 
 
-def _packed_bytes(tensors: list[torch.Tensor]) -> int:
-    return sum(-(-t.numel() * t.element_size() // _ALIGN) * _ALIGN for t in tensors)
+def _nbytes(dtype: torch.dtype, shape: tuple[int, ...]) -> int:
+    return int(torch.Size(shape).numel()) * torch.empty((), dtype=dtype).element_size()
+
+
+def _packed_bytes(spec: list[tuple[torch.dtype, tuple[int, ...]]]) -> int:
+    return sum(-(-_nbytes(dtype, shape) // _ALIGN) * _ALIGN for dtype, shape in spec)
 
 
 @dataclass
@@ -318,16 +355,7 @@ class ReplicatedRunner:
     def apply_on(self, d: int, received: list[Gradients], count: bool = True) -> None:
         """Replica d takes every device's gradients, in device order (captured by graphs with ``count``
         False: the relation step's host-side count is kept out of the graph)."""
-        nodes, state = self.tables[d]
-        summed = None
-        for sent in received:
-            self.node_update(nodes, state, sent.rows, sent.grads, sent.count)
-            summed = list(sent.relation_grads) if summed is None else \
-                [a + b for a, b in zip(summed, sent.relation_grads)]
-        if count:
-            self.steps[d].step_relations([summed])
-        else:
-            self.steps[d].apply_relation_gradients([summed])
+        apply_in_order(self.steps[d], self.node_update, received, *self.tables[d], count)
 
 
 class ReplicaGraphs:

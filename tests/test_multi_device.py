@@ -431,6 +431,40 @@ def test_trainer_with_replicated_tables_learns_and_resumes_where_it_stopped(smal
     np.testing.assert_allclose(resumed.embeddings(), whole.embeddings(), rtol=0, atol=1e-6)
 
 
+PROCESS_GROUPS = [pytest.param("cpu,cpu,cpu", 1, marks=pytest.mark.slow, id="3-cpus-bound-1"),
+                  pytest.param("cpu,cpu,cpu", 2, marks=pytest.mark.slow, id="3-cpus-bound-2"),
+                  pytest.param("cpu,cpu,cpu,cpu", 1, marks=pytest.mark.slow, id="4-cpus-bound-1"),
+                  pytest.param("cpu,cpu,cpu,cpu", 2, marks=pytest.mark.slow, id="4-cpus-bound-2"),
+                  pytest.param("cuda:0,cuda:1", 1, id="2-gpus-bound-1", marks=[pytest.mark.gpu, pytest.mark.skipif(
+                      not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs two GPUs")])]
+
+
+@pytest.mark.parametrize("devices, bound", PROCESS_GROUPS)
+def test_a_process_per_device_trains_as_one_process(small_config, tmp_path, devices, bound):
+    """Replicated tables with a worker process per further device (gloo on the CPU, NCCL on GPUs) train the
+    model one process trains: same tables, relations and loss after two epochs through the trainer (GPUs:
+    within their atomics' rounding)."""
+    tolerance = {"rtol": 0, "atol": 1e-6} if devices.startswith("cpu") else {"rtol": 1e-4, "atol": 1e-5}
+    results = {}
+    for processes in ("one", "per_device"):
+        config = small_config(f"training.devices={devices}", "pipeline.placement=replicated",
+                              f"pipeline.staleness_bound={bound}", f"pipeline.processes={processes}",
+                              "training.batch_size=256", "evaluation.every=0")
+        trainer = Trainer(config, Dataset(config.dataset.path), tmp_path / processes, progress=False)
+        try:
+            trainer.train()
+            records = [json.loads(line) for line in (tmp_path / processes / "metrics.jsonl").read_text().splitlines()]
+            losses = [r["loss"] for r in records if r["event"] == "epoch"]
+            results[processes] = (trainer.nodes.clone(), trainer.node_state.clone(),
+                                  trainer.model.decoder.relations.detach().clone(), losses)
+        finally:
+            trainer.close()
+    one, group = results["one"], results["per_device"]
+    for got, expected in zip(group[:3], one[:3]):
+        torch.testing.assert_close(got, expected, **tolerance)
+    assert group[3] == pytest.approx(one[3], rel=1e-5)
+
+
 def _bucketed(config, tmp_path, partitions: int) -> str:
     from marius_py.preprocess import PreprocessOptions, preprocess
     from tests.conftest import UMLS_RAW

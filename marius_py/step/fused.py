@@ -233,6 +233,51 @@ class FusedStep:
         self.relations.data.addcdiv_(grad, accumulated.sqrt().add_(group["eps"]), value=-group["lr"])
 
 
+class FusedGradients:
+    """A model's planning with the fused step's gradients: one device's step among several."""
+
+    def __init__(self, model, fused: FusedStep):
+        self.model, self.fused = model, fused
+
+    def negative_draws(self, *args, **kwargs):
+        return self.model.negative_draws(*args, **kwargs)
+
+    def plan_batch(self, *args, **kwargs):
+        return self.model.plan_batch(*args, **kwargs)
+
+    def gradients(self, plan, embeddings: torch.Tensor, generator: torch.Generator):
+        grad, relation_grad, loss = self.fused.gradients(plan, embeddings, generator=generator)
+        return grad, self.fused.relation_gradients(relation_grad), loss
+
+    def step_relations(self, gradients: list[list[torch.Tensor]]) -> None:
+        self.fused.step_relations(gradients)
+
+    @property
+    def graphable(self) -> bool:
+        """Whether the step is device work only (a CUDA graph can hold it): no dropout draw, own relation step."""
+        return self.fused.own_relation_step and self.fused.dropout == 0
+
+    def apply_relation_gradients(self, gradients: list[list[torch.Tensor]]) -> None:
+        """``step_relations`` without the host-side step count (``count_relation_step``)."""
+        for grads in gradients:
+            for grad in grads:
+                self.fused.apply_relation_gradient(grad)
+
+    def count_relation_step(self) -> None:
+        self.fused.count_relation_step()
+
+    def relation_tensors(self) -> list[torch.Tensor]:
+        return self.fused.relation_tensors()
+
+
+def gradient_step(model):
+    """What several devices run per batch: the fused step's gradients where the model has them (and the
+    config asks for it), else the model's autograd gradients."""
+    if model.config.training.fused_step and supports_fused_step(model):
+        return FusedGradients(model, FusedStep(model))
+    return model
+
+
 def _on_stream(stream: torch.cuda.Stream | None, fork: bool = False):
     """Run the block on ``stream`` (after the current stream's work so far when ``fork``); None: in place."""
     if stream is None:

@@ -13,7 +13,7 @@ import functools
 import torch
 
 from marius_py.config import Config
-from marius_py.step.fused import FusedStep, supports_fused_step
+from marius_py.step.fused import FusedStep, gradient_step, supports_fused_step
 from marius_py.step.graph import GraphedFusedStep
 from marius_py.pipeline.multi_device import DEFAULT_STALENESS, MultiDeviceRunner
 from marius_py.pipeline.placements import PLACEMENT_DEVICE, PLACEMENT_HOST, PLACEMENT_REPLICATED, PLACEMENT_SPLIT
@@ -41,54 +41,19 @@ def build_span_runner(model, placement: str, config: Config, device: torch.devic
     return SpanRunner(model, placement, config.pipeline, device, config.training.batch_size, fused, graphed)
 
 
-class FusedGradients:
-    """A model's planning with the fused step's gradients: one device's step among several."""
-
-    def __init__(self, model, fused: FusedStep):
-        self.model, self.fused = model, fused
-
-    def negative_draws(self, *args, **kwargs):
-        return self.model.negative_draws(*args, **kwargs)
-
-    def plan_batch(self, *args, **kwargs):
-        return self.model.plan_batch(*args, **kwargs)
-
-    def gradients(self, plan, embeddings: torch.Tensor, generator: torch.Generator):
-        grad, relation_grad, loss = self.fused.gradients(plan, embeddings, generator=generator)
-        return grad, self.fused.relation_gradients(relation_grad), loss
-
-    def step_relations(self, gradients: list[list[torch.Tensor]]) -> None:
-        self.fused.step_relations(gradients)
-
-    @property
-    def graphable(self) -> bool:
-        """Whether the step is device work only (a CUDA graph can hold it): no dropout draw, own relation step."""
-        return self.fused.own_relation_step and self.fused.dropout == 0
-
-    def apply_relation_gradients(self, gradients: list[list[torch.Tensor]]) -> None:
-        """``step_relations`` without the host-side step count (``count_relation_step``)."""
-        for grads in gradients:
-            for grad in grads:
-                self.fused.apply_relation_gradient(grad)
-
-    def count_relation_step(self) -> None:
-        self.fused.count_relation_step()
-
-    def relation_tensors(self) -> list[torch.Tensor]:
-        return self.fused.relation_tensors()
-
-
 def build_multi_device_runner(replicas: list, placement: str, config: Config, devices: list[torch.device],
-                              row_bytes: int) -> MultiDeviceRunner | ReplicatedRunner:
+                              row_bytes: int):
     """Several devices training one model; ``replicas[g]``: the model on device g; ``placement``: replicated
     (``ReplicatedRunner``), split or host (``MultiDeviceRunner``); ``row_bytes``: a row's embedding and
     optimizer state."""
-    use_fused = config.training.fused_step and supports_fused_step(replicas[0])
-    steps = [FusedGradients(model, FusedStep(model)) if use_fused else model for model in replicas]
+    steps = [gradient_step(model) for model in replicas]
     adagrad = replicas[0].node_optimizer
     update = functools.partial(sparse_adagrad_, lr=adagrad.lr, eps=adagrad.eps)
     p = config.pipeline
     staleness = p.staleness_bound or DEFAULT_STALENESS
+    if placement == PLACEMENT_REPLICATED and p.processes == "per_device":
+        from marius_py.step.replica_workers import ReplicaGroupRunner  # (starts processes: only when asked)
+        return ReplicaGroupRunner(replicas[0], config, devices)
     if placement == PLACEMENT_REPLICATED:
         return ReplicatedRunner(steps, update, devices, config.training.batch_size, staleness,
                                 graphs=config.training.cuda_graphs)

@@ -1,0 +1,207 @@
+"""Replicated tables with a process per device: the trainer's process drives device 0, workers the others.
+
+The trainer keeps its one process and its runner interface
+(``ReplicaGroupRunner.run``): it starts a worker process for every further
+device, each holding a copy of the tables and of the model, and all of them
+form a torch.distributed group (NCCL on GPUs, gloo on CPU) whose collectives
+move the tables, each span's edges and every step's gradients
+(``pipeline.replica_group``). Commands (copy the tables, train a span, stop)
+reach the workers over pipes; a worker that fails reports its traceback.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import multiprocessing.connection
+import os
+import tempfile
+import traceback
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as multiprocessing
+
+from marius_py.config import Config
+from marius_py.pipeline.replica_group import GroupStepper, dealt_batches
+from marius_py.pipeline.row_kernels import sparse_adagrad_
+from marius_py.step.fused import gradient_step
+from marius_py.step.model import Model
+
+GROUP_TIMEOUT = timedelta(minutes=10)  # a collective waits this long for a rank before failing
+
+
+def group_step(model: Model, config: Config, device: torch.device) -> GroupStepper:
+    """This process's stepper: the fused step's gradients where the model has them (as one process does)."""
+    step = gradient_step(model)
+    adagrad = model.node_optimizer
+    p = config.pipeline
+    return GroupStepper(step, functools.partial(sparse_adagrad_, lr=adagrad.lr, eps=adagrad.eps), device,
+                        config.training.batch_size, p.staleness_bound or 2, graphs=config.training.cuda_graphs)
+
+
+class WorkerFailed(RuntimeError):
+    """A worker process of the group failed; the message carries its traceback."""
+
+
+class ReplicaGroupRunner:
+    """The trainer's runner for replicated tables with a process per device (see the module docstring)."""
+
+    def __init__(self, model: Model, config: Config, devices: list[torch.device]):
+        self.devices, self.model = devices, model
+        self.world = len(devices)
+        backend = "nccl" if devices[0].type == "cuda" else "gloo"
+        if dist.is_initialized():
+            raise RuntimeError("a process per device needs its own torch.distributed group: this process has one")
+        handle, rendezvous = tempfile.mkstemp(prefix="marius-group-")
+        os.close(handle)
+        os.unlink(rendezvous)  # (the file store creates it)
+        context = multiprocessing.get_context("spawn")
+        self.pipes, self.workers = [], []
+        for rank in range(1, self.world):
+            ours, theirs = context.Pipe()
+            worker = context.Process(target=_worker, args=(rank, self.world, backend, rendezvous, config,
+                                                            model.num_nodes, model.decoder.num_relations,
+                                                            str(devices[rank]), theirs),
+                                     daemon=True, name=f"marius-replica-{rank}")
+            worker.start()
+            self.pipes.append(ours)
+            self.workers.append(worker)
+        if devices[0].type == "cuda":
+            torch.cuda.set_device(devices[0])
+        dist.init_process_group(backend, init_method=f"file://{rendezvous}", rank=0, world_size=self.world,
+                                timeout=GROUP_TIMEOUT)
+        self.stepper = group_step(model, config, devices[0])
+        self.tables = None
+        self.counters = _GroupCounters(self)
+        self.max_in_flight = 0
+
+    @property
+    def effective_staleness(self) -> int:
+        return self.stepper.staleness
+
+    @property
+    def host_seconds(self) -> float:
+        return self.stepper.host_seconds
+
+    def run(self, edges: torch.Tensor, nodes: torch.Tensor, state: torch.Tensor, candidates,
+            sampling: list[torch.Generator], dropout: list[torch.Generator], loss_sum: torch.Tensor,
+            on_batch) -> None:
+        """Train ``edges`` (shuffled) with every process; on return ``nodes`` and ``state`` hold every update."""
+        if candidates is not None and not candidates.is_identity:
+            raise ValueError("replicated tables train in-memory spans only")
+        if self.tables is None or self.tables[0] is not nodes or self.tables[1] is not state:
+            self._send_all("tables", {"model": _serialized(self.model.state_dict()),
+                                      "shape": (tuple(nodes.shape), tuple(state.shape))})
+            dist.broadcast(nodes, 0)
+            dist.broadcast(state, 0)
+            self.tables = (nodes, state)
+        edges = edges.to(self.devices[0]).contiguous()
+        self._send_all("span", {"edges": len(edges), "precision": torch.get_float32_matmul_precision(),
+                                "deterministic": torch.are_deterministic_algorithms_enabled(),
+                                "sampling": [g.get_state() for g in sampling],
+                                "dropout": [g.get_state() for g in dropout]})
+        dist.broadcast(edges, 0)
+        batches = dealt_batches(edges, self.stepper.batch_size, 0, self.world)
+        self.stepper.run(batches, nodes, state, sampling[0], dropout[0], lambda: on_batch(self.world))
+        dist.reduce(self.stepper.loss, 0)
+        loss_sum.add_(self.stepper.loss.to(loss_sum.device))
+        self.stepper.loss.zero_()
+        self._replies()
+        self.max_in_flight = max(self.max_in_flight, self.stepper.staleness)
+        if self.devices[0].type == "cuda":
+            torch.cuda.synchronize(self.devices[0])
+
+    def _send_all(self, op: str, payload: dict) -> None:
+        for pipe in self.pipes:
+            pipe.send((op, payload))
+
+    def _replies(self) -> None:
+        for rank, pipe in enumerate(self.pipes, 1):
+            status, detail = pipe.recv()
+            if status != "done":
+                raise WorkerFailed(f"replica worker {rank} failed:\n{detail}")
+
+    def close(self) -> None:
+        """Stop the workers and leave the group (the trainer closes it at the end of a run)."""
+        if not self.workers:
+            return
+        self._send_all("stop", {})
+        for worker in self.workers:
+            worker.join(timeout=60)
+        self.workers = []
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+class _GroupCounters:
+    """The epoch record's transfer counts: the bytes the all-gathers moved, from the steps taken."""
+
+    def __init__(self, runner: ReplicaGroupRunner):
+        self.runner, self.base = runner, 0
+
+    def reset(self) -> None:
+        self.base = self.runner.stepper.steps
+
+    def snapshot(self, embedding_bytes: int, row_bytes: int) -> dict:
+        stepper = self.runner.stepper
+        steps = stepper.steps - self.base
+        sent = stepper.buffers[0][0].nbytes() if stepper.buffers[0] is not None else 0
+        return {"device_to_device": {"bytes": steps * sent * stepper.world * (stepper.world - 1)}, "steps": steps}
+
+
+def _serialized(state: dict) -> bytes:
+    """A state dict as bytes: tensors sent through a torch.multiprocessing pipe would move into shared memory
+    and stay shared (the workers' optimizer state would be the trainer's own tensors)."""
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    return buffer.getvalue()
+
+
+def _worker(rank: int, world: int, backend: str, rendezvous: str, config: Config, num_nodes: int,
+            num_relations: int, device_name: str, pipe: multiprocessing.connection.Connection) -> None:
+    """A worker's life: join the group, then serve commands until told to stop."""
+    device = torch.device(device_name)
+    try:
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        dist.init_process_group(backend, init_method=f"file://{rendezvous}", rank=rank, world_size=world,
+                                timeout=GROUP_TIMEOUT)
+        torch.manual_seed(config.training.seed)
+        model = Model(config, num_nodes, num_relations, device)
+        stepper = group_step(model, config, device)
+        nodes = state = None
+        while True:
+            op, payload = pipe.recv()
+            if op == "stop":
+                break
+            if op == "tables":
+                model.load_state_dict(torch.load(io.BytesIO(payload["model"]), map_location=device))
+                nodes = torch.empty(payload["shape"][0], device=device)
+                state = torch.empty(payload["shape"][1], device=device)
+                dist.broadcast(nodes, 0)
+                dist.broadcast(state, 0)
+                continue
+            _train_span(stepper, payload, nodes, state, rank, world, device)
+            pipe.send(("done", None))
+    except BaseException:
+        pipe.send(("failed", traceback.format_exc()))
+        raise
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _train_span(stepper: GroupStepper, payload: dict, nodes, state, rank: int, world: int,
+                device: torch.device) -> None:
+    torch.set_float32_matmul_precision(payload["precision"])  # (as the trainer's process trains)
+    torch.use_deterministic_algorithms(payload["deterministic"], warn_only=True)
+    edges = torch.empty(payload["edges"], 3, dtype=torch.long, device=device)
+    dist.broadcast(edges, 0)
+    sampling, dropout = (torch.Generator(device) for _ in range(2))
+    sampling.set_state(payload["sampling"][rank])
+    dropout.set_state(payload["dropout"][rank])
+    stepper.run(dealt_batches(edges, stepper.batch_size, rank, world), nodes, state, sampling, dropout)
+    dist.reduce(stepper.loss, 0)
+    stepper.loss.zero_()
