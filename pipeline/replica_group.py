@@ -177,6 +177,8 @@ class GroupStepper:
         return Gradients.empty(len(plan.rows), grads, list(relation_grads), self.device)
 
     def _check_graphs(self, nodes, state) -> None:
+        if not self.use_graphs:  # (graphable steps name the relation tensors their graphs read)
+            return
         key = (nodes.data_ptr(), state.data_ptr(), *[t.data_ptr() for t in self.step.relation_tensors()])
         if key != self.graph_key:
             self.graph_key, self.graphs = key, [None, None]
