@@ -17,6 +17,7 @@ graph's edges from tables already in place, in this process, at the same setting
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import sys
@@ -26,7 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from e2e import COMMAND_SETTINGS, STEP_BATCHES, add_graph_arguments, make_graph, run_command, sample_train_edges  # noqa: E402,E501
-from throughput import measure_step, row_recorder  # noqa: E402
+from throughput import UtilisationSampler, measure_step, row_recorder  # noqa: E402
 
 VARIANTS = {"dedup": [], "no-dedup": ["--no-dedup"]}
 
@@ -38,7 +39,9 @@ def print_row(row: dict) -> None:
           f"{min(edges) / 1e6:6.2f}-{max(edges) / 1e6:6.2f} M/s   ran {row['placement_run']:<10} "
           f"x{row['speedup']:.2f} of one GPU here, x{row['speedup_vs_best']:.2f} of one GPU's best"
           + (f"   step alone {step / 1e6:6.2f} M/s" if step else "")
-          + (f" (host enqueuing {row['step_host_share']:.0%} of it)" if "step_host_share" in row else ""), flush=True)
+          + (f" (host enqueuing {row['step_host_share']:.0%} of it; GPUs busy "
+             f"{', '.join('?' if b is None else f'{b:.0f}%' for b in row['step_gpu_busy'])})"
+             if "step_host_share" in row else ""), flush=True)
 
 
 def measure_devices_step(gpus: int, placement: str, settings: list[str], edges, seconds: float,
@@ -81,14 +84,19 @@ def measure_devices_step(gpus: int, placement: str, settings: list[str], edges, 
         run()  # warm-up: kernels compiled, graphs captured
         timed, rounds = 0.0, 0
         host_before = getattr(runner, "host_seconds", 0.0)
-        while timed < seconds:
-            timed += run()
-            rounds += 1
+        samplers = [UtilisationSampler(d) for d in devices]  # each GPU's busy share (NVML) while timed
+        with contextlib.ExitStack() as stack:
+            for sampler in samplers:
+                stack.enter_context(sampler)
+            while timed < seconds:
+                timed += run()
+                rounds += 1
     host = getattr(runner, "host_seconds", 0.0) - host_before
     close = getattr(runner, "close", None)
     if close is not None:  # (a process per GPU: its workers and group end here)
         close()
-    return {"step_edges_per_s": rounds * len(edges) / timed, "step_seconds": timed, "step_host_share": host / timed}
+    return {"step_edges_per_s": rounds * len(edges) / timed, "step_seconds": timed, "step_host_share": host / timed,
+            "step_gpu_busy": [sampler.mean for sampler in samplers]}
 
 
 def main() -> None:

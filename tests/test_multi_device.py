@@ -465,6 +465,23 @@ def test_a_process_per_device_trains_as_one_process(small_config, tmp_path, devi
     assert group[3] == pytest.approx(one[3], rel=1e-5)
 
 
+def test_a_worker_that_dies_before_joining_is_reported_not_waited_for():
+    """A replica worker that exits before it joins the group (an import or device error) stops the trainer's
+    process with its exit code, instead of a rendezvous waiting out its timeout."""
+    import multiprocessing
+    import os
+    from marius_py.step.replica_workers import ReplicaGroupRunner, WorkerFailed
+    context = multiprocessing.get_context("spawn")
+    ours, _ = context.Pipe()
+    worker = context.Process(target=os._exit, args=(3,))
+    worker.start()
+    worker.join()
+    runner = ReplicaGroupRunner.__new__(ReplicaGroupRunner)
+    runner.pipes, runner.workers = [ours], [worker]
+    with pytest.raises(WorkerFailed, match="replica worker 1 exited with code 3 before joining"):
+        runner._await_joining()
+
+
 def _bucketed(config, tmp_path, partitions: int) -> str:
     from marius_py.preprocess import PreprocessOptions, preprocess
     from tests.conftest import UMLS_RAW

@@ -11,6 +11,7 @@ reach the workers over pipes; a worker that fails reports its traceback.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import io
 import multiprocessing.connection
@@ -29,7 +30,7 @@ from marius_py.pipeline.row_kernels import sparse_adagrad_
 from marius_py.step.fused import gradient_step
 from marius_py.step.model import Model
 
-GROUP_TIMEOUT = timedelta(minutes=10)  # a collective waits this long for a rank before failing
+GROUP_TIMEOUT = timedelta(minutes=5)  # a collective waits this long for a rank before failing
 
 
 def group_step(model: Model, config: Config, device: torch.device) -> GroupStepper:
@@ -70,8 +71,10 @@ class ReplicaGroupRunner:
             self.workers.append(worker)
         if devices[0].type == "cuda":
             torch.cuda.set_device(devices[0])
-        dist.init_process_group(backend, init_method=f"file://{rendezvous}", rank=0, world_size=self.world,
-                                timeout=GROUP_TIMEOUT)
+        self._await_joining()
+        with self._reporting_workers():
+            dist.init_process_group(backend, init_method=f"file://{rendezvous}", rank=0, world_size=self.world,
+                                    timeout=GROUP_TIMEOUT)
         self.stepper = group_step(model, config, devices[0])
         self.tables = None
         self.counters = _GroupCounters(self)
@@ -91,6 +94,10 @@ class ReplicaGroupRunner:
         """Train ``edges`` (shuffled) with every process; on return ``nodes`` and ``state`` hold every update."""
         if candidates is not None and not candidates.is_identity:
             raise ValueError("replicated tables train in-memory spans only")
+        with self._reporting_workers():
+            self._run(edges, nodes, state, sampling, dropout, loss_sum, on_batch)
+
+    def _run(self, edges, nodes, state, sampling, dropout, loss_sum, on_batch) -> None:
         if self.tables is None or self.tables[0] is not nodes or self.tables[1] is not state:
             self._send_all("tables", {"model": _serialized(self.model.state_dict()),
                                       "shape": (tuple(nodes.shape), tuple(state.shape))})
@@ -112,6 +119,38 @@ class ReplicaGroupRunner:
         self.max_in_flight = max(self.max_in_flight, self.stepper.staleness)
         if self.devices[0].type == "cuda":
             torch.cuda.synchronize(self.devices[0])
+
+    def _await_joining(self) -> None:
+        """Wait until every worker has started (imports, its device) and is joining the group; a worker that
+        died first is reported with its traceback instead of a rendezvous that waits out its timeout."""
+        waiting = dict(enumerate(self.pipes, 1))
+        while waiting:
+            for rank, pipe in list(waiting.items()):
+                if pipe.poll(0.1):
+                    status, detail = pipe.recv()
+                    if status != "joining":
+                        raise WorkerFailed(f"replica worker {rank} failed:\n{detail}")
+                    del waiting[rank]
+                elif not self.workers[rank - 1].is_alive():
+                    raise WorkerFailed(f"replica worker {rank} exited with code {self.workers[rank - 1].exitcode} "
+                                       "before joining the group")
+
+    @contextlib.contextmanager
+    def _reporting_workers(self):
+        """A collective that fails (a rank never came, or timed out) raises with the workers' own reports."""
+        try:
+            yield
+        except Exception as error:
+            reports = []
+            for rank, (pipe, worker) in enumerate(zip(self.pipes, self.workers), 1):
+                if pipe.poll(0):
+                    status, detail = pipe.recv()
+                    reports.append(f"replica worker {rank}: {status}\n{detail}")
+                elif not worker.is_alive():
+                    reports.append(f"replica worker {rank} exited with code {worker.exitcode}")
+            if not reports:
+                raise
+            raise WorkerFailed("\n".join(reports)) from error
 
     def _send_all(self, op: str, payload: dict) -> None:
         for pipe in self.pipes:
@@ -166,6 +205,7 @@ def _worker(rank: int, world: int, backend: str, rendezvous: str, config: Config
     try:
         if device.type == "cuda":
             torch.cuda.set_device(device)
+        pipe.send(("joining", None))
         dist.init_process_group(backend, init_method=f"file://{rendezvous}", rank=rank, world_size=world,
                                 timeout=GROUP_TIMEOUT)
         torch.manual_seed(config.training.seed)
