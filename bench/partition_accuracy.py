@@ -73,11 +73,11 @@ def variant_overrides(spec: str, group_size: int) -> list[str]:
     layout, *extra = spec.split("+")
     ordering, p, c, *k = layout.split(":")
     if ordering == "default":
-        return [f"storage.num_partitions={p}", f"storage.buffer_capacity={c}", "storage.comet_group_size=0",
+        return [f"storage.num_partitions={p}", f"storage.buffer_capacity={c}", "storage.group_size=0",
                 *extra]
     k = int(k[0]) if k else (group_size if is_two_level(ordering) else 1)
     return [f"storage.ordering={ordering}", f"storage.num_partitions={int(p) * k}",
-            f"storage.buffer_capacity={int(c) * k}", f"storage.comet_group_size={k}", *extra]
+            f"storage.buffer_capacity={int(c) * k}", f"storage.group_size={k}", *extra]
 
 
 def state_ordered_spans(partitioned, resident_candidates: bool = False, shuffled_edges: bool = False):
@@ -119,7 +119,7 @@ def order_config(spec: str, dataset: Path, config_name: str, overrides: list[str
     layout = "default:" + layout.split(":", 1)[1]
     config = mp.make_config(config_name, [f"dataset.path={dataset}", *overrides, *suffixes,
                                           *variant_overrides(layout, group_size)])
-    mp.api.open_dataset(config, progress=False).close()  # fits storage.comet_split to the nodes
+    mp.api.open_dataset(config, progress=False).close()  # fits storage.partition_split to the nodes
     if config.storage.edge_assignment != "bucket":
         raise ValueError(f"{spec}: in-memory runs follow whole-bucket assignment, not storage.edge_assignment="
                          f"{config.storage.edge_assignment}")

@@ -21,7 +21,7 @@ import torch
 
 from marius_py.bundled import BUNDLED_CONFIGS, BUNDLED_DATASETS, bundled_config, resolve_dataset
 from marius_py.checkpoint import CONFIG_FILE, NODES, RunDirectory, config_fingerprint, load_version
-from marius_py.config import Config, fit_comet_split, load_config
+from marius_py.config import Config, fit_partition_split, load_config
 from marius_py.dataset import Dataset
 from marius_py.errors import MariusInputError
 from marius_py.run_setup import claim_run_dir, not_a_run
@@ -214,15 +214,15 @@ def _relation_required(dataset: Dataset, source: object = None) -> MariusInputEr
 
 
 def open_dataset(config: Config, progress: bool) -> Dataset:
-    """The run's dataset as given; an automatic ``storage.comet_split`` is fitted to its nodes
+    """The run's dataset as given; an automatic ``storage.partition_split`` is fitted to its nodes
     (``config.storage`` may change). Training re-buckets it for a split store (``Trainer``)."""
     s = config.storage
-    dataset = Dataset(resolve_dataset(config.dataset.path, s.num_partitions // s.comet_split, progress))
-    fit_comet_split(s, dataset.num_nodes)
-    if s.comet_split > 1 and progress:
-        print(f"storage: {s.num_partitions // s.comet_split} partitions stored as {s.num_partitions} "
-              f"(storage.comet_split={s.comet_split}), the buffer as {s.buffer_capacity}: {s.ordering} over "
-              f"groups of {s.comet_group_size} regrouped every epoch")
+    dataset = Dataset(resolve_dataset(config.dataset.path, s.num_partitions // s.partition_split, progress))
+    fit_partition_split(s, dataset.num_nodes)
+    if s.partition_split > 1 and progress:
+        print(f"storage: {s.num_partitions // s.partition_split} partitions stored as {s.num_partitions} "
+              f"(storage.partition_split={s.partition_split}), the buffer as {s.buffer_capacity}: {s.ordering} over "
+              f"groups of {s.group_size} regrouped every epoch")
     return dataset
 
 

@@ -198,15 +198,15 @@ def as_trained(args, name: str, num_nodes: int, row_bytes: int):
     """Two-level ordering ``name`` at the store layout training resolves from ``--partitions/--buffer`` (split,
     group size, lowered until the nodes fill every partition): (its storage config, its IO row). Raises
     ``MariusInputError`` where training would refuse these counts."""
-    from marius_py.config import fit_comet_split, load_config
+    from marius_py.config import fit_partition_split, load_config
     from marius_py.orderings import build_ordering, simulate
     from marius_py.storage.partitioning import partition_size
     s = load_config(None, [f"storage.ordering={name}", f"storage.num_partitions={args.partitions}",
                            f"storage.buffer_capacity={args.buffer}",
-                           f"storage.comet_group_size={args.group_size}"], source="command line").storage
+                           f"storage.group_size={args.group_size}"], source="command line").storage
     if num_nodes:
-        fit_comet_split(s, num_nodes)
-    k = s.comet_group_size
+        fit_partition_split(s, num_nodes)
+    k = s.group_size
     ordering = build_ordering(name, s.num_partitions // k, s.buffer_capacity // k, seed=args.seed, group_size=k)
     return s, simulate(ordering, (partition_size(num_nodes, s.num_partitions) if num_nodes else 0) * row_bytes)
 
@@ -228,7 +228,7 @@ def cmd_ordering(args) -> None:
     rows = partition_size(num_nodes, args.partitions) if num_nodes else 0
     partition_bytes = rows * row_bytes
     storage, comet = as_trained(args, "comet", num_nodes, row_bytes)
-    split, physical, group = storage.comet_split, storage.num_partitions, storage.comet_group_size
+    split, physical, group = storage.partition_split, storage.num_partitions, storage.group_size
     try:
         affine_storage, affine = as_trained(args, "affine", num_nodes, row_bytes)
     except MariusInputError as error:
@@ -238,16 +238,16 @@ def cmd_ordering(args) -> None:
     trained = {"comet": comet, "affine": affine}  # two-level orderings at the layout training uses
     table = [row for row in (trained[n] if n in trained else one_level.get(n) for n in ORDERINGS) if row]
     print(format_table(table))
-    stored = (f"the {args.partitions} partitions stored as {physical} (storage.comet_split={split}), "
+    stored = (f"the {args.partitions} partitions stored as {physical} (storage.partition_split={split}), "
               if split > 1 else "")
     print(f"comet (training's default ordering): {stored}BETA over {physical // group} logical partitions of "
-          f"{group} physical ones, regrouped at random every epoch (storage.comet_group_size={group})")
+          f"{group} physical ones, regrouped at random every epoch (storage.group_size={group})")
     if isinstance(affine_storage, MariusInputError):
         print(f"affine: not at {args.partitions}:{args.buffer} ({affine_storage.problem})")
     else:
-        s, k = affine_storage, affine_storage.comet_group_size
-        print(f"affine: {s.num_partitions} partitions, buffer {s.buffer_capacity} (storage.comet_split="
-              f"{s.comet_split}), the lines of an affine plane over {s.num_partitions // k} groups of {k}: each "
+        s, k = affine_storage, affine_storage.group_size
+        print(f"affine: {s.num_partitions} partitions, buffer {s.buffer_capacity} (storage.partition_split="
+              f"{s.partition_split}), the lines of an affine plane over {s.num_partitions // k} groups of {k}: each "
               f"trains in {s.buffer_capacity // k + 1} states an epoch")
     if num_nodes:
         print(f"partition = {rows:,} rows x (dim {args.dim} + optimizer state {state_dim}) x {itemsize} B "

@@ -145,11 +145,11 @@ class StorageConfig:
         "(true, except torchrun trainers on one machine whose store fits a quarter of its memory)")
     io_threads: int = _f(1,
         "threads reading partitions into the buffer, and as many writing them back")
-    comet_group_size: int = _f(0,
+    group_size: int = _f(0,
         "comet and affine: physical partitions per logical one, regrouped every epoch. 0: automatic (comet: "
         "the largest k <= 8 dividing the partitions and the buffer; affine: buffer_capacity^2 / "
         "num_partitions)")
-    comet_split: int = _f(0,
+    partition_split: int = _f(0,
         "comet and affine with an automatic group size: each partition (and buffer slot) is stored as this "
         "many physical ones, at the same memory and bytes read, so that groups can be regrouped every epoch. "
         "0: automatic (at most 8, lowered for small graphs, 1 under torchrun); a run's config.yaml records "
@@ -212,10 +212,10 @@ class Config:
         (partitions and buffer before the split, an automatic group size, the split applied)."""
         values = dataclasses.asdict(self)
         storage = values["storage"]
-        if storage["comet_split"] > 1:
-            storage["num_partitions"] //= storage["comet_split"]
-            storage["buffer_capacity"] //= storage["comet_split"]
-            storage["comet_group_size"] = 0
+        if storage["partition_split"] > 1:
+            storage["num_partitions"] //= storage["partition_split"]
+            storage["buffer_capacity"] //= storage["partition_split"]
+            storage["group_size"] = 0
         return values
 
 
@@ -345,58 +345,58 @@ def _check_storage(s: StorageConfig, _check) -> None:
     if s.num_partitions > 1:
         _check(2 <= s.buffer_capacity <= s.num_partitions, "storage.buffer_capacity",
                f"expected between 2 and storage.num_partitions ({s.num_partitions})", s.buffer_capacity)
-    _check(s.comet_split >= 0, "storage.comet_split", "expected >= 0", s.comet_split)
-    _check(s.comet_split <= 1 or s.comet_group_size == 0, "storage.comet_split",
-           "expected 0 or 1 with an explicit storage.comet_group_size (a split store picks its own)",
-           s.comet_split)
-    if s.comet_group_size == 0:  # automatic: every valid partitions/buffer pair gets a group size
+    _check(s.partition_split >= 0, "storage.partition_split", "expected >= 0", s.partition_split)
+    _check(s.partition_split <= 1 or s.group_size == 0, "storage.partition_split",
+           "expected 0 or 1 with an explicit storage.group_size (a split store picks its own)",
+           s.partition_split)
+    if s.group_size == 0:  # automatic: every valid partitions/buffer pair gets a group size
         _split_for_regrouping(s)
-        s.comet_group_size = automatic_group_size(s)
-    s.comet_split = s.comet_split or 1
+        s.group_size = automatic_group_size(s)
+    s.partition_split = s.partition_split or 1
     if is_two_level(s.ordering) and s.num_partitions > 1:
-        k = s.comet_group_size
+        k = s.group_size
         _check(k >= 1 and s.num_partitions % k == 0 and s.buffer_capacity % k == 0
-               and s.buffer_capacity // k >= 2, "storage.comet_group_size",
+               and s.buffer_capacity // k >= 2, "storage.group_size",
                "expected a divisor of num_partitions and buffer_capacity leaving >= 2 groups in the buffer", k)
     if s.ordering == "affine" and s.buffer_capacity < s.num_partitions:
-        logical, slots = s.num_partitions // s.comet_group_size, s.buffer_capacity // s.comet_group_size
+        logical, slots = s.num_partitions // s.group_size, s.buffer_capacity // s.group_size
         _check(affine_defined(logical, slots), "storage.ordering",
                f"expected, for affine, P = C^2 / k partitions and a buffer of C with C / k in "
                f"{', '.join(map(str, AFFINE_BUFFERS))} (e.g. 16:4, 64:8, 64:16); this config has "
-               f"{s.num_partitions}:{s.buffer_capacity} with group size k = {s.comet_group_size}", s.ordering)
+               f"{s.num_partitions}:{s.buffer_capacity} with group size k = {s.group_size}", s.ordering)
         _check(s.edge_assignment == "bucket", "storage.edge_assignment",
                "expected bucket with affine (other assignments would also train buckets in the states between "
                "two lines, where a partition meets pairs off its lines)", s.edge_assignment)
 
 
 def _split_for_regrouping(s: StorageConfig) -> None:
-    """Apply ``storage.comet_split`` (module field help): physical counts from the given ones."""
+    """Apply ``storage.partition_split`` (module field help): physical counts from the given ones."""
     from marius_py.distributed.group import launched_by_torchrun  # (the package imports this module)
     if not is_two_level(s.ordering):
         split = 1
-    elif s.comet_split == 0:
+    elif s.partition_split == 0:
         chosen = default_split if s.ordering == "comet" else affine_split
         split = 1 if launched_by_torchrun() else chosen(s.num_partitions, s.buffer_capacity)
     else:
-        split = s.comet_split
-    s.num_partitions, s.buffer_capacity, s.comet_split = s.num_partitions * split, s.buffer_capacity * split, split
+        split = s.partition_split
+    s.num_partitions, s.buffer_capacity, s.partition_split = s.num_partitions * split, s.buffer_capacity * split, split
 
 
-def fit_comet_split(s: StorageConfig, num_nodes: int) -> None:
-    """Lower ``storage.comet_split`` until the nodes fill every physical partition (graphs of fewer than
+def fit_partition_split(s: StorageConfig, num_nodes: int) -> None:
+    """Lower ``storage.partition_split`` until the nodes fill every physical partition (graphs of fewer than
     about (P x split)^2 nodes), the counts and automatic group size with it. Nothing to do unsplit."""
-    if s.comet_split <= 1:
+    if s.partition_split <= 1:
         return
-    given_partitions, given_buffer = s.num_partitions // s.comet_split, s.buffer_capacity // s.comet_split
-    split = next((m for m in range(s.comet_split, 1, -1)
+    given_partitions, given_buffer = s.num_partitions // s.partition_split, s.buffer_capacity // s.partition_split
+    split = next((m for m in range(s.partition_split, 1, -1)
                   if partitions_filled(num_nodes, given_partitions * m) == given_partitions * m), 1)
-    if split != s.comet_split:
-        s.num_partitions, s.buffer_capacity, s.comet_split = given_partitions * split, given_buffer * split, split
-        s.comet_group_size = automatic_group_size(s)
+    if split != s.partition_split:
+        s.num_partitions, s.buffer_capacity, s.partition_split = given_partitions * split, given_buffer * split, split
+        s.group_size = automatic_group_size(s)
 
 
 def automatic_group_size(s: StorageConfig) -> int:
-    """``storage.comet_group_size=0``: comet's default (``default_group_size``), or for affine the k that makes
+    """``storage.group_size=0``: comet's default (``default_group_size``), or for affine the k that makes
     the logical partitions the square of those in the buffer."""
     if s.ordering == "affine" and s.buffer_capacity < s.num_partitions:
         return affine_group_size(s.num_partitions, s.buffer_capacity)
@@ -459,6 +459,19 @@ _REMOVED_WHY = ("storage.negative_cache was removed: measured on CoDEx-M and FB1
 # config.yaml holds both: the final decoder's own one becomes model.norm, unless model.norm is given at the
 # same level or later (the command line is later than the file), with a warning that the names go.
 OLD_NORM_KEYS = {"model.transe_norm": "transe", "model.rotate_norm": "rotate"}
+
+
+# storage.comet_group_size and storage.comet_split also serve affine: renamed, the old names still read.
+RENAMED_KEYS = {"storage.comet_group_size": "storage.group_size", "storage.comet_split": "storage.partition_split"}
+
+
+def _renamed(dotted: str, source) -> str:
+    """The current name of a key (an old name warns that it goes)."""
+    if dotted not in RENAMED_KEYS:
+        return dotted
+    warnings.warn(f"{source}: {dotted} is now {RENAMED_KEYS[dotted]}; the old name will be refused in a later "
+                  "release", FutureWarning, stacklevel=4)
+    return RENAMED_KEYS[dotted]
 
 
 def _check_removed(dotted: str, value, source, line: int | None = None) -> None:
@@ -527,7 +540,7 @@ def from_dict(raw: dict, source: object = None, lines: dict[str, int] | None = N
             values = _old_norms(values, 0, source, old_norms if old_norms is not None else {})
         for key, value in values.items():
             dotted = f"{section}.{key}"
-            _set(config, dotted, value, source, lines.get(dotted))
+            _set(config, _renamed(dotted, source), value, source, lines.get(dotted))
     return config
 
 
@@ -549,7 +562,7 @@ def apply_overrides(config: Config, overrides: list[str], source: object = "over
         if key in OLD_NORM_KEYS:
             (old_norms if old_norms is not None else {})[key] = (1, value, source)
             continue
-        _set(config, key, value, source)
+        _set(config, _renamed(key, source), value, source)
     return config
 
 
@@ -660,10 +673,10 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         path = Path(path)
         raw, lines = _read_yaml(path)
         config = from_dict(raw, source=path, lines=lines, old_norms=old_norms)
-        origins.update({key: (path, line) for key, line in lines.items()})
+        origins.update({RENAMED_KEYS.get(key, key): (path, line) for key, line in lines.items()})
         norm_level = 0 if "model.norm" in lines else None
     apply_overrides(config, overrides or [], source, old_norms)
-    given = {item.split("=", 1)[0].strip() for item in overrides or []}
+    given = {RENAMED_KEYS.get(key, key) for key in (item.split("=", 1)[0].strip() for item in overrides or [])}
     origins.update({key: (source, None) for key in given})
     norm_level = 1 if "model.norm" in given else norm_level
     _resolve_old_norms(config, old_norms, norm_level)

@@ -36,7 +36,7 @@ from tqdm import tqdm
 from marius_py.bundled import bucketed_for_run
 from marius_py.checkpoint import (LIVE_STORE, NODES, RunDirectory, TrainingState, config_fingerprint,
                                   load_position, load_version, write_version_state)
-from marius_py.config import Config, fit_comet_split
+from marius_py.config import Config, fit_partition_split
 from marius_py.dataset import Dataset
 from marius_py.devices import resolve_devices
 from marius_py.errors import MariusInputError
@@ -73,7 +73,7 @@ def tf32_matmuls(enabled: bool):
 def epoch_ordering(config: Config, epoch: int) -> Ordering:
     """An epoch's ordering over storage partitions (seeded by training.seed and the epoch)."""
     s = config.storage
-    group = s.comet_group_size if is_two_level(s.ordering) else 1
+    group = s.group_size if is_two_level(s.ordering) else 1
     options = {"group_size": group} if is_two_level(s.ordering) else {}
     return build_ordering(s.ordering, s.num_partitions // group, s.buffer_capacity // group,
                           seed=config.training.seed, epoch=epoch, **options)
@@ -133,7 +133,7 @@ class Trainer:
         self.startup = startup  # logged at the first batch this process trains
         self._planned_edges: torch.Tensor | None = None  # (in memory: ``_train_edges``)
         self.dataset = dataset
-        fit_comet_split(config.storage, dataset.num_nodes)  # (api.open_dataset has; a library caller may not)
+        fit_partition_split(config.storage, dataset.num_nodes)  # (api.open_dataset has; a library caller may not)
         self.run = self._run_directory(run_dir)
         if config.training.tensorboard:
             self.run.trackers.append(TensorBoardTracker(self.run.path / "tensorboard"))
@@ -299,7 +299,7 @@ class Trainer:
 
     def _swap_size(self) -> int:
         s = self.config.storage
-        return s.comet_group_size if is_two_level(s.ordering) else 1
+        return s.group_size if is_two_level(s.ordering) else 1
 
     def _table_bytes(self) -> int:
         """Memory of the node tables training holds: the buffer's slots, or the whole tables."""
@@ -528,7 +528,7 @@ class Trainer:
         s = self.config.storage
         return json.dumps({"epoch": epoch, "seed": self.config.training.seed, "ordering": s.ordering,
                            "partitions": s.num_partitions, "buffer": s.buffer_capacity,
-                           "group_size": s.comet_group_size, "edge_assignment": s.edge_assignment,
+                           "group_size": s.group_size, "edge_assignment": s.edge_assignment,
                            "states": num_states}, sort_keys=True)
 
     def _check_position(self) -> None:

@@ -39,7 +39,7 @@ CASES = {
                       "storage.buffer_capacity: expected between 2"),
     "unknown_ordering": (f"{TRAIN} storage.ordering=nope --run-dir {{out}}", "storage.ordering"),
     "group_leaving_one_group": (f"{TRAIN} storage.num_partitions=16 storage.buffer_capacity=4 "
-                                f"storage.comet_group_size=4 --run-dir {{out}}", "storage.comet_group_size"),
+                                f"storage.group_size=4 --run-dir {{out}}", "storage.group_size"),
     "more_partitions_than_nodes": (f"{TRAIN} storage.num_partitions=1000 storage.buffer_capacity=2 "
                                    f"--run-dir {{out}}", "at most"),
     "missing_config_file": ("train {tmp}/nope.yaml dataset.path={raw} --run-dir {out}", "config file not found"),

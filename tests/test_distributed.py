@@ -408,7 +408,7 @@ def test_two_trainers_match_one_process_on_codex_s(tmp_path):
     config = [f"dataset.path={dataset}", "training.device=cpu", "model.dim=64", "training.epochs=20",
               "training.lr=0.01", "model.dropout=0",  # the settings this test was written for
               "training.num_negatives=200", "storage.num_partitions=4", "storage.buffer_capacity=2",
-              "storage.comet_split=1", "evaluation.every=5", "--quiet"]  # (torchrun trainers never split)
+              "storage.partition_split=1", "evaluation.every=5", "--quiet"]  # (torchrun trainers never split)
     mrr = {}
     for trainers in (1, 2):
         run_dir = tmp_path / f"run{trainers}"

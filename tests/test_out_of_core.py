@@ -129,7 +129,7 @@ def test_trainer_ordering_is_the_seeded_registry_ordering(beta_p8_run, datasets)
     # asynchronous: 8 batches in flight, drained before the buffer changes state
     ("beta", ("storage.num_partitions=8", "storage.buffer_capacity=3", "pipeline.staleness_bound=8",
               "training.batch_size=64")),
-    ("comet", ("storage.num_partitions=8", "storage.buffer_capacity=4", "storage.comet_group_size=2")),
+    ("comet", ("storage.num_partitions=8", "storage.buffer_capacity=4", "storage.group_size=2")),
     ("affine", ("storage.num_partitions=27", "storage.buffer_capacity=9")),  # 9 groups of 3, 3 in the buffer
 ])
 def test_partitioned_training_learns(ordering, overrides, beta_p8_run, datasets, tmp_path):
@@ -388,8 +388,8 @@ def test_cli_ordering_prints_the_split_and_group_training_uses(datasets, tmp_pat
         s = config.storage
     else:
         s = load_config(None, [f"storage.num_partitions={partitions}", f"storage.buffer_capacity={capacity}"]).storage
-    assert f"stored as {s.num_partitions} (storage.comet_split={s.comet_split})" in out
-    assert f"(storage.comet_group_size={s.comet_group_size})" in out
+    assert f"stored as {s.num_partitions} (storage.partition_split={s.partition_split})" in out
+    assert f"(storage.group_size={s.group_size})" in out
 
 
 def test_cli_ordering_buffer_one_exits_2(capsys):
@@ -445,10 +445,10 @@ def test_default_ordering_is_comet_and_accepts_every_partitions_buffer_pair(data
                                 f"storage.buffer_capacity={capacity}")
             s = config.storage
             split = default_split(partitions, capacity)
-            assert (s.num_partitions, s.buffer_capacity, s.comet_split) == (partitions * split, capacity * split,
+            assert (s.num_partitions, s.buffer_capacity, s.partition_split) == (partitions * split, capacity * split,
                                                                            split)
-            assert s.comet_group_size == default_group_size(s.num_partitions, s.buffer_capacity)
-            assert s.comet_group_size == (8 if capacity < partitions else default_group_size(partitions, capacity))
+            assert s.group_size == default_group_size(s.num_partitions, s.buffer_capacity)
+            assert s.group_size == (8 if capacity < partitions else default_group_size(partitions, capacity))
             ordering = epoch_ordering(config, epoch=1)
             assert ordering.num_physical_partitions == s.num_partitions
             assert max(len(ordering.resident(t)) for t in range(ordering.num_states)) == s.buffer_capacity
@@ -463,12 +463,12 @@ def test_affine_picks_its_layout_or_names_the_one_it_needs(datasets):
     def storage(partitions, capacity, *overrides):
         s = config_for(datasets[8], "storage.ordering=affine", f"storage.num_partitions={partitions}",
                        f"storage.buffer_capacity={capacity}", *overrides).storage
-        return s.num_partitions, s.buffer_capacity, s.comet_group_size, s.comet_split
+        return s.num_partitions, s.buffer_capacity, s.group_size, s.partition_split
     assert storage(16, 4) == (64, 16, 4, 4)
     assert storage(64, 8) == (256, 32, 4, 4)
     assert storage(64, 16) == (64, 16, 4, 1)  # 16 groups of 4, 4 in the buffer
     assert storage(16, 8) == (16, 8, 4, 1)  # half resident: the 4 groups' 6 pairs, as comet's default
-    assert storage(16, 4, "storage.comet_split=1") == (16, 4, 1, 1)
+    assert storage(16, 4, "storage.partition_split=1") == (16, 4, 1, 1)
     for partitions, capacity in [(16, 6), (36, 6)]:  # not C^2 / k; a buffer of 6 groups (no GF(6))
         with pytest.raises(MariusInputError, match="storage.ordering") as error:
             storage(partitions, capacity)
@@ -482,35 +482,60 @@ def test_affine_picks_its_layout_or_names_the_one_it_needs(datasets):
     assert again.storage == config.storage
 
 
-def test_comet_split_given_or_off(datasets, monkeypatch):
+def test_the_comet_names_of_the_group_keys_still_read_with_a_warning(datasets, tmp_path):
+    """storage.comet_group_size and storage.comet_split (an earlier run's config.yaml, or the command line)
+    set storage.group_size and storage.partition_split, warning that the names go; the config saved from them
+    uses the new names."""
+    old_file = tmp_path / "old.yaml"
+    old_file.write_text(f"dataset:\n  path: {datasets[8]}\nstorage:\n  num_partitions: 16\n  buffer_capacity: 4\n"
+                        "  comet_split: 2\n  comet_group_size: 0\n")
+    with pytest.warns(FutureWarning) as warned:
+        from_file = load_config(old_file)
+    assert sorted(str(w.message).split(": ", 1)[1].split(";")[0] for w in warned) == [
+        "storage.comet_group_size is now storage.group_size", "storage.comet_split is now storage.partition_split"]
+    with pytest.warns(FutureWarning, match="storage.comet_group_size is now storage.group_size"):
+        from_overrides = load_config(None, [f"dataset.path={datasets[8]}", "storage.num_partitions=16",
+                                            "storage.buffer_capacity=4", "storage.comet_group_size=2"])
+    assert (from_file.storage.num_partitions, from_file.storage.partition_split) == (32, 2)
+    assert (from_overrides.storage.group_size, from_overrides.storage.partition_split) == (2, 1)
+    saved = from_file.to_dict()["storage"]
+    assert "comet_split" not in saved and saved["partition_split"] == 2
+    with pytest.raises(MariusInputError, match="storage.group_size") as error, \
+            pytest.warns(FutureWarning):  # errors name the new key
+        load_config(None, [f"dataset.path={datasets[8]}", "storage.num_partitions=16",
+                           "storage.buffer_capacity=4", "storage.comet_group_size=3"])
+    assert error.value.path == "overrides"
+
+
+def test_partition_split_given_or_off(datasets, monkeypatch):
     """An explicit split is applied as given; 1, beta or an explicit group size keep the store as given;
     torchrun trainers (whose scheduler follows no ordering) are not split."""
     def storage(*overrides):
         s = config_for(datasets[8], "storage.num_partitions=16", "storage.buffer_capacity=4", *overrides).storage
-        return s.num_partitions, s.buffer_capacity, s.comet_group_size, s.comet_split
+        return s.num_partitions, s.buffer_capacity, s.group_size, s.partition_split
     assert storage() == (64, 16, 8, 4)
-    assert storage("storage.comet_split=2") == (32, 8, 4, 2)
-    assert storage("storage.comet_split=1") == (16, 4, 2, 1)
+    assert storage("storage.partition_split=2") == (32, 8, 4, 2)
+    assert storage("storage.partition_split=1") == (16, 4, 2, 1)
     assert storage("storage.ordering=beta") == (16, 4, default_group_size(16, 4), 1)
-    assert storage("storage.comet_group_size=2") == (16, 4, 2, 1)
-    with pytest.raises(MariusInputError, match="storage.comet_split"):
-        storage("storage.comet_group_size=2", "storage.comet_split=2")
+    assert storage("storage.group_size=2") == (16, 4, 2, 1)
+    with pytest.raises(MariusInputError, match="storage.partition_split"):
+        storage("storage.group_size=2", "storage.partition_split=2")
     monkeypatch.setenv("WORLD_SIZE", "2")
     assert storage() == (16, 4, 2, 1)
 
 
-def test_comet_split_is_lowered_until_the_nodes_fill_every_partition(datasets, tmp_path):
+def test_partition_split_is_lowered_until_the_nodes_fill_every_partition(datasets, tmp_path):
     """UMLS's 135 nodes cannot fill 4 x 8 partitions: the split drops to 5 (20 partitions of 7 rows, the
     largest that fill), the run's saved config says so, and a resume keeps it."""
     config = config_for(datasets[4], "storage.num_partitions=4", "storage.buffer_capacity=2")
-    assert (config.storage.num_partitions, config.storage.comet_split) == (32, 8)
+    assert (config.storage.num_partitions, config.storage.partition_split) == (32, 8)
     mp.train(config, tmp_path / "run", progress=False)
     saved = mp.api.load_run_config(tmp_path / "run")
     s = saved.storage
-    assert (s.num_partitions, s.buffer_capacity, s.comet_split, s.comet_group_size) == (20, 10, 5, 5)
+    assert (s.num_partitions, s.buffer_capacity, s.partition_split, s.group_size) == (20, 10, 5, 5)
     assert EmbeddingStore(tmp_path / "run" / LIVE_STORE, mode="r").num_partitions == 20
     text = (tmp_path / "run" / "config.yaml").read_text()  # the counts as the user gave them, and the split
-    assert "num_partitions: 4\n" in text and "comet_split: 5\n" in text
+    assert "num_partitions: 4\n" in text and "partition_split: 5\n" in text
     assert main(["train", "--resume", str(tmp_path / "run"), "training.epochs=3", "--partitions", "4",
                  "--buffer", "2", "--quiet"]) == 0  # the user's own flags again
     assert len(epoch_records(tmp_path / "run")) == 3
@@ -518,6 +543,6 @@ def test_comet_split_is_lowered_until_the_nodes_fill_every_partition(datasets, t
 
 
 def test_explicit_group_size_that_leaves_one_group_is_refused(datasets):
-    with pytest.raises(MariusInputError, match="comet_group_size"):
+    with pytest.raises(MariusInputError, match="group_size"):
         config_for(datasets[8], "storage.num_partitions=16", "storage.buffer_capacity=4",
-                   "storage.comet_group_size=4")
+                   "storage.group_size=4")
