@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import sys
 import tempfile
@@ -55,6 +56,7 @@ from rank_split import group_of_nodes, rank_split  # noqa: E402
 from storage_precision import PRECISIONS, emulated_storage, emulation_overrides, share_representable  # noqa: E402
 
 import marius_py as mp  # noqa: E402
+from marius_py.config import StorageLayout, storage_layout  # noqa: E402
 from marius_py.negatives import CandidateRows  # noqa: E402
 from marius_py.trainer import Trainer, TrainingSpan, epoch_ordering  # noqa: E402
 from marius_py.orderings import is_two_level, simulate  # noqa: E402
@@ -87,7 +89,7 @@ def state_ordered_spans(partitioned, resident_candidates: bool = False, shuffled
     with ``resident_candidates`` the nodes of the state's resident partitions, as in the buffer.
     ``shuffled_edges``: each state trains as many edges, drawn from the whole epoch's instead of its buckets'."""
     def spans(trainer, epoch, first_state=0, ordering=None):
-        ordering = epoch_ordering(partitioned, epoch)
+        ordering = partitioned.ordering(epoch)
         p = ordering.num_physical_partitions
         state_of_bucket = np.full((p, p), -1)
         for k, buckets in enumerate(ordering.buckets):
@@ -100,7 +102,7 @@ def state_ordered_spans(partitioned, resident_candidates: bool = False, shuffled
         order = np.lexsort((ends[:, 0] * p + ends[:, 1], states))  # stable: file order inside a bucket
         bounds = np.searchsorted(states[order], np.arange(ordering.num_states + 1))
         if shuffled_edges:
-            order = np.random.default_rng([partitioned.training.seed, epoch]).permutation(len(train))
+            order = np.random.default_rng([partitioned.config.training.seed, epoch]).permutation(len(train))
         for k in range(ordering.num_states):
             edges = torch.from_numpy(train[order[bounds[k]:bounds[k + 1]]])
             candidates = None
@@ -111,19 +113,32 @@ def state_ordered_spans(partitioned, resident_candidates: bool = False, shuffled
     return spans
 
 
-def order_config(spec: str, dataset: Path, config_name: str, overrides: list[str], group_size: int):
-    """The partitioned config whose ordering an in-memory run (``order:``, ``resident:`` or ``shuffled:P:C``, with
+@dataclasses.dataclass(frozen=True)
+class OrderedRun:
+    """A partitioned run's config and its store as training resolves it: whose epoch orderings to follow."""
+
+    config: object
+    layout: StorageLayout
+
+    def ordering(self, epoch: int):
+        return epoch_ordering(self.layout, self.config.training.seed, epoch)
+
+
+def order_config(spec: str, dataset: Path, config_name: str, overrides: list[str], group_size: int) -> OrderedRun:
+    """The partitioned run whose ordering an in-memory run (``order:``, ``resident:`` or ``shuffled:P:C``, with
     any ``+key=value``) follows, or ``--rank-split`` groups by: the default P:C with the run's overrides and
-    suffixes, its store split fitted to the nodes as ``Trainer`` fits it."""
+    suffixes, and its store fitted to the nodes as ``Trainer`` resolves it."""
     layout, *suffixes = spec.split("+")
     layout = "default:" + layout.split(":", 1)[1]
     config = mp.make_config(config_name, [f"dataset.path={dataset}", *overrides, *suffixes,
                                           *variant_overrides(layout, group_size)])
-    mp.api.open_dataset(config, progress=False).close()  # fits storage.partition_split to the nodes
+    opened = mp.api.open_dataset(config, progress=False)
+    num_nodes = opened.num_nodes
+    opened.close()
     if config.storage.edge_assignment != "bucket":
         raise ValueError(f"{spec}: in-memory runs follow whole-bucket assignment, not storage.edge_assignment="
                          f"{config.storage.edge_assignment}")
-    return config
+    return OrderedRun(config, storage_layout(config.storage, num_nodes))
 
 
 @contextlib.contextmanager
@@ -158,13 +173,13 @@ def predicted_io(config: dict, num_nodes: int) -> dict:
     """The simulator's partition IO summed over the run's epochs."""
     resolved = mp.make_config(None, [f"{section}.{key}={value}" for section, values in config.items()
                                      for key, value in values.items()])
-    s, dim = resolved.storage, resolved.model.dim
+    layout, dim = storage_layout(resolved.storage, num_nodes), resolved.model.dim
     state_dim = 1 if resolved.training.adagrad_variant == "rowwise" else dim
-    itemsize = getattr(torch, s.dtype).itemsize
-    chunk_bytes = partition_size(num_nodes, s.num_partitions) * (dim + state_dim) * itemsize
+    itemsize = getattr(torch, resolved.storage.dtype).itemsize
+    chunk_bytes = partition_size(num_nodes, layout.num_partitions) * (dim + state_dim) * itemsize
     totals = {"partitions_read": 0, "partitions_written": 0, "bytes_read": 0, "bytes_written": 0}
     for epoch in range(1, resolved.training.epochs + 1):
-        stats = simulate(epoch_ordering(resolved, epoch), chunk_bytes)
+        stats = simulate(epoch_ordering(layout, resolved.training.seed, epoch), chunk_bytes)
         totals["partitions_read"] += stats.physical_partitions_read
         totals["partitions_written"] += stats.physical_partitions_written
         totals["bytes_read"] += stats.bytes_read
@@ -199,7 +214,7 @@ def main() -> None:
         split_config = order_config(args.rank_split, Path(args.dataset), args.config, args.set, args.group_size)
 
         def split_ranks(model):
-            groups = group_of_nodes(split_config, split_config.training.epochs, model.dataset.num_nodes)
+            groups = group_of_nodes(split_config, split_config.config.training.epochs, model.dataset.num_nodes)
             return {"rank_split": rank_split(model, groups)}
 
     def inspect(model):

@@ -16,13 +16,12 @@ import numpy as np
 import torch
 
 from marius_py.api import TrainedModel
-from marius_py.trainer import epoch_ordering
 from marius_py.storage.partitioning import partition_of
 
 
 def group_of_nodes(partitioned, epoch: int, num_nodes: int) -> np.ndarray:
-    """Logical partition of every node in ``epoch`` of the partitioned config's ordering."""
-    ordering = epoch_ordering(partitioned, epoch)
+    """Logical partition of every node in ``epoch`` of a partitioned run's ordering (``OrderedRun``)."""
+    ordering = partitioned.ordering(epoch)
     physical_group = np.full(ordering.num_physical_partitions, -1, dtype=np.int64)
     for group in range(ordering.num_partitions):
         physical_group[list(ordering.partitions_of(group))] = group

@@ -16,7 +16,6 @@ import tempfile
 from importlib import resources
 from pathlib import Path
 
-from marius_py.config import StorageConfig
 from marius_py.dataset import METADATA_FILE, Dataset
 from marius_py.errors import MariusInputError
 from marius_py.resources import check_partitions_filled
@@ -83,13 +82,13 @@ def _bucketed_for(directory: Path, num_partitions: int, progress: bool) -> Path:
                        lambda: rebucket(directory, output, num_partitions, progress=progress))
 
 
-def bucketed_for_run(storage: StorageConfig, dataset: Dataset, progress: bool) -> Dataset:
-    """``dataset`` with its train edges bucketed for the run's partitions: itself, or a re-bucketed copy
-    in the cache (made once)."""
-    if storage.num_partitions <= 1 or dataset.edges.num_partitions == storage.num_partitions:
+def bucketed_for_run(num_partitions: int, dataset: Dataset, progress: bool) -> Dataset:
+    """``dataset`` with its train edges bucketed for the run's (physical) partitions: itself, or a re-bucketed
+    copy in the cache (made once)."""
+    if num_partitions <= 1 or dataset.edges.num_partitions == num_partitions:
         return dataset
-    check_partitions_filled(storage.num_partitions, dataset)
-    return Dataset(_bucketed_for(dataset.directory, storage.num_partitions, progress))
+    check_partitions_filled(num_partitions, dataset)
+    return Dataset(_bucketed_for(dataset.directory, num_partitions, progress))
 
 
 def _build_once(output: Path, note: str, progress: bool, build) -> Path:

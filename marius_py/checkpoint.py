@@ -88,12 +88,13 @@ class TrainingState:
     config_fingerprint: str = ""
 
 
-def config_fingerprint(config: Config, metadata: DatasetMetadata) -> str:
-    """Hash of what a checkpoint's tensors depend on: the model's shapes and the dataset's ids."""
+def config_fingerprint(config: Config, metadata: DatasetMetadata, num_partitions: int) -> str:
+    """Hash of what a checkpoint's tensors depend on: the model's shapes, the store's (physical) partitions
+    (``config.storage_layout``) and the dataset's ids."""
     shape = {"decoder": config.model.decoder, "dim": config.model.dim,
              "adagrad_variant": config.training.adagrad_variant,
              "relation_optimizer": config.training.relation_optimizer,
-             "num_partitions": config.storage.num_partitions,
+             "num_partitions": num_partitions,
              "num_nodes": metadata.num_nodes, "num_relations": metadata.num_relations,
              "num_train": metadata.num_train, "preprocess_seed": metadata.seed}
     if config.storage.dtype != "float32":  # (absent for float32: earlier checkpoints keep their fingerprint)

@@ -198,14 +198,13 @@ def as_trained(args, name: str, num_nodes: int, row_bytes: int):
     """Two-level ordering ``name`` at the store layout training resolves from ``--partitions/--buffer`` (split,
     group size, lowered until the nodes fill every partition): (its storage config, its IO row). Raises
     ``MariusInputError`` where training would refuse these counts."""
-    from marius_py.config import fit_partition_split, load_config
+    from marius_py.config import load_config, storage_layout
     from marius_py.orderings import build_ordering, simulate
     from marius_py.storage.partitioning import partition_size
-    s = load_config(None, [f"storage.ordering={name}", f"storage.num_partitions={args.partitions}",
-                           f"storage.buffer_capacity={args.buffer}",
-                           f"storage.group_size={args.group_size}"], source="command line").storage
-    if num_nodes:
-        fit_partition_split(s, num_nodes)
+    given = load_config(None, [f"storage.ordering={name}", f"storage.num_partitions={args.partitions}",
+                               f"storage.buffer_capacity={args.buffer}",
+                               f"storage.group_size={args.group_size}"], source="command line").storage
+    s = storage_layout(given, num_nodes or None)
     k = s.group_size
     ordering = build_ordering(name, s.num_partitions // k, s.buffer_capacity // k, seed=args.seed, group_size=k)
     return s, simulate(ordering, (partition_size(num_nodes, s.num_partitions) if num_nodes else 0) * row_bytes)

@@ -208,15 +208,8 @@ class Config:
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
 
     def to_dict(self) -> dict:
-        """The config as it validates back to itself. A split store is written as the user gave it
-        (partitions and buffer before the split, an automatic group size, the split applied)."""
-        values = dataclasses.asdict(self)
-        storage = values["storage"]
-        if storage["partition_split"] > 1:
-            storage["num_partitions"] //= storage["partition_split"]
-            storage["buffer_capacity"] //= storage["partition_split"]
-            storage["group_size"] = 0
-        return values
+        """The config as the user gave it (validation changes nothing; ``storage_layout`` resolves the store)."""
+        return dataclasses.asdict(self)
 
 
 CONFIG_SECTIONS = tuple(f.name for f in dataclasses.fields(Config))
@@ -340,67 +333,87 @@ def _check_storage(s: StorageConfig, _check) -> None:
            s.edge_assignment)
     s.direct_io = str(s.direct_io).lower()  # (YAML's false arrives as a bool)
     _check(s.direct_io in DIRECT_IO, "storage.direct_io", f"expected one of {', '.join(DIRECT_IO)}", s.direct_io)
-    if s.buffer_capacity == 0:
-        s.buffer_capacity = s.num_partitions
+    given_buffer = s.buffer_capacity or s.num_partitions
     if s.num_partitions > 1:
-        _check(2 <= s.buffer_capacity <= s.num_partitions, "storage.buffer_capacity",
+        _check(2 <= given_buffer <= s.num_partitions, "storage.buffer_capacity",
                f"expected between 2 and storage.num_partitions ({s.num_partitions})", s.buffer_capacity)
     _check(s.partition_split >= 0, "storage.partition_split", "expected >= 0", s.partition_split)
     _check(s.partition_split <= 1 or s.group_size == 0, "storage.partition_split",
            "expected 0 or 1 with an explicit storage.group_size (a split store picks its own)",
            s.partition_split)
-    if s.group_size == 0:  # automatic: every valid partitions/buffer pair gets a group size
-        _split_for_regrouping(s)
-        s.group_size = automatic_group_size(s)
-    s.partition_split = s.partition_split or 1
-    if is_two_level(s.ordering) and s.num_partitions > 1:
-        k = s.group_size
-        _check(k >= 1 and s.num_partitions % k == 0 and s.buffer_capacity % k == 0
-               and s.buffer_capacity // k >= 2, "storage.group_size",
+    layout = storage_layout(s)
+    if is_two_level(s.ordering) and layout.num_partitions > 1:
+        k = layout.group_size
+        _check(k >= 1 and layout.num_partitions % k == 0 and layout.buffer_capacity % k == 0
+               and layout.buffer_capacity // k >= 2, "storage.group_size",
                "expected a divisor of num_partitions and buffer_capacity leaving >= 2 groups in the buffer", k)
-    if s.ordering == "affine" and s.buffer_capacity < s.num_partitions:
-        logical, slots = s.num_partitions // s.group_size, s.buffer_capacity // s.group_size
+    if s.ordering == "affine" and layout.buffer_capacity < layout.num_partitions:
+        logical, slots = layout.num_partitions // layout.group_size, layout.buffer_capacity // layout.group_size
         _check(affine_defined(logical, slots), "storage.ordering",
                f"expected, for affine, P = C^2 / k partitions and a buffer of C with C / k in "
                f"{', '.join(map(str, AFFINE_BUFFERS))} (e.g. 16:4, 64:8, 64:16); this config has "
-               f"{s.num_partitions}:{s.buffer_capacity} with group size k = {s.group_size}", s.ordering)
+               f"{layout.num_partitions}:{layout.buffer_capacity} with group size k = {layout.group_size}",
+               s.ordering)
         _check(s.edge_assignment == "bucket", "storage.edge_assignment",
                "expected bucket with affine (other assignments would also train buckets in the states between "
                "two lines, where a partition meets pairs off its lines)", s.edge_assignment)
 
 
-def _split_for_regrouping(s: StorageConfig) -> None:
-    """Apply ``storage.partition_split`` (module field help): physical counts from the given ones."""
+@dataclass(frozen=True)
+class StorageLayout:
+    """The store a run uses, resolved once from ``storage.*`` (which validation leaves as the user gave it)
+    and, where known, the graph's size: the same names, in physical units."""
+
+    num_partitions: int     # the user's partitions times the split
+    buffer_capacity: int    # the buffer's slots, likewise
+    group_size: int         # physical partitions per group (two-level orderings), the automatic one resolved
+    partition_split: int    # physical partitions per partition the user gave
+    ordering: str
+
+    @property
+    def swap_size(self) -> int:
+        """Partitions the buffer swaps together: a group under a two-level ordering, else one."""
+        return self.group_size if is_two_level(self.ordering) else 1
+
+
+def storage_layout(s: StorageConfig, num_nodes: int | None = None) -> StorageLayout:
+    """The physical store of ``storage.*``: the split applied (``storage.partition_split``; automatic: chosen
+    for regrouping, 1 under torchrun, and with ``num_nodes`` lowered until the nodes fill every physical
+    partition), the buffer's default (all partitions) and the automatic group size."""
+    buffer = s.buffer_capacity or s.num_partitions
+    split = _split_for_regrouping(s, buffer)
+    if num_nodes is not None and split > 1:
+        split = next((m for m in range(split, 1, -1)
+                      if partitions_filled(num_nodes, s.num_partitions * m) == s.num_partitions * m), 1)
+    partitions, buffer = s.num_partitions * split, buffer * split
+    group = s.group_size or automatic_group_size(s.ordering, partitions, buffer)
+    return StorageLayout(partitions, buffer, group, split, s.ordering)
+
+
+def with_split_applied(config: Config, layout: StorageLayout) -> Config:
+    """``config`` as a run saves it (config.yaml): as given, with the split its store applied pinned, so that
+    a resume resolves the same store."""
+    storage = dataclasses.replace(config.storage, partition_split=layout.partition_split)
+    return dataclasses.replace(config, storage=storage)
+
+
+def _split_for_regrouping(s: StorageConfig, buffer: int) -> int:
+    """``storage.partition_split`` (module field help) before fitting it to the graph."""
     from marius_py.distributed.group import launched_by_torchrun  # (the package imports this module)
-    if not is_two_level(s.ordering):
-        split = 1
-    elif s.partition_split == 0:
-        chosen = default_split if s.ordering == "comet" else affine_split
-        split = 1 if launched_by_torchrun() else chosen(s.num_partitions, s.buffer_capacity)
-    else:
-        split = s.partition_split
-    s.num_partitions, s.buffer_capacity, s.partition_split = s.num_partitions * split, s.buffer_capacity * split, split
+    if s.group_size or not is_two_level(s.ordering):
+        return max(s.partition_split, 1) if s.group_size else 1
+    if s.partition_split:
+        return s.partition_split
+    chosen = default_split if s.ordering == "comet" else affine_split
+    return 1 if launched_by_torchrun() else chosen(s.num_partitions, buffer)
 
 
-def fit_partition_split(s: StorageConfig, num_nodes: int) -> None:
-    """Lower ``storage.partition_split`` until the nodes fill every physical partition (graphs of fewer than
-    about (P x split)^2 nodes), the counts and automatic group size with it. Nothing to do unsplit."""
-    if s.partition_split <= 1:
-        return
-    given_partitions, given_buffer = s.num_partitions // s.partition_split, s.buffer_capacity // s.partition_split
-    split = next((m for m in range(s.partition_split, 1, -1)
-                  if partitions_filled(num_nodes, given_partitions * m) == given_partitions * m), 1)
-    if split != s.partition_split:
-        s.num_partitions, s.buffer_capacity, s.partition_split = given_partitions * split, given_buffer * split, split
-        s.group_size = automatic_group_size(s)
-
-
-def automatic_group_size(s: StorageConfig) -> int:
+def automatic_group_size(ordering: str, num_physical: int, buffer: int) -> int:
     """``storage.group_size=0``: comet's default (``default_group_size``), or for affine the k that makes
     the logical partitions the square of those in the buffer."""
-    if s.ordering == "affine" and s.buffer_capacity < s.num_partitions:
-        return affine_group_size(s.num_partitions, s.buffer_capacity)
-    return default_group_size(s.num_partitions, s.buffer_capacity)
+    if ordering == "affine" and buffer < num_physical:
+        return affine_group_size(num_physical, buffer)
+    return default_group_size(num_physical, buffer)
 
 
 def _coerce(value, annotation, path: str, source, line: int | None = None):

@@ -7,7 +7,6 @@ import os
 import sys
 from pathlib import Path
 
-from marius_py.config import Config
 from marius_py.dataset import Dataset
 from marius_py.errors import MariusInputError
 from marius_py.storage.partitioning import most_partitions_filled, partition_size, partitions_filled
@@ -42,9 +41,8 @@ def check_memory(needed: int, key: str) -> None:
                                expected="a smaller storage.buffer_capacity or more storage.num_partitions")
 
 
-def check_partitioning(config: Config, dataset: Dataset) -> None:
-    """Out-of-core training reads edge buckets: the dataset must be bucketed for the same p."""
-    p = config.storage.num_partitions
+def check_partitioning(p: int, dataset: Dataset) -> None:
+    """Out-of-core training reads edge buckets: the dataset must be bucketed for the same (physical) p."""
     check_partitions_filled(p, dataset)
     if p > 1 and dataset.edges.num_partitions != p:
         raise MariusInputError(f"storage.num_partitions is {p} but the dataset's train edges are bucketed "

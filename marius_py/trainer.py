@@ -36,7 +36,7 @@ from tqdm import tqdm
 from marius_py.bundled import bucketed_for_run
 from marius_py.checkpoint import (LIVE_STORE, NODES, RunDirectory, TrainingState, config_fingerprint,
                                   load_position, load_version, write_version_state)
-from marius_py.config import Config, fit_partition_split
+from marius_py.config import Config, StorageLayout, storage_layout, with_split_applied
 from marius_py.dataset import Dataset
 from marius_py.devices import resolve_devices
 from marius_py.errors import MariusInputError
@@ -70,13 +70,12 @@ def tf32_matmuls(enabled: bool):
         torch.set_float32_matmul_precision(previous)
 
 
-def epoch_ordering(config: Config, epoch: int) -> Ordering:
-    """An epoch's ordering over storage partitions (seeded by training.seed and the epoch)."""
-    s = config.storage
-    group = s.group_size if is_two_level(s.ordering) else 1
-    options = {"group_size": group} if is_two_level(s.ordering) else {}
-    return build_ordering(s.ordering, s.num_partitions // group, s.buffer_capacity // group,
-                          seed=config.training.seed, epoch=epoch, **options)
+def epoch_ordering(layout: StorageLayout, seed: int, epoch: int) -> Ordering:
+    """An epoch's ordering over a store's partitions (seeded by training.seed and the epoch)."""
+    group = layout.swap_size
+    options = {"group_size": group} if is_two_level(layout.ordering) else {}
+    return build_ordering(layout.ordering, layout.num_partitions // group, layout.buffer_capacity // group,
+                          seed=seed, epoch=epoch, **options)
 
 
 _INIT_BLOCK = 1 << 16
@@ -133,14 +132,14 @@ class Trainer:
         self.startup = startup  # logged at the first batch this process trains
         self._planned_edges: torch.Tensor | None = None  # (in memory: ``_train_edges``)
         self.dataset = dataset
-        fit_partition_split(config.storage, dataset.num_nodes)  # (api.open_dataset has; a library caller may not)
+        self.layout = storage_layout(config.storage, dataset.num_nodes)  # (the physical store, resolved once)
         self.run = self._run_directory(run_dir)
         if config.training.tensorboard:
             self.run.trackers.append(TensorBoardTracker(self.run.path / "tensorboard"))
         self.progress = progress
         self.devices = resolve_devices(config)
         self.device = self.devices[0]  # the model of record (checkpoints, evaluation) lives here
-        self.partitioned = config.storage.num_partitions > 1
+        self.partitioned = self.layout.num_partitions > 1
         if config.training.num_threads:
             torch.set_num_threads(config.training.num_threads)
         torch.manual_seed(config.training.seed)  # relation initialisation
@@ -149,13 +148,13 @@ class Trainer:
         self.replicas = [self.model] + [Model(config, dataset.num_nodes, dataset.num_relations, device)
                                         for device in self.devices[1:]]
         self._startup_mark("model")
-        self.fingerprint = config_fingerprint(config, dataset.metadata)
+        self.fingerprint = config_fingerprint(config, dataset.metadata, self.layout.num_partitions)
         self.state = TrainingState(config_fingerprint=self.fingerprint)
         self.buffer: PartitionBuffer | None = None
         if self.partitioned:  # before anything is written (a re-bucketed copy of the dataset included)
             check_memory(self._buffer_bytes(), "storage.buffer_capacity")
-            self.dataset = dataset = bucketed_for_run(config.storage, dataset, progress)
-            check_partitioning(config, dataset)
+            self.dataset = dataset = bucketed_for_run(self.layout.num_partitions, dataset, progress)
+            check_partitioning(self.layout.num_partitions, dataset)
             self._startup_mark("bucketing")
         self._build_runner()
         self._startup_mark("runner")
@@ -225,7 +224,7 @@ class Trainer:
         c = self.config
         shutil.rmtree(self.live_store_path, ignore_errors=True)
         EmbeddingStore.create(self.live_store_path, self.dataset.num_nodes, c.model.dim, self._state_dim(),
-                              c.storage.num_partitions, init=self._init_rows() if self.partitioned else None,
+                              self.layout.num_partitions, init=self._init_rows() if self.partitioned else None,
                               threads=self._init_threads(), dtype=self.table_dtype)
 
     def _state_dim(self) -> int:
@@ -243,7 +242,7 @@ class Trainer:
         """A new run (or one killed before its first commit): the seeded initial state, recreated identically
         by a resume, so it is not committed as a version: the first epoch's rewrites then need no second
         copy of the store on disk."""
-        self.run.create(self.config)
+        self.run.create(with_split_applied(self.config, self.layout))
         self._create_store()
         self.state, self._position = TrainingState(config_fingerprint=self.fingerprint), None
         self._open_live(self.model.state_dict(), new=True)
@@ -298,8 +297,7 @@ class Trainer:
         return self.runner.zero_copy
 
     def _swap_size(self) -> int:
-        s = self.config.storage
-        return s.group_size if is_two_level(s.ordering) else 1
+        return self.layout.swap_size
 
     def _table_bytes(self) -> int:
         """Memory of the node tables training holds: the buffer's slots, or the whole tables."""
@@ -318,20 +316,20 @@ class Trainer:
 
     def _buffer_bytes(self) -> int:
         rows, cols = self._partition_shape()
-        s = self.config.storage
-        return PartitionBuffer.bytes_needed(rows, cols, s.buffer_capacity, self._swap_size(), s.lookahead,
+        return PartitionBuffer.bytes_needed(rows, cols, self.layout.buffer_capacity, self._swap_size(),
+                                            self.config.storage.lookahead,
                                             itemsize=self.table_dtype.itemsize)
 
     def _partition_shape(self) -> tuple[int, tuple[int, int]]:
         """Rows of a partition, and the widths of its embedding and optimizer-state tables."""
-        return (partition_size(self.dataset.num_nodes, self.config.storage.num_partitions),
+        return (partition_size(self.dataset.num_nodes, self.layout.num_partitions),
                 (self.config.model.dim, self._state_dim()))
 
     def partition_buffer(self) -> PartitionBuffer:
         """The partition buffer, allocated on first use (evaluation and export never need it)."""
         if self.buffer is None:
             s = self.config.storage
-            self.buffer = PartitionBuffer(self.store, s.buffer_capacity, self.table_device,
+            self.buffer = PartitionBuffer(self.store, self.layout.buffer_capacity, self.table_device,
                                           swap_size=self._swap_size(), lookahead=s.lookahead,
                                           pin_memory=self._zero_copy_tables(), direct_io=self._direct_io(),
                                           io_threads=s.io_threads)
@@ -396,9 +394,9 @@ class Trainer:
         return TrainingSpan(local, CandidateRows(view.candidate_ranges, self.plan_device))
 
     def ordering(self, epoch: int) -> Ordering:
-        ordering = epoch_ordering(self.config, epoch)
+        ordering = epoch_ordering(self.layout, self.config.training.seed, epoch)
         if self.config.storage.edge_assignment == "balanced":
-            p = self.config.storage.num_partitions
+            p = self.layout.num_partitions
             ordering = balanced_buckets(ordering, np.diff(self.dataset.edges.bucket_offsets()).reshape(p, p))
         return ordering
 
@@ -409,7 +407,7 @@ class Trainer:
         instead of the whole buckets the ordering assigned to it. The draw is
         seeded by (seed, epoch, i, j), so each edge lands in exactly one state.
         """
-        member = np.zeros((len(states), self.config.storage.num_partitions), dtype=bool)
+        member = np.zeros((len(states), self.layout.num_partitions), dtype=bool)
         for k, state in enumerate(states):
             member[k, list(state)] = True
         seed = self.config.training.seed
@@ -525,10 +523,10 @@ class Trainer:
 
     def _walk(self, epoch: int, num_states: int) -> str:
         """What decides which edges buffer state k of ``epoch`` trains: a resume inside the epoch must match."""
-        s = self.config.storage
-        return json.dumps({"epoch": epoch, "seed": self.config.training.seed, "ordering": s.ordering,
-                           "partitions": s.num_partitions, "buffer": s.buffer_capacity,
-                           "group_size": s.group_size, "edge_assignment": s.edge_assignment,
+        layout = self.layout
+        return json.dumps({"epoch": epoch, "seed": self.config.training.seed, "ordering": layout.ordering,
+                           "partitions": layout.num_partitions, "buffer": layout.buffer_capacity,
+                           "group_size": layout.group_size, "edge_assignment": self.config.storage.edge_assignment,
                            "states": num_states}, sort_keys=True)
 
     def _check_position(self) -> None:
@@ -615,7 +613,7 @@ class Trainer:
         t = self.config.training
         self._check_position()
         # A resumed run may have extended training.epochs: record what actually runs.
-        self.run.write_config(self.config)
+        self.run.write_config(with_split_applied(self.config, self.layout))
         if self.dataset.metadata.num_train == 0:  # (not len(train): out of core, that would read every edge)
             raise MariusInputError("dataset has no training edges", path=self.dataset.directory)
         while self.state.epoch < t.epochs and not self.state.stopped_early:

@@ -13,7 +13,8 @@ from marius_py import resources
 from marius_py.api import TrainedModel, load_checkpoint
 from marius_py.checkpoint import LIVE_STORE, NODES, RunDirectory, load_version
 from marius_py.cli import main
-from marius_py.config import load_config
+from marius_py.api import load_run_config
+from marius_py.config import load_config, storage_layout
 from marius_py.dataset import Dataset
 from marius_py.errors import MariusInputError
 from marius_py.evaluation import InMemoryNodes, StoredNodes, build_known_answers, filtered_ranks
@@ -385,9 +386,11 @@ def test_cli_ordering_prints_the_split_and_group_training_uses(datasets, tmp_pat
         config = config_for(datasets[dataset_p], f"storage.num_partitions={partitions}",
                             f"storage.buffer_capacity={capacity}")
         mp.train(config, tmp_path / "run", progress=False)
-        s = config.storage
+        s = load_run_config(tmp_path / "run").storage  # (as the run saved it: its split pinned)
+        s = storage_layout(s, Dataset(datasets[dataset_p]).num_nodes)
     else:
-        s = load_config(None, [f"storage.num_partitions={partitions}", f"storage.buffer_capacity={capacity}"]).storage
+        s = storage_layout(load_config(None, [f"storage.num_partitions={partitions}",
+                                              f"storage.buffer_capacity={capacity}"]).storage)
     assert f"stored as {s.num_partitions} (storage.partition_split={s.partition_split})" in out
     assert f"(storage.group_size={s.group_size})" in out
 
@@ -443,26 +446,27 @@ def test_default_ordering_is_comet_and_accepts_every_partitions_buffer_pair(data
         for capacity in range(2, partitions + 1):
             config = config_for(datasets[8], f"storage.num_partitions={partitions}",
                                 f"storage.buffer_capacity={capacity}")
-            s = config.storage
+            assert (config.storage.num_partitions, config.storage.buffer_capacity) == (partitions, capacity)
+            s = storage_layout(config.storage)
             split = default_split(partitions, capacity)
             assert (s.num_partitions, s.buffer_capacity, s.partition_split) == (partitions * split, capacity * split,
                                                                            split)
             assert s.group_size == default_group_size(s.num_partitions, s.buffer_capacity)
             assert s.group_size == (8 if capacity < partitions else default_group_size(partitions, capacity))
-            ordering = epoch_ordering(config, epoch=1)
+            ordering = epoch_ordering(s, config.training.seed, epoch=1)
             assert ordering.num_physical_partitions == s.num_partitions
             assert max(len(ordering.resident(t)) for t in range(ordering.num_states)) == s.buffer_capacity
             again = config_for(datasets[8], *(f"storage.{key}={value}" for key, value in
                                               config.to_dict()["storage"].items()))
-            assert again.storage == s  # a saved config validates to itself
+            assert again.storage == config.storage  # a saved config validates to itself
 
 
 def test_affine_picks_its_layout_or_names_the_one_it_needs(datasets):
     """affine splits a P = C^2 store into groups of 4 (16:4 trains as 64:16), takes k = C^2 / P from a store that
     already has it, and refuses other pairs naming the layout; a saved config validates to itself."""
     def storage(partitions, capacity, *overrides):
-        s = config_for(datasets[8], "storage.ordering=affine", f"storage.num_partitions={partitions}",
-                       f"storage.buffer_capacity={capacity}", *overrides).storage
+        s = storage_layout(config_for(datasets[8], "storage.ordering=affine", f"storage.num_partitions={partitions}",
+                                      f"storage.buffer_capacity={capacity}", *overrides).storage)
         return s.num_partitions, s.buffer_capacity, s.group_size, s.partition_split
     assert storage(16, 4) == (64, 16, 4, 4)
     assert storage(64, 8) == (256, 32, 4, 4)
@@ -482,6 +486,23 @@ def test_affine_picks_its_layout_or_names_the_one_it_needs(datasets):
     assert again.storage == config.storage
 
 
+def test_validation_changes_no_value_and_the_layout_is_resolved_apart(datasets):
+    """validate() only checks: a config keeps the values it was given, validating it again changes nothing,
+    and the physical store (split, buffer, group size) comes from storage_layout."""
+    import copy
+    from marius_py.config import validate
+    config = config_for(datasets[8], "storage.num_partitions=16", "storage.buffer_capacity=0")
+    given = copy.deepcopy(config)
+    assert validate(validate(config)) == given and config == given
+    assert (config.storage.num_partitions, config.storage.buffer_capacity, config.storage.group_size,
+            config.storage.partition_split) == (16, 0, 0, 0)
+    layout = storage_layout(config.storage)
+    assert (layout.num_partitions, layout.buffer_capacity, layout.group_size, layout.partition_split) == \
+        (16 * default_split(16, 16), 16 * default_split(16, 16), default_group_size(16 * default_split(16, 16),
+                                                                                  16 * default_split(16, 16)),
+         default_split(16, 16))
+
+
 def test_the_comet_names_of_the_group_keys_still_read_with_a_warning(datasets, tmp_path):
     """storage.comet_group_size and storage.comet_split (an earlier run's config.yaml, or the command line)
     set storage.group_size and storage.partition_split, warning that the names go; the config saved from them
@@ -496,8 +517,9 @@ def test_the_comet_names_of_the_group_keys_still_read_with_a_warning(datasets, t
     with pytest.warns(FutureWarning, match="storage.comet_group_size is now storage.group_size"):
         from_overrides = load_config(None, [f"dataset.path={datasets[8]}", "storage.num_partitions=16",
                                             "storage.buffer_capacity=4", "storage.comet_group_size=2"])
-    assert (from_file.storage.num_partitions, from_file.storage.partition_split) == (32, 2)
-    assert (from_overrides.storage.group_size, from_overrides.storage.partition_split) == (2, 1)
+    assert (from_file.storage.num_partitions, from_file.storage.partition_split) == (16, 2)
+    assert storage_layout(from_file.storage).num_partitions == 32
+    assert (from_overrides.storage.group_size, from_overrides.storage.partition_split) == (2, 0)
     saved = from_file.to_dict()["storage"]
     assert "comet_split" not in saved and saved["partition_split"] == 2
     with pytest.raises(MariusInputError, match="storage.group_size") as error, \
@@ -511,7 +533,8 @@ def test_partition_split_given_or_off(datasets, monkeypatch):
     """An explicit split is applied as given; 1, beta or an explicit group size keep the store as given;
     torchrun trainers (whose scheduler follows no ordering) are not split."""
     def storage(*overrides):
-        s = config_for(datasets[8], "storage.num_partitions=16", "storage.buffer_capacity=4", *overrides).storage
+        s = storage_layout(config_for(datasets[8], "storage.num_partitions=16", "storage.buffer_capacity=4",
+                                      *overrides).storage)
         return s.num_partitions, s.buffer_capacity, s.group_size, s.partition_split
     assert storage() == (64, 16, 8, 4)
     assert storage("storage.partition_split=2") == (32, 8, 4, 2)
@@ -528,10 +551,13 @@ def test_partition_split_is_lowered_until_the_nodes_fill_every_partition(dataset
     """UMLS's 135 nodes cannot fill 4 x 8 partitions: the split drops to 5 (20 partitions of 7 rows, the
     largest that fill), the run's saved config says so, and a resume keeps it."""
     config = config_for(datasets[4], "storage.num_partitions=4", "storage.buffer_capacity=2")
-    assert (config.storage.num_partitions, config.storage.partition_split) == (32, 8)
+    assert (config.storage.num_partitions, config.storage.partition_split) == (4, 0)  # as given
+    assert storage_layout(config.storage).num_partitions == 32  # before the graph is known
     mp.train(config, tmp_path / "run", progress=False)
+    assert (config.storage.num_partitions, config.storage.partition_split) == (4, 0)  # training changed nothing
     saved = mp.api.load_run_config(tmp_path / "run")
-    s = saved.storage
+    assert (saved.storage.num_partitions, saved.storage.partition_split) == (4, 5)
+    s = storage_layout(saved.storage, Dataset(datasets[4]).num_nodes)
     assert (s.num_partitions, s.buffer_capacity, s.partition_split, s.group_size) == (20, 10, 5, 5)
     assert EmbeddingStore(tmp_path / "run" / LIVE_STORE, mode="r").num_partitions == 20
     text = (tmp_path / "run" / "config.yaml").read_text()  # the counts as the user gave them, and the split

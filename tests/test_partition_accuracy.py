@@ -14,7 +14,7 @@ import marius_py as mp
 from marius_py.checkpoint import RunDirectory, load_version
 from marius_py.dataset import Dataset
 from marius_py.evaluation import KnownAnswers
-from marius_py.trainer import Trainer, epoch_ordering
+from marius_py.trainer import Trainer
 from marius_py.storage.partitioning import partition_of
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
@@ -29,15 +29,15 @@ def test_order_runs_follow_the_ordering_a_partitioned_trainer_trains(umls_datase
     followed = order_config("order:4:2", umls_dataset, None, [], 8)
     partitioned = mp.make_config(None, [f"dataset.path={umls_dataset}", *variant_overrides("default:4:2", 8)])
     trainer = Trainer(partitioned, Dataset(str(umls_dataset)), tmp_path / "run", progress=False)
-    assert followed.storage == trainer.config.storage
-    assert epoch_ordering(followed, 3) == trainer.ordering(3)
+    assert followed.layout == trainer.layout and followed.config.storage == trainer.config.storage
+    assert followed.ordering(3) == trainer.ordering(3)
 
 
 def test_state_ordered_spans_train_every_edge_once_in_its_states_order(umls_dataset):
     partitioned = order_config("order:4:2", umls_dataset, None, [], 8)
     dataset = Dataset(str(umls_dataset))
     trainer = SimpleNamespace(dataset=dataset, nodes="nodes", node_state="state")
-    ordering = epoch_ordering(partitioned, 3)
+    ordering = partitioned.ordering(3)
     spans = list(state_ordered_spans(partitioned)(trainer, 3))
     assert len(spans) == ordering.num_states > 1
     trained = []
@@ -57,7 +57,7 @@ def test_resident_and_shuffled_spans_share_the_states_candidates_and_sizes(umls_
     partitioned = order_config("resident:4:2", umls_dataset, None, [], 8)
     dataset = Dataset(str(umls_dataset))
     trainer = SimpleNamespace(dataset=dataset, nodes="nodes", node_state="state", table_device="cpu")
-    ordering = epoch_ordering(partitioned, 3)
+    ordering = partitioned.ordering(3)
     p = ordering.num_physical_partitions
     resident = list(state_ordered_spans(partitioned, resident_candidates=True)(trainer, 3))
     shuffled = list(state_ordered_spans(partitioned, resident_candidates=True, shuffled_edges=True)(trainer, 3))
@@ -149,7 +149,7 @@ def test_group_of_nodes_follows_the_orderings_groups(umls_dataset):
     partitioned = order_config("default:4:2", umls_dataset, None, [], 8)
     num_nodes = Dataset(str(umls_dataset)).num_nodes
     groups = group_of_nodes(partitioned, 2, num_nodes)
-    ordering = epoch_ordering(partitioned, 2)
+    ordering = partitioned.ordering(2)
     physical = partition_of(np.arange(num_nodes), num_nodes, ordering.num_physical_partitions)
     assert all(physical[node] in ordering.partitions_of(groups[node]) for node in range(num_nodes))
     assert set(groups.tolist()) == set(range(ordering.num_partitions))

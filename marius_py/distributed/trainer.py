@@ -25,6 +25,7 @@ from pathlib import Path
 
 
 from marius_py.checkpoint import RunDirectory, TrainingState
+from marius_py.config import with_split_applied
 from marius_py.run_log import read_json_lines
 from marius_py.errors import MariusInputError
 from marius_py.distributed.group import Group
@@ -238,7 +239,7 @@ class DistributedTrainer(Trainer):
             raise MariusInputError("the last checkpoint stopped inside an epoch (one process with "
                                    "training.checkpoint_interval); trainers of a group resume at epoch ends",
                                    path=self.run.path, expected="resume it with one process to the epoch's end")
-        self.run.write_config(self.config)
+        self.run.write_config(with_split_applied(self.config, self.layout))
         while self.state.epoch < t.epochs and not self.state.stopped_early:
             with tf32_matmuls(self.device.type == "cuda" and t.tf32):
                 record = self.train_epoch(self.state.epoch + 1)
