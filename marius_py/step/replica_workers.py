@@ -20,6 +20,9 @@ import tempfile
 import traceback
 from datetime import timedelta
 
+import sys
+import time
+
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as multiprocessing
@@ -31,6 +34,12 @@ from marius_py.step.fused import gradient_step
 from marius_py.step.model import Model
 
 GROUP_TIMEOUT = timedelta(minutes=5)  # a collective waits this long for a rank before failing
+TRACE = os.environ.get("MARIUS_TRACE_GROUP") == "1"  # each process prints where it is (diagnosing a stall)
+
+
+def _trace(rank: int, what: str) -> None:
+    if TRACE:
+        print(f"[marius group {time.strftime('%H:%M:%S')} rank {rank}] {what}", file=sys.stderr, flush=True)
 
 
 def group_step(model: Model, config: Config, device: torch.device) -> GroupStepper:
@@ -71,10 +80,13 @@ class ReplicaGroupRunner:
             self.workers.append(worker)
         if devices[0].type == "cuda":
             torch.cuda.set_device(devices[0])
+        _trace(0, f"started {self.world - 1} workers")
         self._await_joining()
+        _trace(0, "workers joining the group")
         with self._reporting_workers():
             dist.init_process_group(backend, init_method=f"file://{rendezvous}", rank=0, world_size=self.world,
                                     timeout=GROUP_TIMEOUT)
+        _trace(0, "group formed")
         self.stepper = group_step(model, config, devices[0])
         self.tables = None
         self.counters = _GroupCounters(self)
@@ -104,6 +116,7 @@ class ReplicaGroupRunner:
             dist.broadcast(nodes, 0)
             dist.broadcast(state, 0)
             self.tables = (nodes, state)
+            _trace(0, "tables sent")
         edges = edges.to(self.devices[0]).contiguous()
         self._send_all("span", {"edges": len(edges), "precision": torch.get_float32_matmul_precision(),
                                 "deterministic": torch.are_deterministic_algorithms_enabled(),
@@ -111,7 +124,9 @@ class ReplicaGroupRunner:
                                 "dropout": [g.get_state() for g in dropout]})
         dist.broadcast(edges, 0)
         batches = dealt_batches(edges, self.stepper.batch_size, 0, self.world)
+        _trace(0, f"span of {len(batches)} steps")
         self.stepper.run(batches, nodes, state, sampling[0], dropout[0], lambda: on_batch(self.world))
+        _trace(0, "span enqueued")
         dist.reduce(self.stepper.loss, 0)
         loss_sum.add_(self.stepper.loss.to(loss_sum.device))
         self.stepper.loss.zero_()
@@ -206,6 +221,7 @@ def _worker(rank: int, world: int, backend: str, rendezvous: str, config: Config
         if device.type == "cuda":
             torch.cuda.set_device(device)
         pipe.send(("joining", None))
+        _trace(rank, "joining the group")
         dist.init_process_group(backend, init_method=f"file://{rendezvous}", rank=rank, world_size=world,
                                 timeout=GROUP_TIMEOUT)
         torch.manual_seed(config.training.seed)
@@ -216,6 +232,7 @@ def _worker(rank: int, world: int, backend: str, rendezvous: str, config: Config
             op, payload = pipe.recv()
             if op == "stop":
                 break
+            _trace(rank, op)
             if op == "tables":
                 model.load_state_dict(torch.load(io.BytesIO(payload["model"]), map_location=device))
                 nodes = torch.empty(payload["shape"][0], device=device)
