@@ -1,7 +1,7 @@
 """G GPUs against one, end to end: `marius-py train --gpus G` epochs on the graph of bench/e2e.py.
 
     python bench/scaling.py --gpus 1 2 4 --placements auto host --json bench/results/scaling.json
-    python bench/scaling.py --gpus 1 4 --placements host --variants dedup no-dedup --dims 100 400
+    python bench/scaling.py --gpus 1 4 --placements host --variants auto dedup no-dedup --dims 100 400
 
 For every placement (``auto``: what the command chooses; ``replicated`` and ``split``: tables in GPU
 memory, a copy on each GPU or a share; ``host``: pinned host tables), dimension, dedup variant and GPU
@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from e2e import COMMAND_SETTINGS, STEP_BATCHES, add_graph_arguments, make_graph, run_command, sample_train_edges  # noqa: E402,E501
 from throughput import UtilisationSampler, measure_step, row_recorder  # noqa: E402
 
-VARIANTS = {"dedup": [], "no-dedup": ["--no-dedup"]}
+VARIANTS = {"auto": [], "dedup": ["pipeline.dedup=true"], "no-dedup": ["--no-dedup"]}  # (auto: the default)
 
 
 def print_row(row: dict) -> None:
@@ -106,7 +106,7 @@ def main() -> None:
     parser.add_argument("--placements", nargs="+", default=["auto", "host"],
                         choices=["auto", "device", "host", "replicated", "split"])
     parser.add_argument("--step-seconds", type=float, default=3.0, help="the step alone: seconds timed (0: skip)")
-    parser.add_argument("--variants", nargs="+", default=["dedup"], choices=list(VARIANTS))
+    parser.add_argument("--variants", nargs="+", default=["auto"], choices=list(VARIANTS))
     parser.add_argument("--dims", nargs="+", type=int, default=[100])
     parser.add_argument("--decoder", default="complex")
     parser.add_argument("--load-threads", type=int, default=4)
@@ -140,7 +140,7 @@ def main() -> None:
                     s for s in settings if not s.startswith("pipeline.placement")), edges=sample[:gpus * step_edges])
                 step = {"step_edges_per_s": step["edges_per_s"], "step_seconds": step["seconds"]}
             else:
-                dedup = ["pipeline.dedup=false"] if variant == "no-dedup" else []
+                dedup = {"dedup": ["pipeline.dedup=true"], "no-dedup": ["pipeline.dedup=false"]}.get(variant, [])
                 step = measure_devices_step(gpus, ran, [*settings, *dedup], sample[:gpus * step_edges],
                                             args.step_seconds, metadata)
         if gpus == args.gpus[0]:

@@ -37,7 +37,7 @@ ORDERING_NAMES = tuple(ORDERINGS)
 NEGATIVE_KINDS = ("uniform", "degree", "mixed")
 PLACEMENTS = ("auto", "device", "host", "replicated", "split")
 PROCESS_MODELS = ("one", "per_device")
-DIRECT_IO = ("auto", "true", "false")
+AUTO_OR_BOOL = ("auto", "true", "false")  # keys that take auto, true or false
 STORAGE_DTYPES = ("float32", "bfloat16")
 
 
@@ -168,10 +168,10 @@ class PipelineConfig:
         "a CPU, 2 steps with several devices")
     load_threads: int = _f(1, "threads of the load stage (negatives, unique rows, gathers)")
     queue_size: int = _f(0, "capacity of each queue between stages (0: the staleness bound)")
-    dedup: bool = _f(True,
-        "several devices: each row a step needs crosses PCIe once, read by its owner and shared with the "
-        "others over NVLink, which return its gradients to the owner. false: every device reads its own rows "
-        "(faster where the devices' batches share few rows)")
+    dedup: str = _f("auto",
+        "several devices sharing host tables: true reads each row a step needs once over PCIe (its owner "
+        "shares it over NVLink), false lets every device read its own rows; auto times a few steps of each "
+        "and keeps the faster (true on a CPU and with split tables)")
     step_grouping: int = _f(0, "several devices: windows of this many steps are sorted by head and each step "
                                "dealt round-robin, so the batches that run together share rows (0: off; the "
                                "batches are then uniform samples of the span)")
@@ -237,6 +237,7 @@ def validate(config: Config, origins: dict | None = None) -> Config:
                ("evaluation.negative_sampling", e.negative_sampling, NEGATIVE_KINDS),
                ("pipeline.placement", config.pipeline.placement, PLACEMENTS),
                ("pipeline.processes", config.pipeline.processes, PROCESS_MODELS),
+               ("pipeline.dedup", config.pipeline.dedup, AUTO_OR_BOOL),
                ("training.score_dtype", t.score_dtype, ("float32", "bfloat16"))]
     _check_devices(t.devices, _check)
     _check(config.storage.dtype == "float32" or len(device_list(t.devices)) <= 1, "storage.dtype",
@@ -331,8 +332,7 @@ def _check_storage(s: StorageConfig, _check) -> None:
     _check(s.edge_assignment in ("bucket", "balanced", "edge"), "storage.edge_assignment",
            "expected bucket, balanced or edge",
            s.edge_assignment)
-    s.direct_io = str(s.direct_io).lower()  # (YAML's false arrives as a bool)
-    _check(s.direct_io in DIRECT_IO, "storage.direct_io", f"expected one of {', '.join(DIRECT_IO)}", s.direct_io)
+    _check(s.direct_io in AUTO_OR_BOOL, "storage.direct_io", f"expected one of {', '.join(AUTO_OR_BOOL)}", s.direct_io)
     given_buffer = s.buffer_capacity or s.num_partitions
     if s.num_partitions > 1:
         _check(2 <= given_buffer <= s.num_partitions, "storage.buffer_capacity",
@@ -435,6 +435,8 @@ def _coerce(value, annotation, path: str, source, line: int | None = None):
                 return int(value)
         except (TypeError, ValueError, OverflowError):  # (OverflowError: int(inf))
             pass
+    elif kind is str and isinstance(value, bool):  # (YAML's true and false, for keys that take auto/true/false)
+        return str(value).lower()
     elif kind is str and isinstance(value, (str, int, float)):
         return str(value)
     raise MariusInputError(f"{path}: expected {annotation}, got {value!r}", path=source, line=line)

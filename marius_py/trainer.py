@@ -188,7 +188,7 @@ class Trainer:
         config = self.config
         if self.multi_device:
             p = config.pipeline
-            if p.placement == PLACEMENT_SPLIT and (self.partitioned or not p.dedup):
+            if p.placement == PLACEMENT_SPLIT and (self.partitioned or p.dedup == "false"):
                 raise MariusInputError("pipeline.placement: split shares in-memory tables out across the GPUs, "
                                        "which needs pipeline.dedup and storage.num_partitions=1",
                                        expected="pipeline.placement=host or auto")
@@ -197,7 +197,7 @@ class Trainer:
                                        "which needs storage.num_partitions=1",
                                        expected="pipeline.placement=host or auto")
             self.placement = choose_devices_placement(p.placement, self.devices, self._table_bytes(),
-                                                      self.partitioned, p.dedup)
+                                                      self.partitioned, p.dedup != "false")
             # Replicas start from device 0's tables; split and host tables live in (pinned) host memory.
             self.table_device = self.device if self.placement == PLACEMENT_REPLICATED else torch.device("cpu")
             self.runner = build_multi_device_runner(self.replicas, self.placement, config, self.devices,
@@ -475,7 +475,8 @@ class Trainer:
                   "pipeline": {"placement": self.placement, "staleness_bound": self.runner.effective_staleness,
                                "max_in_flight": self.runner.max_in_flight}, "time": phases.seconds}
         if self.multi_device:
-            record["devices"] = {"names": [str(d) for d in self.devices], "dedup": self.config.pipeline.dedup,
+            record["devices"] = {"names": [str(d) for d in self.devices], "dedup": getattr(self.runner, "dedup", None),
+                                 "dedup_trial": getattr(self.runner, "dedup_trial", None),
                                  **self.runner.counters.snapshot(self.config.model.dim * 4, self._row_bytes())}
         if self.buffer is not None:
             after = self.buffer.counters.snapshot()

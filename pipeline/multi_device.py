@@ -41,6 +41,7 @@ CPU the same code runs inline, so G simulated devices test the routing.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -56,13 +57,14 @@ from marius_py.pipeline.row_kernels import gather_rows, move_rows, triton_availa
 from marius_py.pipeline.step import BatchStep
 
 DEFAULT_STALENESS = 2  # steps in flight: the next step's reads overlap this one's compute
+AUTO_WARM_STEPS, AUTO_TIMED_STEPS = 4, 12  # dedup=auto: steps of each mode run before timing, and timed
 
 
 class MultiDeviceRunner:
     """Trains spans of edges on ``devices`` from host tables (see the module docstring)."""
 
     def __init__(self, steps: list[BatchStep], node_update: Callable, devices: list[torch.device], batch_size: int,
-                 staleness_bound: int, dedup: bool = True, cache_rows: int = 0, cache_all: bool = False,
+                 staleness_bound: int, dedup: bool | str = True, cache_rows: int = 0, cache_all: bool = False,
                  shared_negatives: bool = False, grouping_window: int = 0, graphs: bool = False):
         """``steps[g]``: device g's step (its own relation replica). ``node_update(nodes, state, rows,
         grads, count, cache=, present=)``: the in-place optimizer update of rows (``row_kernels.sparse_adagrad_``).
@@ -74,11 +76,13 @@ class MultiDeviceRunner:
             raise ValueError("a multi-device runner needs one step per device")
         self.steps, self.node_update, self.devices = steps, node_update, devices
         self.batch_size, self.staleness_bound = batch_size, max(1, staleness_bound)
-        self.dedup, self.cache_rows, self.cache_all = dedup, cache_rows, cache_all
+        self.auto = dedup == "auto"  # time a few steps of each mode in the first long span, keep the faster
+        self.dedup, self.cache_rows, self.cache_all = dedup is True or self.auto, cache_rows, cache_all
+        self.dedup_trial: dict | None = None  # seconds per step of each mode, once auto has chosen
         self.shared_negatives, self.grouping_window = shared_negatives, grouping_window
         self.lanes = [Lanes.for_device(d) for d in devices]
         enable_peer_access(devices)
-        self.counters = TransferCounters(devices, dedup)
+        self.counters = TransferCounters(devices, self.dedup)
         self.losses = [torch.zeros((), device=d) for d in devices]
         self.caches: list[RowCache | None] = [None] * len(devices)
         self._cached_tables = None  # (nodes, state) whose rows the caches hold across spans (cache_all)
@@ -139,10 +143,48 @@ class MultiDeviceRunner:
                 torch.cuda.synchronize(device)  # kernels write the pinned tables (or slots) until here
 
     def _run_steps(self, edges: torch.Tensor, step_edges: int, context, on_batch) -> None:
-        bound = self.effective_staleness
+        starts = list(range(0, len(edges), step_edges))
+        trial = 2 * (AUTO_WARM_STEPS + AUTO_TIMED_STEPS)
+        if not self.auto or len(starts) <= trial:  # (auto waits for a span long enough to time both)
+            self._run_segment(edges, starts, 0, context, on_batch)
+            return
+        seconds, index = {}, 0
+        for dedup in (True, False):  # each mode warmed up (kernels, graphs), then timed
+            self._switch_dedup(dedup, edges, context)
+            self._run_segment(edges, starts[index:index + AUTO_WARM_STEPS], index, context, on_batch)
+            index += AUTO_WARM_STEPS
+            timed = starts[index:index + AUTO_TIMED_STEPS]
+            seconds[dedup] = self._seconds_per_step(lambda: self._run_segment(edges, timed, index, context,
+                                                                              on_batch), len(timed))
+            index += AUTO_TIMED_STEPS
+        self.auto = False
+        self.dedup_trial = {"seconds_per_step": {"dedup": seconds[True], "no_dedup": seconds[False]},
+                            "chosen": seconds[True] <= seconds[False]}
+        self._switch_dedup(self.dedup_trial["chosen"], edges, context)
+        self._run_segment(edges, starts[index:], index, context, on_batch)
+
+    def _seconds_per_step(self, run: Callable[[], None], steps: int) -> float:
+        started = time.perf_counter()
+        run()
+        return (time.perf_counter() - started) / steps
+
+    def _switch_dedup(self, dedup: bool, edges: torch.Tensor, context) -> None:
+        """Between drained segments: the other mode (same arithmetic, other traffic). Cached rows go back to
+        the host tables first, and graphs are captured again for the mode's phases."""
+        if dedup == self.dedup:
+            return
+        self._release_caches(context.nodes, context.state)
+        self.dedup = self.counters.dedup = dedup
+        if self.graphs is not None:
+            self.graphs = PhaseGraphs(self)
+        self._admit_caches(edges, context.nodes, context.state)
+
+    def _run_segment(self, edges: torch.Tensor, starts: list[int], first: int, context, on_batch) -> None:
+        """Steps at ``starts`` (step ``first`` on), every one finished and every device synchronised on return."""
+        bound, step_edges = self.effective_staleness, self.batch_size * self.num_devices
         in_flight: deque[StepState] = deque()
         done: deque[StepState] = deque()
-        for index, start in enumerate(range(0, len(edges), step_edges)):
+        for index, start in enumerate(starts, first):
             batches = [edges[s:s + self.batch_size] for s in range(start, min(start + step_edges, len(edges)),
                                                                    self.batch_size)]
             reads_after = [e for s in done if s.index == index - bound for e in s.updated]
@@ -154,6 +196,9 @@ class MultiDeviceRunner:
                 done.popleft()
         while in_flight:
             self._finish(in_flight.popleft(), context, on_batch)
+        for device in self.devices:
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
 
     # ---- caches ----
     def _admit_caches(self, edges: torch.Tensor, nodes: torch.Tensor, state: torch.Tensor) -> None:

@@ -406,7 +406,8 @@ def test_trainer_on_simulated_devices_learns_and_logs_transfers(small_config, tm
     transfers = epochs[-1]["devices"]
     assert transfers["names"] == ["cpu", "cpu"] and transfers["steps"] > 0
     assert transfers["host_to_device"]["bytes"] > 0 and transfers["device_to_host"]["bytes"] > 0
-    if config.pipeline.dedup:
+    assert transfers["dedup"] is (config.pipeline.dedup != "false")  # (auto is dedup on a CPU)
+    if transfers["dedup"]:
         assert transfers["rho"] > 1 and transfers["host_to_device"]["rows"] < transfers["device_rows"]
     else:
         # Rows the other device owns still cross: the owner reads their gradients.
@@ -463,6 +464,31 @@ def test_a_process_per_device_trains_as_one_process(small_config, tmp_path, devi
     for got, expected in zip(group[:3], one[:3]):
         torch.testing.assert_close(got, expected, **tolerance)
     assert group[3] == pytest.approx(one[3], rel=1e-5)
+
+
+@pytest.mark.parametrize("faster", [True, False])
+def test_dedup_auto_times_both_modes_keeps_the_faster_and_trains_the_same_model(small_config, monkeypatch, faster):
+    """dedup=auto runs a few steps of each mode in a long span, keeps the one that took less per step, and
+    trains what dedup trains (the modes share their arithmetic; bound 1, so every step sees the last)."""
+    from marius_py.pipeline import multi_device
+    results = {}
+    for dedup in (True, "auto"):
+        config, replicas, nodes, state, edges = setup(small_config, ["cpu"] * 3, "model.decoder=distmult",
+                                                      "model.reg_weight=0", "pipeline.cache_rows=8",
+                                                      "training.batch_size=32")
+        runner = multi_device.MultiDeviceRunner(replicas, lambda *a, **k: sparse_adagrad_(*a, lr=0.1, eps=1e-10, **k),
+                                                [r.device for r in replicas], 32, 1, dedup=dedup, cache_rows=8)
+        timings = iter([1.0, 2.0] if faster else [2.0, 1.0])  # seconds per step: dedup first, then without
+        monkeypatch.setattr(runner, "_seconds_per_step", lambda run, count: (run(), next(timings))[1])
+        assert len(edges) // (32 * 3) > 2 * (multi_device.AUTO_WARM_STEPS + multi_device.AUTO_TIMED_STEPS)
+        runner.run(edges, nodes, state, None, [torch.Generator().manual_seed(g) for g in range(3)],
+                   [torch.Generator() for _ in range(3)], torch.zeros(()), lambda n: None)
+        results[dedup] = nodes, runner
+    nodes, runner = results["auto"]
+    assert runner.dedup is faster and runner.counters.dedup is faster and not runner.auto
+    assert runner.dedup_trial == {"seconds_per_step": {"dedup": 1.0 if faster else 2.0,
+                                                       "no_dedup": 2.0 if faster else 1.0}, "chosen": faster}
+    torch.testing.assert_close(nodes, results[True][0], rtol=0, atol=1e-6)
 
 
 def test_a_worker_that_dies_before_joining_is_reported_not_waited_for():

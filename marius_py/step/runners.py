@@ -60,8 +60,12 @@ def build_multi_device_runner(replicas: list, placement: str, config: Config, de
     cache_rows = p.cache_rows
     if cache_rows == -1:
         cache_rows = automatic_cache_rows(devices, row_bytes)
+    # auto: timed on GPUs sharing host tables; split tables need owners, and on a CPU nothing crosses PCIe
+    dedup = {"true": True, "false": False}.get(p.dedup, "auto")
+    if dedup == "auto" and (placement == PLACEMENT_SPLIT or devices[0].type != "cuda"):
+        dedup = True
     return MultiDeviceRunner(steps, update, devices, config.training.batch_size, staleness,
-                             dedup=p.dedup, cache_rows=cache_rows, cache_all=placement == PLACEMENT_SPLIT,
+                             dedup=dedup, cache_rows=cache_rows, cache_all=placement == PLACEMENT_SPLIT,
                              shared_negatives=config.training.shared_negatives, grouping_window=p.step_grouping,
                              graphs=config.training.cuda_graphs)
 
