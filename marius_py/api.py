@@ -21,7 +21,7 @@ import torch
 
 from marius_py.bundled import BUNDLED_CONFIGS, BUNDLED_DATASETS, bundled_config, resolve_dataset
 from marius_py.checkpoint import CONFIG_FILE, NODES, RunDirectory, config_fingerprint, load_version
-from marius_py.config import Config, load_config, storage_layout, with_split_applied
+from marius_py.config import Config, load_config, run_layout, with_split_applied
 from marius_py.dataset import Dataset
 from marius_py.errors import MariusInputError
 from marius_py.run_setup import claim_run_dir, not_a_run
@@ -217,7 +217,7 @@ def open_dataset(config: Config, progress: bool) -> Dataset:
     """The run's dataset as given. Training re-buckets it for a split store (``Trainer``)."""
     s = config.storage
     dataset = Dataset(resolve_dataset(config.dataset.path, s.num_partitions, progress))
-    layout = storage_layout(s, dataset.num_nodes)
+    layout = run_layout(config, dataset.num_nodes)
     if layout.partition_split > 1 and progress:
         print(f"storage: {s.num_partitions} partitions stored as {layout.num_partitions} "
               f"(storage.partition_split={layout.partition_split}), the buffer as {layout.buffer_capacity}: "
@@ -235,7 +235,7 @@ def _start(config: Config, run_dir: Path, progress: bool, resume: bool) -> tuple
     dataset = open_dataset(config, progress)
     startup.mark("dataset")
     if not resume:
-        layout = storage_layout(config.storage, dataset.num_nodes)  # (the split the dataset allowed, pinned)
+        layout = run_layout(config, dataset.num_nodes)  # (the split the dataset allowed, and the dtype, pinned)
         RunDirectory(run_dir).write_config(with_split_applied(config, layout))
     trainer = Trainer(config, dataset, run_dir, progress=progress, startup=startup)
     startup.mark("trainer_other")  # (its model, bucketing, runner and tables are marked apart)
@@ -310,8 +310,8 @@ def load_checkpoint(run_dir: str | Path, which: str = "best", device: str | None
     dataset = open_dataset(config, progress=False)
     model = Model(config, dataset.num_nodes, dataset.num_relations, target)
     out_of_core = config.storage.num_partitions > 1
-    partitions = storage_layout(config.storage, dataset.num_nodes).num_partitions
-    _, _, model_state, _ = load_version(version, config_fingerprint(config, dataset.metadata, partitions),
+    layout = run_layout(config, dataset.num_nodes)
+    _, _, model_state, _ = load_version(version, config_fingerprint(config, dataset.metadata, layout),
                                         with_nodes=not out_of_core)
     model.load_state_dict(model_state)
     store = EmbeddingStore(version / NODES, mode="r")

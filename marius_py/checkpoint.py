@@ -49,7 +49,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from marius_py.config import Config, dump_config
+from marius_py.config import Config, StorageLayout, dump_config
 from marius_py.dataset import DatasetMetadata
 from marius_py.errors import MariusInputError
 from marius_py.run_log import read_json_lines
@@ -88,17 +88,17 @@ class TrainingState:
     config_fingerprint: str = ""
 
 
-def config_fingerprint(config: Config, metadata: DatasetMetadata, num_partitions: int) -> str:
-    """Hash of what a checkpoint's tensors depend on: the model's shapes, the store's (physical) partitions
-    (``config.storage_layout``) and the dataset's ids."""
+def config_fingerprint(config: Config, metadata: DatasetMetadata, layout: StorageLayout) -> str:
+    """Hash of what a checkpoint's tensors depend on: the model's shapes, the store's (physical) partitions and
+    dtype (``config.run_layout``) and the dataset's ids."""
     shape = {"decoder": config.model.decoder, "dim": config.model.dim,
              "adagrad_variant": config.training.adagrad_variant,
              "relation_optimizer": config.training.relation_optimizer,
-             "num_partitions": num_partitions,
+             "num_partitions": layout.num_partitions,
              "num_nodes": metadata.num_nodes, "num_relations": metadata.num_relations,
              "num_train": metadata.num_train, "preprocess_seed": metadata.seed}
-    if config.storage.dtype != "float32":  # (absent for float32: earlier checkpoints keep their fingerprint)
-        shape["storage_dtype"] = config.storage.dtype
+    if layout.dtype != "float32":  # (absent for float32: earlier checkpoints keep their fingerprint)
+        shape["storage_dtype"] = layout.dtype
     return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:16]
 
 

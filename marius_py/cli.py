@@ -222,7 +222,8 @@ def cmd_ordering(args) -> None:
                                expected="2 <= --buffer <= --partitions")
     state_dim = 1 if args.rowwise else args.dim
     import torch
-    itemsize = getattr(torch, args.dtype).itemsize
+    dtype = "bfloat16" if args.dtype == "auto" else args.dtype  # (auto: what a one-process run stores)
+    itemsize = getattr(torch, dtype).itemsize
     row_bytes = (args.dim + state_dim) * itemsize
     rows = partition_size(num_nodes, args.partitions) if num_nodes else 0
     partition_bytes = rows * row_bytes
@@ -250,7 +251,7 @@ def cmd_ordering(args) -> None:
               f"trains in {s.buffer_capacity // k + 1} states an epoch")
     if num_nodes:
         print(f"partition = {rows:,} rows x (dim {args.dim} + optimizer state {state_dim}) x {itemsize} B "
-              f"({args.dtype})")
+              f"({dtype})")
     if not num_nodes:
         print("bytes are 0: give --dataset DIR or --nodes N (and --dim) to size the partitions")
 
@@ -386,8 +387,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nodes", type=int, help="node count, instead of --dataset")
     p.add_argument("--dim", type=int, default=100)
     p.add_argument("--rowwise", action="store_true", help="row-wise Adagrad state (one value per row)")
-    p.add_argument("--dtype", choices=STORAGE_DTYPES, default="float32",
-                   help="storage.dtype: bfloat16 halves every partition's bytes")
+    p.add_argument("--dtype", choices=STORAGE_DTYPES, default="auto",
+                   help="storage.dtype (auto: bfloat16, as one process stores partitions on disk): bfloat16 "
+                        "halves every partition's bytes")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--group-size", type=int, default=0,
                    help="comet and affine: physical partitions per logical one (0: as training picks it)")

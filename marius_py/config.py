@@ -38,7 +38,7 @@ NEGATIVE_KINDS = ("uniform", "degree", "mixed")
 PLACEMENTS = ("auto", "device", "host", "replicated", "split")
 PROCESS_MODELS = ("one", "per_device")
 AUTO_OR_BOOL = ("auto", "true", "false")  # keys that take auto, true or false
-STORAGE_DTYPES = ("float32", "bfloat16")
+STORAGE_DTYPES = ("auto", "float32", "bfloat16")
 
 
 def _f(default, help: str, **kw):
@@ -125,10 +125,10 @@ class EvaluationConfig:
 @dataclass
 class StorageConfig:
     num_partitions: int = _f(1, "node partitions on disk (1: embeddings wholly in memory)")
-    dtype: str = _f("float32",
+    dtype: str = _f("auto",
         f"how node embeddings and their Adagrad state are stored, one of {STORAGE_DTYPES}: bfloat16 halves "
-        "their memory and IO (updates computed in float32, rounded stochastically; one device, not under "
-        "torchrun). A run keeps the dtype it started with; see the out-of-core guide")
+        "their memory and IO (float32 updates, rounded stochastically; one device, not under torchrun), auto "
+        "picks it for partitions on disk and float32 in memory. A run keeps the dtype it started with")
     buffer_capacity: int = _f(0, "partitions held in memory at once when num_partitions > 1 "
                                  "(0: all of them)")
     ordering: str = _f("comet",
@@ -240,7 +240,7 @@ def validate(config: Config, origins: dict | None = None) -> Config:
                ("pipeline.dedup", config.pipeline.dedup, AUTO_OR_BOOL),
                ("training.score_dtype", t.score_dtype, ("float32", "bfloat16"))]
     _check_devices(t.devices, _check)
-    _check(config.storage.dtype == "float32" or len(device_list(t.devices)) <= 1, "storage.dtype",
+    _check(config.storage.dtype != "bfloat16" or len(device_list(t.devices)) <= 1, "storage.dtype",
            "expected float32 when training on several devices (bfloat16 tables train on one)",
            config.storage.dtype)
     for path, value, allowed in choices:
@@ -369,6 +369,7 @@ class StorageLayout:
     group_size: int         # physical partitions per group (two-level orderings), the automatic one resolved
     partition_split: int    # physical partitions per partition the user gave
     ordering: str
+    dtype: str              # float32 or bfloat16 (``storage.dtype=auto`` resolved)
 
     @property
     def swap_size(self) -> int:
@@ -376,10 +377,12 @@ class StorageLayout:
         return self.group_size if is_two_level(self.ordering) else 1
 
 
-def storage_layout(s: StorageConfig, num_nodes: int | None = None) -> StorageLayout:
+def storage_layout(s: StorageConfig, num_nodes: int | None = None, several_devices: bool = False) -> StorageLayout:
     """The physical store of ``storage.*``: the split applied (``storage.partition_split``; automatic: chosen
     for regrouping, 1 under torchrun, and with ``num_nodes`` lowered until the nodes fill every physical
-    partition), the buffer's default (all partitions) and the automatic group size."""
+    partition), the buffer's default (all partitions), the automatic group size, and the dtype (auto:
+    bfloat16 for partitions on disk, unless ``several_devices`` or torchrun trainers exchange them)."""
+    from marius_py.distributed.group import launched_by_torchrun  # (the package imports this module)
     buffer = s.buffer_capacity or s.num_partitions
     split = _split_for_regrouping(s, buffer)
     if num_nodes is not None and split > 1:
@@ -387,13 +390,21 @@ def storage_layout(s: StorageConfig, num_nodes: int | None = None) -> StorageLay
                       if partitions_filled(num_nodes, s.num_partitions * m) == s.num_partitions * m), 1)
     partitions, buffer = s.num_partitions * split, buffer * split
     group = s.group_size or automatic_group_size(s.ordering, partitions, buffer)
-    return StorageLayout(partitions, buffer, group, split, s.ordering)
+    dtype = s.dtype
+    if dtype == "auto":
+        dtype = "bfloat16" if partitions > 1 and not several_devices and not launched_by_torchrun() else "float32"
+    return StorageLayout(partitions, buffer, group, split, s.ordering, dtype)
+
+
+def run_layout(config: Config, num_nodes: int | None = None) -> StorageLayout:
+    """``storage_layout`` of a run's config (its devices decide whether auto may store bfloat16)."""
+    return storage_layout(config.storage, num_nodes, several_devices=len(device_list(config.training.devices)) > 1)
 
 
 def with_split_applied(config: Config, layout: StorageLayout) -> Config:
-    """``config`` as a run saves it (config.yaml): as given, with the split its store applied pinned, so that
-    a resume resolves the same store."""
-    storage = dataclasses.replace(config.storage, partition_split=layout.partition_split)
+    """``config`` as a run saves it (config.yaml): as given, with the split and dtype its store took pinned,
+    so that a resume resolves the same store."""
+    storage = dataclasses.replace(config.storage, partition_split=layout.partition_split, dtype=layout.dtype)
     return dataclasses.replace(config, storage=storage)
 
 

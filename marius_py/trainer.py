@@ -36,7 +36,7 @@ from tqdm import tqdm
 from marius_py.bundled import bucketed_for_run
 from marius_py.checkpoint import (LIVE_STORE, NODES, RunDirectory, TrainingState, config_fingerprint,
                                   load_position, load_version, write_version_state)
-from marius_py.config import Config, StorageLayout, storage_layout, with_split_applied
+from marius_py.config import Config, StorageLayout, run_layout, with_split_applied
 from marius_py.dataset import Dataset
 from marius_py.devices import resolve_devices
 from marius_py.errors import MariusInputError
@@ -132,12 +132,12 @@ class Trainer:
         self.startup = startup  # logged at the first batch this process trains
         self._planned_edges: torch.Tensor | None = None  # (in memory: ``_train_edges``)
         self.dataset = dataset
-        self.layout = storage_layout(config.storage, dataset.num_nodes)  # (the physical store, resolved once)
         self.run = self._run_directory(run_dir)
         if config.training.tensorboard:
             self.run.trackers.append(TensorBoardTracker(self.run.path / "tensorboard"))
         self.progress = progress
         self.devices = resolve_devices(config)
+        self.layout = run_layout(config, dataset.num_nodes)  # (the physical store, resolved once)
         self.device = self.devices[0]  # the model of record (checkpoints, evaluation) lives here
         self.partitioned = self.layout.num_partitions > 1
         if config.training.num_threads:
@@ -148,7 +148,7 @@ class Trainer:
         self.replicas = [self.model] + [Model(config, dataset.num_nodes, dataset.num_relations, device)
                                         for device in self.devices[1:]]
         self._startup_mark("model")
-        self.fingerprint = config_fingerprint(config, dataset.metadata, self.layout.num_partitions)
+        self.fingerprint = config_fingerprint(config, dataset.metadata, self.layout)
         self.state = TrainingState(config_fingerprint=self.fingerprint)
         self.buffer: PartitionBuffer | None = None
         if self.partitioned:  # before anything is written (a re-bucketed copy of the dataset included)
@@ -264,7 +264,7 @@ class Trainer:
         if stored != self.table_dtype:
             name = str(stored).removeprefix("torch.")
             raise MariusInputError(f"the run stores {name} embeddings; this config has storage.dtype="
-                                   f"{self.config.storage.dtype}", path=version,
+                                   f"{self.layout.dtype}", path=version,
                                    expected=f"storage.dtype={name} (a run keeps the dtype it started with)")
 
     def _link_live_store(self, version: Path) -> None:
@@ -312,7 +312,7 @@ class Trainer:
     @property
     def table_dtype(self) -> torch.dtype:
         """How node embeddings and optimizer state are stored (``storage.dtype``); training computes in float32."""
-        return getattr(torch, self.config.storage.dtype)
+        return getattr(torch, self.layout.dtype)
 
     def _buffer_bytes(self) -> int:
         rows, cols = self._partition_shape()

@@ -59,7 +59,7 @@ def full_buffer_runs(datasets, tmp_path_factory):
     root = tmp_path_factory.mktemp("ooc-full-buffer")
     in_memory = mp.train(config_for(datasets[4], "storage.num_partitions=1"), root / "p1", progress=False)
     buffered = mp.train(config_for(datasets[4], "storage.num_partitions=4", "storage.buffer_capacity=4",
-                                   "storage.ordering=beta"), root / "p4", progress=False)
+                                   "storage.ordering=beta", "storage.dtype=float32"), root / "p4", progress=False)
     return in_memory, buffered
 
 
@@ -189,7 +189,7 @@ def test_resume_between_buffer_states_equals_uninterrupted(datasets, tmp_path, m
     shuffle or negative draw would change."""
     overrides = ("storage.num_partitions=8", "storage.buffer_capacity=3", "storage.ordering=beta_random",
                  f"storage.edge_assignment={assignment}", "training.epochs=3", "training.seed=5",
-                 f"training.device={device}")
+                 f"training.device={device}", "storage.dtype=float32")  # (bfloat16's own resume test: test_storage_dtype)
     rtol, atol = (1e-5, 1e-7) if device == "cpu" else (1e-4, 1e-3)
     mp.train(config_for(datasets[8], *overrides), tmp_path / "full", progress=False)
 

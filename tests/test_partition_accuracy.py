@@ -104,7 +104,7 @@ def test_resident_runs_train_as_the_buffer(umls_dataset, tmp_path, negatives):
     embeddings and Adagrad state equal a partitioned run's (to float rounding: rows are gathered in another
     order). An ``order:`` run, whose candidates are every node, does not."""
     overrides = ["training.device=cpu", "model.dim=8", "training.batch_size=256", "training.num_chunks=2",
-                 "training.epochs=2", "training.seed=5", "evaluation.every=0", negatives]
+                 "training.epochs=2", "training.seed=5", "evaluation.every=0", "storage.dtype=float32", negatives]
     base = [f"dataset.path={umls_dataset}", *overrides]
     mp.train(mp.make_config(None, base + variant_overrides("default:4:2", 8)), tmp_path / "buffer", progress=False)
     for spec in ("resident:4:2", "order:4:2"):
@@ -125,7 +125,7 @@ def test_resident_runs_train_as_the_buffer_on_the_gpu(umls_dataset, tmp_path):
     bfloat16 scores): the GPU buffer's tables, swaps and write-backs against an in-memory table. GPU training
     is not bitwise repeatable (atomic row sums), so a second buffer run measures how far two runs of the same
     training drift apart; the resident run must stay within a few times that, the order run far outside."""
-    overrides = ["training.device=cuda", "model.dim=32", "training.batch_size=256", "training.epochs=2",
+    overrides = ["training.device=cuda", "model.dim=32", "training.batch_size=256", "training.epochs=2", "storage.dtype=float32",
                  "training.seed=5", "evaluation.every=0"]
     base = [f"dataset.path={umls_dataset}", *overrides]
     for name in ("buffer", "buffer-again"):

@@ -59,7 +59,7 @@ def test_a_bfloat16_store_is_uint16_zarr_marked_bfloat16_and_reads_back(tmp_path
 def test_training_in_bfloat16_stores_bfloat16_learns_and_halves_io(umls_dataset, tmp_path, layout):
     """A bfloat16 run commits bfloat16 tables, tests within 0.05 MRR of the same float32 run, and reads half the
     bytes per epoch through the buffer."""
-    wide = mp.train(umls_config(umls_dataset, *layout), tmp_path / "f32", progress=False)
+    wide = mp.train(umls_config(umls_dataset, *layout, "storage.dtype=float32"), tmp_path / "f32", progress=False)
     narrow = mp.train(umls_config(umls_dataset, *layout, "storage.dtype=bfloat16"), tmp_path / "bf16",
                       progress=False)
     assert stored(tmp_path / "bf16").dtype == torch.bfloat16 and stored(tmp_path / "f32").dtype == torch.float32
@@ -92,7 +92,7 @@ def test_resuming_with_another_dtype_is_refused_by_name(umls_dataset, tmp_path, 
 
 
 @pytest.mark.parametrize("overrides, message", [
-    (["storage.dtype=float16"], "expected one of float32, bfloat16"),
+    (["storage.dtype=float16"], "expected one of auto, float32, bfloat16"),
     (["storage.dtype=bfloat16", "training.devices=cpu,cpu"], "several devices"),
 ])
 def test_bad_dtype_settings_are_refused(umls_dataset, overrides, message):
@@ -101,11 +101,28 @@ def test_bad_dtype_settings_are_refused(umls_dataset, overrides, message):
     assert message in str(error.value)
 
 
+@pytest.mark.parametrize("layout, devices, stored_as", [
+    (["storage.num_partitions=4", "storage.buffer_capacity=2"], "", torch.bfloat16),
+    ([], "", torch.float32),
+    ([], "cpu,cpu", torch.float32),
+])
+def test_auto_stores_bfloat16_out_of_core_and_float32_in_memory(umls_dataset, tmp_path, layout, devices,
+                                                                 stored_as):
+    """storage.dtype=auto (the default): partitions on disk in bfloat16, tables in memory (and several devices'
+    tables) in float32; the run's config.yaml pins what it chose, so a resume keeps it."""
+    config = umls_config(umls_dataset, *layout, f"training.devices={devices}")
+    assert config.storage.dtype == "auto"
+    mp.train(config, tmp_path / "run", progress=False)
+    assert stored(tmp_path / "run").dtype == stored_as
+    saved = mp.api.load_run_config(tmp_path / "run")
+    assert saved.storage.dtype == str(stored_as).removeprefix("torch.")
+
+
 def test_cli_ordering_sizes_bfloat16_partitions(capsys):
     args = ["ordering", "-p", "8", "-c", "2", "--nodes", "80000", "--dim", "100"]
-    assert main(args) == 0
+    assert main(args + ["--dtype", "float32"]) == 0
     wide = capsys.readouterr().out
-    assert main(args + ["--dtype", "bfloat16"]) == 0
+    assert main(args) == 0  # (auto: bfloat16, as a one-process run stores partitions)
     narrow = capsys.readouterr().out
     assert "x 4 B (float32)" in wide and "x 2 B (bfloat16)" in narrow
 

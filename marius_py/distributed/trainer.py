@@ -73,7 +73,7 @@ class FollowerRunDirectory(RunDirectory):
 
 class DistributedTrainer(Trainer):
     def __init__(self, config, dataset, run_dir, group: Group, progress: bool = True):
-        if config.storage.dtype != "float32":
+        if config.storage.dtype == "bfloat16":
             raise MariusInputError(f"storage.dtype={config.storage.dtype}: torchrun trainers exchange float32 "
                                    "partitions", path=Path(run_dir) / "config.yaml",
                                    expected="storage.dtype=float32 under torchrun")
