@@ -56,7 +56,7 @@ from rank_split import group_of_nodes, rank_split  # noqa: E402
 from storage_precision import PRECISIONS, emulated_storage, emulation_overrides, share_representable  # noqa: E402
 
 import marius_py as mp  # noqa: E402
-from marius_py.config import StorageLayout, storage_layout  # noqa: E402
+from marius_py.config import StorageLayout, run_layout, storage_layout  # noqa: E402
 from marius_py.negatives import CandidateRows  # noqa: E402
 from marius_py.trainer import Trainer, TrainingSpan, epoch_ordering  # noqa: E402
 from marius_py.orderings import is_two_level, simulate  # noqa: E402
@@ -173,9 +173,9 @@ def predicted_io(config: dict, num_nodes: int) -> dict:
     """The simulator's partition IO summed over the run's epochs."""
     resolved = mp.make_config(None, [f"{section}.{key}={value}" for section, values in config.items()
                                      for key, value in values.items()])
-    layout, dim = storage_layout(resolved.storage, num_nodes), resolved.model.dim
+    layout, dim = run_layout(resolved, num_nodes), resolved.model.dim
     state_dim = 1 if resolved.training.adagrad_variant == "rowwise" else dim
-    itemsize = getattr(torch, resolved.storage.dtype).itemsize
+    itemsize = getattr(torch, layout.dtype).itemsize
     chunk_bytes = partition_size(num_nodes, layout.num_partitions) * (dim + state_dim) * itemsize
     totals = {"partitions_read": 0, "partitions_written": 0, "bytes_read": 0, "bytes_written": 0}
     for epoch in range(1, resolved.training.epochs + 1):

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import yaml
 
 from marius_py.bundled import BUNDLED_CONFIGS, BUNDLED_DATASETS, bundled_config, resolve_dataset
 from marius_py.checkpoint import CONFIG_FILE, NODES, RunDirectory, config_fingerprint, load_version
@@ -287,7 +288,18 @@ def load_run_config(run_dir: str | Path, overrides: list[str] | str | None = Non
     path = Path(run_dir) / CONFIG_FILE
     if not path.is_file():
         raise not_a_run(run_dir)
+    if not _saved_key(path, "storage", "dtype"):  # (written before storage.dtype existed: every run was float32)
+        overrides = ["storage.dtype=float32", *overrides]
     return load_config(path, overrides, source)
+
+
+def _saved_key(path: Path, section: str, key: str) -> bool:
+    """Whether a run's config.yaml sets ``section.key`` (a damaged file is left to load_config to refuse)."""
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return True
+    return isinstance(raw, dict) and isinstance(raw.get(section), dict) and key in raw[section]
 
 
 def load_checkpoint(run_dir: str | Path, which: str = "best", device: str | None = None,

@@ -396,6 +396,13 @@ def storage_layout(s: StorageConfig, num_nodes: int | None = None, several_devic
     return StorageLayout(partitions, buffer, group, split, s.ordering, dtype)
 
 
+def dedup_setting(value) -> bool | str:
+    """``pipeline.dedup`` as the runners take it: True, False or "auto" (a Python bool set on a config object
+    counts as its name)."""
+    name = str(value).lower()
+    return "auto" if name == "auto" else name in ("true", "1", "yes")
+
+
 def run_layout(config: Config, num_nodes: int | None = None) -> StorageLayout:
     """``storage_layout`` of a run's config (its devices decide whether auto may store bfloat16)."""
     return storage_layout(config.storage, num_nodes, several_devices=len(device_list(config.training.devices)) > 1)

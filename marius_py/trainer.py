@@ -36,7 +36,7 @@ from tqdm import tqdm
 from marius_py.bundled import bucketed_for_run
 from marius_py.checkpoint import (LIVE_STORE, NODES, RunDirectory, TrainingState, config_fingerprint,
                                   load_position, load_version, write_version_state)
-from marius_py.config import Config, StorageLayout, run_layout, with_split_applied
+from marius_py.config import Config, StorageLayout, dedup_setting, run_layout, with_split_applied
 from marius_py.dataset import Dataset
 from marius_py.devices import resolve_devices
 from marius_py.errors import MariusInputError
@@ -158,6 +158,19 @@ class Trainer:
             self._startup_mark("bucketing")
         self._build_runner()
         self._startup_mark("runner")
+        try:
+            self._open_run()
+        except BaseException:
+            self.close()  # (a runner's worker processes, a buffer: nobody else will release them)
+            raise
+        self._startup_mark("tables")
+        # Records of epochs whose checkpoint never committed are replayed, not duplicated.
+        self.run.truncate_metrics(self.state.epoch)
+        self._known = None
+        self._last_commit = time.monotonic()
+
+    def _open_run(self) -> None:
+        """The run's state: restored from its latest version, or a new run's."""
         repaired = self.run.repair_pointers()  # a lost or damaged pointer file, recovered from the versions
         if repaired:
             print(f"marius-py: {repaired}", file=sys.stderr)
@@ -166,11 +179,6 @@ class Trainer:
             self.restore(self.run.latest_version())
         else:
             self._start_new_run()
-        self._startup_mark("tables")
-        # Records of epochs whose checkpoint never committed are replayed, not duplicated.
-        self.run.truncate_metrics(self.state.epoch)
-        self._known = None
-        self._last_commit = time.monotonic()
 
     def _startup_mark(self, phase: str) -> None:
         if self.startup is not None:
@@ -188,7 +196,7 @@ class Trainer:
         config = self.config
         if self.multi_device:
             p = config.pipeline
-            if p.placement == PLACEMENT_SPLIT and (self.partitioned or p.dedup == "false"):
+            if p.placement == PLACEMENT_SPLIT and (self.partitioned or dedup_setting(p.dedup) is False):
                 raise MariusInputError("pipeline.placement: split shares in-memory tables out across the GPUs, "
                                        "which needs pipeline.dedup and storage.num_partitions=1",
                                        expected="pipeline.placement=host or auto")
@@ -197,7 +205,7 @@ class Trainer:
                                        "which needs storage.num_partitions=1",
                                        expected="pipeline.placement=host or auto")
             self.placement = choose_devices_placement(p.placement, self.devices, self._table_bytes(),
-                                                      self.partitioned, p.dedup != "false")
+                                                      self.partitioned, dedup_setting(p.dedup) is not False)
             # Replicas start from device 0's tables; split and host tables live in (pinned) host memory.
             self.table_device = self.device if self.placement == PLACEMENT_REPLICATED else torch.device("cpu")
             self.runner = build_multi_device_runner(self.replicas, self.placement, config, self.devices,

@@ -77,7 +77,7 @@ class MultiDeviceRunner:
         self.steps, self.node_update, self.devices = steps, node_update, devices
         self.batch_size, self.staleness_bound = batch_size, max(1, staleness_bound)
         self.auto = dedup == "auto"  # time a few steps of each mode in the first long span, keep the faster
-        self.dedup, self.cache_rows, self.cache_all = dedup is True or self.auto, cache_rows, cache_all
+        self.dedup, self.cache_rows, self.cache_all = bool(dedup), cache_rows, cache_all
         self.dedup_trial: dict | None = None  # seconds per step of each mode, once auto has chosen
         self.shared_negatives, self.grouping_window = shared_negatives, grouping_window
         self.lanes = [Lanes.for_device(d) for d in devices]
@@ -106,7 +106,8 @@ class MultiDeviceRunner:
     def run(self, edges: torch.Tensor, nodes: torch.Tensor, state: torch.Tensor, candidates,
             sampling: list[torch.Generator], dropout: list[torch.Generator], loss_sum: torch.Tensor,
             on_batch: Callable[[int], None]) -> None:
-        """Train ``edges`` (host, already shuffled, ids index the host tables) in steps of G batches.
+        """Train ``edges`` (already shuffled, on the host or GPU 0; ids index the host tables) in steps of G
+        batches.
 
         On return every update has reached the host tables (a partition buffer may evict their slots).
         """
@@ -121,10 +122,7 @@ class MultiDeviceRunner:
         context = _SpanContext(nodes, state, [None if candidates is None else candidates.to(d) for d in self.devices],
                                sampling, dropout)
         self._admit_caches(edges, nodes, state)
-        for device, lanes in zip(self.devices, self.lanes):  # after what the caller queued (caches, relations)
-            for stream in (lanes.load, lanes.compute, lanes.update):
-                if stream is not None:
-                    stream.wait_stream(torch.cuda.current_stream(device))
+        self._lanes_after_current()  # after what the caller queued (caches, relations)
         try:
             self._run_steps(edges, step_edges, context, on_batch)
         except BaseException:
@@ -178,6 +176,14 @@ class MultiDeviceRunner:
         if self.graphs is not None:
             self.graphs = PhaseGraphs(self)
         self._admit_caches(edges, context.nodes, context.state)
+        self._lanes_after_current()  # the caches' flush and admission (current streams) come first
+
+    def _lanes_after_current(self) -> None:
+        """Every lane's later work follows what each device's current stream has queued so far."""
+        for device, lanes in zip(self.devices, self.lanes):
+            for stream in (lanes.load, lanes.compute, lanes.update):
+                if stream is not None:
+                    stream.wait_stream(torch.cuda.current_stream(device))
 
     def _run_segment(self, edges: torch.Tensor, starts: list[int], first: int, context, on_batch) -> None:
         """Steps at ``starts`` (step ``first`` on), every one finished and every device synchronised on return."""

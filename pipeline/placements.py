@@ -87,8 +87,7 @@ def choose_devices_placement(requested: str, devices: list[torch.device], table_
     ``auto`` and ``device`` keep the tables in GPU memory where they fit:
     replicated where each GPU holds them (no step waits for another GPU's rows),
     else split where they fit together (with dedup: only owners keep rows on
-    their device). ``auto`` falls back to host memory; a partition buffer
-    always lives there.
+    their device), else host memory; a partition buffer always lives there.
     """
     if partitioned or requested == PLACEMENT_HOST:
         return PLACEMENT_HOST

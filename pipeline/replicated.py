@@ -8,9 +8,9 @@ so no step waits for another device's rows. A span's edges are dealt as
 1. compute: plan the batch on the device, gather its rows from the device's
    own replica and compute the gradients of those rows and of the relations
    (the step's ``gradients``); nothing is written;
-2. exchange: each device copies the other devices' row ids, row counts and
-   gradients into its own memory on a copy stream (copy engines over NVLink:
-   no SMs are taken from compute);
+2. exchange: each device receives the other devices' packed row ids, row
+   counts and gradients, one copy per pair of devices on a stream of that pair
+   (copy engines over NVLink: no SMs are taken from compute);
 3. apply: each device applies all the devices' gradients to its replica, one
    device after the other (consecutive Adagrad steps in device order: the
    arithmetic of ``MultiDeviceRunner``'s owners), and steps its relation

@@ -491,6 +491,33 @@ def test_dedup_auto_times_both_modes_keeps_the_faster_and_trains_the_same_model(
     torch.testing.assert_close(nodes, results[True][0], rtol=0, atol=1e-6)
 
 
+@pytest.mark.parametrize("value, expected", [(False, False), (True, True), ("false", False), ("auto", True)])
+def test_dedup_set_from_python_counts_as_its_name(small_config, value, expected):
+    """pipeline.dedup set on a config object (a bool, not the validated name) is read as its name (auto is
+    dedup on a CPU)."""
+    config, replicas, *_ = setup(small_config, ["cpu", "cpu"])
+    config.pipeline.dedup = value
+    runner = build_multi_device_runner(replicas, "host", config, [r.device for r in replicas], 8)
+    assert runner.dedup is expected
+
+
+def test_closing_a_group_whose_worker_died_does_not_raise():
+    """Stopping the workers tolerates one that already died (its pipe is closed), and forgets them."""
+    import multiprocessing
+    import os
+    from marius_py.step.replica_workers import ReplicaGroupRunner
+    context = multiprocessing.get_context("spawn")
+    ours, theirs = context.Pipe()
+    worker = context.Process(target=os._exit, args=(1,))
+    worker.start()
+    worker.join()
+    theirs.close()
+    runner = ReplicaGroupRunner.__new__(ReplicaGroupRunner)
+    runner.pipes, runner.workers = [ours], [worker]
+    runner.close()
+    assert runner.workers == []
+
+
 def test_a_worker_that_dies_before_joining_is_reported_not_waited_for():
     """A replica worker that exits before it joins the group (an import or device error) stops the trainer's
     process with its exit code, instead of a rendezvous waiting out its timeout."""

@@ -118,6 +118,20 @@ def test_auto_stores_bfloat16_out_of_core_and_float32_in_memory(umls_dataset, tm
     assert saved.storage.dtype == str(stored_as).removeprefix("torch.")
 
 
+def test_a_run_saved_before_storage_dtype_existed_stays_float32(umls_dataset, tmp_path):
+    """A config.yaml without storage.dtype (every such run stored float32) loads as float32, not auto."""
+    import yaml
+    run = tmp_path / "old-run"
+    run.mkdir()
+    raw = umls_config(umls_dataset, "storage.num_partitions=4", "storage.buffer_capacity=2").to_dict()
+    del raw["storage"]["dtype"]
+    (run / "config.yaml").write_text(yaml.safe_dump(raw))
+    assert mp.api.load_run_config(run).storage.dtype == "float32"
+    raw["storage"]["dtype"] = "auto"
+    (run / "config.yaml").write_text(yaml.safe_dump(raw))
+    assert mp.api.load_run_config(run).storage.dtype == "auto"
+
+
 def test_cli_ordering_sizes_bfloat16_partitions(capsys):
     args = ["ordering", "-p", "8", "-c", "2", "--nodes", "80000", "--dim", "100"]
     assert main(args + ["--dtype", "float32"]) == 0

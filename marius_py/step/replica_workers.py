@@ -111,7 +111,7 @@ class ReplicaGroupRunner:
 
     def _run(self, edges, nodes, state, sampling, dropout, loss_sum, on_batch) -> None:
         if self.tables is None or self.tables[0] is not nodes or self.tables[1] is not state:
-            self._send_all("tables", {"model": _serialized(self.model.state_dict()),
+            self._send_all("tables", {"model": _serialized(self.model.state_dict()), "dtype": str(nodes.dtype),
                                       "shape": (tuple(nodes.shape), tuple(state.shape))})
             dist.broadcast(nodes, 0)
             dist.broadcast(state, 0)
@@ -181,9 +181,15 @@ class ReplicaGroupRunner:
         """Stop the workers and leave the group (the trainer closes it at the end of a run)."""
         if not self.workers:
             return
-        self._send_all("stop", {})
+        for pipe in self.pipes:
+            try:
+                pipe.send(("stop", {}))
+            except OSError:  # (a worker that died closed its end: nothing to stop)
+                pass
         for worker in self.workers:
             worker.join(timeout=60)
+            if worker.is_alive():
+                worker.terminate()
         self.workers = []
         if dist.is_initialized():
             dist.destroy_process_group()
@@ -235,8 +241,9 @@ def _worker(rank: int, world: int, backend: str, rendezvous: str, config: Config
             _trace(rank, op)
             if op == "tables":
                 model.load_state_dict(torch.load(io.BytesIO(payload["model"]), map_location=device))
-                nodes = torch.empty(payload["shape"][0], device=device)
-                state = torch.empty(payload["shape"][1], device=device)
+                dtype = getattr(torch, payload["dtype"].removeprefix("torch."))
+                nodes = torch.empty(payload["shape"][0], dtype=dtype, device=device)
+                state = torch.empty(payload["shape"][1], dtype=dtype, device=device)
                 dist.broadcast(nodes, 0)
                 dist.broadcast(state, 0)
                 continue

@@ -12,7 +12,7 @@ import functools
 
 import torch
 
-from marius_py.config import Config
+from marius_py.config import Config, dedup_setting
 from marius_py.step.fused import FusedStep, gradient_step, supports_fused_step
 from marius_py.step.graph import GraphedFusedStep
 from marius_py.pipeline.multi_device import DEFAULT_STALENESS, MultiDeviceRunner
@@ -61,7 +61,7 @@ def build_multi_device_runner(replicas: list, placement: str, config: Config, de
     if cache_rows == -1:
         cache_rows = automatic_cache_rows(devices, row_bytes)
     # auto: timed on GPUs sharing host tables; split tables need owners, and on a CPU nothing crosses PCIe
-    dedup = {"true": True, "false": False}.get(p.dedup, "auto")
+    dedup = dedup_setting(p.dedup)
     if dedup == "auto" and (placement == PLACEMENT_SPLIT or devices[0].type != "cuda"):
         dedup = True
     return MultiDeviceRunner(steps, update, devices, config.training.batch_size, staleness,
