@@ -165,7 +165,7 @@ class PipelineConfig:
     staleness_bound: int = _f(0,
         "batches in flight at once: a batch's compute misses the updates of at most bound - 1 earlier ones "
         "(1: synchronous; with tables in GPU memory, how far batches are planned ahead). 0: 16 on CUDA, 1 on "
-        "a CPU, 2 steps with several devices")
+        "a CPU, 2 steps with several devices (at most 2 with replicated tables or CUDA graphs)")
     load_threads: int = _f(1, "threads of the load stage (negatives, unique rows, gathers)")
     queue_size: int = _f(0, "capacity of each queue between stages (0: the staleness bound)")
     dedup: str = _f("auto",

@@ -444,6 +444,7 @@ class Trainer:
         self.runner.max_in_flight = 0  # per epoch
         if self.multi_device:
             self.runner.counters.reset()
+        enqueued_before = getattr(self.runner, "host_seconds", None)  # (replicated runners time their host)
         io_before = self.partition_buffer().counters.snapshot() if self.partitioned else {}
         started = time.perf_counter()
         bar = tqdm(total=-(-num_edges // t.batch_size), desc=f"epoch {epoch}/{t.epochs}", unit="batch",
@@ -483,15 +484,26 @@ class Trainer:
                   "pipeline": {"placement": self.placement, "staleness_bound": self.runner.effective_staleness,
                                "max_in_flight": self.runner.max_in_flight}, "time": phases.seconds}
         if self.multi_device:
-            record["devices"] = {"names": [str(d) for d in self.devices], "dedup": getattr(self.runner, "dedup", None),
-                                 "dedup_trial": getattr(self.runner, "dedup_trial", None),
-                                 **self.runner.counters.snapshot(self.config.model.dim * 4, self._row_bytes())}
+            record["devices"] = self._devices_record(enqueued_before)
         if self.buffer is not None:
             after = self.buffer.counters.snapshot()
             record["io"] = {key: after[key] - io_before[key] for key in after}
             record["states"] = timeline.rows
         if first_state:  # seconds, edges/s, io and states cover the states this process trained
             record["resumed_at_state"] = first_state
+        return record
+
+    def _devices_record(self, enqueued_before: float | None) -> dict:
+        """Several devices' part of an epoch record: the transfers, dedup (with auto's timings in the epoch
+        that chose), and the host's seconds spent enqueuing the steps where the runner times them."""
+        runner = self.runner
+        record = {"names": [str(d) for d in self.devices], "dedup": getattr(runner, "dedup", None),
+                  **runner.counters.snapshot(self.config.model.dim * 4, self._row_bytes())}
+        trial = getattr(runner, "dedup_trial", None)
+        if trial is not None and not getattr(self, "_dedup_trial_logged", False):
+            record["dedup_trial"], self._dedup_trial_logged = trial, True
+        if enqueued_before is not None:
+            record["host_enqueue_seconds"] = runner.host_seconds - enqueued_before
         return record
 
     def _first_batch_logger(self, on_batch: Callable[[int], None]) -> Callable[[int], None]:

@@ -426,6 +426,7 @@ def test_trainer_with_replicated_tables_learns_and_resumes_where_it_stopped(smal
     epochs = [r for r in records if r["event"] == "epoch"]
     assert [r["pipeline"]["placement"] for r in epochs] == ["replicated"] * 4
     assert epochs[-1]["devices"]["steps"] > 0
+    assert all(r["devices"]["host_enqueue_seconds"] > 0 for r in epochs)  # (the host's share of each epoch)
     mp.train(small_config(*overrides, "training.epochs=2"), tmp_path / "split", progress=False)
     resumed = mp.train(small_config(*overrides, "training.epochs=4"), tmp_path / "split", progress=False,
                        resume=True)
