@@ -66,6 +66,17 @@ def make_graph(args) -> Path:
     return graph
 
 
+def graph_and_step_args(args, seconds: float, warmup_batches: int) -> tuple[Path, dict, argparse.Namespace]:
+    """(the graph, made once; its metadata; the arguments ``measure_step`` takes for it) for a bench's run."""
+    Path(args.workdir).mkdir(parents=True, exist_ok=True)
+    graph = make_graph(args)
+    metadata = json.loads((graph / "metadata.json").read_text())
+    step_args = argparse.Namespace(nodes=metadata["num_nodes"], relations=metadata["num_relations"],
+                                   load_threads=args.load_threads, seconds=seconds,
+                                   warmup_batches=warmup_batches, profile=False)
+    return graph, metadata, step_args
+
+
 def sample_train_edges(graph: Path, count: int) -> torch.Tensor:
     """``count`` of the dataset's train edges drawn at random (the file is bucket-sorted: its first edges
     would touch a few partitions' nodes only)."""
@@ -110,12 +121,7 @@ def main() -> None:
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="more overrides for both")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
-    Path(args.workdir).mkdir(parents=True, exist_ok=True)
-    graph = make_graph(args)
-    metadata = json.loads((graph / "metadata.json").read_text())
-    step_args = argparse.Namespace(nodes=metadata["num_nodes"], relations=metadata["num_relations"],
-                                   load_threads=args.load_threads, seconds=args.seconds,
-                                   warmup_batches=args.warmup_batches, profile=False)
+    graph, metadata, step_args = graph_and_step_args(args, args.seconds, args.warmup_batches)
     edges = sample_train_edges(graph, 50_000 * STEP_BATCHES)
     record = row_recorder(args.json, print_row)
     for placement, dim, decoder, score_dtype in itertools.product(args.placements, args.dims, args.decoders,

@@ -19,14 +19,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import itertools
-import json
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from e2e import COMMAND_SETTINGS, STEP_BATCHES, add_graph_arguments, make_graph, run_command, sample_train_edges  # noqa: E402,E501
+from e2e import (COMMAND_SETTINGS, STEP_BATCHES, add_graph_arguments, graph_and_step_args, run_command,  # noqa: E402
+                 sample_train_edges)
 from throughput import UtilisationSampler, measure_step, row_recorder  # noqa: E402
 
 VARIANTS = {"auto": [], "dedup": ["pipeline.dedup=true"], "no-dedup": ["--no-dedup"]}  # (auto: the default)
@@ -113,12 +113,7 @@ def main() -> None:
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="more overrides")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
-    Path(args.workdir).mkdir(parents=True, exist_ok=True)
-    graph = make_graph(args)
-    metadata = json.loads((graph / "metadata.json").read_text())
-    step_args = argparse.Namespace(nodes=metadata["num_nodes"], relations=metadata["num_relations"],
-                                   load_threads=args.load_threads, seconds=args.step_seconds, warmup_batches=10,
-                                   profile=False)
+    graph, metadata, step_args = graph_and_step_args(args, args.step_seconds, 10)
     step_edges = 50_000 * STEP_BATCHES  # per GPU: 200 batches of the graph's train edges, over and over
     sample = sample_train_edges(graph, max(args.gpus) * step_edges) if args.step_seconds > 0 else None
     record = row_recorder(args.json, print_row)
