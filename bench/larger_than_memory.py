@@ -136,7 +136,7 @@ def measure(args) -> None:
         "settings": args.set, "phases": record.get("time"), "states": record.get("states"),
         "num_edges": trainer.dataset.metadata.num_train, "num_nodes": trainer.dataset.num_nodes,
         "peak_rss_bytes": peak_rss, "allocator_settings_taken": allocator_settings_taken,
-        "buffer_bytes": trainer._buffer_bytes(), "max_state_edges": max(state_edges),
+        "buffer_bytes": trainer._buffer_bytes(), "max_state_edges": max(state_edges), "plan": trainer.plan.record(),
         "store_bytes": chunk_bytes * trainer.store.num_partitions,
         "timed_epoch": timed_epoch,
         "counters": ({key: value - before[key] for key, value in counters.snapshot().items()} if before
@@ -161,7 +161,8 @@ def main() -> None:
     parser.add_argument("--rmat-edges", type=int, default=8_000_000)
     parser.add_argument("--dim", type=int, default=200)
     parser.add_argument("--partitions", type=int, default=16)
-    parser.add_argument("--buffer", type=int, default=4)
+    parser.add_argument("--buffer", type=int, default=4, help="storage.buffer_capacity (0: the plan chooses it, "
+                        "within storage.memory_limit_gib if --set gives one)")
     parser.add_argument("--batch-size", type=int, default=10_000)
     parser.add_argument("--negatives", type=int, default=100)
     parser.add_argument("--degree-fraction", type=float, default=0.0)
@@ -242,14 +243,17 @@ def main() -> None:
     if "full" not in passes:
         return
     full = passes["full"]
-    bound = full["buffer_bytes"] + GiB + 200 * full["max_state_edges"]
+    bound = full["plan"]["host_bytes"]  # (the bound the plan prints: buffer there, a state's edges, a margin)
     summary = {"peak_rss_bytes": full["peak_rss_bytes"], "rss_bound_bytes": bound,
                "allocator_settings_taken": full["allocator_settings_taken"],
                "counters_match_simulator": all(full["counters"][key] == value
                                                for key, value in full["predicted"].items())}
-    print(f"peak RSS {full['peak_rss_bytes'] / GiB:.2f} GiB (bound {bound / GiB:.2f} GiB: buffer "
-          f"{full['buffer_bytes'] / GiB:.2f} + 1 GiB + 200 B x {full['max_state_edges']:,} edges of the largest "
-          f"state; allocator: {args.allocator}"
+    plan = full["plan"]
+    print(f"plan: {plan['num_partitions']} partitions through a buffer of {plan['buffer_capacity']} "
+          f"({plan['physical_partitions']}:{plan['physical_buffer']} stored, {plan['ordering']}, {plan['dtype']}, "
+          f"buffer {full['buffer_bytes'] / GiB:.2f} GiB in {plan['placement']} memory)")
+    print(f"peak RSS {full['peak_rss_bytes'] / GiB:.2f} GiB (the plan's bound {bound / GiB:.2f} GiB; "
+          f"{full['max_state_edges']:,} edges in the largest state; allocator: {args.allocator}"
           f"{', settings not taken' if args.allocator == 'command' and not full['allocator_settings_taken'] else ''})")
     print(f"IO counters {full['counters']} vs simulator {full['predicted']}: "
           f"{'match' if summary['counters_match_simulator'] else 'MISMATCH'}")

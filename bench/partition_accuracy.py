@@ -58,7 +58,8 @@ from storage_precision import PRECISIONS, emulated_storage, emulation_overrides,
 import marius_py as mp  # noqa: E402
 from marius_py.config import StorageLayout, run_layout, storage_layout  # noqa: E402
 from marius_py.negatives import CandidateRows  # noqa: E402
-from marius_py.trainer import Trainer, TrainingSpan, epoch_ordering  # noqa: E402
+from marius_py.config import epoch_ordering  # noqa: E402
+from marius_py.trainer import Trainer, TrainingSpan  # noqa: E402
 from marius_py.orderings import is_two_level, simulate  # noqa: E402
 from marius_py.orderings.simulator import format_bytes  # noqa: E402
 from marius_py.storage.partitioning import partition_bounds, partition_of, partition_size  # noqa: E402

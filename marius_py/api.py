@@ -28,8 +28,9 @@ from marius_py.errors import MariusInputError
 from marius_py.run_setup import claim_run_dir, not_a_run
 from marius_py.timeline import Startup
 from marius_py.evaluation import InMemoryNodes, KnownAnswers, NodeTable, StoredNodes, evaluate_split
-from marius_py.devices import resolve_device
+from marius_py.devices import resolve_device, resolve_devices
 from marius_py.distributed import RunSteps, launched_by_torchrun, train_distributed
+from marius_py.plan import GraphSize, Machine, Plan, plan_run
 from marius_py.step.model import Model
 from marius_py.trainer import Trainer
 from marius_py.storage.embedding_store import EmbeddingStore
@@ -215,15 +216,21 @@ def _relation_required(dataset: Dataset, source: object = None) -> MariusInputEr
 
 
 def open_dataset(config: Config, progress: bool) -> Dataset:
-    """The run's dataset as given. Training re-buckets it for a split store (``Trainer``)."""
-    s = config.storage
-    dataset = Dataset(resolve_dataset(config.dataset.path, s.num_partitions, progress))
-    layout = run_layout(config, dataset.num_nodes)
-    if layout.partition_split > 1 and progress:
-        print(f"storage: {s.num_partitions} partitions stored as {layout.num_partitions} "
-              f"(storage.partition_split={layout.partition_split}), the buffer as {layout.buffer_capacity}: "
-              f"{s.ordering} over groups of {layout.group_size} regrouped every epoch")
-    return dataset
+    """The run's dataset as given (a raw one preprocessed unpartitioned when the plan chooses the partitions).
+    Training re-buckets it for a partitioned store (``Trainer``)."""
+    return Dataset(resolve_dataset(config.dataset.path, max(config.storage.num_partitions, 1), progress))
+
+
+def probe_machine(config: Config, run_dir: str | Path | None = None) -> Machine:
+    """This machine's memory for ``config``'s run: its training GPUs' free memory, host memory, disk."""
+    return Machine.probe(resolve_devices(config), run_dir)
+
+
+def plan_for(config: Config, dataset: Dataset, run_dir: str | Path | None = None,
+             machine: Machine | None = None) -> Plan:
+    """Where ``config``'s run on ``dataset`` keeps its tables (``machine``: this one's memory by default)."""
+    graph = GraphSize.of(config, dataset.num_nodes, dataset.metadata.num_train)
+    return plan_run(config, graph, machine or probe_machine(config, run_dir))
 
 
 def _start(config: Config, run_dir: Path, progress: bool, resume: bool) -> tuple[Trainer, Dataset]:
@@ -235,10 +242,13 @@ def _start(config: Config, run_dir: Path, progress: bool, resume: bool) -> tuple
         RunDirectory(run_dir).create(config)
     dataset = open_dataset(config, progress)
     startup.mark("dataset")
-    if not resume:
-        layout = run_layout(config, dataset.num_nodes)  # (the split the dataset allowed, and the dtype, pinned)
-        RunDirectory(run_dir).write_config(with_split_applied(config, layout))
-    trainer = Trainer(config, dataset, run_dir, progress=progress, startup=startup)
+    plan = plan_for(config, dataset, run_dir)
+    if progress:
+        print(plan.describe())
+    config = plan.applied(config)
+    if not resume:  # (the plan's partitions and buffer, the split the dataset allowed and the dtype, pinned)
+        RunDirectory(run_dir).write_config(with_split_applied(config, plan.layout))
+    trainer = Trainer(config, dataset, run_dir, progress=progress, startup=startup, plan=plan)
     startup.mark("trainer_other")  # (its model, bucketing, runner and tables are marked apart)
     return trainer, dataset
 

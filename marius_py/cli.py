@@ -1,4 +1,4 @@
-"""The ``marius-py`` command: preprocess | train | eval | export | predict | ordering | verify | info | plot.
+"""The ``marius-py`` command: preprocess | train | plan | eval | export | predict | ordering | verify | info | plot.
 
 A thin entry point: parse arguments, call the library, print results. User
 mistakes (``MariusInputError``) print one line and exit with status 2.
@@ -40,12 +40,8 @@ def _split_config_args(items: list[str]) -> tuple[str | None, list[str]]:
     return config, overrides
 
 
-def cmd_train(args) -> None:
-    from marius_py import api
-    from marius_py.config import describe_schema
-    if args.help_config:
-        print(describe_schema())
-        return
+def _run_config_overrides(args) -> tuple[str | None, list[str]]:
+    """(CONFIG, overrides) of ``train`` and ``plan``: the key=value items and the options that stand for keys."""
     config_path, overrides = _split_config_args(args.config)
     overrides += [f"storage.{key}={value}" for key, value in
                   (("num_partitions", args.partitions), ("buffer_capacity", args.buffer)) if value is not None]
@@ -54,6 +50,16 @@ def cmd_train(args) -> None:
             raise MariusInputError(f"--gpus {args.gpus}", path="command line", expected="--gpus N with N >= 1")
         from marius_py.devices import gpus_overrides  # (torch: imported only by commands that train)
         overrides += gpus_overrides(args.gpus)
+    return config_path, overrides
+
+
+def cmd_train(args) -> None:
+    from marius_py import api
+    from marius_py.config import describe_schema
+    if args.help_config:
+        print(describe_schema())
+        return
+    config_path, overrides = _run_config_overrides(args)
     if args.no_dedup:
         overrides.append("pipeline.dedup=false")
     if args.resume:
@@ -74,6 +80,37 @@ def cmd_train(args) -> None:
     print(f"run directory: {model.run_dir}")
     if model.test_metrics:
         _print_metrics("test", model.test_metrics)
+
+
+def cmd_plan(args) -> None:
+    """The plan ``train`` would follow, without training: on this machine, or on one described by options."""
+    from dataclasses import replace
+    from marius_py import api
+    from marius_py.plan import GiB, GraphSize, Machine
+    config_path, overrides = _run_config_overrides(args)
+    config = api.make_config(config_path or "codex-m", overrides, source="command line")
+    if (args.nodes is None) != (args.edges is None):
+        raise MariusInputError("--nodes and --edges size a graph together", path="command line",
+                               expected="both (a graph without its dataset), or neither (the config's dataset)")
+    for option, value in (("--nodes", args.nodes), ("--edges", args.edges), ("--host-memory", args.host_memory),
+                          ("--gpu-memory", args.gpu_memory), ("--disk", args.disk)):
+        if value is not None and value < 0:
+            raise MariusInputError(f"{option} {value}", path="command line", expected=f"{option} >= 0")
+    if args.nodes is None:
+        dataset = api.open_dataset(config, progress=True)
+        graph = GraphSize.of(config, dataset.num_nodes, dataset.metadata.num_train)
+    else:
+        graph = GraphSize.of(config, args.nodes, args.edges)
+    machine = Machine.probe([], args.run_dir) if args.gpu_memory is not None else \
+        api.probe_machine(config, args.run_dir)
+    if args.gpu_memory:
+        machine = replace(machine, gpu_free=(int(args.gpu_memory * GiB),) * (args.gpus or 1))
+    if args.host_memory is not None:
+        machine = replace(machine, host_available=int(args.host_memory * GiB))
+    if args.disk is not None:
+        machine = replace(machine, disk_free=int(args.disk * GiB))
+    plan = api.plan_run(config, graph, machine)
+    print(json.dumps(plan.record()) if args.json else plan.describe())
 
 
 def cmd_preprocess(args) -> None:
@@ -330,6 +367,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--help-config", action="store_true", help="list every config key with default and help")
     p.set_defaults(func=cmd_train)
 
+    p = sub.add_parser("plan", help="where train would keep the tables (GPU, host memory or disk, with "
+                                    "partitions and buffer) and the memory it would use, without training")
+    p.add_argument("config", nargs="*", help="[CONFIG] [section.key=value ...], as for train")
+    p.add_argument("--partitions", type=int, help="same as storage.num_partitions=P")
+    p.add_argument("--buffer", type=int, help="same as storage.buffer_capacity=C")
+    p.add_argument("--gpus", type=int, help="plan for the first N GPUs (same as train --gpus N)")
+    p.add_argument("--run-dir", help="where the run would write (its disk's free space; default here)")
+    p.add_argument("--nodes", type=int, help="plan for a graph of this many nodes (with --edges) instead of "
+                                             "the config's dataset")
+    p.add_argument("--edges", type=int, help="train edges of that graph")
+    p.add_argument("--host-memory", type=float, metavar="GIB",
+                   help="plan for a machine with this much host memory available, in GiB")
+    p.add_argument("--gpu-memory", type=float, metavar="GIB",
+                   help="plan for GPUs (--gpus of them, default one) with this much free memory each, in GiB "
+                        "(0: no GPU)")
+    p.add_argument("--disk", type=float, metavar="GIB", help="plan for this much free disk, in GiB")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.set_defaults(func=cmd_plan)
+
     p = sub.add_parser("preprocess", help="turn delimited edge files into a dataset directory")
     p.add_argument("--train", required=True, help="train edges (or all edges, split randomly when "
                    "--valid/--test are not given); UTF-8, LF or CRLF lines; .gz accepted")
@@ -413,7 +469,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # The list each verb gathers its key=value items into (verbs without one take none).
-OVERRIDE_LISTS = {"train": "config", "eval": "overrides"}
+OVERRIDE_LISTS = {"train": "config", "plan": "config", "eval": "overrides"}
 
 
 def parse_arguments(argv: list[str] | None) -> argparse.Namespace:

@@ -21,7 +21,7 @@ from pathlib import Path
 import yaml
 
 from marius_py import models
-from marius_py.orderings import ORDERINGS, default_group_size, default_split, is_two_level
+from marius_py.orderings import ORDERINGS, Ordering, build_ordering, default_group_size, default_split, is_two_level
 from marius_py.orderings.affine import AFFINE_BUFFERS, affine_defined, affine_group_size, affine_split
 from marius_py.errors import MariusInputError
 from marius_py.storage.partitioning import partitions_filled
@@ -124,13 +124,16 @@ class EvaluationConfig:
 
 @dataclass
 class StorageConfig:
-    num_partitions: int = _f(1, "node partitions on disk (1: embeddings wholly in memory)")
+    num_partitions: int = _f(0, "node partitions on disk (1: embeddings wholly in memory; 0: the plan chooses from the "
+                                "graph's size and the machine's memory, see marius-py plan)")
     dtype: str = _f("auto",
         f"how node embeddings and their Adagrad state are stored, one of {STORAGE_DTYPES}: bfloat16 halves "
         "their memory and IO (float32 updates, rounded stochastically; one device, not under torchrun), auto "
         "picks it for partitions on disk and float32 in memory. A run keeps the dtype it started with")
-    buffer_capacity: int = _f(0, "partitions held in memory at once when num_partitions > 1 "
-                                 "(0: all of them)")
+    buffer_capacity: int = _f(0, "partitions held in memory at once when num_partitions > 1 (0: the plan "
+                                 "chooses, all of them where they fit)")
+    memory_limit_gib: float = _f(0.0, "the most memory, in GiB, the plan may give the node tables or the "
+                                      "partition buffer, in GPU or host memory (0: what the machine has free)")
     ordering: str = _f("comet",
         f"order of buffer states and buckets, one of {ORDERING_NAMES}: beta needs the least IO, comet runs "
         "BETA over groups of partitions regrouped every epoch, affine walks the lines of an affine plane "
@@ -249,14 +252,16 @@ def validate(config: Config, origins: dict | None = None) -> Config:
                 ("training.batch_size", t.batch_size), ("training.num_chunks", t.num_chunks),
                 ("training.lr", t.lr), ("training.relation_lr", t.relation_lr),
                 ("evaluation.batch_size", e.batch_size), ("evaluation.num_negatives", e.num_negatives),
-                ("storage.num_partitions", config.storage.num_partitions), ("model.margin", m.margin),
+                ("model.margin", m.margin),
                 ("pipeline.load_threads", config.pipeline.load_threads)]
     for path, value in positive:
         _check(value > 0, path, "expected > 0", value)
     _check(config.pipeline.step_grouping >= 0, "pipeline.step_grouping", "expected >= 0",
            config.pipeline.step_grouping)
     _check(config.pipeline.cache_rows >= -1, "pipeline.cache_rows", "expected >= -1", config.pipeline.cache_rows)
-    nonnegative = [("model.reg_weight", m.reg_weight), ("training.num_threads", t.num_threads),
+    nonnegative = [("storage.num_partitions", config.storage.num_partitions),
+                   ("storage.memory_limit_gib", config.storage.memory_limit_gib), ("model.reg_weight", m.reg_weight),
+                   ("training.num_threads", t.num_threads),
                    ("evaluation.every", e.every), ("training.seed", t.seed),
                    ("training.checkpoint_interval", t.checkpoint_interval),
                    ("evaluation.early_stopping_patience", e.early_stopping_patience),
@@ -334,6 +339,8 @@ def _check_storage(s: StorageConfig, _check) -> None:
            s.edge_assignment)
     _check(s.direct_io in AUTO_OR_BOOL, "storage.direct_io", f"expected one of {', '.join(AUTO_OR_BOOL)}", s.direct_io)
     given_buffer = s.buffer_capacity or s.num_partitions
+    _check(s.num_partitions > 0 or s.buffer_capacity == 0, "storage.buffer_capacity",
+           "expected 0 (the plan's choice) unless storage.num_partitions is given", s.buffer_capacity)
     if s.num_partitions > 1:
         _check(2 <= given_buffer <= s.num_partitions, "storage.buffer_capacity",
                f"expected between 2 and storage.num_partitions ({s.num_partitions})", s.buffer_capacity)
@@ -375,6 +382,14 @@ class StorageLayout:
     def swap_size(self) -> int:
         """Partitions the buffer swaps together: a group under a two-level ordering, else one."""
         return self.group_size if is_two_level(self.ordering) else 1
+
+
+def epoch_ordering(layout: StorageLayout, seed: int, epoch: int) -> Ordering:
+    """An epoch's ordering over a store's partitions (seeded by training.seed and the epoch)."""
+    group = layout.swap_size
+    options = {"group_size": group} if is_two_level(layout.ordering) else {}
+    return build_ordering(layout.ordering, layout.num_partitions // group, layout.buffer_capacity // group,
+                          seed=seed, epoch=epoch, **options)
 
 
 def storage_layout(s: StorageConfig, num_nodes: int | None = None, several_devices: bool = False) -> StorageLayout:

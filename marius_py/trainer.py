@@ -36,7 +36,7 @@ from tqdm import tqdm
 from marius_py.bundled import bucketed_for_run
 from marius_py.checkpoint import (LIVE_STORE, NODES, RunDirectory, TrainingState, config_fingerprint,
                                   load_position, load_version, write_version_state)
-from marius_py.config import Config, StorageLayout, dedup_setting, run_layout, with_split_applied
+from marius_py.config import Config, dedup_setting, epoch_ordering, with_split_applied
 from marius_py.dataset import Dataset
 from marius_py.devices import resolve_devices
 from marius_py.errors import MariusInputError
@@ -44,13 +44,13 @@ from marius_py.timeline import EpochPhases, StateTimeline, Startup
 from marius_py.trackers import TensorBoardTracker
 from marius_py.evaluation import InMemoryNodes, NodeTable, StoredNodes, build_known_answers, evaluate_split
 from marius_py.negatives import CandidateRows
+from marius_py.plan import GraphSize, Machine, Plan, buffer_bytes, plan_run
 from marius_py.random_streams import device_names, epoch_generators, flat
 from marius_py.resources import check_memory, check_partitioning
 from marius_py.step.model import Model
 from marius_py.step.runners import build_multi_device_runner, build_span_runner
-from marius_py.orderings import Ordering, balanced_buckets, build_ordering, is_two_level
-from marius_py.pipeline.placements import (PLACEMENT_DEVICE, PLACEMENT_REPLICATED, PLACEMENT_SPLIT,
-                                           choose_devices_placement, choose_placement, choose_plan_device)
+from marius_py.orderings import Ordering, balanced_buckets
+from marius_py.pipeline.placements import PLACEMENT_DEVICE, PLACEMENT_REPLICATED, PLACEMENT_SPLIT, choose_plan_device
 from marius_py.pipeline.row_kernels import zero_copy_available
 from marius_py.storage.buffer import BufferView, PartitionBuffer
 from marius_py.storage.durable import fsync_tree
@@ -68,14 +68,6 @@ def tf32_matmuls(enabled: bool):
         yield
     finally:
         torch.set_float32_matmul_precision(previous)
-
-
-def epoch_ordering(layout: StorageLayout, seed: int, epoch: int) -> Ordering:
-    """An epoch's ordering over a store's partitions (seeded by training.seed and the epoch)."""
-    group = layout.swap_size
-    options = {"group_size": group} if is_two_level(layout.ordering) else {}
-    return build_ordering(layout.ordering, layout.num_partitions // group, layout.buffer_capacity // group,
-                          seed=seed, epoch=epoch, **options)
 
 
 _INIT_BLOCK = 1 << 16
@@ -127,8 +119,7 @@ class Trainer:
     """
 
     def __init__(self, config: Config, dataset: Dataset, run_dir: str | Path, progress: bool = True,
-                 startup: Startup | None = None):
-        self.config = config
+                 startup: Startup | None = None, plan: Plan | None = None):
         self.startup = startup  # logged at the first batch this process trains
         self._planned_edges: torch.Tensor | None = None  # (in memory: ``_train_edges``)
         self.dataset = dataset
@@ -137,7 +128,11 @@ class Trainer:
             self.run.trackers.append(TensorBoardTracker(self.run.path / "tensorboard"))
         self.progress = progress
         self.devices = resolve_devices(config)
-        self.layout = run_layout(config, dataset.num_nodes)  # (the physical store, resolved once)
+        self.graph = GraphSize.of(config, dataset.num_nodes, dataset.metadata.num_train)
+        # Where the tables live (the api plans and prints it before the run directory is written).
+        self.plan = plan or plan_run(config, self.graph, Machine.probe(self.devices, run_dir))
+        self.config = config = self.plan.applied(config)
+        self.layout = self.plan.layout  # (the physical store, resolved once)
         self.device = self.devices[0]  # the model of record (checkpoints, evaluation) lives here
         self.partitioned = self.layout.num_partitions > 1
         if config.training.num_threads:
@@ -152,7 +147,8 @@ class Trainer:
         self.state = TrainingState(config_fingerprint=self.fingerprint)
         self.buffer: PartitionBuffer | None = None
         if self.partitioned:  # before anything is written (a re-bucketed copy of the dataset included)
-            check_memory(self._buffer_bytes(), "storage.buffer_capacity")
+            if self.plan.placement != PLACEMENT_DEVICE:
+                check_memory(self._buffer_bytes(), "storage.buffer_capacity")
             self.dataset = dataset = bucketed_for_run(self.layout.num_partitions, dataset, progress)
             check_partitioning(self.layout.num_partitions, dataset)
             self._startup_mark("bucketing")
@@ -166,6 +162,7 @@ class Trainer:
         self._startup_mark("tables")
         # Records of epochs whose checkpoint never committed are replayed, not duplicated.
         self.run.truncate_metrics(self.state.epoch)
+        self.run.log(self.plan.record())
         self._known = None
         self._last_commit = time.monotonic()
 
@@ -204,15 +201,14 @@ class Trainer:
                 raise MariusInputError("pipeline.placement: replicated keeps all the tables on every GPU, "
                                        "which needs storage.num_partitions=1",
                                        expected="pipeline.placement=host or auto")
-            self.placement = choose_devices_placement(p.placement, self.devices, self._table_bytes(),
-                                                      self.partitioned, dedup_setting(p.dedup) is not False)
+            self.placement = self.plan.placement
             # Replicas start from device 0's tables; split and host tables live in (pinned) host memory.
             self.table_device = self.device if self.placement == PLACEMENT_REPLICATED else torch.device("cpu")
             self.runner = build_multi_device_runner(self.replicas, self.placement, config, self.devices,
                                                     self._row_bytes())
             self.plan_device = choose_plan_device(True, self.device, self.table_device, self._edge_bytes())
             return
-        self.placement = choose_placement(config.pipeline.placement, self.device, self._table_bytes())
+        self.placement = self.plan.placement
         self.table_device = self.device if self.placement == PLACEMENT_DEVICE else torch.device("cpu")
         self.runner = build_span_runner(self.model, self.placement, config, self.device)
         self.plan_device = choose_plan_device(self.runner.zero_copy, self.device, self.table_device,
@@ -307,12 +303,6 @@ class Trainer:
     def _swap_size(self) -> int:
         return self.layout.swap_size
 
-    def _table_bytes(self) -> int:
-        """Memory of the node tables training holds: the buffer's slots, or the whole tables."""
-        if self.partitioned:
-            return self._buffer_bytes()
-        return self.dataset.num_nodes * self._row_bytes()
-
     def _row_bytes(self) -> int:
         """Bytes of one node's embedding and optimizer state."""
         return (self.config.model.dim + self._state_dim()) * self.table_dtype.itemsize
@@ -323,10 +313,7 @@ class Trainer:
         return getattr(torch, self.layout.dtype)
 
     def _buffer_bytes(self) -> int:
-        rows, cols = self._partition_shape()
-        return PartitionBuffer.bytes_needed(rows, cols, self.layout.buffer_capacity, self._swap_size(),
-                                            self.config.storage.lookahead,
-                                            itemsize=self.table_dtype.itemsize)
+        return buffer_bytes(self.layout, self.graph, self.config.storage.lookahead)
 
     def _partition_shape(self) -> tuple[int, tuple[int, int]]:
         """Rows of a partition, and the widths of its embedding and optimizer-state tables."""

@@ -67,24 +67,24 @@ def choose_plan_device(zero_copy: bool, device: torch.device, table_device: torc
     return device if 2 * edge_bytes <= total // 4 else table_device
 
 
-def choose_placement(requested: str, device: torch.device, table_bytes: int) -> str:
-    """``cpu`` on a CPU; otherwise the requested placement, ``auto`` by whether the tables fit."""
-    if device.type != "cuda":
+def choose_placement(requested: str, device_type: str, table_bytes: int, gpu_free: int = 0) -> str:
+    """One device: ``cpu`` on a CPU; otherwise the requested placement, ``auto`` by whether the tables (or the
+    buffer's slots) fit in the GPU's ``gpu_free`` bytes."""
+    if device_type != "cuda":
         return PLACEMENT_CPU
     if requested in (PLACEMENT_REPLICATED, PLACEMENT_SPLIT):  # (several devices' choices; one GPU holds all)
         return PLACEMENT_DEVICE
     if requested != "auto":
         return requested
-    free, _ = torch.cuda.mem_get_info(device)
-    return PLACEMENT_DEVICE if table_bytes <= DEVICE_MEMORY_FRACTION * free else PLACEMENT_HOST
+    return PLACEMENT_DEVICE if table_bytes <= DEVICE_MEMORY_FRACTION * gpu_free else PLACEMENT_HOST
 
 
-def choose_devices_placement(requested: str, devices: list[torch.device], table_bytes: int,
+def choose_devices_placement(requested: str, device_type: str, table_bytes: int, gpu_free: list[int],
                              partitioned: bool, dedup: bool = True) -> str:
     """Several devices: ``replicated`` (each holds all the tables), ``split`` (each holds the rows it owns)
     or ``host`` (tables or buffer in pinned host memory).
 
-    ``auto`` and ``device`` keep the tables in GPU memory where they fit:
+    ``auto`` and ``device`` keep the tables in GPU memory where they fit (``gpu_free``: each GPU's free bytes):
     replicated where each GPU holds them (no step waits for another GPU's rows),
     else split where they fit together (with dedup: only owners keep rows on
     their device), else host memory; a partition buffer always lives there.
@@ -93,12 +93,11 @@ def choose_devices_placement(requested: str, devices: list[torch.device], table_
         return PLACEMENT_HOST
     if requested in (PLACEMENT_REPLICATED, PLACEMENT_SPLIT):
         return requested
-    if devices[0].type != "cuda":
+    if device_type != "cuda":
         return PLACEMENT_HOST if requested == "auto" else PLACEMENT_REPLICATED
-    free = [torch.cuda.mem_get_info(device)[0] for device in devices]
-    if table_bytes <= DEVICE_MEMORY_FRACTION * min(free):
+    if table_bytes <= DEVICE_MEMORY_FRACTION * min(gpu_free):
         return PLACEMENT_REPLICATED
-    if dedup and table_bytes <= DEVICE_MEMORY_FRACTION * sum(free):
+    if dedup and table_bytes <= DEVICE_MEMORY_FRACTION * sum(gpu_free):
         return PLACEMENT_SPLIT
     return PLACEMENT_HOST
 

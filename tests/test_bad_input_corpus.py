@@ -57,7 +57,7 @@ CASES = {
     "missing_dataset": ("train dataset.path={tmp}/nope training.device=cpu --run-dir {out}",
                         "dataset.path: not a dataset"),
     # command-line arguments
-    "zero_partitions_flag": (f"{TRAIN} --partitions 0 --run-dir {{out}}", "storage.num_partitions: expected > 0"),
+    "negative_partitions_flag": (f"{TRAIN} --partitions -1 --run-dir {{out}}", "storage.num_partitions: expected >= 0"),
     "zero_gpus": (f"{TRAIN} --gpus 0 --run-dir {{out}}", "--gpus 0"),
     "export_format": ("export {run} --format xml -o {out}", "invalid choice: 'xml'"),
     "eval_checkpoint": ("eval {run} --checkpoint nope", "invalid choice: 'nope'"),

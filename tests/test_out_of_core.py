@@ -440,7 +440,7 @@ def test_default_ordering_is_comet_and_accepts_every_partitions_buffer_pair(data
     """The default is the two-level ordering over a store split finer (default_split) so that groups of 8 are
     regrouped; its group size follows, so no pair 2 <= C <= P is refused, and the epoch ordering covers
     every physical partition with the buffer's slots."""
-    from marius_py.trainer import epoch_ordering
+    from marius_py.config import epoch_ordering
     assert config_for(datasets[8]).storage.ordering == "comet"
     for partitions in range(2, 17):
         for capacity in range(2, partitions + 1):

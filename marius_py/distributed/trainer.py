@@ -77,16 +77,17 @@ class DistributedTrainer(Trainer):
             raise MariusInputError(f"storage.dtype={config.storage.dtype}: torchrun trainers exchange float32 "
                                    "partitions", path=Path(run_dir) / "config.yaml",
                                    expected="storage.dtype=float32 under torchrun")
-        if config.storage.num_partitions < 2:
+        if config.storage.num_partitions == 1:
             raise MariusInputError(f"storage.num_partitions={config.storage.num_partitions}: torchrun trainers "
                                    "share the tables by partition", path=Path(run_dir) / "config.yaml",
                                    expected="storage.num_partitions of at least 2 under torchrun (2 per trainer "
-                                            "or more keeps them busy)")
+                                            "or more keeps them busy), or 0 for the plan's choice")
         self.group = group
         self.holds_log = Path(run_dir) / DISTRIBUTED_DIR / f"rank{group.rank}.jsonl"
         super().__init__(config, dataset, run_dir, progress=progress and group.is_leader)
         scheduler_log = Path(run_dir) / DISTRIBUTED_DIR / "scheduler.jsonl"
         self._forget_epochs_after(self.state.epoch, [self.holds_log] + ([scheduler_log] if group.is_leader else []))
+        config = self.config  # (the plan's partitions applied)
         self.server = SchedulerServer(group.store_connection(), config.storage.num_partitions, config.training.seed,
                                       scheduler_log, self._capacity()) if group.is_leader else None
         alive = self.server.check if self.server else None
