@@ -9,7 +9,8 @@ placement (``device``: tables in GPU memory, ``host``: pinned host tables, ``dis
 behind a 16:4 buffer), dimension, decoder and score dtype:
 
 - runs the real command, ``marius-py train`` in a subprocess, for ``--epochs`` epochs and reads the
-  edges/s of every epoch after the first from its metrics.jsonl (the first pays start-up and compiles);
+  edges/s of every epoch after the first from its metrics.jsonl (the first pays start-up and compiles),
+  with the GPU's busy share (NVML) while those epochs ran;
 - runs the step alone (bench/throughput.py's measure_step) in this process at exactly the settings
   the command ran (the same overrides, a random sample of the graph's train edges): for ``disk`` the step of
   the host placement, the bound IO cannot beat.
@@ -21,6 +22,7 @@ The ratio of the two is the share of an epoch the step gets. Each row is printed
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import subprocess
@@ -35,7 +37,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from throughput import measure_step, row_recorder  # noqa: E402
+from throughput import UtilisationSampler, measure_step, row_recorder  # noqa: E402
 
 # The issue's command: ComplEx-style sampled training, as a Freebase86m user runs it.
 COMMAND_SETTINGS = ["training.batch_size=50000", "training.num_chunks=10", "training.num_negatives=1000",
@@ -77,6 +79,12 @@ def graph_and_step_args(args, seconds: float, warmup_batches: int) -> tuple[Path
     return graph, metadata, step_args
 
 
+def step_settings(settings: list[str]) -> tuple[str, ...]:
+    """The command's settings that the step alone takes: all but where the tables live (the step is given
+    its placement: a disk run's step is the host placement's, the bound IO cannot beat)."""
+    return tuple(s for s in settings if not s.startswith(("storage.", "pipeline.placement")))
+
+
 def sample_train_edges(graph: Path, count: int) -> torch.Tensor:
     """``count`` of the dataset's train edges drawn at random (the file is bucket-sorted: its first edges
     would touch a few partitions' nodes only)."""
@@ -85,20 +93,51 @@ def sample_train_edges(graph: Path, count: int) -> torch.Tensor:
     return torch.from_numpy(edges[np.random.default_rng(0).choice(len(edges), count, replace=False)])
 
 
-def run_command(graph: Path, settings: list[str], args, name: str) -> dict:
+def run_command(graph: Path, settings: list[str], args, name: str, gpus: int = 1) -> dict:
+    """``marius-py train`` for ``--epochs`` epochs: the edges/s of the epochs after the first (the first pays
+    start-up and compiles), and each of the first ``gpus`` GPUs' busy share (NVML) during those epochs."""
     run_dir = Path(args.workdir) / f"run-{name}"
     subprocess.run(["rm", "-rf", str(run_dir)], check=True)
+    command = [sys.executable, "-m", "marius_py", "train", f"dataset.path={graph}", *settings,
+               f"training.epochs={args.epochs}", "training.device=cuda", "--run-dir", str(run_dir), "--quiet"]
     started = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "marius_py", "train", f"dataset.path={graph}", *settings,
-                    f"training.epochs={args.epochs}", "training.device=cuda", "--run-dir", str(run_dir),
-                    "--quiet"], check=True)
+    with contextlib.ExitStack() as stack:
+        samplers = [stack.enter_context(UtilisationSampler(torch.device("cuda", g))) for g in range(gpus)]
+        arrivals = watch_lines(subprocess.Popen(command), run_dir / "metrics.jsonl")
     wall = time.perf_counter() - started
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
-    epochs = [r for r in records if r.get("event") == "epoch"]
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    epochs = [(arrived, record) for arrived, record in zip(arrivals, map(json.loads, lines))
+              if record.get("event") == "epoch"]
     later = epochs[1:] or epochs
-    return {"edges_per_s": [r["edges_per_s"] for r in later], "epoch_seconds": [r["seconds"] for r in later],
-            "first_epoch_seconds": epochs[0]["seconds"], "wall_seconds": wall,
-            "placement_run": epochs[-1]["pipeline"]["placement"], "records": epochs}
+    windows = [epoch_window(arrived, record) for arrived, record in later]
+    return {"edges_per_s": [r["edges_per_s"] for _, r in later], "epoch_seconds": [r["seconds"] for _, r in later],
+            "first_epoch_seconds": epochs[0][1]["seconds"], "wall_seconds": wall,
+            "gpu_busy": [sampler.mean_within(windows) for sampler in samplers],
+            "placement_run": epochs[-1][1]["pipeline"]["placement"], "records": [r for _, r in epochs]}
+
+
+def watch_lines(process: subprocess.Popen, path: Path, interval: float = 0.05) -> list[float]:
+    """time.monotonic() at which each line of ``path`` appeared while ``process`` ran (to ``interval``);
+    raises as ``check=True`` does when the process fails."""
+    arrivals: list[float] = []
+    while True:
+        done = process.poll() is not None
+        text = path.read_text() if path.exists() else ""
+        arrivals += [time.monotonic()] * (text.count("\n") - len(arrivals))
+        if done:
+            break
+        time.sleep(interval)
+    if process.returncode:
+        raise subprocess.CalledProcessError(process.returncode, process.args)
+    return arrivals
+
+
+def epoch_window(arrived: float, record: dict) -> tuple[float, float]:
+    """The monotonic start and end of an epoch's training whose record was logged at ``arrived``: the
+    trainer logs it after validating and committing (the record's ``time``)."""
+    after = record.get("time", {})
+    end = arrived - after.get("validate", 0.0) - after.get("commit", 0.0)
+    return end - record["seconds"], end
 
 
 def print_row(row: dict) -> None:
@@ -132,9 +171,8 @@ def main() -> None:
         name = f"{placement}-d{dim}-{decoder}-{score_dtype}"
         command = run_command(graph, settings, args, name)
         step_placement = "device" if placement == "device" else "host"
-        step_settings = [s for s in settings if not s.startswith(("storage.", "pipeline.placement"))]
         step = measure_step(dim, step_placement, score_dtype, step_args, decoder=decoder,
-                            extra=tuple(step_settings), edges=edges)
+                            extra=step_settings(settings), edges=edges)
         e2e = command.pop("edges_per_s")
         record({"part": "e2e", "placement": placement, "dim": dim, "decoder": decoder, "score_dtype": score_dtype,
                 "settings": settings, "e2e_edges_per_s": e2e, "step_edges_per_s": step["edges_per_s"],

@@ -1,43 +1,48 @@
-"""Several GPUs sharing host tables: bytes moved with and without dedup, throughput, accuracy.
+"""Several GPUs of one host, G for each of ``--gpus``: the links, the row kernels, bytes routed, the step alone.
 
-    python bench/multi_gpu.py --parts bytes step processes --json bench/results/multi-gpu.json
-    python bench/multi_gpu.py --parts fb15k disk --fb15k .data/fb15k-237
+    python bench/multi_gpu.py --gpus 1 2 4 --parts peaks rows step processes --json bench/results/multi-gpu.json
+    python bench/multi_gpu.py --gpus 2 4 --parts bytes --simulate     # simulated on the CPU: the same counts
+    python bench/multi_gpu.py --gpus 1 2 4 --parts fb15k --fb15k .data/fb15k-237
 
-Part ``bytes``: one epoch's transfers through the routing alone (planning,
-routing, reads and updates of zero gradients; no scores), per variant: the
-baseline (every device reads and writes its own rows), inter-device sharing
-(dedup), device caches of each owner's hottest rows, negatives shared by a
-step's devices, step grouping, and tables split across the devices; on
-FB15k-237 and on the synthetic power-law graph of ``bench/throughput.py``.
-DistMult d=100, B=50k per device, 10 chunks x 1000 negatives per direction.
-Runs anywhere: ``--devices cpu,cpu`` simulates the devices (the counts are the
-same as on GPUs).
+End to end (``marius-py train --gpus G``, with each GPU's busy share, the waits and the bytes on each link
+per trained edge) is bench/scaling.py's; beside each of its rows it runs this script's step alone
+(``measure_devices_step``).
 
-Part ``step``: edges/s of the training step alone (same settings, fused
-DistMult), one GPU against two, tables in pinned host memory (zero copy) and
-in GPU memory (one GPU) / split across the GPUs (two), at each ``--dims``;
-GPU busy per device from NVML.
+Part ``peaks``: copy bandwidth of 1 GiB copies (best of 5): pinned host to each GPU alone, to the first G
+GPUs at once, and GPU to GPU for each ordered pair.
 
-Part ``processes``: two single-GPU processes at once (one per GPU, sharing
-nothing): the ceiling of one process per GPU for the host step.
+Part ``rows``: the zero-copy row kernels alone: a gather and an Adagrad read-modify-write of
+``--row-count`` random rows of pinned host tables per GPU, from each GPU alone and from the first G at once
+(GPU i of G its rows ``row % G == i``, as owners hold them), per tile size (``--tiles``).
 
-Part ``disk``: epochs of ``marius-py train`` over an R-MAT graph on disk
-(bench/throughput.py's disk part), one GPU against two.
+Part ``bytes``: one epoch's transfers through the routing alone on G devices (planning, routing, reads and
+updates of zero gradients; no scores), per variant: the baseline (every device reads and writes its own
+rows), inter-device sharing (dedup), device caches of each owner's hottest rows, negatives shared by a
+step's devices, step grouping, and tables split across the devices; bytes by direction and on each link,
+on FB15k-237 and on the synthetic power-law graph of ``bench/throughput.py``. DistMult d=100, B=50k per
+device, 10 chunks x 1000 negatives per direction. ``--simulate`` runs the devices on the CPU.
 
-Part ``rows``: the zero-copy row kernels alone: a gather and an Adagrad
-read-modify-write of ``--row-count`` random rows of pinned host tables, from
-each GPU alone and from both at once (the links' rate for the step's row sizes).
+Part ``step``: edges/s of the training step alone (fused DistMult, power-law edges, the same settings),
+one GPU against G, at each ``--dims``: one GPU with pinned host tables (``host``) or tables in its memory
+(``device``), G GPUs with pinned host tables (``host``; dedup and not, ``--variants``), split across
+their memory (``split``) or a copy on each (``replicated``; both against one GPU's ``device``). Beside
+each: every GPU's busy share (NVML), the host's share spent enqueuing (replicated runners time it) and
+the GB/s on each link (the runners' counters).
 
-Part ``peaks``: copy bandwidth to hold those against: pinned host to one GPU,
-to both at once, and GPU to GPU (1 GiB copies, best of 5).
+Part ``processes``: G single-GPU processes at once (one per GPU, sharing nothing), each running the one-GPU
+host step: the ceiling of a process per GPU with host tables.
 
-Part ``fb15k``: the shipped ``fb15k-237`` config, one GPU against two
-(``training.batch_size`` per device, and halved), filtered test MRR.
+Part ``fb15k``: the shipped ``--quality-config`` (``fb15k-237``) trained to the end on G GPUs
+(``training.batch_size`` per GPU; ``--fb15k-sets`` adds runs with overrides), filtered test MRR.
+
+Retired (git keeps it): part ``disk`` (epochs with partitions on disk, one GPU against two), which
+``python bench/scaling.py --placements disk`` now measures end to end for every G.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import itertools
 import json
@@ -52,17 +57,16 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from throughput import (STEP_SETTINGS, UtilisationSampler, measure_disk, measure_step, power_law_edges,  # noqa: E402
-                        row_recorder)
+from throughput import STEP_SETTINGS, UtilisationSampler, measure_step, power_law_edges, row_recorder  # noqa: E402
 
 from marius_py.config import load_config  # noqa: E402
-from marius_py.step.runners import build_multi_device_runner  # noqa: E402
-from marius_py.step.model import Model  # noqa: E402
-from marius_py.random_streams import epoch_generator  # noqa: E402
-from marius_py.trainer import tf32_matmuls  # noqa: E402
 from marius_py.pipeline import row_kernels  # noqa: E402
+from marius_py.random_streams import epoch_generator  # noqa: E402
+from marius_py.step.model import Model  # noqa: E402
+from marius_py.step.runners import build_multi_device_runner  # noqa: E402
+from marius_py.trainer import tf32_matmuls  # noqa: E402
 
-BYTES_VARIANTS = {
+BYTES_VARIANTS = {  # (the dedup rows set pipeline.dedup=true: auto would time both modes on GPUs)
     "baseline (no dedup)": ["pipeline.dedup=false"],
     "dedup: sharing": ["pipeline.cache_rows=0"],
     "dedup: sharing + cache": ["pipeline.cache_rows={cache}"],
@@ -70,8 +74,10 @@ BYTES_VARIANTS = {
     "dedup: + shared negatives + cache": ["pipeline.cache_rows={cache}", "training.shared_negatives=true"],
     "dedup: + grouping + shared neg. + cache": ["pipeline.cache_rows={cache}", "training.shared_negatives=true",
                                                 "pipeline.step_grouping=16"],
-    "dedup: split across devices": ["pipeline.placement=device"],
+    "dedup: split across devices": ["pipeline.placement=split"],
 }
+ONE_GPU_PLACEMENT = {"host": "host", "split": "device", "replicated": "device"}  # G GPUs' -> one GPU's
+DEVICES_VARIANTS = {"dedup": ["pipeline.dedup=true"], "no-dedup": ["pipeline.dedup=false"]}
 
 
 class RoutingOnly:
@@ -93,30 +99,42 @@ class RoutingOnly:
         pass
 
 
-def make_runner(overrides: list[str], devices: list[torch.device], num_nodes: int, num_relations: int,
-                routing_only: bool = False):
-    """(config, replicas, runner) for ``devices`` with the step settings and ``overrides``."""
-    names = ",".join(str(d) for d in devices)
-    placed = f"training.devices={names}" if len(devices) > 1 else f"training.device={devices[0].type}"
-    config = load_config(None, [*STEP_SETTINGS, placed, *overrides])
+def gpu_devices(count: int, simulate: bool = False) -> list[torch.device]:
+    """The first ``count`` GPUs, or as many simulated devices on the CPU."""
+    return [torch.device("cpu") if simulate else torch.device("cuda", g) for g in range(count)]
+
+
+def make_runner(settings: list[str], devices: list[torch.device], num_nodes: int, num_relations: int):
+    """(config, placement, replicas, runner): the runner the trainer builds on ``devices`` for ``settings``
+    (``pipeline.placement`` replicated or split, else host tables), its replicas equal."""
+    placed = "training.devices=" + ",".join(map(str, devices)) if len(devices) > 1 else \
+        f"training.device={devices[0].type}"
+    config = load_config(None, [*settings, placed])
     torch.manual_seed(0)
     replicas = [Model(config, num_nodes, num_relations, devices[0])]
     for device in devices[1:]:
         replica = Model(config, num_nodes, num_relations, device)
         replica.load_state_dict(copy.deepcopy(replicas[0].state_dict()))
         replicas.append(replica)
-    placement = "device" if config.pipeline.placement == "device" else "host"
-    row_bytes = 2 * config.model.dim * 4
-    runner = build_multi_device_runner(replicas, placement, config, devices, row_bytes)
-    if routing_only:  # eager: the counts are those of the graphed runner
-        runner.steps, runner.graphs = [RoutingOnly(model) for model in replicas], None
-    return config, replicas, runner
+    placement = config.pipeline.placement if config.pipeline.placement in ("split", "replicated") else "host"
+    dim = config.model.dim
+    row_bytes = (dim + state_dim(replicas)) * 4
+    return config, placement, replicas, build_multi_device_runner(replicas, placement, config, devices, row_bytes)
 
 
-def host_tables(num_nodes: int, dim: int, pin: bool):
-    nodes = torch.randn(num_nodes, dim) * 1e-3
-    state = torch.zeros(num_nodes, dim)
-    return (nodes.pin_memory(), state.pin_memory()) if pin else (nodes, state)
+def state_dim(replicas: list[Model]) -> int:
+    """Columns of the node optimizer's state (row-wise Adagrad: 1)."""
+    return replicas[0].node_optimizer.state_dim(replicas[0].config.model.dim)
+
+
+def make_tables(num_nodes: int, dim: int, width: int, where: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Node embeddings and optimizer state (``width`` columns) on ``where`` (pinned on the host: kernels on the
+    GPUs read and write them in place)."""
+    nodes = (torch.randn(num_nodes, dim) * 1e-3).to(where)
+    state = torch.zeros(num_nodes, width, device=where)
+    if where.type == "cpu" and torch.cuda.is_available():
+        nodes, state = nodes.pin_memory(), state.pin_memory()
+    return nodes, state
 
 
 def generators(devices: list[torch.device], epoch: int = 1):
@@ -124,33 +142,161 @@ def generators(devices: list[torch.device], epoch: int = 1):
             [epoch_generator(0, epoch, d, stream=9 + g) for g, d in enumerate(devices)])
 
 
-def transfer_bytes(name: str, edges: torch.Tensor, num_nodes: int, num_relations: int, args) -> list[dict]:
-    """One epoch of ``edges`` through the routing per variant: bytes by direction, against the baseline."""
-    devices = [torch.device(d) for d in args.devices.split(",")]
-    cache = int(args.cache_fraction * num_nodes / len(devices))
-    pin = devices[0].type == "cuda"
-    nodes, state = host_tables(num_nodes, 100, pin)
+# ---- bytes on each link: a counters snapshot's ``links`` (bench/scaling.py reads the epoch record's) ----
+def added(a, b):
+    """Two snapshots' ``links`` (a dict of nested lists of bytes) added element by element."""
+    if isinstance(a, dict):
+        return {key: added(value, b[key]) for key, value in a.items()}
+    return [added(x, y) for x, y in zip(a, b)] if isinstance(a, list) else a + b
+
+
+def scaled(links, factor: float):
+    """``links`` (a dict or nested lists of bytes) times ``factor`` (1 / edges: bytes per trained edge)."""
+    if isinstance(links, dict):
+        return {key: scaled(value, factor) for key, value in links.items()}
+    return [scaled(x, factor) for x in links] if isinstance(links, list) else links * factor
+
+
+def link_totals(links: dict) -> dict:
+    """Bytes over all host links and over all pairs of devices."""
+    return {"host_to_device": sum(links["host_to_device"]), "device_to_host": sum(links["device_to_host"]),
+            "device_to_device": sum(map(sum, links["device_to_device"]))}
+
+
+# ---- the step alone on G GPUs (bench/scaling.py runs it beside each row) ----
+def measure_devices_step(gpus: int, placement: str, settings: list[str], edges: torch.Tensor, seconds: float,
+                         num_nodes: int, num_relations: int, trace: str | None = None) -> dict:
+    """The step alone on ``gpus`` GPUs: the runner of ``placement`` (replicated, split or host) training
+    ``edges`` over and over from tables already in place; edges/s of ``seconds`` after a warm-up span, each
+    GPU's busy share, the host's share enqueuing and the GB/s on each link. ``trace``: a Chrome trace of one
+    more span there, summarised into the row."""
+    devices = gpu_devices(gpus)
+    config, placement, replicas, runner = make_runner([*settings, f"pipeline.placement={placement}"], devices,
+                                                      num_nodes, num_relations)
+    nodes, state = make_tables(num_nodes, config.model.dim, state_dim(replicas),
+                               devices[0] if placement == "replicated" else torch.device("cpu"))
+    edges, loss = edges.to(devices[0]), torch.zeros((), device=devices[0])
+
+    def run() -> float:
+        for d in devices:
+            torch.cuda.synchronize(d)
+        started = time.perf_counter()
+        runner.run(edges, nodes, state, None, *generators(devices), loss, lambda n: None)
+        return time.perf_counter() - started  # (run returns with every device synchronised)
+
+    with tf32_matmuls(True):
+        run()  # warm-up: kernels compiled, graphs captured
+        runner.counters.reset()
+        enqueued = getattr(runner, "host_seconds", None)  # (replicated runners time their enqueuing)
+        timed, rounds, busy = timed_runs(run, devices, seconds)
+        if enqueued is not None:
+            enqueued = runner.host_seconds - enqueued
+        counts = runner.counters.snapshot(config.model.dim * 4, (nodes.shape[1] + state.shape[1]) * 4)
+        summary = trace_span(run, trace, len(edges) // (config.training.batch_size * gpus)) if trace else None
+    if getattr(runner, "close", None) is not None:  # (a process per GPU: its workers and group end here)
+        runner.close()
+    return {"edges_per_s": rounds * len(edges) / timed, "seconds": timed,
+            "host_share": None if enqueued is None else enqueued / timed, "gpu_busy": busy,
+            "placement_run": placement, "staleness_bound": runner.effective_staleness, "transfers": counts,
+            "links_gb_per_s": scaled(counts.get("links", {}), 1e-9 / timed),
+            **({"trace": summary} if summary else {})}
+
+
+def timed_runs(run, devices: list[torch.device], seconds: float) -> tuple[float, int, list]:
+    """``run()`` (returning its seconds) again until ``seconds`` are timed: (seconds, runs, each device's busy
+    share while they ran)."""
+    timed, rounds = 0.0, 0
+    with contextlib.ExitStack() as stack:
+        samplers = [stack.enter_context(UtilisationSampler(d)) for d in devices]
+        while timed < seconds:
+            timed += run()
+            rounds += 1
+    return timed, rounds, [sampler.mean for sampler in samplers]
+
+
+def trace_span(run, path: str, steps: int) -> dict:
+    """Profile one span of ``run``: a Chrome trace at ``path``, summarised per device."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        run()
+    prof.export_chrome_trace(path)
+    return summarize_trace(path, steps)
+
+
+def step_part_settings(dim: int, args) -> list[str]:
+    """The step part's settings (fused DistMult, float32 scores, no row caches) at ``dim``."""
+    return [*STEP_SETTINGS, f"model.dim={dim}", "training.score_dtype=float32", "pipeline.cache_rows=0",
+            *args.overrides]
+
+
+def measure_one(dim: int, placement: str, args) -> dict:
+    """One GPU's step (the span runner; bench/throughput.py's measure_step) at ``placement``."""
+    one_args = argparse.Namespace(**{**vars(args), "load_threads": 1, "profile": False})
+    row = measure_step(dim, placement, "float32", one_args, "graph" if placement == "device" else "fused",
+                       extra=tuple(args.overrides))
+    return {**row, "gpus": 1, "variant": "", "gpu_busy": [row["gpu_util"]], "row_tiles": zero_copy_tiles()}
+
+
+def measure_devices(dim: int, placement: str, variant: str, gpus: int, args, one: dict) -> dict:
+    """G GPUs' step at ``placement`` against ``one`` (one GPU's row at its counterpart placement)."""
+    step_edges = 50_000 * gpus
+    edges = power_law_edges(args.nodes, step_edges * args.span_steps, args.relations)
+    trace = f"{args.trace.removesuffix('.json')}-g{gpus}-{placement}-{variant}.json" \
+        if args.trace and dim == args.dims[0] else None
+    row = measure_devices_step(gpus, placement, [*step_part_settings(dim, args), *DEVICES_VARIANTS.get(variant, [])],
+                               edges, args.seconds, args.nodes, args.relations, trace)
+    return {"part": "step", "gpus": gpus, "placement": placement, "variant": variant, "dim": dim,
+            "row_tiles": zero_copy_tiles(), "speedup": row["edges_per_s"] / one["edges_per_s"],
+            "one_gpu_placement": one["placement"], **row}
+
+
+def zero_copy_tiles() -> list[int]:
+    """The program tiles (elements) of the zero-copy gather and read-modify-write in use."""
+    return [row_kernels.ZERO_COPY_GATHER_TILE, row_kernels.ZERO_COPY_ADAGRAD_TILE]
+
+
+def step_rows(dim: int, args):
+    """The step part at ``dim``: per placement, one GPU's row, then each G's (variants of host tables)."""
+    ones: dict[str, dict] = {}
+    for placement in args.placements:
+        single = ONE_GPU_PLACEMENT[placement]
+        if single not in ones:
+            ones[single] = measure_one(dim, single, args)
+            yield ones[single]
+        if args.one_gpu_runner and placement == "host":
+            yield measure_devices(dim, "host", "no-dedup", 1, args, ones[single])
+        for gpus in (g for g in args.gpus if g > 1):
+            for variant in args.variants if placement == "host" else [""]:
+                yield measure_devices(dim, placement, variant, gpus, args, ones[single])
+        if args.one_gpu_again:  # the one-GPU figure moves most between processes: measured twice
+            yield {**measure_one(dim, single, args), "repeat": 2}
+
+
+# ---- bytes through the routing alone ----
+def transfer_bytes(name: str, edges: torch.Tensor, num_nodes: int, num_relations: int, gpus: int, args) -> list[dict]:
+    """One epoch of ``edges`` through the routing of ``gpus`` devices per variant: bytes by direction and
+    on each link, against the baseline."""
+    devices = gpu_devices(gpus, args.simulate)
+    cache = int(args.cache_fraction * num_nodes / gpus)
     rows, baseline = [], None
     for variant, overrides in BYTES_VARIANTS.items():
-        overrides = [o.format(cache=cache) for o in overrides] + ["model.dim=100"]
-        config, _, runner = make_runner(overrides, devices, num_nodes, num_relations, routing_only=True)
-        sampling, dropout = generators(devices)
+        settings = [*STEP_SETTINGS, "model.dim=100", "pipeline.dedup=true", *(o.format(cache=cache) for o in overrides),
+                    *args.overrides]
+        config, _, replicas, runner = make_runner(settings, devices, num_nodes, num_relations)
+        runner.steps, runner.graphs = [RoutingOnly(model) for model in replicas], None  # eager: the same counts
+        nodes, state = make_tables(num_nodes, 100, state_dim(replicas), torch.device("cpu"))
         started = time.perf_counter()
-        runner.run(edges, nodes, state, None, sampling, dropout, torch.zeros((), device=devices[0]),
+        runner.run(edges, nodes, state, None, *generators(devices), torch.zeros((), device=devices[0]),
                    lambda n: None)
-        counts = runner.counters.snapshot(100 * 4, 200 * 4)
+        counts = runner.counters.snapshot(100 * 4, (nodes.shape[1] + state.shape[1]) * 4)
         baseline = baseline or counts
         h2d, base = counts["host_to_device"]["bytes"], baseline["host_to_device"]["bytes"]
-        row = {"part": "bytes", "dataset": name, "variant": variant, "devices": args.devices,
+        row = {"part": "bytes", "dataset": name, "variant": variant, "gpus": gpus, "devices": list(map(str, devices)),
                "cache_rows_per_device": cache if "cache" in variant else 0, "seconds": time.perf_counter() - started,
-               "h2d_saving": 1 - h2d / base,
-               "shared_fraction": counts["shared_rows"] / baseline["device_rows"],
-               "reused_fraction": counts["cache_hits"] / baseline["device_rows"], **counts}
+               "h2d_saving": 1 - h2d / base, "shared_fraction": counts["shared_rows"] / baseline["device_rows"],
+               "reused_fraction": counts["cache_hits"] / baseline["device_rows"],
+               "links_per_edge": scaled(counts["links"], 1 / len(edges)), **counts}
         rows.append(row)
-        print(f"bytes {name:<12} {variant:<40} H2D {h2d / 2**20:9.1f} MiB ({row['h2d_saving']:+6.1%})  "
-              f"D2D {counts['device_to_device']['bytes'] / 2**20:8.1f} MiB  "
-              f"D2H {counts['device_to_host']['bytes'] / 2**20:8.1f} MiB  rho {counts['rho']:.3f}  "
-              f"sharing {row['shared_fraction']:.1%}  reuse {row['reused_fraction']:.1%}", flush=True)
     return rows
 
 
@@ -161,79 +307,24 @@ def fb15k_edges(path: str):
     return torch.from_numpy(dataset.train), dataset.num_nodes, dataset.num_relations
 
 
-def measure_runner(dim: int, placement: str, dedup: bool, args, gpus: int = 2) -> dict:
-    """Edges/s of the multi-device runner's step on the first ``gpus`` GPUs (fused DistMult, power-law edges,
-    tables in host memory)."""
-    devices = [torch.device("cuda", g) for g in range(gpus)]
-    overrides = [f"model.dim={dim}", f"pipeline.dedup={str(dedup).lower()}", "training.score_dtype=float32",
-                 f"pipeline.placement={placement}", "pipeline.cache_rows=0", *args.overrides]
-    config, _, runner = make_runner(overrides, devices, args.nodes, args.relations)
-    nodes, state = host_tables(args.nodes, dim, pin=True)
-    step_edges = config.training.batch_size * len(devices)
-    edges = power_law_edges(args.nodes, step_edges * 10, args.relations)
-    loss = torch.zeros((), device=devices[0])
-
-    issued = []
-
-    def run(num_steps: int) -> float:
-        span = edges.repeat(-(-num_steps // 10), 1)[:num_steps * step_edges].pin_memory()  # as a span is
-        sampling, dropout = generators(devices)
-        for device in devices:
-            torch.cuda.synchronize(device)
-        started = time.perf_counter()
-        runner.run(span, nodes, state, None, sampling, dropout, loss, lambda n: None)
-        issued.append(time.perf_counter() - started)  # the host's part: launching every step
-        for device in devices:
-            torch.cuda.synchronize(device)
-        return time.perf_counter() - started
-
-    with tf32_matmuls(True):
-        run(args.warmup_batches)
-        probe = run(10)
-        num_steps = max(10, int(args.seconds / probe * 10))
-        samplers = [UtilisationSampler(d) for d in devices]
-        for sampler in samplers:
-            sampler.__enter__()
-        runner.counters.reset()
-        seconds = run(num_steps)
-        counts = runner.counters.snapshot(dim * 4, 2 * dim * 4)
-        for sampler in samplers:
-            sampler.__exit__(None, None, None)
-        traced = args.trace and placement == "host" and dim == args.dims[0]
-        if traced:
-            from torch.profiler import ProfilerActivity, profile
-            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-                run(10)
-            path = f"{args.trace.removesuffix('.json')}-{'dedup' if dedup else 'no-dedup'}.json"
-            prof.export_chrome_trace(path)
-            trace = summarize_trace(path, 10)
-            print(json.dumps(trace, indent=1), flush=True)
-    return {"part": "step", "gpus": gpus, "runner": "multi-device", "placement": placement, "dim": dim, "dedup": dedup,
-            "row_tiles": zero_copy_tiles(),
-            "edges_per_s": num_steps * step_edges / seconds, "seconds": seconds, "host_issue_seconds": issued[2],
-            "gpu_util": [s.mean for s in samplers], "staleness_bound": runner.staleness_bound,
-            "h2d_gb_per_s": counts["host_to_device"]["bytes"] / 1e9 / seconds,
-            "d2d_gb_per_s": counts["device_to_device"]["bytes"] / 1e9 / seconds, "transfers": counts,
-            **({"trace": trace} if traced else {})}
+def bytes_rows(args):
+    """The bytes part: FB15k-237 (shuffled) and the power-law graph on each G of at least two devices."""
+    edges, nodes, relations = fb15k_edges(args.fb15k)
+    shuffled = edges[torch.randperm(len(edges), generator=torch.Generator().manual_seed(0))]
+    power_law = power_law_edges(args.nodes, 50_000 * args.bytes_batches, args.relations)
+    for gpus in (g for g in args.gpus if g > 1):
+        yield from transfer_bytes("fb15k-237", shuffled, nodes, relations, gpus, args)
+        yield from transfer_bytes(f"power-law-{args.nodes // 1000}k", power_law, args.nodes, args.relations, gpus,
+                                  args)
 
 
-def measure_one(dim: int, placement: str, args) -> dict:
-    one_args = argparse.Namespace(**{**vars(args), "load_threads": 1, "profile": False})
-    row = measure_step(dim, placement, "float32", one_args, "graph" if placement == "device" else "fused")
-    return {**row, "gpus": 1, "gpu_util": [row["gpu_util"]], "row_tiles": zero_copy_tiles()}
-
-
-def zero_copy_tiles() -> list[int]:
-    """The program tiles (elements) of the zero-copy gather and read-modify-write in use."""
-    return [row_kernels.ZERO_COPY_GATHER_TILE, row_kernels.ZERO_COPY_ADAGRAD_TILE]
-
-
-def measure_processes(dim: int, args) -> dict:
-    """Two processes, one per GPU, each running the one-GPU host step; sum of their edges/s."""
+# ---- G processes, links and row kernels ----
+def measure_processes(dim: int, gpus: int, args) -> dict:
+    """``gpus`` processes, one per GPU, each running the one-GPU host step; the sum of their edges/s."""
     script = Path(__file__).parent / "throughput.py"
     outputs, procs = [], []
-    for gpu in range(2):
-        out = Path(args.workdir) / f"process-{gpu}-d{dim}.json"
+    for gpu in range(gpus):
+        out = Path(args.workdir) / f"process-{gpu}-of-{gpus}-d{dim}.json"
         env = {**os.environ, "CUDA_VISIBLE_DEVICES": str(gpu)}
         procs.append(subprocess.Popen([sys.executable, str(script), "--parts", "step", "--placements", "host",
                                        "--dims", str(dim), "--seconds", str(args.seconds), "--load-threads", "1",
@@ -241,64 +332,69 @@ def measure_processes(dim: int, args) -> dict:
                                       stdout=subprocess.DEVNULL))
         outputs.append(out)
     for proc in procs:
-        proc.wait()
+        if proc.wait():
+            raise subprocess.CalledProcessError(proc.returncode, proc.args)
     rates = [json.loads(out.read_text())["rows"][0]["edges_per_s"] for out in outputs]
-    return {"part": "processes", "gpus": 2, "placement": "host", "dim": dim, "edges_per_s": sum(rates),
+    return {"part": "processes", "gpus": gpus, "placement": "host", "dim": dim, "edges_per_s": sum(rates),
             "per_process": rates}
 
 
-def measure_peaks() -> dict:
-    """GB/s of 1 GiB copies: pinned host -> GPU 0, host -> both GPUs at once, GPU 0 -> GPU 1."""
-    size = 1 << 30
+def synchronize(gpus) -> None:
+    for g in gpus:
+        torch.cuda.synchronize(g)
+
+
+def best_seconds(work, gpus, repeats: int = 5) -> float:
+    """The fastest of ``repeats`` runs of ``work`` (every GPU in ``gpus`` synchronised around each)."""
+    times = []
+    for _ in range(repeats):
+        synchronize(gpus)
+        started = time.perf_counter()
+        work()
+        synchronize(gpus)
+        times.append(time.perf_counter() - started)
+    return min(times)
+
+
+def measure_peaks(counts: list[int]) -> list[dict]:
+    """GB/s of 1 GiB copies: pinned host -> each GPU alone, -> the first G at once (each G of ``counts``),
+    and GPU -> GPU for each ordered pair."""
+    size, every = 1 << 30, range(max(counts))
     host = torch.empty(size, dtype=torch.uint8, pin_memory=True)
-    gpus = [torch.empty(size, dtype=torch.uint8, device=f"cuda:{g}") for g in range(2)]
+    memory = [torch.empty(size, dtype=torch.uint8, device=f"cuda:{g}") for g in every]
 
-    def best(copies) -> float:
-        times = []
-        for _ in range(5):
-            for g in range(2):
-                torch.cuda.synchronize(g)
-            started = time.perf_counter()
+    def rate(copies: list[tuple[int, int | None]]) -> float:  # (target GPU, source GPU or None: the host)
+        def work():
             for target, source in copies:
-                target.copy_(source, non_blocking=True)
-            for g in range(2):
-                torch.cuda.synchronize(g)
-            times.append(time.perf_counter() - started)
-        return len(copies) * size / min(times) / 1e9
+                memory[target].copy_(host if source is None else memory[source], non_blocking=True)
+        return len(copies) * size / best_seconds(work, every) / 1e9
 
-    return {"part": "peaks", "host_to_gpu_gb_s": best([(gpus[0], host)]),
-            "host_to_both_gpus_gb_s": best([(gpus[0], host), (gpus[1], host)]),
-            "gpu_to_gpu_gb_s": best([(gpus[1], gpus[0])]),
-            "peer_access": torch.cuda.can_device_access_peer(0, 1)}
+    rows = []
+    for at_once in [[g] for g in every] + [list(range(g)) for g in counts if g > 1]:
+        rows.append({"part": "peaks", "link": "host->GPU", "gpus_at_once": at_once,
+                     "gb_per_s": rate([(g, None) for g in at_once])})
+    for source, target in itertools.permutations(every, 2):
+        rows.append({"part": "peaks", "link": "GPU->GPU", "gpus_at_once": [source, target],
+                     "gb_per_s": rate([(target, source)]),
+                     "peer_access": torch.cuda.can_device_access_peer(target, source)})
+    return rows
 
 
-def measure_rows(dim: int, args) -> list[dict]:
-    """ms of one gather and one Adagrad read-modify-write of ``--row-count`` random rows, per GPU alone and
-    both at once (each GPU its own rows, ``row % 2 == g`` as owners hold them)."""
+def measure_rows(dim: int, counts: list[int], args) -> list[dict]:
+    """ms of one gather and one Adagrad read-modify-write of ``--row-count`` random rows per GPU, from each GPU
+    alone and from the first G at once (each G of ``counts``; GPU i of G its rows ``row % G == i``)."""
     defaults = dict(zip(("gather", "adagrad"), zero_copy_tiles()))
-    nodes, state = host_tables(args.nodes, dim, pin=True)
-    generator = torch.Generator().manual_seed(1)
-    picked = torch.randperm(args.nodes // 2, generator=generator)[:args.row_count] * 2
-    rows = [(picked + g).sort().values.to(f"cuda:{g}") for g in range(2)]
-    outs = [torch.empty(args.row_count, dim, device=f"cuda:{g}") for g in range(2)]
-    grads = [torch.full((args.row_count, dim), 1e-3, device=f"cuda:{g}") for g in range(2)]
-    kernels = {"gather": lambda g: row_kernels.gather_rows(nodes, rows[g], outs[g]),
-               "adagrad": lambda g: row_kernels.sparse_adagrad_(nodes, state, rows[g], grads[g], None, 0.1, 1e-10)}
+    nodes, state = make_tables(args.nodes, dim, dim, torch.device("cpu"))  # (full Adagrad's state)
+    every = range(max(counts))
+    sets = [[g] for g in every] + [list(range(g)) for g in counts if g > 1]
     results = []
-    for (name, kernel), tile in itertools.product(kernels.items(), args.tiles):
+    for name, tile in itertools.product(("gather", "adagrad"), args.tiles):
         setattr(row_kernels, f"ZERO_COPY_{name.upper()}_TILE", tile)
-        for gpus in ([0], [1], [0, 1]):
+        for gpus in sets:
+            kernels = [row_kernel(name, nodes, state, owned_rows(args, i, len(gpus)), g) for i, g in enumerate(gpus)]
             times = []
             for _ in range(20):
-                for g in gpus:
-                    torch.cuda.synchronize(g)
-                started = time.perf_counter()
-                for g in gpus:
-                    with torch.cuda.device(g):
-                        kernel(g)
-                for g in gpus:
-                    torch.cuda.synchronize(g)
-                times.append(time.perf_counter() - started)
+                times.append(best_seconds(lambda: [kernel() for kernel in kernels], gpus, repeats=1))
             seconds = float(np.median(times[5:]))
             moved = args.row_count * dim * 4 * (1 if name == "gather" else 4) * len(gpus)
             results.append({"part": "rows", "kernel": name, "tile": tile, "gpus_at_once": gpus, "dim": dim,
@@ -307,6 +403,31 @@ def measure_rows(dim: int, args) -> list[dict]:
     return results
 
 
+def owned_rows(args, owner: int, owners: int) -> torch.Tensor:
+    """``--row-count`` distinct random rows of ``owner`` among ``owners`` (``row % owners == owner``), sorted."""
+    generator = torch.Generator().manual_seed(1)
+    picked = torch.randperm(args.nodes // owners, generator=generator)[:args.row_count] * owners + owner
+    return picked.sort().values
+
+
+def row_kernel(name: str, nodes: torch.Tensor, state: torch.Tensor, rows: torch.Tensor, gpu: int):
+    """A function running kernel ``name`` (gather or adagrad) on ``rows`` of the host tables from ``gpu``."""
+    device = torch.device("cuda", gpu)
+    rows = rows.to(device)
+    out = torch.empty(len(rows), nodes.shape[1], device=device)
+    grads = torch.full((len(rows), nodes.shape[1]), 1e-3, device=device)
+
+    def gather():
+        with torch.cuda.device(device):
+            row_kernels.gather_rows(nodes, rows, out)
+
+    def adagrad():
+        with torch.cuda.device(device):
+            row_kernels.sparse_adagrad_(nodes, state, rows, grads, None, 0.1, 1e-10)
+    return gather if name == "gather" else adagrad
+
+
+# ---- traces ----
 def summarize_trace(path: str, steps: int) -> dict:
     """Per device: each stream's busy ms a step, all streams' union, and the heaviest kernels (ms a step)."""
     events = [e for e in json.loads(Path(path).read_text())["traceEvents"]
@@ -339,137 +460,138 @@ def _busy(events: list[dict]) -> float:
     return total
 
 
+# ---- accuracy ----
 def measure_fb15k(args, gpus: int, extra: list[str]) -> dict:
-    """The shipped fb15k-237 config trained to the end; test MRR of the best-validation checkpoint."""
+    """The shipped config trained to the end on ``gpus`` GPUs; test MRR of the best-validation checkpoint."""
     import marius_py as mp
     from marius_py.api import make_config
-    names = ",".join(f"cuda:{g}" for g in range(gpus))
+    names = ",".join(map(str, gpu_devices(gpus)))
     devices = ["training.device=cuda"] if gpus == 1 else [f"training.devices={names}"]
     config = make_config(args.quality_config, [f"dataset.path={args.fb15k}", *devices, *extra])
     run_dir = Path(args.workdir) / f"{args.quality_config}-{gpus}gpu-{'-'.join(extra) or 'shipped'}"
     subprocess.run(["rm", "-rf", str(run_dir)], check=True)
-    samplers = [UtilisationSampler(torch.device("cuda", g)) for g in range(gpus)]
-    for sampler in samplers:
-        sampler.__enter__()
-    model = mp.train(config, run_dir, progress=False)
-    for sampler in samplers:
-        sampler.__exit__(None, None, None)
+    with contextlib.ExitStack() as stack:
+        samplers = [stack.enter_context(UtilisationSampler(d)) for d in gpu_devices(gpus)]
+        model = mp.train(config, run_dir, progress=False)
     epochs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     epochs = [r for r in epochs if r.get("event") == "epoch"]
-    seconds = sum(r["seconds"] for r in epochs)
-    return {"part": "fb15k", "config": args.quality_config, "gpus": gpus,
+    return {"part": "fb15k", "config": args.quality_config, "gpus": gpus, "variant": ",".join(extra),
             "placement": epochs[-1]["pipeline"]["placement"],
             "dim": config.model.dim, "overrides": extra, "test_mrr": model.test_metrics["mrr"],
-            "hits@10": model.test_metrics["hits@10"], "train_seconds": seconds,
+            "hits@10": model.test_metrics["hits@10"], "train_seconds": sum(r["seconds"] for r in epochs),
             "edges_per_s": float(np.mean([r["edges_per_s"] for r in epochs[1:] or epochs])),  # past compilation
-            "gpu_util": [s.mean for s in samplers], "devices": epochs[-1].get("devices")}
+            "gpu_busy": [s.mean for s in samplers], "devices": epochs[-1].get("devices")}
 
 
+# ---- output ----
 def print_row(row: dict) -> None:
-    if row["part"] == "bytes":
-        return
-    if row["part"] == "rows":
+    part = row["part"]
+    if part == "bytes":
+        totals = link_totals(row["links"])
+        print(f"bytes     {row['dataset']:<14} {row['gpus']} devices  {row['variant']:<40} "
+              f"H2D {totals['host_to_device'] / 2**20:9.1f} MiB ({row['h2d_saving']:+6.1%})  "
+              f"D2D {totals['device_to_device'] / 2**20:8.1f} MiB  D2H {totals['device_to_host'] / 2**20:8.1f} MiB  "
+              f"rho {row['rho']:.3f}  sharing {row['shared_fraction']:.1%}  reuse {row['reused_fraction']:.1%}",
+              flush=True)
+    elif part == "rows":
         print(f"rows      {row['kernel']:<8} tile {row['tile']:<6} d={row['dim']:<4} GPUs {row['gpus_at_once']}  "
               f"{row['rows_per_gpu']} rows each  {row['ms']:.3f} ms  {row['gb_per_s']:.1f} GB/s", flush=True)
-        return
-    if row["part"] == "peaks":
-        print(f"peaks     host->GPU {row['host_to_gpu_gb_s']:.1f} GB/s, host->both GPUs "
-              f"{row['host_to_both_gpus_gb_s']:.1f} GB/s, GPU->GPU {row['gpu_to_gpu_gb_s']:.1f} GB/s "
-              f"(peer access: {row['peer_access']})", flush=True)
-        return
-    util = "/".join("-" if u is None else f"{u:.0f}%" for u in row.get("gpu_util", []) or [])
-    extra = ""
+    elif part == "peaks":
+        print(f"peaks     {row['link']:<10} GPUs {row['gpus_at_once']}  {row['gb_per_s']:.1f} GB/s"
+              + (f"  (peer access: {row['peer_access']})" if "peer_access" in row else ""), flush=True)
+    else:
+        print(f"{part:<9} {row['gpus']} GPU  {row['placement']:<10} {row.get('variant', ''):<8} d={row['dim']:<4} "
+              f"{row['edges_per_s'] / 1e6:8.2f} M edges/s  {_details(row)}", flush=True)
+
+
+def _details(row: dict) -> str:
+    """A step, processes or fb15k row's figures beside its edges/s."""
+    busy = "/".join("-" if u is None else f"{u:.0f}%" for u in row.get("gpu_busy") or [])
+    text = f"GPU busy {busy}" if busy else ""
+    if "speedup" in row:
+        text += f"  x{row['speedup']:.2f} of one GPU's {row['one_gpu_placement']}"
+    if row.get("host_share") is not None:
+        text += f"  host enqueuing {row['host_share']:.0%}"
+    if row.get("links_gb_per_s"):
+        rates = row["links_gb_per_s"]
+        text += f"  host->GPU {'/'.join(f'{r:.1f}' for r in rates['host_to_device'])} GB/s" \
+                f"  GPU->GPU {sum(map(sum, rates['device_to_device'])):.1f} GB/s"
     if row.get("test_mrr") is not None:
-        extra = f"  test MRR {row['test_mrr']:.4f}  {row['train_seconds']:.0f} s of training"
-    if "dedup" in row:
-        extra += (f"  dedup={row['dedup']}  H2D {row['h2d_gb_per_s']:.1f} GB/s  D2D {row['d2d_gb_per_s']:.1f} GB/s"
-                  f"  host issue {row['host_issue_seconds'] / row['seconds']:.0%} of the time")
+        text += f"  test MRR {row['test_mrr']:.4f}  {row['train_seconds']:.0f} s of training"
     if row.get("per_process"):
-        extra += "  per process " + " + ".join(f"{r / 1e6:.2f}" for r in row["per_process"])
-    print(f"{row['part']:<9} {row['gpus']} GPU  {row['placement']:<7} d={row['dim']:<4} "
-          f"{row['edges_per_s'] / 1e6:8.2f} M edges/s  GPU {util}{extra}", flush=True)
+        text += "  per process " + " + ".join(f"{r / 1e6:.2f}" for r in row["per_process"])
+    return text
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--gpus", nargs="+", type=int, default=[1, 2, 4],
+                        help="G: GPU counts to measure (every part; one GPU is the step part's baseline)")
     parser.add_argument("--parts", nargs="+", default=["bytes", "step", "processes"],
-                        choices=["peaks", "rows", "bytes", "step", "processes", "disk", "fb15k"])
-    parser.add_argument("--devices", default="cuda:0,cuda:1", help="bytes: the devices (cpu,cpu simulates two)")
+                        choices=["peaks", "rows", "bytes", "step", "processes", "fb15k"])
+    parser.add_argument("--simulate", action="store_true", help="bytes: simulate the devices on the CPU")
     parser.add_argument("--fb15k", default=".data/fb15k-237", help="FB15k-237 directory (raw or preprocessed)")
     parser.add_argument("--cache-fraction", type=float, default=0.05,
                         help="bytes: cache rows per device as a fraction of the nodes")
     parser.add_argument("--bytes-batches", type=int, default=40, help="bytes: power-law batches per epoch")
     parser.add_argument("--dims", nargs="+", type=int, default=[100, 400])
-    parser.add_argument("--placements", nargs="+", default=["host", "device"])
+    parser.add_argument("--placements", nargs="+", default=["host", "split", "replicated"],
+                        choices=list(ONE_GPU_PLACEMENT), help="step: G GPUs' placements")
+    parser.add_argument("--variants", nargs="+", default=list(DEVICES_VARIANTS), choices=list(DEVICES_VARIANTS),
+                        help="step: G GPUs with host tables, with dedup and without")
     parser.add_argument("--nodes", type=int, default=1_000_000)
     parser.add_argument("--relations", type=int, default=100)
     parser.add_argument("--seconds", type=float, default=3.0)
-    parser.add_argument("--warmup-batches", type=int, default=10)
+    parser.add_argument("--span-steps", type=int, default=50, help="step: steps of a span, trained over and over")
+    parser.add_argument("--warmup-batches", type=int, default=10, help="step: one GPU's warm-up batches")
     parser.add_argument("--set", dest="overrides", nargs="*", action="extend", default=[],
-                        help="step: extra config overrides (repeatable)")
+                        help="step and bytes: extra config overrides (repeatable)")
     parser.add_argument("--quality-config", default="fb15k-237",
                         help="fb15k: the shipped config to train (its dataset at --fb15k), e.g. codex-m")
+    parser.add_argument("--fb15k-sets", nargs="*", default=[""], metavar="KEY=VALUE,...",
+                        help="fb15k: one run per set of overrides on each G ('': the shipped config)")
     parser.add_argument("--row-tiles", nargs=2, type=int, metavar=("GATHER", "ADAGRAD"),
                         help="step: elements of the zero-copy kernels' program tiles (row_kernels.ZERO_COPY_*_TILE)")
     parser.add_argument("--one-gpu-again", action="store_true",
-                        help="step: measure one GPU again after the two-GPU rows (a second baseline)")
+                        help="step: measure one GPU again after the G-GPU rows (a second baseline)")
     parser.add_argument("--one-gpu-runner", action="store_true",
-                        help="step: also the multi-device runner (graphed) on one GPU, host tables, no dedup")
-    parser.add_argument("--two-gpu-variants", nargs="*", default=["dedup", "no-dedup"], choices=["dedup", "no-dedup"],
-                        help="step: which two-GPU rows to measure with host tables (none: only one GPU with host "
-                        "tables; the device placement always measures two GPUs with dedup)")
-    parser.add_argument("--fb15k-variants", nargs="+", default=["1", "2", "2:training.batch_size=500"],
-                        help="fb15k: GPUS[:override,...] per run")
+                        help="step: also the multi-device runner on one GPU, host tables, no dedup")
     parser.add_argument("--row-count", type=int, default=20_000, help="rows: rows per GPU")
     parser.add_argument("--tiles", nargs="+", type=int, default=[4096],
                         help="rows: elements of a zero-copy kernel program's tile (row_kernels.ZERO_COPY_*_TILE) "
                         "to compare")
-    parser.add_argument("--partitions", type=int, default=16)
-    parser.add_argument("--disk-edges", type=int, default=8_000_000)
-    parser.add_argument("--score-dtype", default="float32")
     parser.add_argument("--workdir", default="/tmp/multi-gpu")
     parser.add_argument("--json", default=None)
-    parser.add_argument("--trace", help="step: Chrome traces of ten two-GPU host steps at the first d, one per "
-                        "variant (NAME-dedup.json, NAME-no-dedup.json), summarised into the JSON")
-    args = parser.parse_args()
+    parser.add_argument("--trace", help="step: Chrome traces of one G-GPU span at the first d, one per row "
+                        "(NAME-gG-PLACEMENT-VARIANT.json), summarised into the JSON")
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
     Path(args.workdir).mkdir(parents=True, exist_ok=True)
     if args.row_tiles:
         row_kernels.ZERO_COPY_GATHER_TILE, row_kernels.ZERO_COPY_ADAGRAD_TILE = args.row_tiles
     record = row_recorder(args.json, print_row)
-
     if "peaks" in args.parts:
-        record(measure_peaks())
-    if "bytes" in args.parts:
-        edges, nodes, relations = fb15k_edges(args.fb15k)
-        shuffled = edges[torch.randperm(len(edges), generator=torch.Generator().manual_seed(0))]
-        for row in transfer_bytes("fb15k-237", shuffled, nodes, relations, args):
+        for row in measure_peaks(args.gpus):
             record(row)
-        edges = power_law_edges(args.nodes, 50_000 * args.bytes_batches, args.relations)
-        for row in transfer_bytes(f"power-law-{args.nodes // 1000}k", edges, args.nodes, args.relations, args):
+    if "bytes" in args.parts:
+        for row in bytes_rows(args):
             record(row)
     for dim in args.dims:
         if "rows" in args.parts:
-            for row in measure_rows(dim, args):
+            for row in measure_rows(dim, args.gpus, args):
                 record(row)
         if "step" in args.parts:
-            for placement in args.placements:
-                record(measure_one(dim, placement, args))
-                if args.one_gpu_runner and placement == "host":
-                    record(measure_runner(dim, placement, False, args, gpus=1))
-                for variant in args.two_gpu_variants if placement == "host" else ["dedup"]:
-                    record(measure_runner(dim, placement, variant == "dedup", args))
-                if args.one_gpu_again:  # the one-GPU figure moves most between processes: measured twice
-                    record({**measure_one(dim, placement, args), "repeat": 2})
+            for row in step_rows(dim, args):
+                record(row)
         if "processes" in args.parts:
-            record(measure_processes(dim, args))
-        if "disk" in args.parts:
-            for extra in ((), ("--gpus", "2")):
-                row = measure_disk(dim, argparse.Namespace(**vars(args)), extra)
-                record({**row, "gpus": 2 if extra else 1, "gpu_util": [row["gpu_util"]]})
+            for gpus in args.gpus:
+                record(measure_processes(dim, gpus, args))
     if "fb15k" in args.parts:
-        for variant in args.fb15k_variants:
-            gpus, _, extra = variant.partition(":")
-            record(measure_fb15k(args, int(gpus), [e for e in extra.split(",") if e]))
+        for gpus, extra in itertools.product(args.gpus, args.fb15k_sets):
+            record(measure_fb15k(args, gpus, [e for e in extra.split(",") if e]))
 
 
 if __name__ == "__main__":

@@ -58,10 +58,12 @@ DECODER_SETTINGS = {"transe-l1": ["model.decoder=transe", "model.norm=1"],
 
 
 class UtilisationSampler:
-    """Mean GPU utilisation (NVML, percent) while the block runs; None without NVML."""
+    """Mean GPU utilisation (NVML, percent) while the block runs; None without NVML. NVML reads the whole
+    GPU: another process's kernels count too (bench/e2e.py samples the command it runs)."""
 
     def __init__(self, device: torch.device, interval: float = 0.05):
         self.device, self.interval, self.samples = device, interval, []
+        self.times: list[float] = []  # time.monotonic() of each sample
         self._stop = threading.Event()
 
     def __enter__(self):
@@ -76,6 +78,7 @@ class UtilisationSampler:
     def _sample(self):
         while not self._stop.wait(self.interval):
             self.samples.append(torch.cuda.utilization(self.device))
+            self.times.append(time.monotonic())
 
     def __exit__(self, *exc):
         self._stop.set()
@@ -85,6 +88,11 @@ class UtilisationSampler:
     @property
     def mean(self) -> float | None:
         return float(np.mean(self.samples)) if self.samples else None
+
+    def mean_within(self, windows: list[tuple[float, float]]) -> float | None:
+        """Mean of the samples taken within any of ``windows`` (time.monotonic() start and end)."""
+        inside = [s for t, s in zip(self.times, self.samples) if any(a <= t <= b for a, b in windows)]
+        return float(np.mean(inside)) if inside else None
 
 
 def power_law_edges(num_nodes: int, num_edges: int, num_relations: int, seed: int = 0) -> torch.Tensor:

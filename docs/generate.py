@@ -172,14 +172,22 @@ def _scaling_table() -> list[str]:
     return _table(
         "Several GPUs of one host",
         "`marius-py train --gpus G` against one GPU at the same placement, with the step alone (the same runner "
-        "from tables already in place) measured in the same run: `python bench/scaling.py`.",
+        "from tables already in place) measured in the same run, each GPU's busy share during the epochs and "
+        "the bytes that crossed the host links per trained edge: `python bench/scaling.py`.",
         ["placement", "d", "dedup", "GPUs", "ran", "M edges/s", "x one GPU here", "x one GPU's best", "step alone",
-         "cards", "file"],
+         "GPUs busy", "host B/edge", "cards", "file"],
         [[*key, row.get("placement_run", ""), _rates(row["edges_per_s"]), f"{row['speedup']:.2f}",
           f"{row['speedup_vs_best']:.2f}" if "speedup_vs_best" in row else "",
           f"{row['step_edges_per_s'] / 1e6:.1f}" if row.get("step_edges_per_s") else "",
+          _busy(row.get("gpu_busy")),
+          f"{row['host_bytes_per_edge']:.0f}" if "host_bytes_per_edge" in row else "",
           ", ".join(sorted(set(data.get("devices", [])))), f"`{_relative(path)}`"]
          for key, (path, data, row) in sorted(rows.items())])
+
+
+def _busy(shares: list | None) -> str:
+    """Each GPU's busy share, as a bench row keeps them (None where NVML gave none)."""
+    return " / ".join("?" if share is None else f"{share:.0f}%" for share in shares or [])
 
 
 def _disk_table() -> list[str]:

@@ -51,8 +51,8 @@ import torch
 from marius_py.pipeline.device_cache import RowCache, endpoint_degree, hot_rows
 from marius_py.pipeline.lanes import Lanes, StepState, enable_peer_access, on, put, record, wait
 from marius_py.pipeline.phase_graphs import GRAPH_STALENESS, PhaseGraphs
-from marius_py.pipeline.routing import (CACHE_HITS, DEVICE_ROWS, RECEIVED_ROWS, UNION_ROWS, TransferCounters,
-                              group_by_owner, group_steps_by_head, union_of_requests)
+from marius_py.pipeline.routing import (CACHE_HITS, UNION_ROWS, TransferCounters, group_by_owner,
+                                        group_steps_by_head, union_of_requests)
 from marius_py.pipeline.row_kernels import gather_rows, move_rows, triton_available
 from marius_py.pipeline.step import BatchStep
 
@@ -226,15 +226,15 @@ class MultiDeviceRunner:
                 capacity = min(self.cache_rows, len(chosen) * 5 // 4 + 1) if not self.cache_all else len(chosen)
                 cache = self.caches[owner] = RowCache.empty(rows, max(capacity, len(chosen)), dim, state_dim,
                                                             device, nodes.dtype)
-            self.counters.admitted_bytes += cache.admit(chosen, nodes, state)
+            self.counters.admitted_bytes[owner] += cache.admit(chosen, nodes, state)
             self.counters.admitted_rows += len(chosen)
         self._cached_tables = (nodes, state) if self.cache_all else None
 
     def _release_caches(self, nodes: torch.Tensor, state: torch.Tensor) -> None:
         """End of a span: the host tables get every cached row back (split tables stay on the devices)."""
         if self.cache_all and self._cached_tables is not None:
-            for cache in self.caches:
-                self.counters.written_back_bytes += cache.write_back(nodes, state)
+            for owner, cache in enumerate(self.caches):
+                self.counters.written_back_bytes[owner] += cache.write_back(nodes, state)
                 self.counters.written_back_rows += cache.num_rows
         else:
             self._forget_caches(nodes, state)
@@ -246,11 +246,11 @@ class MultiDeviceRunner:
         self._cached_tables = None
 
     def _forget_caches(self, nodes: torch.Tensor, state: torch.Tensor) -> None:
-        for cache in self.caches:
+        for owner, cache in enumerate(self.caches):
             if cache is not None and cache.num_rows:
                 if self._cached_tables is None:
                     self.counters.written_back_rows += cache.num_rows
-                    self.counters.written_back_bytes += cache.flush(nodes, state)
+                    self.counters.written_back_bytes[owner] += cache.flush(nodes, state)
                 else:  # split tables: written back at the end of their last span already
                     cache.forget()
         self._cached_tables = None
@@ -288,7 +288,7 @@ class MultiDeviceRunner:
             self.run_updates(step, lambda d: self.update_phase(step, d, context))
             if self.graphs is not None and step.active == self.num_devices:
                 self.graphs.warmed_up = True
-        self.counters.relation_bytes += self._relation_bytes(step)
+        self.counters.count_relations(step.active, self._relation_bytes(step))
         on_batch(step.active)
         return step
 
@@ -344,7 +344,7 @@ class MultiDeviceRunner:
         grouped = group_by_owner(plan.rows, plan.local, plan.unique_count, self.num_devices)
         put(step.plans, g, plan.routed(grouped.rows, grouped.local))
         put(step.grouped, g, grouped)
-        self.counters.on_device[g][DEVICE_ROWS:DEVICE_ROWS + 1].add_(grouped.count)
+        self.counters.count_planned(g, grouped.per_owner)
 
     def read_union_phase(self, step: StepState, owner: int, context) -> None:
         """Owner: the union of the rows every device requests from it, read once (cache or host)."""
@@ -380,10 +380,6 @@ class MultiDeviceRunner:
 
     def compute_phase(self, step: StepState, g: int, context) -> None:
         grouped = step.grouped[g]
-        # Rows of this batch that other devices own: their rows come from there (dedup), or their
-        # gradients go there (baseline: the owners read them).
-        crossing = grouped.count - grouped.per_owner[g:g + 1]
-        self.counters.on_device[g][RECEIVED_ROWS:RECEIVED_ROWS + 1].add_(crossing)
         if self.dedup:  # pull each owner's rows over NVLink, in grouped order
             inputs = torch.empty(len(grouped.rows), context.nodes.shape[1], dtype=context.nodes.dtype,
                                  device=self.devices[g])
@@ -435,10 +431,10 @@ class MultiDeviceRunner:
             self.steps[d].apply_relation_gradients([summed])
 
     def _relation_bytes(self, step: StepState) -> int:
+        """Bytes of one device's relation gradients in ``step``."""
         if not step.relation_grads or step.relation_grads[0] is None:
             return 0
-        one = sum(g.numel() * g.element_size() for g in step.relation_grads[0])
-        return one * step.active * (self.num_devices - 1)
+        return sum(g.numel() * g.element_size() for g in step.relation_grads[0])
 
 
 @dataclass

@@ -152,16 +152,26 @@ class _Step:
 
 
 class ExchangeCounters:
-    """Bytes the devices' copies moved in an epoch (host arithmetic: no device reads)."""
+    """Bytes the devices' gradient copies moved in an epoch, per pair of devices (host arithmetic: no device
+    reads). Counted as GPUs copy them: simulated devices share memory and copy nothing. The tables stay on
+    the devices: no host link carries rows (the edges, 24 bytes each, are not counted)."""
 
-    def __init__(self):
+    def __init__(self, num_devices: int):
+        self.num_devices = num_devices
         self.reset()
 
     def reset(self) -> None:
-        self.steps = self.exchanged_bytes = 0
+        self.steps = 0
+        self.pairs = [[0] * self.num_devices for _ in range(self.num_devices)]  # [sender][receiver]
+
+    def count_sent(self, sender: int, receiver: int, nbytes: int) -> None:
+        self.pairs[sender][receiver] += nbytes
 
     def snapshot(self, embedding_bytes: int, row_bytes: int) -> dict:
-        return {"device_to_device": {"bytes": self.exchanged_bytes}, "steps": self.steps}
+        idle = [0] * self.num_devices
+        return {"device_to_device": {"bytes": sum(map(sum, self.pairs))}, "steps": self.steps,
+                "links": {"host_to_device": idle, "device_to_host": idle,
+                          "device_to_device": [row.copy() for row in self.pairs]}}
 
 
 class ReplicatedRunner:
@@ -186,7 +196,7 @@ class ReplicatedRunner:
         enable_peer_access(devices)
         self.losses = [torch.zeros((), device=d) for d in devices]
         self.tables: list[tuple[torch.Tensor, torch.Tensor]] | None = None  # per device; [0]: the caller's
-        self.counters = ExchangeCounters()
+        self.counters = ExchangeCounters(len(devices))
         self.graphs = ReplicaGraphs(self) if graphs and ReplicaGraphs.supported(self) else None
         self.max_in_flight = 0
         self.host_seconds = 0.0  # spent enqueuing steps (a host-bound run spends all its time here)
@@ -322,6 +332,8 @@ class ReplicatedRunner:
                     wait(stream, reused.applied[d:d + 1])
                 received = []
                 for h, sent in enumerate(step.sent):
+                    if h != d:
+                        self.counters.count_sent(h, d, sent.nbytes())
                     if h == d or device.type != "cuda":  # (simulated devices share memory)
                         received.append(sent if not step.graphed or h == d else
                                         self.graphs.received(step.index, d, h).copy_(sent))
@@ -330,7 +342,6 @@ class ReplicatedRunner:
                         wait(self.pair_streams[h][d], [step.computed[h]])
                         target = self.graphs.received(step.index, d, h) if step.graphed else sent.empty_like(device)
                         received.append(target.copy_(sent))
-                    self.counters.exchanged_bytes += sent.nbytes()
                 step.received.append(received)
                 step.exchanged.append(record(stream))
         self.counters.steps += 1

@@ -73,12 +73,13 @@ def union_of_requests(requests: torch.Tensor, lengths: list[int], sentinel: int)
     return OwnerRows(rows, real, list(torch.split(local, lengths)))
 
 
-# Slots of a device's counter tensor (summed on the device, read once per epoch).
-DEVICE_ROWS, RECEIVED_ROWS, UNION_ROWS, CACHE_HITS = range(4)
+# Slots of a device's counter tensor (summed on the device, read once per epoch), then OWNED slots per owner.
+UNION_ROWS, CACHE_HITS, OWNED = 0, 1, 2
+ID_BYTES = 8  # a row's id (int64), sent with its gradient to the owner
 
 
 class TransferCounters:
-    """Rows and bytes a multi-device epoch moved, by direction.
+    """Rows and bytes a multi-device epoch moved, by direction and by link.
 
     host->device: rows read from the host tables (per step, once per owner
     with deduplication, once per device that needs them without), with the
@@ -87,46 +88,92 @@ class TransferCounters:
     rows of a batch that another device owns: with dedup the owner sends the row
     (NVLink) and the gradient returns, with the row requests and the relation
     gradients in the bytes; without, the owner reads the gradient and the row's
-    id. ``device_rows``
-    sums each device's row set per step, ``union_rows`` the owners' unions:
-    rho = device_rows / union_rows.
+    id. ``device_rows`` sums each device's row set per step, ``union_rows`` the
+    owners' unions: rho = device_rows / union_rows. ``links``: the bytes of each
+    device's host link (the device whose kernels move them) and of each pair of
+    devices (sender, receiver). Edges (24 bytes each) and shared negatives' ids
+    are not counted.
+
+    Each device counts on itself, without the host waiting: its owners' unions
+    and cache hits, and the rows of its batches each owner owns, per mode (the
+    plan phase picks the block of ``dedup``, so a ``dedup=auto`` trial counts both
+    modes' steps as they ran).
     """
 
     def __init__(self, devices: list[torch.device], dedup: bool):
-        self.dedup = dedup
-        self.on_device = [torch.zeros(4, dtype=torch.long, device=d) for d in devices]  # graphs add to these
+        self.dedup, count = dedup, len(devices)
+        slots = OWNED + 2 * count  # owned rows: with dedup, then without
+        self.on_device = [torch.zeros(slots, dtype=torch.long, device=d) for d in devices]  # graphs add to these
         self.reset()
 
     def reset(self) -> None:
         """Start counting afresh (in place: captured graphs keep adding to the same device tensors)."""
+        count = len(self.on_device)
         for counts in self.on_device:
             counts.zero_()
-        self.admitted_rows = self.admitted_bytes = self.written_back_rows = self.written_back_bytes = 0
-        self.relation_bytes = 0
+        self.admitted_rows = self.written_back_rows = 0
+        self.admitted_bytes, self.written_back_bytes = [0] * count, [0] * count  # per owner
+        self.relation_bytes = [[0] * count for _ in range(count)]  # [sender][receiver]
         self.steps = 0
 
+    def count_planned(self, g: int, per_owner: torch.Tensor) -> None:
+        """Device g's batch of a step: its rows of each owner (on device g; captured by graphs)."""
+        start = OWNED + (0 if self.dedup else len(self.on_device))
+        self.on_device[g][start:start + len(per_owner)].add_(per_owner)
+
+    def count_relations(self, active: int, nbytes: int) -> None:
+        """A step's all-reduce: every device pulls the relation gradients (``nbytes``) of each active one."""
+        for sender in range(active):
+            for receiver in range(len(self.on_device)):
+                if receiver != sender:
+                    self.relation_bytes[sender][receiver] += nbytes
+
     def snapshot(self, embedding_bytes: int, row_bytes: int) -> dict:
-        """Totals (reads the devices' counts); ``row_bytes``: embedding + optimizer state of a row."""
-        device_rows, received, union, hits = (int(v) for v in sum(t.cpu() for t in self.on_device))
-        if not self.dedup:
-            union, read = device_rows, device_rows
-        else:
-            read = union - hits
+        """Totals and links (reads the devices' counts); ``row_bytes``: embedding + optimizer state of a row."""
+        counts = [t.cpu().tolist() for t in self.on_device]
+        n = len(counts)
+        owned = [c[OWNED:OWNED + n] for c in counts]      # [device][owner], steps with dedup
+        alone = [c[OWNED + n:OWNED + 2 * n] for c in counts]  # without
+        union = [c[UNION_ROWS] for c in counts]
+        hits = [c[CACHE_HITS] for c in counts]
+        links = self._links(owned, alone, union, hits, embedding_bytes, row_bytes)
+        read = sum(union) - sum(hits)  # owners' reads (dedup)
+        gathered = sum(map(sum, alone))  # devices' own reads, and the owners' read-modify-writes (without)
+        device_rows = sum(map(sum, owned)) + gathered
+        union_rows = sum(union) + gathered
+        received = sum(o[h] + a[h] for g, (o, a) in enumerate(zip(owned, alone)) for h in range(n) if h != g)
         return {
-            "host_to_device": {"rows": read + self.admitted_rows,
-                               "bytes": read * (embedding_bytes + row_bytes) + self.admitted_bytes},
-            "device_to_host": {"rows": read + self.written_back_rows,
-                               "bytes": read * row_bytes + self.written_back_bytes},
-            "device_to_device": {"rows": received,
-                                 "bytes": received * ((2 if self.dedup else 1) * embedding_bytes + 8)
-                                 + self.relation_bytes},
+            "host_to_device": {"rows": read + gathered + self.admitted_rows, "bytes": sum(links["host_to_device"])},
+            "device_to_host": {"rows": read + gathered + self.written_back_rows,
+                               "bytes": sum(links["device_to_host"])},
+            "device_to_device": {"rows": received, "bytes": sum(map(sum, links["device_to_device"]))},
             "device_rows": device_rows,
-            "union_rows": union,
-            "shared_rows": device_rows - union,
-            "cache_hits": hits,
-            "rho": device_rows / union if union else 1.0,
+            "union_rows": union_rows,
+            "shared_rows": device_rows - union_rows,
+            "cache_hits": sum(hits),
+            "rho": device_rows / union_rows if union_rows else 1.0,
             "steps": self.steps,
+            "links": links,
         }
+
+    def _links(self, owned, alone, union, hits, embedding_bytes: int, row_bytes: int) -> dict:
+        """Bytes per host link and per pair of devices (see ``snapshot``)."""
+        n = len(owned)
+        gradient = embedding_bytes + ID_BYTES
+        to_device, to_host = [], []
+        for h in range(n):
+            read = union[h] - hits[h]  # owner h's gathers and read-modify-writes (dedup)
+            updated = sum(alone[g][h] for g in range(n))  # owner h's read-modify-writes (without)
+            to_device.append(read * (embedding_bytes + row_bytes) + sum(alone[h]) * embedding_bytes
+                             + updated * row_bytes + self.admitted_bytes[h])
+            to_host.append((read + updated) * row_bytes + self.written_back_bytes[h])
+        pairs = [row.copy() for row in self.relation_bytes]
+        for g in range(n):
+            for h in range(n):
+                if h != g:
+                    pairs[h][g] += owned[g][h] * embedding_bytes  # owner h's rows to device g (dedup)
+                    pairs[g][h] += (owned[g][h] + alone[g][h]) * gradient  # g's ids and gradients to owner h
+        return {"host_to_device": to_device, "device_to_host": to_host, "device_to_device": pairs}
 
 
 def group_steps_by_head(edges: torch.Tensor, step_edges: int, num_devices: int, window_steps: int) -> torch.Tensor:

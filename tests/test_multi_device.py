@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import marius_py as mp
+from marius_py.config import dedup_setting
 from marius_py.dataset import Dataset
 from marius_py.step.runners import build_multi_device_runner
 from marius_py.step.model import Model
@@ -140,7 +141,8 @@ def _recording_runner(config, replicas, nodes, state, bound, log, scale: float =
     update = lambda *a, **k: sparse_adagrad_(*a, lr=0.1, eps=1e-10, **k)  # noqa: E731
     if p.placement == "replicated":
         return ReplicatedRunner(steps, update, devices, config.training.batch_size, bound)
-    return MultiDeviceRunner(steps, update, devices, config.training.batch_size, bound, dedup=p.dedup,
+    return MultiDeviceRunner(steps, update, devices, config.training.batch_size, bound,
+                             dedup=dedup_setting(p.dedup),  # (the config's name: "false" is no dedup)
                              cache_rows=max(p.cache_rows, 0), cache_all=p.placement == "split")
 
 
@@ -186,7 +188,6 @@ def test_replicated_tables_stay_equal_and_train_like_the_baseline_at_bound_two(s
     for replica in replicas[1:]:
         assert torch.equal(replica.decoder.relations, replicas[0].decoder.relations)
     torch.testing.assert_close(results["replicated"], results["baseline"], rtol=0.02, atol=0)
-    assert runner.counters.snapshot(4, 8)["device_to_device"]["bytes"] == 0  # (simulated devices share memory)
 
 
 @pytest.mark.parametrize("bound", [1, 2])
@@ -263,6 +264,91 @@ def test_counters_show_rows_read_once_per_step(small_config):
     assert baseline["device_to_device"]["bytes"] < dedup["device_to_device"]["bytes"]
     saved = 1 - dedup["host_to_device"]["bytes"] / baseline["host_to_device"]["bytes"]
     assert saved == pytest.approx(1 - 1 / dedup["rho"])  # every host byte scales with the rows read
+
+
+@pytest.mark.parametrize("num_devices", [3, 4])
+@pytest.mark.parametrize("bound", [1, 2])
+def test_link_counters_equal_what_routing_planned(small_config, num_devices, bound):
+    """Each host link and each pair of devices carries the bytes the steps' row sets imply (recounted here
+    from the rows every device trained, owner ``row % G``): with dedup an owner reads the union of its rows
+    once per step, so the host links carry less than when every device reads its own."""
+    embedding, row = 64, 96  # bytes of a row's embedding, and of its embedding and optimizer state
+    snapshots = {}
+    for variant in ("dedup", "baseline"):
+        config, replicas, nodes, state, edges = setup(small_config, ["cpu"] * num_devices, "model.decoder=distmult",
+                                                      *RUNNER_VARIANTS[variant])
+        log: list = []
+        runner = _recording_runner(config, replicas, nodes, state, bound, log)
+        runner.run(edges, nodes, state, None, [torch.Generator().manual_seed(g) for g in range(num_devices)],
+                   [torch.Generator() for _ in range(num_devices)], torch.zeros(()), lambda n: None)
+        relations = sum(p.numel() * p.element_size() for p in replicas[0].relation_parameters())
+        expected = _planned_links(_steps_of(log), num_devices, variant == "dedup", embedding, row, relations)
+        snapshot = snapshots[variant] = runner.counters.snapshot(embedding, row)
+        assert snapshot["links"] == expected
+        for direction in ("host_to_device", "device_to_host"):
+            assert snapshot[direction]["bytes"] == sum(expected[direction])
+        assert snapshot["device_to_device"]["bytes"] == sum(map(sum, expected["device_to_device"]))
+    dedup, baseline = (snapshots[v]["links"]["host_to_device"] for v in ("dedup", "baseline"))
+    assert sum(dedup) < sum(baseline) and all(d <= b for d, b in zip(dedup, baseline))
+
+
+def _steps_of(log: list) -> list[list[set[int]]]:
+    """RecordingStep's log, one entry per device and step in device order, as each step's row sets."""
+    steps: list[list[set[int]]] = []
+    for device, _, rows, _ in log:
+        if device == 0:
+            steps.append([])
+        steps[-1].append(set(rows.tolist()))
+    return steps
+
+
+def _planned_links(steps: list[list[set[int]]], n: int, dedup: bool, embedding: int, row: int,
+                   relations: int) -> dict:
+    """Bytes per host link and per (sender, receiver) pair that routing the steps' row sets moves."""
+    to_device, to_host = [0] * n, [0] * n
+    pairs = [[0] * n for _ in range(n)]
+    for rows in steps:
+        for owner in range(n):
+            mine = [{r for r in device_rows if r % n == owner} for device_rows in rows]
+            if dedup:  # the owner reads the union once (gather + read-modify-write) and sends the rows
+                union = set().union(*mine)
+                to_device[owner] += len(union) * (embedding + row)
+                to_host[owner] += len(union) * row
+            else:  # each device gathers its own rows; the owner updates each device's in turn
+                gathered = len(rows[owner]) if owner < len(rows) else 0  # (a short last step)
+                to_device[owner] += gathered * embedding + sum(map(len, mine)) * row
+                to_host[owner] += sum(map(len, mine)) * row
+            for g, wanted in enumerate(mine):
+                if g != owner:
+                    pairs[owner][g] += len(wanted) * embedding if dedup else 0
+                    pairs[g][owner] += len(wanted) * (embedding + 8)
+        for sender in range(len(rows)):  # the relation gradients' all-reduce
+            for receiver in range(n):
+                pairs[sender][receiver] += relations if receiver != sender else 0
+    return {"host_to_device": to_device, "device_to_host": to_host, "device_to_device": pairs}
+
+
+@pytest.mark.parametrize("num_devices", [3, 4])
+def test_replicated_counters_count_each_copy_between_devices(small_config, num_devices):
+    """Replicated tables: every device sends its packed gradients to every other one each step (counted as
+    GPUs copy them, though simulated devices share memory); no host link carries rows."""
+    config, replicas, nodes, state, edges = setup(small_config, ["cpu"] * num_devices, *RUNNER_VARIANTS["replicated"])
+    runner = build_multi_device_runner(replicas, "replicated", config, [r.device for r in replicas], 0)
+    sent = [0] * num_devices
+    gradients_on = runner.gradients_on
+
+    def counting(g, *args):
+        packed = gradients_on(g, *args)
+        sent[g] += packed.nbytes()
+        return packed
+    runner.gradients_on = counting
+    runner.run(edges, nodes, state, None, [epoch_generator(0, 1, "cpu", stream=2 + g) for g in range(num_devices)],
+               [epoch_generator(0, 1, "cpu", stream=9 + g) for g in range(num_devices)], torch.zeros(()),
+               lambda n: None)
+    links = runner.counters.snapshot(4, 8)["links"]
+    assert links["device_to_device"] == [[0 if h == d else sent[h] for d in range(num_devices)]
+                                         for h in range(num_devices)]
+    assert min(sent) > 0 and links["host_to_device"] == links["device_to_host"] == [0] * num_devices
 
 
 def test_group_by_owner_and_union_route_each_row_to_one_owner():
@@ -405,6 +491,10 @@ def test_trainer_on_simulated_devices_learns_and_logs_transfers(small_config, tm
     assert len(epochs) == 6
     transfers = epochs[-1]["devices"]
     assert transfers["names"] == ["cpu", "cpu"] and transfers["steps"] > 0
+    links = transfers["links"]  # each link's bytes, adding up to the totals
+    assert len(links["host_to_device"]) == 2 and min(links["host_to_device"]) > 0
+    assert sum(links["host_to_device"]) == transfers["host_to_device"]["bytes"]
+    assert sum(map(sum, links["device_to_device"])) == transfers["device_to_device"]["bytes"]
     assert transfers["host_to_device"]["bytes"] > 0 and transfers["device_to_host"]["bytes"] > 0
     assert transfers["dedup"] is (config.pipeline.dedup != "false")  # (auto is dedup on a CPU)
     if transfers["dedup"]:
@@ -427,6 +517,8 @@ def test_trainer_with_replicated_tables_learns_and_resumes_where_it_stopped(smal
     assert [r["pipeline"]["placement"] for r in epochs] == ["replicated"] * 4
     assert epochs[-1]["devices"]["steps"] > 0
     assert all(r["devices"]["host_enqueue_seconds"] > 0 for r in epochs)  # (the host's share of each epoch)
+    pairs = epochs[-1]["devices"]["links"]["device_to_device"]  # every GPU's gradients to every other
+    assert all((pairs[h][d] > 0) == (h != d) for h in range(len(pairs)) for d in range(len(pairs)))
     mp.train(small_config(*overrides, "training.epochs=2"), tmp_path / "split", progress=False)
     resumed = mp.train(small_config(*overrides, "training.epochs=4"), tmp_path / "split", progress=False,
                        resume=True)
@@ -490,6 +582,11 @@ def test_dedup_auto_times_both_modes_keeps_the_faster_and_trains_the_same_model(
     assert runner.dedup_trial == {"seconds_per_step": {"dedup": 1.0 if faster else 2.0,
                                                        "no_dedup": 2.0 if faster else 1.0}, "chosen": faster}
     torch.testing.assert_close(nodes, results[True][0], rtol=0, atol=1e-6)
+    # The trial's steps without dedup count as such: their rows are read once per device, not per owner.
+    auto, dedup = (results[k][1].counters.snapshot(4, 8) for k in ("auto", True))
+    assert auto["device_rows"] == dedup["device_rows"]
+    assert dedup["union_rows"] < auto["union_rows"] < auto["device_rows"]
+    assert auto["host_to_device"]["bytes"] > dedup["host_to_device"]["bytes"]
 
 
 @pytest.mark.parametrize("value, expected", [(False, False), (True, True), ("false", False), ("auto", True)])

@@ -196,7 +196,8 @@ class ReplicaGroupRunner:
 
 
 class _GroupCounters:
-    """The epoch record's transfer counts: the bytes the all-gathers moved, from the steps taken."""
+    """The epoch record's transfer counts: the bytes the all-gathers moved, from the steps taken; per pair
+    of processes, what each receives from each other (a collective may route them through others)."""
 
     def __init__(self, runner: ReplicaGroupRunner):
         self.runner, self.base = runner, 0
@@ -208,7 +209,10 @@ class _GroupCounters:
         stepper = self.runner.stepper
         steps = stepper.steps - self.base
         sent = stepper.buffers[0][0].nbytes() if stepper.buffers[0] is not None else 0
-        return {"device_to_device": {"bytes": steps * sent * stepper.world * (stepper.world - 1)}, "steps": steps}
+        world, idle = stepper.world, [0] * stepper.world
+        pairs = [[0 if h == d else steps * sent for d in range(world)] for h in range(world)]
+        return {"device_to_device": {"bytes": steps * sent * world * (world - 1)}, "steps": steps,
+                "links": {"host_to_device": idle, "device_to_host": idle, "device_to_device": pairs}}
 
 
 def _serialized(state: dict) -> bytes:
