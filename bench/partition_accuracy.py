@@ -6,7 +6,9 @@ everything else equal, and prints test MRR and its difference to p = 1.
     python bench/partition_accuracy.py --dataset ../shared/datasets/codex-m --config codex-m \
         --variants beta:8:2 beta:16:4 beta_random:8:2 comet:8:2 --out bench/results/partitions.json
 
-A variant ``ORDERING:P:C`` trains with P partitions and a buffer of C (for
+``memory:P:C`` trains as a user gets it from the plan with ``--partitions P`` in the memory a float32
+``default:P:C`` buffer takes (``storage.memory_limit_gib``): bfloat16 rows, the default ordering, the
+largest buffer that fits. A variant ``ORDERING:P:C`` trains with P partitions and a buffer of C (for
 ``comet`` and ``affine``, P and C count logical partitions of ``--group-size`` physical ones,
 or of K with ``comet:P:C:K``; ``default:P:C`` is the default ordering over P
 physical partitions, its group size chosen as training does); ``+key=value``
@@ -58,6 +60,7 @@ from storage_precision import PRECISIONS, emulated_storage, emulation_overrides,
 import marius_py as mp  # noqa: E402
 from marius_py.config import StorageLayout, run_layout, storage_layout  # noqa: E402
 from marius_py.negatives import CandidateRows  # noqa: E402
+from marius_py.plan import GiB, GraphSize, buffer_bytes  # noqa: E402
 from marius_py.config import epoch_ordering  # noqa: E402
 from marius_py.trainer import Trainer, TrainingSpan  # noqa: E402
 from marius_py.orderings import is_two_level, simulate  # noqa: E402
@@ -159,6 +162,22 @@ def ordered_in_memory(spec: str, dataset: Path, config_name: str, overrides: lis
         Trainer._spans = original
 
 
+def memory_overrides(spec: str, dataset: Path, config_name: str, overrides: list[str]) -> list[str]:
+    """``memory:P:C[+key=value...]``: P partitions with everything else the plan's (dtype, ordering, buffer) in
+    the memory a float32 ``default:P:C`` buffer takes, its lookahead included (the memory reading of P:C)."""
+    layout, *suffixes = spec.split("+")
+    _, p, c = layout.split(":")
+    float32 = mp.make_config(config_name, [f"dataset.path={dataset}", *overrides, *suffixes,
+                                           f"storage.num_partitions={p}", f"storage.buffer_capacity={c}",
+                                           "storage.dtype=float32"])
+    opened = mp.api.open_dataset(float32, progress=False)
+    graph = GraphSize.of(float32, opened.num_nodes, opened.metadata.num_train)
+    opened.close()
+    limit = buffer_bytes(run_layout(float32, graph.num_nodes), graph, float32.storage.lookahead) + 1
+    return [f"storage.num_partitions={p}", "storage.buffer_capacity=0", f"storage.memory_limit_gib={limit / GiB!r}",
+            *suffixes]
+
+
 def run_overrides(spec: str, group_size: int) -> list[str]:
     """The overrides a variant's run trains with (in-memory variants, ``IN_MEMORY_VARIANTS``, with only their
     suffixes)."""
@@ -224,7 +243,8 @@ def main() -> None:
     results = []
     with tempfile.TemporaryDirectory() as workdir:
         runs = [] if args.skip_p1 else [("p=1", [])]
-        for label, extra in runs + [(v, run_overrides(v, args.group_size)) for v in args.variants]:
+        for label, extra in runs + [(v, memory_overrides(v, Path(args.dataset), args.config, args.set) if v.startswith("memory:")
+                                 else run_overrides(v, args.group_size)) for v in args.variants]:
             with (ordered_in_memory(label, Path(args.dataset), args.config, args.set, args.group_size),
                   emulated_storage(args.storage_precision)):
                 result = run_one(Path(args.dataset), args.config, args.set + extra, Path(workdir), inspect)

@@ -67,7 +67,8 @@ def run_one(dataset: Path, config_name: str, overrides: list[str], workdir: Path
             "best_valid": {"epoch": best_valid["epoch"], "mrr": best_valid["mrr"]} if best_valid else None,
             "wall_seconds": seconds, "train_seconds": train_seconds,
             "edges_per_s": edges / max(train_seconds, 1e-9), "device": config.training.device, "io": io,
-            "resolved_config": config.to_dict(), **(inspect(model) if inspect else {})}
+            "resolved_config": mp.api.load_run_config(run_dir).to_dict(),  # (as it trained: the plan's store pinned)
+            **(inspect(model) if inspect else {})}
 
 
 def main() -> None:

@@ -300,30 +300,41 @@ def _partition_counts(config: Config, graph: GraphSize) -> list[list[int]]:
 
 def _best_buffer(config: Config, graph: GraphSize, machine: Machine, num_partitions: int) -> _Candidate | None:
     """The largest buffer of ``num_partitions`` (or the one given) whose slots and a state's edges fit, with
-    where the buffer lives and the epoch's IO."""
+    where the buffer lives and the epoch's IO; one whose groups regroup (``_regroups``) where any fits."""
     given = config.storage.buffer_capacity
-    for capacity in ([given] if given else range(num_partitions, 1, -1)):
-        layout = run_layout(_with_storage(config, num_partitions=num_partitions, buffer_capacity=capacity),
-                            graph.num_nodes)
-        if not given and not _regroups(layout):
-            continue
-        slots = buffer_bytes(layout, graph, config.storage.lookahead)
-        share = layout.buffer_capacity / layout.num_partitions
-        edges_bytes = RSS_MARGIN + STATE_EDGE_BYTES * int(graph.num_train * share * share)  # (the first state
-        placement = _buffer_placement(config, machine, slots, edges_bytes)              # trains all it holds)
-        if given and placement is None:  # (the user's buffer: the trainer refuses one host memory cannot hold)
-            placement = PLACEMENT_HOST if _several(config) else choose_placement(
-                config.pipeline.placement, machine.device_type, slots, _first(machine.gpu_free))
-        if placement is not None:
-            host = edges_bytes + (0 if placement == PLACEMENT_DEVICE else slots)
-            return _Candidate(num_partitions, capacity, layout, slots, host, placement,
-                              _epoch_io(layout, graph, config))
-    return None
+    fitting = (c for c in (_fitted(config, graph, machine, num_partitions, capacity)
+                           for capacity in ([given] if given else range(num_partitions, 1, -1))) if c is not None)
+    first = None
+    for candidate in fitting:
+        if given or _regroups(candidate.layout):
+            return candidate
+        first = first or candidate
+    return first
+
+
+def _fitted(config: Config, graph: GraphSize, machine: Machine, num_partitions: int,
+            capacity: int) -> _Candidate | None:
+    """P:C with where its buffer lives, None where its slots and a state's edges fit nowhere (a buffer the
+    user gave goes where the placement says: the trainer refuses one host memory cannot hold)."""
+    layout = run_layout(_with_storage(config, num_partitions=num_partitions, buffer_capacity=capacity),
+                        graph.num_nodes)
+    slots = buffer_bytes(layout, graph, config.storage.lookahead)
+    share = layout.buffer_capacity / layout.num_partitions
+    edges_bytes = RSS_MARGIN + STATE_EDGE_BYTES * int(graph.num_train * share * share)  # (the first state trains
+    placement = _buffer_placement(config, machine, slots, edges_bytes)                # every bucket it holds)
+    if config.storage.buffer_capacity and placement is None:
+        placement = PLACEMENT_HOST if _several(config) else choose_placement(
+            config.pipeline.placement, machine.device_type, slots, _first(machine.gpu_free))
+    if placement is None:
+        return None
+    host = edges_bytes + (0 if placement == PLACEMENT_DEVICE else slots)
+    return _Candidate(num_partitions, capacity, layout, slots, host, placement, _epoch_io(layout, graph, config))
 
 
 def _regroups(layout: StorageLayout) -> bool:
     """Whether a two-level ordering gets groups of at least ``MIN_GROUP_SIZE`` to regroup every epoch (smaller
-    groups lose most of what regrouping recovers of in-memory accuracy: docs/design.md)."""
+    groups lose most of what regrouping recovers of in-memory accuracy: docs/design.md; a graph too small to
+    split its partitions finely may allow none)."""
     return not is_two_level(layout.ordering) or layout.buffer_capacity >= layout.num_partitions \
         or layout.group_size >= MIN_GROUP_SIZE
 
