@@ -2,9 +2,10 @@
 
 Tiers, fastest first: one GPU's memory (several GPUs: a copy on each, or a share on each), pinned host
 memory, and disk behind a partition buffer. The plan takes the first tier the tables fit in. On disk it
-chooses the partitions P and the buffer C whose epoch moves the fewest bytes in the memory there is
-(the IO simulator's count, a smaller P where a larger one saves little), and the rows are stored in
-bfloat16 (``storage.dtype=auto``). What the user gave (``storage.num_partitions``,
+chooses, among the partitions P and buffers C that fit in the memory there is, those whose ordering trains
+each partition in the fewest buffer states per epoch (what out-of-core accuracy follows), then the fewest
+bytes moved (the IO simulator's count; a smaller P where a larger one saves little), and the rows are
+stored in bfloat16 (``storage.dtype=auto``). What the user gave (``storage.num_partitions``,
 ``storage.buffer_capacity``, ``pipeline.placement``, ``storage.dtype``) is kept; the plan fills in the
 rest, prints what it chose and the memory the run will use, and the run's config.yaml pins it.
 """
@@ -19,7 +20,7 @@ from pathlib import Path
 
 from marius_py.config import Config, StorageLayout, dedup_setting, device_list, epoch_ordering, run_layout
 from marius_py.errors import MariusInputError
-from marius_py.orderings import is_two_level, simulate
+from marius_py.orderings import Ordering, is_two_level, simulate
 from marius_py.orderings.simulator import format_bytes
 from marius_py.pipeline.placements import (DEVICE_MEMORY_FRACTION, PLACEMENT_CPU, PLACEMENT_DEVICE,
                                            PLACEMENT_HOST, PLACEMENT_REPLICATED, PLACEMENT_SPLIT,
@@ -37,6 +38,7 @@ MIN_GROUP_SIZE = 4               # a two-level ordering's groups the plan accept
 PREFERRED_MOST_PARTITIONS = 64  # more only where no smaller count fits: every state drains the pipeline
 MIN_PARTITION_BYTES = 32 << 20   # smaller partitions are read and written below the disk's speed
 IO_TOLERANCE = 1.1               # a larger P is chosen only if its epoch moves 10% fewer bytes
+STATES_TOLERANCE = 0.05          # states per partition this close to the fewest count as as few
 
 TIER_GPU, TIER_HOST, TIER_DISK = "gpu", "host", "disk"
 
@@ -256,19 +258,23 @@ class _Candidate:
     host_bytes: int   # bound on host memory: the buffer there (or not), a state's edges, the margin
     placement: str
     io_bytes: int     # read and written in one epoch
+    states_per_partition: float  # buffer states a partition trains in per epoch (mean): the accuracy cost
 
 
 def _disk_plan(config: Config, graph: GraphSize, machine: Machine) -> Plan:
-    """Tables on disk behind a partition buffer: P and C (unless given) with the least IO that fits."""
+    """Tables on disk behind a partition buffer: P and C (unless given) that fit, fewest states per partition
+    first (accuracy), then the least IO."""
     candidates = []
     for counts in _partition_counts(config, graph):  # (larger counts only if no smaller one fits)
-        candidates = [c for c in (_best_buffer(config, graph, machine, p) for p in counts) if c is not None]
+        candidates = [c for p in counts for c in _fitting_buffers(config, graph, machine, p)]
         if candidates:
             break
     if not candidates:
         raise _no_fit(config, graph, machine)
-    least = min(c.io_bytes for c in candidates)
-    best = next(c for c in candidates if c.io_bytes <= IO_TOLERANCE * least)  # (ascending P)
+    fewest = min(c.states_per_partition for c in candidates)
+    accurate = [c for c in candidates if c.states_per_partition <= fewest + STATES_TOLERANCE]
+    least = min(c.io_bytes for c in accurate)
+    best = next(c for c in accurate if c.io_bytes <= IO_TOLERANCE * least)  # (ascending P, then descending C)
     on_gpu = best.placement == PLACEMENT_DEVICE
     table = graph.table_bytes(_itemsize(best.layout))
     return Plan(TIER_DISK, best.placement, best.num_partitions, best.buffer_capacity, best.layout, table,
@@ -298,18 +304,15 @@ def _partition_counts(config: Config, graph: GraphSize) -> list[list[int]]:
     return [[p for p in counts if p <= PREFERRED_MOST_PARTITIONS], [p for p in counts if p > PREFERRED_MOST_PARTITIONS]]
 
 
-def _best_buffer(config: Config, graph: GraphSize, machine: Machine, num_partitions: int) -> _Candidate | None:
-    """The largest buffer of ``num_partitions`` (or the one given) whose slots and a state's edges fit, with
-    where the buffer lives and the epoch's IO; one whose groups regroup (``_regroups``) where any fits."""
+def _fitting_buffers(config: Config, graph: GraphSize, machine: Machine, num_partitions: int) -> list[_Candidate]:
+    """The buffers of ``num_partitions`` (or the one given) whose slots and a state's edges fit, with where each
+    lives, its epoch's IO and its states per partition; those whose groups regroup (``_regroups``) where any
+    fit."""
     given = config.storage.buffer_capacity
-    fitting = (c for c in (_fitted(config, graph, machine, num_partitions, capacity)
-                           for capacity in ([given] if given else range(num_partitions, 1, -1))) if c is not None)
-    first = None
-    for candidate in fitting:
-        if given or _regroups(candidate.layout):
-            return candidate
-        first = first or candidate
-    return first
+    fitting = [c for c in (_fitted(config, graph, machine, num_partitions, capacity)
+                           for capacity in ([given] if given else range(num_partitions, 1, -1))) if c is not None]
+    regrouping = [c for c in fitting if _regroups(c.layout)]
+    return fitting if given else regrouping or fitting
 
 
 def _fitted(config: Config, graph: GraphSize, machine: Machine, num_partitions: int,
@@ -328,7 +331,15 @@ def _fitted(config: Config, graph: GraphSize, machine: Machine, num_partitions: 
     if placement is None:
         return None
     host = edges_bytes + (0 if placement == PLACEMENT_DEVICE else slots)
-    return _Candidate(num_partitions, capacity, layout, slots, host, placement, _epoch_io(layout, graph, config))
+    ordering = epoch_ordering(layout, config.training.seed, 1)
+    return _Candidate(num_partitions, capacity, layout, slots, host, placement, _epoch_io(ordering, layout, graph),
+                      _states_per_partition(ordering))
+
+
+def _states_per_partition(ordering: Ordering) -> float:
+    """Mean count of the states each (logical) partition is resident in: the out-of-core gap in accuracy grows
+    with it, whatever share of the nodes is resident (docs/design.md)."""
+    return sum(len(state) for state in ordering.states) / ordering.num_partitions
 
 
 def _regroups(layout: StorageLayout) -> bool:
@@ -355,11 +366,10 @@ def _buffer_placement(config: Config, machine: Machine, slots: int, edges_bytes:
     return placement if slots + edges_bytes <= host_room else None
 
 
-def _epoch_io(layout: StorageLayout, graph: GraphSize, config: Config) -> int:
-    """Bytes one epoch reads and writes (the IO simulator, at the physical layout)."""
+def _epoch_io(ordering: Ordering, layout: StorageLayout, graph: GraphSize) -> int:
+    """Bytes one epoch of ``ordering`` reads and writes (the IO simulator, at the physical layout)."""
     row_bytes = (graph.dim + graph.state_dim) * _itemsize(layout)
-    stats = simulate(epoch_ordering(layout, config.training.seed, 1),
-                     partition_size(graph.num_nodes, layout.num_partitions) * row_bytes)
+    stats = simulate(ordering, partition_size(graph.num_nodes, layout.num_partitions) * row_bytes)
     return stats.bytes_read + stats.bytes_written
 
 

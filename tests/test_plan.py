@@ -78,14 +78,17 @@ def test_the_memory_limit_bounds_the_buffer_and_more_memory_buys_a_larger_one():
     assert buffer_bytes(large.layout, GraphSize.of(config, *FREEBASE), config.storage.lookahead) == large.buffer_bytes
 
 
-def test_the_plan_moves_fewer_bytes_than_a_neighbouring_buffer():
-    plan = freebase_plan(Machine(host_available=24 * GiB, disk_free=500 * GiB))
-    from marius_py.plan import _epoch_io, _with_storage  # (the chosen buffer against one slot fewer)
-    config = load_config(None, MARIUS)
-    smaller = api.run_layout(_with_storage(config, num_partitions=plan.num_partitions,
-                                           buffer_capacity=plan.buffer_capacity - 1), FREEBASE[0])
-    graph = GraphSize.of(config, *FREEBASE)
-    assert _epoch_io(plan.layout, graph, config) < _epoch_io(smaller, graph, config)
+def test_the_plan_trains_each_partition_in_the_fewest_states_that_fit():
+    """Accuracy first: no buffer that fits trains a partition in fewer states (mean) than the plan's."""
+    from marius_py.plan import _fitting_buffers, _states_per_partition
+    from marius_py.config import epoch_ordering
+    machine = Machine(host_available=48 * GiB, disk_free=500 * GiB)
+    plan = freebase_plan(machine, "storage.num_partitions=16")
+    config = load_config(None, [*MARIUS, "storage.num_partitions=16"])
+    fitting = _fitting_buffers(config, GraphSize.of(config, *FREEBASE), machine, 16)
+    chosen = _states_per_partition(epoch_ordering(plan.layout, config.training.seed, 1))
+    assert len(fitting) > 1 and chosen <= min(c.states_per_partition for c in fitting) + 0.05
+    assert any(c.states_per_partition > chosen + 1 for c in fitting)  # (the choice mattered)
 
 
 def test_no_memory_is_one_clear_error():
