@@ -24,7 +24,7 @@ import shutil
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -124,10 +124,14 @@ class Trainer:
     links: a chunk file a snapshot links is replaced by rename, never rewritten; one
     only the live store holds is overwritten in place (a resume rebuilds the live
     store from a committed version).
+
+    ``trackers`` (objects with ``log(record)`` and ``close()``, as ``marius_py.trackers``)
+    receive every metrics record as it is logged; an exception one raises stops
+    training (``marius-py tune`` prunes a trial this way, from its validations).
     """
 
     def __init__(self, config: Config, dataset: Dataset, run_dir: str | Path, progress: bool = True,
-                 startup: Startup | None = None):
+                 startup: Startup | None = None, trackers: Sequence = ()):
         self.config = config
         self.startup = startup  # logged at the first batch this process trains
         self._planned_edges: torch.Tensor | None = None  # (in memory: ``_train_edges``)
@@ -135,6 +139,7 @@ class Trainer:
         self.run = self._run_directory(run_dir)
         if config.training.tensorboard:
             self.run.trackers.append(TensorBoardTracker(self.run.path / "tensorboard"))
+        self.run.trackers.extend(trackers)
         self.progress = progress
         self.devices = resolve_devices(config)
         self.layout = run_layout(config, dataset.num_nodes)  # (the physical store, resolved once)
