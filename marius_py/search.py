@@ -20,6 +20,7 @@ as new trials with the same values.
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import os
 import shutil
@@ -305,14 +306,11 @@ class _Search:
     def run(self, trial, device: str | None) -> None:
         """Train one trial, report it to the study and, when it is the best, write best.yaml."""
         state = self.optuna.trial.TrialState
-        params = self.space.suggest(trial)
         trial_dir = trial_run_dir(self.run_dir, trial.number)
         started = time.perf_counter()
         outcome, value = state.COMPLETE, None
         try:
-            config = with_overrides(self.base, _overrides(params) + _device_overrides(device), f"trial {trial.number}")
-            model = api.train(config, trial_dir, progress=False, test=False, trackers=[_Reporter(trial, self._say)])
-            value = model.evaluate("valid")["mrr"]
+            value = self._score(trial, trial_dir, device)
         except self.optuna.TrialPruned:
             outcome = state.PRUNED
         except (MariusInputError, torch.cuda.OutOfMemoryError) as error:  # (a diverged or oversized trial)
@@ -320,12 +318,20 @@ class _Search:
             trial.set_user_attr("error", str(error))
         finally:
             _drop_tables(trial_dir)
+            gc.collect()  # (the trial's tables, on the GPU too, go before the next trial's come)
         trial.set_user_attr("seconds", time.perf_counter() - started)
         with self.lock:
             finished = self.study.tell(trial, value, state=outcome)
             if outcome == state.COMPLETE and self.study.best_trial.number == trial.number:
                 self._write_best(finished)
         self._say(_trial_line(state, finished))
+
+    def _score(self, trial, trial_dir: Path, device: str | None) -> float:
+        """Train the trial on the values it draws: the validation MRR of the model training returns."""
+        overrides = _overrides(self.space.suggest(trial)) + _device_overrides(device)
+        config = with_overrides(self.base, overrides, f"trial {trial.number}")
+        model = api.train(config, trial_dir, progress=False, test=False, trackers=[_Reporter(trial, self._say)])
+        return model.evaluate("valid")["mrr"]
 
     def _write_best(self, trial) -> None:
         overrides = _overrides(trial.params)
