@@ -372,7 +372,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "from, as for train; the first trial trains it as given")
     p.add_argument("--space", help="the search space: a YAML file mapping config keys to ranges ({low: L, high: H, "
                    "log: true}) or choices ([a, b]), or fb15k-237 (the bundled space of that config)")
-    p.add_argument("--trials", type=int, help="trials in all (a resumed search counts those already run)")
+    p.add_argument("--trials", type=int, metavar="N", help="trials in all (a resumed search counts those already run)")
     p.add_argument("--run-dir", help="the search directory: its study (study.db), trials' runs and best.yaml "
                    "(default runs/tune-<dataset>-<time>)")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue a search (killed or finished) with its own "
@@ -380,8 +380,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pruner", choices=PRUNERS, help="stop unpromising trials at their validations: median "
                    "(below the median of the earlier trials at that epoch; the default), halving (successive "
                    "halving) or none")
-    p.add_argument("--gpus", type=int, help="run N trials at once, one on each of the first N GPUs")
-    p.add_argument("--devices", help="run trials at once, one on each device of a comma-separated list "
+    p.add_argument("--gpus", type=int, metavar="N", help="run N trials at once, one on each of the first N GPUs")
+    p.add_argument("--devices", metavar="LIST", help="run trials at once, one on each device of a comma-separated list "
                    "(cuda:0,cuda:2)")
     p.add_argument("--quiet", action="store_true", help="no line per validation and trial")
     p.set_defaults(func=cmd_tune)
