@@ -26,6 +26,7 @@ import os
 import shutil
 import threading
 import time
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -291,7 +292,9 @@ class _Search:
                        if s.study_name == STUDY_NAME)
         # Seeded by the trials so far and the worker: a resumed search or a second worker draws anew.
         seed = int(np.random.SeedSequence([self.base.training.seed, summary.n_trials, worker]).generate_state(1)[0])
-        sampler = optuna.samplers.TPESampler(seed=seed, constant_liar=True)
+        with warnings.catch_warnings():  # (constant_liar, which keeps workers from drawing alike, was
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # experimental before 5.0)
+            sampler = optuna.samplers.TPESampler(seed=seed, constant_liar=True)
         self.study = optuna.load_study(study_name=STUDY_NAME, storage=storage, sampler=sampler,
                                        pruner=_pruner(optuna, summary.user_attrs["pruner"]))
         self.total = summary.user_attrs["trials"]

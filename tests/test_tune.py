@@ -133,7 +133,7 @@ def wait_for_a_trial_in_training(run: Path, process: subprocess.Popen, timeout: 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         assert process.poll() is None, process.stderr.read().decode()
-        if (run / "study.db").exists():
+        if (run / "trials").is_dir():  # (the study is created: reading it while it is would race its creation)
             trials = study_of(run).trials
             finished = [t for t in trials if t.state.is_finished()]
             running = [(t.number, t.params) for t in trials if t.state == STATE.RUNNING]
