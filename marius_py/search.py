@@ -139,7 +139,10 @@ def _check_trials(trials) -> None:
 
 
 def _check_devices(config: Config, devices) -> list[str]:
-    """The search's devices (one trial on each at once), each present on this machine; [] for none."""
+    """The search's devices (one trial on each at once; a list, or a comma-separated string), each present on
+    this machine; [] for none."""
+    if isinstance(devices, str):
+        devices = device_list(devices)
     if not devices:
         return []
     for name in devices:
@@ -270,6 +273,8 @@ def _run_workers(run_dir: Path, devices: list[str], progress: bool) -> None:
 def _work(run_dir: Path, device: str | None, worker: int, lock, progress: bool, parent: int | None = None) -> None:
     """Trials one after another on ``device`` (None: the config's) until the study holds its total (or the
     process that started this worker is gone)."""
+    if parent is not None:
+        device = own_gpu(device)
     search = _Search(run_dir, worker, lock, progress)
     while parent is None or os.getppid() == parent:
         with lock:
@@ -277,6 +282,17 @@ def _work(run_dir: Path, device: str | None, worker: int, lock, progress: bool, 
                 return
             trial = search.study.ask()
         search.run(trial, device)
+
+
+def own_gpu(device: str | None) -> str | None:
+    """In a worker process, before CUDA starts: its GPU made the only one it sees (CUDA_VISIBLE_DEVICES), so
+    nothing a trial runs touches another worker's; the device to train on then (cuda:0)."""
+    if device is None or not device.startswith("cuda"):
+        return device
+    index = torch.device(device).index or 0
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
+    os.environ["CUDA_VISIBLE_DEVICES"] = visible.split(",")[index].strip() if visible else str(index)
+    return "cuda:0"
 
 
 class _Search:

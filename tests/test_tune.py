@@ -18,7 +18,7 @@ import pytest
 import marius_py as mp
 from marius_py.checkpoint import CHECKPOINTS, LIVE_STORE, RunDirectory
 from marius_py.cli import main
-from marius_py.search import STUDY_NAME, trial_run_dir
+from marius_py.search import STUDY_NAME, own_gpu, trial_run_dir
 
 STATE = optuna.trial.TrialState
 FAST = ["training.device=cpu", "model.dim=16", "training.batch_size=2048", "training.num_negatives=64",
@@ -154,6 +154,17 @@ def test_trials_run_at_once_one_per_device(umls_dataset, tmp_path):
     assert [t.state for t in trials] == [STATE.COMPLETE] * 4
     spans = sorted((t.datetime_start, t.datetime_complete) for t in trials)
     assert any(later[0] < earlier[1] for earlier, later in zip(spans, spans[1:]))  # overlapping trials
+
+
+@pytest.mark.parametrize("visible, device, sees", [(None, "cuda:1", "1"), ("4,6", "cuda:1", "6"),
+                                                   ("4, 6", "cuda", "4")])
+def test_a_worker_sees_its_gpu_alone(monkeypatch, visible, device, sees):
+    if visible is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    assert own_gpu(device) == "cuda:0" and os.environ["CUDA_VISIBLE_DEVICES"] == sees
+    assert own_gpu("cpu") == "cpu" and own_gpu(None) is None
 
 
 def test_without_optuna_tune_names_the_install_command(umls_dataset, tmp_path, monkeypatch, capsys):
