@@ -504,8 +504,10 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return EXIT_USER_ERROR
     except KeyboardInterrupt:
-        print("marius-py: interrupted; the last committed checkpoint is intact (--resume continues from it; "
-              "epochs after it are trained again)", file=sys.stderr)
+        print("marius-py: interrupted; " + ("the finished trials are kept (--resume continues the search and runs "
+                                            "the interrupted trials again)" if args.command == "tune" else
+                                            "the last committed checkpoint is intact (--resume continues from it; "
+                                            "epochs after it are trained again)"), file=sys.stderr)
         return 130
     return 0
 

@@ -104,7 +104,11 @@ def tune(config: Config, space: str | Path | Mapping, trials: int, run_dir: str 
     run_dir = Path(run_dir) if run_dir is not None else _default_run_dir(config)
     _check_new(run_dir)
     created = not run_dir.exists()
-    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise MariusInputError(f"cannot create the search directory ({error.strerror})", path=run_dir,
+                               expected="a --run-dir where this user can create a directory") from None
     with RunLock(run_dir):
         try:
             _create(optuna, run_dir, config, space, trials, pruner)
