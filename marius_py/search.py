@@ -161,6 +161,7 @@ def _check_devices(config: Config, devices) -> list[str]:
 def _check_valid_split(config: Config, progress: bool) -> None:
     """Trials are scored on the validation split: the dataset must have one (prepared once, here)."""
     dataset = api.open_dataset(config, progress)
+    dataset.close()
     if dataset.metadata.num_valid == 0:
         raise MariusInputError("the dataset has no validation edges, on which tune scores its trials",
                                path=dataset.directory, expected="a dataset with a valid split (marius-py "

@@ -232,3 +232,12 @@ def test_a_new_search_refuses_a_directory_holding_one(umls_dataset, tmp_path, ca
     before = sorted(p.name for p in run.iterdir())
     assert main(tune_command(umls_dataset, space, run, "--trials", "1")) == 2
     assert "holds a search already" in capsys.readouterr().err and sorted(p.name for p in run.iterdir()) == before
+
+
+def test_a_dataset_without_a_valid_split_is_refused(tmp_path, capsys):
+    data, run = tmp_path / "no-valid", tmp_path / "search"
+    umls = Path(__file__).parent / "data" / "umls" / "train.txt"
+    assert main(["preprocess", "--train", str(umls), "--split", "0,0.1", "-o", str(data), "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(tune_command(data, write_space(tmp_path, LR_SPACE), run, "--trials", "2")) == 2
+    assert "no validation edges" in capsys.readouterr().err and not run.exists()
