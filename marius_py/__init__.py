@@ -2,7 +2,8 @@
 
 The Python API (see ``marius_py.api``): ``load_dataset``, ``make_config``,
 ``train``, ``load_checkpoint`` and ``TrainedModel`` (``embedding``, ``score``,
-``predict``, ``evaluate``).
+``predict``, ``evaluate``); ``tune`` and ``resume_tune`` search hyperparameters
+(``marius_py.search``, with the tune extra).
 """
 
 # First, before torch's import: start-up is timed from the package's import (timeline.Startup).
@@ -14,7 +15,8 @@ from marius_py.api import TrainedModel, load_checkpoint, load_dataset, make_conf
 from marius_py.config import Config  # noqa: E402
 from marius_py.dataset import Dataset  # noqa: E402
 from marius_py.errors import MariusInputError  # noqa: E402
+from marius_py.search import resume_tune, tune  # noqa: E402
 
 __all__ = ["Config", "Dataset", "MariusInputError", "TrainedModel", "load_checkpoint", "load_dataset",
-           "make_config", "train"]
+           "make_config", "resume_tune", "train", "tune"]
 __version__ = "0.1.0"

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -233,7 +233,8 @@ def plan_for(config: Config, dataset: Dataset, run_dir: str | Path | None = None
     return plan_run(config, graph, machine or probe_machine(config, run_dir))
 
 
-def _start(config: Config, run_dir: Path, progress: bool, resume: bool) -> tuple[Trainer, Dataset]:
+def _start(config: Config, run_dir: Path, progress: bool, resume: bool,
+           trackers: Sequence = ()) -> tuple[Trainer, Dataset]:
     """The trainer of a run (set up under ``run_setup.claim_run_dir``). A new run's directory and config come
     first, so a run killed while the dataset is prepared or the store initialised can be resumed."""
     startup = Startup()
@@ -248,17 +249,19 @@ def _start(config: Config, run_dir: Path, progress: bool, resume: bool) -> tuple
     config = plan.applied(config)
     if not resume:  # (the plan's partitions and buffer, the split the dataset allowed and the dtype, pinned)
         RunDirectory(run_dir).write_config(with_split_applied(config, plan.layout))
-    trainer = Trainer(config, dataset, run_dir, progress=progress, startup=startup, plan=plan)
+    trainer = Trainer(config, dataset, run_dir, progress=progress, startup=startup, plan=plan, trackers=trackers)
     startup.mark("trainer_other")  # (its model, bucketing, runner and tables are marked apart)
     return trainer, dataset
 
 
 def train(config: Config, run_dir: str | Path | None = None, progress: bool = True,
-          resume: bool = False) -> TrainedModel | None:
-    """Train (or resume) a run and return its best (or last) model with test metrics.
+          resume: bool = False, test: bool = True, trackers: Sequence = ()) -> TrainedModel | None:
+    """Train (or resume) a run and return its best (or last) model with test metrics (none with
+    ``test=False``: a search selects on validation alone).
 
     The run directory is locked while it trains (``run_lock.RunLock``): a second
     command into it is refused, naming the process that holds it.
+    ``trackers`` receive every metrics record (``Trainer``); one that raises stops training.
     Under torchrun (several trainers, ``marius_py.distributed``) rank 0 returns it and the others None.
     """
     if not isinstance(config, Config):
@@ -269,22 +272,24 @@ def train(config: Config, run_dir: str | Path | None = None, progress: bool = Tr
         return train_distributed(config, run_dir, progress, resume,
                                  RunSteps(default_run_dir, open_dataset, finish_training))
     run_dir = Path(run_dir) if run_dir is not None else default_run_dir(config)
-    with claim_run_dir(run_dir, resume, lambda: _start(config, run_dir, progress, resume)) as (trainer, dataset):
+    with claim_run_dir(run_dir, resume, lambda: _start(config, run_dir, progress, resume, trackers)) as (
+            trainer, dataset):
         try:
             trainer.train()
-            return finish_training(trainer, config, dataset, run_dir)
+            return finish_training(trainer, config, dataset, run_dir, test)
         finally:
             trainer.close()
             trainer.run.close()
 
 
-def finish_training(trainer: Trainer, config: Config, dataset: Dataset, run_dir: Path) -> TrainedModel:
-    """The trained run's best (or last) model, tested when the dataset has a test split."""
+def finish_training(trainer: Trainer, config: Config, dataset: Dataset, run_dir: Path,
+                    test: bool = True) -> TrainedModel:
+    """The trained run's best (or last) model, tested when the dataset has a test split (and ``test``)."""
     if config.evaluation.select_best:
         trainer.load_best()
     trained = TrainedModel(config, dataset, trainer.model, trainer.node_table())
     trained.run_dir = run_dir
-    if dataset.metadata.num_test > 0:
+    if test and dataset.metadata.num_test > 0:
         metrics = trainer.evaluate("test")
         trainer.run.log(metrics)
         trained.test_metrics = metrics

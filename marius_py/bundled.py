@@ -23,6 +23,7 @@ from marius_py.storage.edge_store import EDGE_FILE
 
 BUNDLED_DATASETS = ("codex-m",)
 BUNDLED_CONFIGS = ("codex-m", "codex-m-best", "codex-s", "fb15k-237")
+BUNDLED_SPACES = ("fb15k-237",)  # search spaces of `marius-py tune --space NAME`
 SPLIT_NAMES = ("train", "valid", "test")
 
 
@@ -51,6 +52,13 @@ def _writable_cache_directory(directory: Path) -> None:
 def bundled_config(name: str) -> Path:
     """Path of a config shipped with the package (``codex-m``, ``codex-s``, ``fb15k-237``)."""
     return Path(str(resources.files("marius_py.configs").joinpath(f"{name}.yaml")))
+
+
+def bundled_space(name: str) -> Path | None:
+    """Path of a search space shipped with the package (``marius_py/configs/spaces``), or None."""
+    if name not in BUNDLED_SPACES:
+        return None
+    return Path(str(resources.files("marius_py.configs").joinpath(f"spaces/{name}.yaml")))
 
 
 def _raw_split_files(directory: Path) -> dict[str, Path] | None:

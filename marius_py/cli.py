@@ -1,4 +1,4 @@
-"""The ``marius-py`` command: preprocess | train | plan | eval | export | predict | ordering | verify | info | plot.
+"""The ``marius-py`` command: train | plan | tune | preprocess | eval | export | predict | ordering | verify | info | plot.
 
 A thin entry point: parse arguments, call the library, print results. User
 mistakes (``MariusInputError``) print one line and exit with status 2.
@@ -12,8 +12,9 @@ import json
 import sys
 from pathlib import Path
 
-from marius_py.config import STORAGE_DTYPES
+from marius_py.config import STORAGE_DTYPES, device_list
 from marius_py.errors import MariusInputError
+from marius_py.search_space import PRUNERS
 
 EXIT_USER_ERROR = 2
 
@@ -111,6 +112,40 @@ def cmd_plan(args) -> None:
         machine = replace(machine, disk_free=int(args.disk * GiB))
     plan = api.plan_run(config, graph, machine)
     print(json.dumps(plan.record()) if args.json else plan.describe())
+
+def cmd_tune(args) -> None:
+    from marius_py import api, search
+    search.require_optuna()  # (before anything else is checked)
+    devices = _tune_devices(args)
+    if args.resume:
+        given = [name for name, value in (("a config or key=value", args.config), ("--space", args.space),
+                                          ("--pruner", args.pruner), ("--run-dir", args.run_dir)) if value]
+        if given:
+            raise MariusInputError(f"--resume continues a search with its own config, space and pruner: no {given[0]}",
+                                   path="command line", expected="--resume RUN_DIR [--trials N] [--gpus N]")
+        result = search.resume_tune(args.resume, args.trials, devices, progress=not args.quiet)
+    else:
+        missing = [name for name, value in (("--space", args.space), ("--trials", args.trials)) if value is None]
+        if missing:
+            raise MariusInputError(f"tune needs {' and '.join(missing)}", path="command line",
+                                   expected="marius-py tune [CONFIG] [key=value ...] --space SPACE.yaml --trials N")
+        config_path, overrides = _split_config_args(args.config)
+        config = api.make_config(config_path or "codex-m", overrides, source="command line")
+        result = search.tune(config, args.space, args.trials, args.run_dir, args.pruner or "median", devices,
+                             progress=not args.quiet)
+    for line in result.summary():
+        print(line)
+
+
+def _tune_devices(args) -> list[str] | None:
+    """The devices of --gpus N or --devices LIST (one trial on each at once); None: the config's device."""
+    if args.gpus is not None and args.devices is not None:
+        raise MariusInputError("both --gpus and --devices", path="command line", expected="one of them")
+    if args.gpus is not None:
+        if args.gpus < 1:
+            raise MariusInputError(f"--gpus {args.gpus}", path="command line", expected="--gpus N with N >= 1")
+        return [f"cuda:{index}" for index in range(args.gpus)]
+    return device_list(args.devices) if args.devices is not None else None
 
 
 def cmd_preprocess(args) -> None:
@@ -386,6 +421,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.set_defaults(func=cmd_plan)
 
+    p = sub.add_parser("tune", help="search hyperparameters with Optuna (the tune extra): each trial trains on "
+                                    "values drawn from a search space and is scored on validation MRR")
+    p.add_argument("config", nargs="*", help="[CONFIG] [section.key=value ...]: the config every trial starts "
+                   "from, as for train; the first trial trains it as given")
+    p.add_argument("--space", help="the search space: a YAML file mapping config keys to ranges ({low: L, high: H, "
+                   "log: true}) or choices ([a, b]), or fb15k-237 (the bundled space of that config)")
+    p.add_argument("--trials", type=int, metavar="N", help="trials in all (a resumed search counts those already run)")
+    p.add_argument("--run-dir", help="the search directory: its study (study.db), trials' runs and best.yaml "
+                   "(default runs/tune-<dataset>-<time>)")
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue a search (killed or finished) with its own "
+                   "config, space and pruner; --trials raises its total")
+    p.add_argument("--pruner", choices=PRUNERS, help="stop unpromising trials at their validations: median "
+                   "(below the median of the earlier trials at that epoch; the default), halving (successive "
+                   "halving) or none")
+    p.add_argument("--gpus", type=int, metavar="N", help="run N trials at once, one on each of the first N GPUs")
+    p.add_argument("--devices", metavar="LIST", help="run trials at once, one on each device of a comma-separated list "
+                   "(cuda:0,cuda:2)")
+    p.add_argument("--quiet", action="store_true", help="no line per validation and trial")
+    p.set_defaults(func=cmd_tune)
+
     p = sub.add_parser("preprocess", help="turn delimited edge files into a dataset directory")
     p.add_argument("--train", required=True, help="train edges (or all edges, split randomly when "
                    "--valid/--test are not given); UTF-8, LF or CRLF lines; .gz accepted")
@@ -469,7 +524,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # The list each verb gathers its key=value items into (verbs without one take none).
-OVERRIDE_LISTS = {"train": "config", "plan": "config", "eval": "overrides"}
+OVERRIDE_LISTS = {"train": "config", "plan": "config", "tune": "config", "eval": "overrides"}
 
 
 def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
@@ -504,8 +559,10 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return EXIT_USER_ERROR
     except KeyboardInterrupt:
-        print("marius-py: interrupted; the last committed checkpoint is intact (--resume continues from it; "
-              "epochs after it are trained again)", file=sys.stderr)
+        print("marius-py: interrupted; " + ("the finished trials are kept (--resume continues the search and runs "
+                                            "the interrupted trials again)" if args.command == "tune" else
+                                            "the last committed checkpoint is intact (--resume continues from it; "
+                                            "epochs after it are trained again)"), file=sys.stderr)
         return 130
     return 0
 

@@ -8,6 +8,7 @@ The resolved config is saved next to every run's checkpoints.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import math
@@ -476,24 +477,38 @@ def _coerce(value, annotation, path: str, source, line: int | None = None):
 
 
 def _section_types(section) -> dict[str, str]:
-    hints = typing.get_type_hints(type(section))
+    """The type name of every key of a section (a section's class or instance)."""
+    hints = typing.get_type_hints(section if isinstance(section, type) else type(section))
     return {f.name: hints[f.name].__name__ for f in dataclasses.fields(section)}
+
+
+def key_type(dotted: str, source: object = None, line: int | None = None) -> str:
+    """The type name (int, float, str, bool) of config key ``section.key``; an unknown key is an error naming
+    ``source`` and ``line`` and the keys there are."""
+    parts = dotted.split(".")
+    sections = {f.name: f.default_factory for f in dataclasses.fields(Config)}
+    if len(parts) != 2 or parts[0] not in sections:
+        raise MariusInputError(f"unknown config key {dotted!r}", path=source, line=line,
+                               expected=f"section.key with section one of {', '.join(sorted(CONFIG_SECTIONS))}")
+    types = _section_types(sections[parts[0]])
+    if parts[1] not in types:
+        raise MariusInputError(f"unknown config key {dotted!r}", path=source, line=line,
+                               expected=f"one of {', '.join(parts[0] + '.' + k for k in types)}")
+    return types[parts[1]]
+
+
+def coerce_key(dotted: str, value, source: object = None, line: int | None = None):
+    """``value`` converted to the type of config key ``dotted`` (errors name ``source`` and ``line``)."""
+    return _coerce(value, key_type(dotted, source, line), dotted, source, line)
 
 
 def _set(config: Config, dotted: str, value, source, line: int | None = None) -> None:
     if dotted in REMOVED_KEYS:
         _check_removed(dotted, value, source, line)
         return
-    parts = dotted.split(".")
-    if len(parts) != 2 or parts[0] not in CONFIG_SECTIONS:
-        raise MariusInputError(f"unknown config key {dotted!r}", path=source, line=line,
-                               expected=f"section.key with section one of {', '.join(sorted(CONFIG_SECTIONS))}")
-    section = getattr(config, parts[0])
-    types = _section_types(section)
-    if parts[1] not in types:
-        raise MariusInputError(f"unknown config key {dotted!r}", path=source, line=line,
-                               expected=f"one of {', '.join(parts[0] + '.' + k for k in types)}")
-    setattr(section, parts[1], _coerce(value, types[parts[1]], dotted, source, line))
+    value = coerce_key(dotted, value, source, line)  # (refuses an unknown key)
+    section, key = dotted.split(".")
+    setattr(getattr(config, section), key, value)
 
 
 # storage.negative_cache and its three policies were removed. An earlier run's config.yaml names them: off
@@ -655,15 +670,28 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
-def _read_yaml(path: Path) -> tuple[object, dict[str, int]]:
-    """A YAML config file's value (UTF-8, or UTF-16 with a byte-order mark) and the line of every section and
-    ``section.key``; errors name the file and line."""
+@dataclass(frozen=True)
+class YamlKind:
+    """What a YAML file holds, as ``read_yaml``'s errors name it."""
+
+    noun: str     # "config file"
+    shape: str    # what a valid file is: "a YAML mapping of sections"
+    example: str  # said after the shape when the file is empty
+
+
+CONFIG_YAML = YamlKind("config file", "a YAML mapping of sections",
+                       "like 'training: {lr: 0.1}' (give no config for the defaults)")
+
+
+def read_yaml(path: Path, kind: YamlKind = CONFIG_YAML) -> tuple[object, dict[str, int]]:
+    """A YAML file's value (UTF-8, or UTF-16 with a byte-order mark) and the line of every top-level key and
+    of every ``key.subkey`` (a config's sections and ``section.key``); errors name the file and line."""
     try:
         data = path.read_bytes()
     except FileNotFoundError:
-        raise MariusInputError("config file not found", path=path) from None
+        raise MariusInputError(f"{kind.noun} not found", path=path) from None
     except OSError as error:
-        raise MariusInputError(f"cannot read the config file ({error.strerror or error})", path=path,
+        raise MariusInputError(f"cannot read the {kind.noun} ({error.strerror or error})", path=path,
                                expected="a readable YAML file") from None
     loader = None
     try:
@@ -674,7 +702,7 @@ def _read_yaml(path: Path) -> tuple[object, dict[str, int]]:
         mark = getattr(error, "problem_mark", None)
         line = mark.line + 1 if mark is not None else None
         problem = "not valid YAML: " + " ".join(str(getattr(error, "problem", None) or error).split())
-        expected = "each key once in a section" if isinstance(error, _DuplicateKey) else "a YAML mapping of sections"
+        expected = "each key once in a section" if isinstance(error, _DuplicateKey) else kind.shape
         if isinstance(error, yaml.reader.ReaderError):  # not UTF-8, or a control character (NUL...)
             line = data[:error.position].count(b"\n") + 1  # (approximate past non-ASCII text)
             if error.encoding == "unicode":
@@ -684,15 +712,13 @@ def _read_yaml(path: Path) -> tuple[object, dict[str, int]]:
                     "UTF-8 text, or UTF-16 with a byte-order mark"
         raise MariusInputError(problem, path=path, line=line, expected=expected) from None
     except RecursionError:
-        raise MariusInputError("not valid YAML: nested too deeply", path=path,
-                               expected="a YAML mapping of sections") from None
+        raise MariusInputError("not valid YAML: nested too deeply", path=path, expected=kind.shape) from None
     finally:
         if loader is not None:
             loader.dispose()
     if node is None:
-        raise MariusInputError("config file is empty (no settings)", path=path,
-                               expected="a YAML mapping of sections like 'training: {lr: 0.1}' (give no config "
-                                        "for the defaults)")
+        raise MariusInputError(f"{kind.noun} is empty (no settings)", path=path,
+                               expected=f"{kind.shape} {kind.example}")
     return raw, _node_lines(node)
 
 
@@ -719,7 +745,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     norm_level = None  # where model.norm itself was given: 0 the file, 1 the overrides
     if path is not None:
         path = Path(path)
-        raw, lines = _read_yaml(path)
+        raw, lines = read_yaml(path)
         config = from_dict(raw, source=path, lines=lines, old_norms=old_norms)
         origins.update({RENAMED_KEYS.get(key, key): (path, line) for key, line in lines.items()})
         norm_level = 0 if "model.norm" in lines else None
@@ -731,6 +757,13 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     for key, (level, _, where) in old_norms.items():  # (errors about model.norm name where it came from)
         origins.setdefault("model.norm", origins.get(key, (where, None)))
     return validate(config, origins)
+
+
+def with_overrides(config: Config, overrides: list[str], source: object = "overrides",
+                   origins: dict | None = None) -> Config:
+    """A validated copy of ``config`` with ``key=value`` overrides applied (``config`` itself is unchanged);
+    ``origins`` as ``validate`` takes them."""
+    return validate(apply_overrides(copy.deepcopy(config), overrides, source), origins)
 
 
 def dump_config(config: Config) -> str:

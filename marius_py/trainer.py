@@ -24,7 +24,7 @@ import shutil
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -116,16 +116,21 @@ class Trainer:
     links: a chunk file a snapshot links is replaced by rename, never rewritten; one
     only the live store holds is overwritten in place (a resume rebuilds the live
     store from a committed version).
+
+    ``trackers`` (objects with ``log(record)`` and ``close()``, as ``marius_py.trackers``)
+    receive every metrics record as it is logged; an exception one raises stops
+    training (``marius-py tune`` prunes a trial this way, from its validations).
     """
 
     def __init__(self, config: Config, dataset: Dataset, run_dir: str | Path, progress: bool = True,
-                 startup: Startup | None = None, plan: Plan | None = None):
+                 startup: Startup | None = None, plan: Plan | None = None, trackers: Sequence = ()):
         self.startup = startup  # logged at the first batch this process trains
         self._planned_edges: torch.Tensor | None = None  # (in memory: ``_train_edges``)
         self.dataset = dataset
         self.run = self._run_directory(run_dir)
         if config.training.tensorboard:
             self.run.trackers.append(TensorBoardTracker(self.run.path / "tensorboard"))
+        self.run.trackers.extend(trackers)
         self.progress = progress
         self.devices = resolve_devices(config)
         self.graph = GraphSize.of(config, dataset.num_nodes, dataset.metadata.num_train)
