@@ -239,8 +239,8 @@ def _search(run_dir: Path, devices: list[str], progress: bool) -> TuneResult:
     """Run trials until the study holds its total, then the result (an error when no trial completed)."""
     optuna = require_optuna()
     started = time.monotonic()
-    if len(devices) > 1:
-        _run_workers(run_dir, devices, progress)
+    if len(devices) > 1 or any(device.startswith("cuda") for device in devices):  # (a GPU: its own process,
+        _run_workers(run_dir, devices, progress)                                  # which sees that GPU alone)
     else:
         _work(run_dir, devices[0] if devices else None, 0, threading.Lock(), progress)
     study = optuna.load_study(study_name=STUDY_NAME, storage=_storage(optuna, run_dir))
@@ -291,13 +291,14 @@ def _work(run_dir: Path, device: str | None, worker: int, lock, progress: bool, 
 
 def own_gpu(device: str | None) -> str | None:
     """In a worker process, before CUDA starts: its GPU made the only one it sees (CUDA_VISIBLE_DEVICES), so
-    nothing a trial runs touches another worker's; the device to train on then (cuda:0)."""
+    nothing a trial runs touches another worker's; the device to train on then (``cuda``: that GPU, as
+    ``training.device`` names it)."""
     if device is None or not device.startswith("cuda"):
         return device
     index = torch.device(device).index or 0
     visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
     os.environ["CUDA_VISIBLE_DEVICES"] = visible.split(",")[index].strip() if visible else str(index)
-    return "cuda:0"
+    return "cuda"
 
 
 class _Search:

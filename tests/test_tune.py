@@ -163,7 +163,9 @@ def test_a_worker_sees_its_gpu_alone(monkeypatch, visible, device, sees):
         monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     else:
         monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
-    assert own_gpu(device) == "cuda:0" and os.environ["CUDA_VISIBLE_DEVICES"] == sees
+    trains_on = own_gpu(device)
+    assert trains_on == "cuda" and os.environ["CUDA_VISIBLE_DEVICES"] == sees
+    assert mp.make_config(None, [f"training.device={trains_on}"]).training.device == "cuda"  # (a valid value)
     assert own_gpu("cpu") == "cpu" and own_gpu(None) is None
 
 
