@@ -58,7 +58,8 @@ def results_page() -> str:
              "benches wrote under `bench/results/`: the newest measurement of each setting, with its file and "
              "the command that remeasures it. The [design notes](design.md) say what they decided. (Generated "
              "by `docs/generate.py`.)", ""]
-    for section in (_quality_table, _search_table, _e2e_table, _scaling_table, _disk_table, _commit_table):
+    for section in (_quality_table, _search_table, _e2e_table, _scaling_table, _disk_table, _plan_disk_table,
+                    _plan_accuracy_table, _commit_table):
         try:
             lines += section()
         except (KeyError, TypeError, ValueError, AttributeError, IndexError) as error:
@@ -229,6 +230,66 @@ def _disk_table() -> list[str]:
         ["epoch", "IO only", "compute only", "epoch / max(IO, compute)", "file"],
         [[f"{summary['epoch_seconds']:.2f} s", f"{summary['io_only_seconds']:.2f} s",
           f"{summary['compute_only_seconds']:.2f} s", f"{summary['epoch_over_max']:.2f}", f"`{_relative(path)}`"]])
+
+
+def _plan_disk_table() -> list[str]:
+    """The newest call that timed float32 BETA's epoch and the plan's (bench/larger_than_memory.py, one file each,
+    named callNN-COMMIT-...): the issue's disk figure is their ratio."""
+    runs = [(path, data["passes"]["full"]) for path, data in _json_files() if isinstance(data, dict)
+            and isinstance(data.get("passes"), dict) and "plan" in data["passes"].get("full", {})]
+    if not runs:
+        return []
+    newest = runs[-1][0].name.split("-")[:2]
+    rows, epochs = [], {}
+    for path, full in (run for run in runs if run[0].name.split("-")[:2] == newest):
+        plan = full["plan"]
+        epochs[plan["ordering"]] = full["seconds"]
+        rows.append([f"{plan['num_partitions']}:{plan['buffer_capacity']} ({plan['physical_partitions']}:"
+                     f"{plan['physical_buffer']}), {plan['ordering']}, {plan['dtype']}",
+                     f"{full['buffer_bytes'] / 2 ** 30:.1f} GiB", f"{full['seconds']:.1f} s",
+                     f"{full['num_edges'] / full['seconds'] / 1e6:.1f} M",
+                     f"{(full['counters']['bytes_read'] + full['counters']['bytes_written']) / 2 ** 30:.1f} GiB",
+                     "yes" if all(full["counters"][k] == v for k, v in full["predicted"].items()) else "no",
+                     f"{full['peak_rss_bytes'] / 2 ** 30:.1f} GiB", f"`{_relative(path)}`"])
+    ratio = (f" The plan's epoch is {epochs['beta'] / epochs['comet']:.2f}x float32 BETA's."
+             if {"beta", "comet"} <= set(epochs) else "")
+    return _table(
+        "A Freebase86m-shaped epoch from disk: float32 BETA against the plan",
+        "`python bench/larger_than_memory.py --graph freebase --partitions 16 ...` in one call on one GPU: float32 "
+        "BETA 16:8 (`--buffer 8 --ordering beta --set storage.dtype=float32`), then the plan's store in the same "
+        "memory (`--buffer 0 --ordering comet --set storage.memory_limit_gib=...`): the timed epoch after a "
+        "warm-up one, its partition IO against the simulator's, and peak RSS." + ratio,
+        ["P:C (stored), ordering, rows", "buffer", "epoch", "edges/s", "partition IO", "IO = simulator",
+         "peak RSS", "file"], rows)
+
+
+def _plan_accuracy_table() -> list[str]:
+    """The newest call's out-of-core rows as the plan chooses them (bench/partition_accuracy.py ``memory:P:C``)
+    against the in-memory run of the same call."""
+    results = [(path, result) for path, data in _json_files() if isinstance(data, dict)
+               and isinstance(data.get("results"), list) for result in data["results"]
+               if isinstance(result, dict) and str(result.get("variant", "")).startswith(("memory:", "p=1"))]
+    calls = [path.name.split("-")[:2] for path, result in results if result["variant"].startswith("memory:")]
+    if not calls:
+        return []
+    newest = [(path, result) for path, result in results if path.name.split("-")[:2] == calls[-1]]
+    baseline = {result["dataset"]: result["test"]["mrr"] for _, result in newest if result["variant"] == "p=1"}
+    rows = []
+    for path, result in newest:
+        if not result["variant"].startswith("memory:") or result["dataset"] not in baseline:
+            continue
+        storage = result["resolved_config"]["storage"]
+        rows.append([result["dataset"], result["variant"].split("+")[0],
+                     f"{storage['num_partitions']}:{storage['buffer_capacity']} ({storage['dtype']})",
+                     f"{result['test']['mrr']:.4f}", f"{result['test']['mrr'] - baseline[result['dataset']]:+.4f}",
+                     "yes" if all(result["io"][k] == v for k, v in result["io_predicted"].items()) else "no",
+                     f"`{_relative(path)}`"])
+    return _table(
+        "Out-of-core accuracy as the plan chooses",
+        "`python bench/partition_accuracy.py --variants memory:P:C`: P partitions with the plan's buffer, ordering "
+        "and dtype in the memory a float32 default P:C buffer takes, against the in-memory run of the same call "
+        "(FB15k-237 at 60 epochs, CoDEx-M as shipped); filtered test MRR.",
+        ["dataset", "memory of", "plan P:C (dtype)", "test MRR", "vs in memory", "IO = simulator", "file"], rows)
 
 
 def _commit_table() -> list[str]:

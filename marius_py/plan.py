@@ -108,7 +108,7 @@ class Plan:
     table_bytes: int            # the node tables in the store's dtype
     buffer_bytes: int           # the partition buffer's slots (0 in memory)
     gpu_bytes: int              # tables or buffer held on each GPU
-    host_bytes: int             # bound on host memory: tables or buffer there, edges, the margin
+    host_bytes: int             # bound on host memory: tables or the buffer's (staging) slots, edges, a margin
     disk_bytes: int             # the store
     machine: Machine
     chosen: tuple[str, ...]     # keys the plan chose (the others were given)
@@ -255,7 +255,7 @@ class _Candidate:
     buffer_capacity: int
     layout: StorageLayout
     buffer_bytes: int
-    host_bytes: int   # bound on host memory: the buffer there (or not), a state's edges, the margin
+    host_bytes: int   # bound on host memory: the buffer's slots (or its staging), a state's edges, the margin
     placement: str
     io_bytes: int     # read and written in one epoch
     states_per_partition: float  # buffer states a partition trains in per epoch (mean): the accuracy cost
@@ -330,7 +330,7 @@ def _fitted(config: Config, graph: GraphSize, machine: Machine, num_partitions: 
             config.pipeline.placement, machine.device_type, slots, _first(machine.gpu_free))
     if placement is None:
         return None
-    host = edges_bytes + (0 if placement == PLACEMENT_DEVICE else slots)
+    host = edges_bytes + slots  # (a GPU buffer's pinned staging slots too)
     ordering = epoch_ordering(layout, config.training.seed, 1)
     return _Candidate(num_partitions, capacity, layout, slots, host, placement, _epoch_io(ordering, layout, graph),
                       _states_per_partition(ordering))
@@ -351,19 +351,19 @@ def _regroups(layout: StorageLayout) -> bool:
 
 
 def _buffer_placement(config: Config, machine: Machine, slots: int, edges_bytes: int) -> str | None:
-    """Where a buffer of ``slots`` bytes lives (GPU or host memory), None where it does not fit beside a
-    state's edges (``edges_bytes`` of host memory)."""
+    """Where a buffer of ``slots`` bytes lives (GPU or host memory), None where it does not fit. Host memory holds
+    its slots either way (a GPU buffer stages its swaps through as many pinned slots) and a state's edges
+    (``edges_bytes``)."""
     available = machine.host_available
     host_room = HOST_FRACTION * available if available is not None else float("inf")
-    if slots > _limit(config) or edges_bytes > host_room:
+    if slots > _limit(config) or slots + edges_bytes > host_room:
         return None
     if _several(config):
-        placement = PLACEMENT_HOST
-    else:
-        placement = choose_placement(config.pipeline.placement, machine.device_type, slots, _first(machine.gpu_free))
-    if placement == PLACEMENT_DEVICE:
-        return placement if slots <= DEVICE_MEMORY_FRACTION * _first(machine.gpu_free) else None
-    return placement if slots + edges_bytes <= host_room else None
+        return PLACEMENT_HOST
+    placement = choose_placement(config.pipeline.placement, machine.device_type, slots, _first(machine.gpu_free))
+    if placement == PLACEMENT_DEVICE and slots > DEVICE_MEMORY_FRACTION * _first(machine.gpu_free):
+        return None
+    return placement
 
 
 def _epoch_io(ordering: Ordering, layout: StorageLayout, graph: GraphSize) -> int:
@@ -400,5 +400,5 @@ def _trainers_plan(config: Config, graph: GraphSize, machine: Machine, world_siz
     on_gpu = placement == PLACEMENT_DEVICE
     table = graph.table_bytes(_itemsize(layout))
     return Plan(TIER_DISK, placement, p, s.buffer_capacity, layout, table, buffer, buffer if on_gpu else 0,
-                (0 if on_gpu else buffer) + RSS_MARGIN, table, machine,
+                buffer + RSS_MARGIN, table, machine,
                 _chosen(config, ("storage.num_partitions", "pipeline.placement"), machine))

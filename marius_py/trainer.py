@@ -152,8 +152,7 @@ class Trainer:
         self.state = TrainingState(config_fingerprint=self.fingerprint)
         self.buffer: PartitionBuffer | None = None
         if self.partitioned:  # before anything is written (a re-bucketed copy of the dataset included)
-            if self.plan.placement != PLACEMENT_DEVICE:
-                check_memory(self._buffer_bytes(), "storage.buffer_capacity")
+            check_memory(self._buffer_bytes(), "storage.buffer_capacity")  # (a GPU buffer stages through as many)
             self.dataset = dataset = bucketed_for_run(self.layout.num_partitions, dataset, progress)
             check_partitioning(self.layout.num_partitions, dataset)
             self._startup_mark("bucketing")
