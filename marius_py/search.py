@@ -306,7 +306,7 @@ class _Search:
 
     def __init__(self, run_dir: Path, worker: int, lock, progress: bool):
         self.optuna = optuna = require_optuna()
-        self.run_dir, self.lock, self.progress = run_dir, lock, progress
+        self.run_dir, self.lock, self.progress, self.worker = run_dir, lock, progress, worker
         self.base = load_config(run_dir / BASE_FILE)
         self.space = read_space(run_dir / SPACE_FILE)
         storage = _storage(optuna, run_dir)
@@ -345,6 +345,7 @@ class _Search:
             _drop_tables(trial_dir)
             gc.collect()  # (the trial's tables, on the GPU too, go before the next trial's come)
         trial.set_user_attr("seconds", time.perf_counter() - started)
+        trial.set_user_attr("worker", self.worker)  # (which device of the search's list trained it)
         with self.lock:
             finished = self.study.tell(trial, value, state=outcome)
             if outcome == state.COMPLETE and self.study.best_trial.number == trial.number:
