@@ -26,7 +26,6 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from marius_py.storage import chunk_files, manifest  # noqa: E402
 from marius_py.storage.embedding_store import EmbeddingStore  # noqa: E402

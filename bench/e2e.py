@@ -35,7 +35,6 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from throughput import UtilisationSampler, measure_step, row_recorder  # noqa: E402
 

@@ -17,13 +17,11 @@ import argparse
 import collections
 import json
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import marius_py as mp  # noqa: E402
 from marius_py.bundled import resolve_dataset  # noqa: E402

@@ -13,13 +13,11 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import marius_py as mp  # noqa: E402
 from marius_py.evaluation import build_known_answers, evaluate_filtered  # noqa: E402

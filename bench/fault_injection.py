@@ -28,7 +28,6 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from marius_py.checkpoint import RunDirectory  # noqa: E402
 

@@ -36,7 +36,6 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from marius_py.dataset import METADATA_FILE, DatasetMetadata, write_metadata  # noqa: E402
 from marius_py.errors import MariusInputError  # noqa: E402

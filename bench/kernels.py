@@ -18,12 +18,10 @@ from __future__ import annotations
 import argparse
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from marius_py.step.fused_loss import _softmax_rows_triton  # noqa: E402
 

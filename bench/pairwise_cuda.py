@@ -27,7 +27,6 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from kernels import sm_clock_hz, time_ms  # noqa: E402  (bench/kernels.py, beside this file)
 from marius_py.step import pairwise, pairwise_cuda  # noqa: E402

@@ -12,12 +12,10 @@ import argparse
 import json
 import os
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from marius_py.trainer import init_rows  # noqa: E402
 from marius_py.storage.embedding_store import EmbeddingStore  # noqa: E402

@@ -41,7 +41,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from marius_py.step.runners import build_span_runner
 from marius_py.config import load_config
