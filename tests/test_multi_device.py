@@ -635,7 +635,7 @@ def test_a_worker_that_dies_before_joining_is_reported_not_waited_for():
 
 def _bucketed(config, tmp_path, partitions: int) -> str:
     from marius_py.preprocess import PreprocessOptions, preprocess
-    from tests.conftest import UMLS_RAW
+    from conftest import UMLS_RAW  # (tests/ is on the path; the checkout need not be)
     out = tmp_path / f"umls-p{partitions}"
     preprocess(out, UMLS_RAW / "train.txt", UMLS_RAW / "valid.txt", UMLS_RAW / "test.txt",
                PreprocessOptions(num_partitions=partitions), progress=False)
