@@ -188,10 +188,10 @@ class DistributedConfig:
                                            "parameters reach the others by an all-reduce at least this often "
                                            "(applied at the next bucket boundary), and exactly at the end of "
                                            "every epoch")
-    partitions_per_trainer: int = _f(2,
-        "several trainers: partitions each trainer holds at once; more mean fewer partition reads per bucket. "
-        "Its buffer has twice as many slots, so the next grant's reads need not wait for the last one's "
-        "write-backs")
+    partitions_per_trainer: int = _f(0,
+        "several trainers: partitions each trainer holds at once; more mean fewer partitions handed over per "
+        "bucket. 0: automatic (as many as leave half the partitions free for the others to be granted, at "
+        "least 2)")
     timeout_seconds: float = _f(600.0, "several trainers: how long a trainer waits for the others (the "
                                        "scheduler, a collective, rank 0's evaluation) before it stops the "
                                        "group with an error")
@@ -280,7 +280,8 @@ def validate(config: Config, origins: dict | None = None) -> Config:
     d = config.distributed
     _check(d.relation_sync_seconds > 0, "distributed.relation_sync_seconds", "expected > 0", d.relation_sync_seconds)
     _check(d.timeout_seconds > 0, "distributed.timeout_seconds", "expected > 0", d.timeout_seconds)
-    _check(2 <= d.partitions_per_trainer, "distributed.partitions_per_trainer", "expected >= 2",
+    _check(d.partitions_per_trainer == 0 or 2 <= d.partitions_per_trainer, "distributed.partitions_per_trainer",
+           "expected 0 (automatic) or >= 2",
            d.partitions_per_trainer)
     if m.decoder in ("complex", "rotate"):
         _check(m.dim % 2 == 0, "model.dim", f"expected even for {m.decoder}", m.dim)
