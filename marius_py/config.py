@@ -184,7 +184,7 @@ class PipelineConfig:
 
 @dataclass
 class DistributedConfig:
-    relation_sync_seconds: float = _f(1.0, "several trainers (torchrun): every trainer's changes to the relation "
+    relation_sync_seconds: float = _f(0.1, "several trainers (torchrun): every trainer's changes to the relation "
                                            "parameters reach the others by an all-reduce at least this often "
                                            "(applied at the next bucket boundary), and exactly at the end of "
                                            "every epoch")

@@ -368,15 +368,18 @@ def kill_trainer_mid_run(run_dir: Path, rank: int = 1) -> None:
 
 
 @pytest.mark.slow
-def test_a_killed_trainer_stops_the_group_and_a_rerun_resumes(umls_p4, tmp_path):
+@pytest.mark.parametrize("killed", [0, 1])
+def test_a_killed_trainer_stops_the_group_and_a_rerun_resumes(umls_p4, tmp_path, killed):
+    """Killed mid-run, the leader (whose pointer file commits the group's versions) or another trainer: every
+    trainer resumes the last version the group committed, and the run ends with each epoch logged once."""
     run_dir = tmp_path / "run"
     epochs = 40
     group = subprocess.Popen(torchrun(2, *umls_overrides(umls_p4, epochs), "--run-dir", str(run_dir)),
                              env=run_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    kill_trainer_mid_run(run_dir)
+    kill_trainer_mid_run(run_dir, killed)
     _, stderr = group.communicate(timeout=120)
     assert group.returncode != 0
-    assert "rank      : 1" in stderr and "SIGKILL" in stderr  # torchrun names the failed trainer
+    assert f"rank      : {killed}" in stderr and "SIGKILL" in stderr  # torchrun names the failed trainer
 
     rerun = subprocess.run(torchrun(2, "--resume", str(run_dir), "--quiet"), env=run_env(),
                            capture_output=True, text=True, timeout=300)
