@@ -329,7 +329,11 @@ class RunDirectory:
         pointers name a version the group never committed drops that. MariusInputError when it is not here
         intact (a trainer's run directory from another run, or damaged)."""
         version = self.checkpoints / name
-        if self.has_checkpoint() and self.latest_version().name == name:
+        try:
+            pointed = (self._pointer_file() or {}).get("latest")
+        except MariusInputError:  # (a damaged pointer file: rewritten below)
+            pointed = None
+        if pointed == name and version.is_dir():
             return version
         damage = version_problems(version)
         if damage:

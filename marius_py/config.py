@@ -142,7 +142,7 @@ class StorageConfig:
                            "partition of memory (a group with comet)")
     direct_io: str = _f("auto",
         "partition IO bypasses the page cache (O_DIRECT where the file system allows): true, false, or auto "
-        "(true, except torchrun trainers on one machine whose store fits a quarter of its memory)")
+        "(true)")
     io_threads: int = _f(1,
         "threads reading partitions into the buffer, and as many writing them back")
     group_size: int = _f(0,

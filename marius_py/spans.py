@@ -73,7 +73,11 @@ class SpanSource(Protocol):
         """Bring every partition to the leader's store (evaluation and the run's last version read it); what
         moved, for the epoch's record (None: nothing can have)."""
 
-    def close_buffer(self) -> None: ...
+    def close_buffer(self) -> None:
+        """Release the buffer (a restore opens another store; the next span allocates it again)."""
+
+    def close(self) -> None:
+        """Release everything the source holds (after training, or when it failed)."""
 
 
 class OneProcessSpans:
@@ -108,6 +112,9 @@ class OneProcessSpans:
         if self.buffer is not None:
             self.buffer.close()
             self.buffer = None
+
+    def close(self) -> None:
+        self.close_buffer()
 
 
 class WholeTables(OneProcessSpans):

@@ -170,15 +170,20 @@ class Trainer:
     def _open_run(self) -> None:
         """The run's state: restored from its latest version (a group's: the version its leader's pointers
         name, which every trainer restores), or a new run's."""
-        repaired = self.run.repair_pointers()  # a lost or damaged pointer file, recovered from the versions
-        if repaired:
-            print(f"marius-py: {repaired}", file=sys.stderr)
-        self.run.metric_lines()  # a damaged log line is refused (file:line) before the live store is rebuilt
-        latest = self.group.broadcast(self.run.latest_version().name if self.run.has_checkpoint() else None)
+        latest = None
+        if self.group.is_leader:
+            repaired = self.run.repair_pointers()  # a lost or damaged pointer file, recovered from the versions
+            if repaired:
+                print(f"marius-py: {repaired}", file=sys.stderr)
+            self.run.metric_lines()  # a damaged log line is refused (file:line) before the live store is rebuilt
+            latest = self.run.latest_version().name if self.run.has_checkpoint() else None
+        latest = self.group.broadcast(latest)
         if latest is not None:
             self.restore(self.run.adopt_version(latest))
-        else:
-            self._start_new_run()
+            return
+        if not self.group.is_leader:  # (versions written for a commit the leader never made)
+            self.run.drop_versions()
+        self._start_new_run()
 
     def _startup_mark(self, phase: str) -> None:
         if self.startup is not None:
@@ -634,8 +639,9 @@ class Trainer:
             self.restore(best)
 
     def close(self) -> None:
-        """Release the span source's buffer and the runner's processes (a replica group's workers)."""
-        self.spans.close_buffer()
+        """Release the span source (its buffer, a group's threads) and the runner's processes (a replica
+        group's workers)."""
+        self.spans.close()
         close_runner = getattr(self.runner, "close", None)
         if close_runner is not None:
             close_runner()

@@ -11,7 +11,8 @@ trainer per epoch over the network) from it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -27,6 +28,7 @@ class TrainerTally:
     busy_seconds: float = 0.0      # training and reading its grants' partitions
     idle_seconds: float = 0.0      # no grant: waiting for a free bucket, or for the others to finish
     received: int = 0              # partitions handed over from other trainers
+    received_from: Counter = field(default_factory=Counter)  # trainer -> partitions it handed over
     sent: int = 0                  # partitions handed over to other trainers
     disk_reads: int = 0            # partitions read from its own store
 
@@ -78,6 +80,7 @@ def simulate_epoch(num_partitions: int, num_trainers: int, capacity: int, bucket
                 tally.disk_reads += 1
             else:
                 tally.received += 1
+                tally.received_from[source] += 1
                 tallies[source].sent += 1
         seconds = len(grant.read) * partition_seconds + trained / edges_per_second
         tally.busy_seconds += seconds

@@ -201,3 +201,20 @@ def test_too_few_partitions_per_trainer_leave_trainers_idle():
     from marius_py.orderings.grant_simulation import simulate_epoch
     edges = np.random.default_rng(0).poisson(1000, (8, 8))
     assert simulate_epoch(8, 4, 2, edges, seed=1, edges_per_second=10_000, partition_seconds=0.05).idle_share > 0.1
+
+
+def test_the_network_projection_counts_hand_overs_between_machines_only():
+    """bench/distributed.py's projection: bytes per trainer are partitions received from other machines times a
+    partition's bytes; trainers of one machine need no network, and more machines need more per trainer."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+    from distributed import ROW_BYTES, project
+    rows = project([1, 2], gpus_per_machine=2, edges_per_second=1e7)
+    for row in rows:
+        assert row["partition_bytes"] == -(-{"freebase86m": 86_054_151, "1B edges": 300_000_000}[row["graph"]]
+                                          // row["partitions"]) * ROW_BYTES
+        assert row["network_bytes_per_trainer"] % row["partition_bytes"] == 0
+    one_machine = [r for r in rows if r["machines"] == 1]
+    assert one_machine and all(r["network_bytes_per_trainer"] == 0 for r in one_machine)
+    assert all(r["network_gbit_per_s"] > 0 for r in rows if r["machines"] == 2)

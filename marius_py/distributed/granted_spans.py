@@ -73,7 +73,7 @@ def partitions_per_trainer(config: Config, num_partitions: int, num_trainers: in
 
 def too_few_partitions(num_partitions: int, num_trainers: int) -> str | None:
     """A warning when the trainers would hold more than half the partitions (they then wait for grants)."""
-    if num_partitions >= 4 * num_trainers:
+    if num_trainers == 1 or num_partitions >= 4 * num_trainers:
         return None
     return (f"storage.num_partitions={num_partitions} for {num_trainers} trainers: trainers wait for one "
             f"another's partitions; {4 * num_trainers} or more keep them busy")
@@ -316,10 +316,11 @@ class GrantedSpans:
         return {"partitions": sum(1 for rank in holders if rank != LEADER), "bytes": moved,
                 "seconds": time.perf_counter() - started}
 
-    def stop(self) -> None:
-        """Stop the threads (after training, or when it failed)."""
+    def close(self) -> None:
+        """Stop the threads and release the buffer (after training, or when it failed)."""
         self._asking_ahead.shutdown(wait=True)
         self.sender.stop()
         self.write_backs.close()
         if self.server is not None:
             self.server.stop()
+        self.close_buffer()

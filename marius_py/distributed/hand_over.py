@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -93,6 +94,7 @@ class PartitionTransfer:
         self.counters = TransferCounters()
         self._staging: list[tuple[torch.Tensor, torch.Tensor]] | None = None  # (host, device) per table
         self._staging_lock = threading.Lock()  # (the sender thread and the gather share it)
+        self._stream = None
 
     @property
     def device(self) -> torch.device:
@@ -114,10 +116,23 @@ class PartitionTransfer:
             self._staging = staging
         return self._staging
 
+    @contextmanager
+    def _on_own_stream(self):
+        """On a GPU, this thread's work on the device and a stream of the transfer's own (not queued behind
+        training on the default stream)."""
+        if self.device.type != "cuda":
+            yield
+            return
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(self.device)
+        with torch.cuda.device(self.device), torch.cuda.stream(self._stream):
+            yield
+            self._stream.synchronize()
+
     def send(self, partition: int, destination: int) -> int:
         """Send ``partition`` from this trainer's store to ``destination``; the bytes sent."""
         nbytes = 0
-        with self._staging_lock:
+        with self._staging_lock, self._on_own_stream():
             for files, (host, on_device) in zip(self._files(), self._staged()):
                 files.read_into(partition, raw_bytes(host))
                 rows = on_device[:files.rows_per_chunk]
@@ -141,7 +156,7 @@ class PartitionTransfer:
     def receive_into_store(self, partition: int, source: int) -> int:
         """Receive ``partition`` from ``source`` and write it to this trainer's store, for a commit."""
         nbytes = 0
-        with self._staging_lock:
+        with self._staging_lock, self._on_own_stream():
             for files, (host, on_device) in zip(self._files(), self._staged()):
                 rows = on_device[:files.rows_per_chunk]
                 dist.recv(rows, src=source, group=self.group.link_from(source))

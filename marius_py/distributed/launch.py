@@ -74,7 +74,6 @@ def train_distributed(config: Config, run_dir, progress: bool, resume: bool, api
                 group.barrier()
                 return api.finish_training(trainer, config, dataset, run_dir) if group.is_leader else None
             finally:
-                trainer.spans.stop()
                 trainer.close()
                 trainer.run.close()
     finally:
