@@ -603,3 +603,25 @@ def test_partitions_hand_over_between_processes_and_gather_to_the_leader(tmp_pat
     gathered = [json.loads((tmp_path / f"gathered{rank}.json").read_text()) for rank in range(3)]
     assert [g["moved"] for g in gathered] == [3 * nbytes, 2 * nbytes, nbytes]
     assert [g["bytes_sent"] for g in gathered] == [nbytes, 3 * nbytes, 2 * nbytes]
+
+
+def test_trainers_that_opened_another_dataset_are_refused_by_rank(tmp_path):
+    """Each machine prepares its own copy of the dataset: trainers whose graph or model differs from rank 0's
+    (their fingerprints) are named, with the dataset."""
+    from marius_py.distributed.granted_spans import refuse_other_datasets
+    from marius_py.errors import MariusInputError
+    refuse_other_datasets(["a", "a", "a"], tmp_path)
+    with pytest.raises(MariusInputError, match=r"trainers \[1, 3\] opened another dataset") as caught:
+        refuse_other_datasets(["a", "b", "a", "c"], tmp_path)
+    assert caught.value.path == str(tmp_path)
+
+
+@pytest.mark.parametrize("trainers, partitions, held, warned", [(1, 2, 2, False), (2, 4, 2, True), (2, 8, 2, False),
+                                                               (4, 32, 4, False), (2, 16, 4, False)])
+def test_partitions_per_trainer_leave_half_free_and_too_few_partitions_warn(trainers, partitions, held, warned):
+    from marius_py.config import load_config
+    from marius_py.distributed.granted_spans import partitions_per_trainer, too_few_partitions
+    assert partitions_per_trainer(load_config(None, []), partitions, trainers) == held
+    assert partitions_per_trainer(load_config(None, ["distributed.partitions_per_trainer=3"]), partitions,
+                                  trainers) == min(3, partitions)
+    assert (too_few_partitions(partitions, trainers) is not None) == warned

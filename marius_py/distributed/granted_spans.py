@@ -79,6 +79,16 @@ def too_few_partitions(num_partitions: int, num_trainers: int) -> str | None:
             f"another's partitions; {4 * num_trainers} or more keep them busy")
 
 
+def refuse_other_datasets(fingerprints: list[str], directory: Path) -> None:
+    """Every trainer opened the same graph and model (``fingerprints``, by rank: each machine prepares its own
+    copy of the dataset)."""
+    differing = [rank for rank, fingerprint in enumerate(fingerprints) if fingerprint != fingerprints[LEADER]]
+    if differing:
+        raise MariusInputError(f"trainers {differing} opened another dataset or model than rank 0 (nodes, "
+                               "relations, train edges, preprocessing seed or model shape differ)", path=directory,
+                               expected="the same dataset (preprocessed alike) and config on every machine")
+
+
 class GrantedSpans:
     """The span source of a trainer of a group (``marius_py.spans``)."""
 
@@ -87,7 +97,7 @@ class GrantedSpans:
     def __init__(self, trainer: Trainer, group: Group):
         self.trainer, self.group = trainer, group
         config = trainer.config
-        self._check_same_dataset()
+        refuse_other_datasets(group.all_gather(trainer.fingerprint), trainer.dataset.directory)
         self.num_partitions = trainer.layout.num_partitions
         self.capacity = partitions_per_trainer(config, self.num_partitions, group.world_size)
         self.buffer: PartitionBuffer | None = None
@@ -112,16 +122,6 @@ class GrantedSpans:
         self.buckets_trained = 0
         self._sent_before = self.transfer.counters.snapshot()
         self._logs_trimmed = False
-
-    def _check_same_dataset(self) -> None:
-        """Every trainer opened the same graph (each machine prepares its own copy of the dataset)."""
-        fingerprints = self.group.all_gather(self.trainer.fingerprint)
-        differing = [rank for rank, fingerprint in enumerate(fingerprints) if fingerprint != fingerprints[LEADER]]
-        if differing:
-            raise MariusInputError(f"trainers {differing} opened another dataset or model than rank 0 (nodes, "
-                                   "relations, train edges, preprocessing seed or model shape differ)",
-                                   path=self.trainer.dataset.directory,
-                                   expected="the same dataset (preprocessed alike) and config on every machine")
 
     # ---- what the trainer asks of a span source ----
     def buffer_bytes(self) -> int:
