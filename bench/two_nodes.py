@@ -71,12 +71,14 @@ def c10d_rendezvous(port: int) -> list[str]:
 def agent(nodes: list[Path], node: int, rendezvous: list[str], args: list[str], restarts: int = 0,
           config: str = "codex-s") -> subprocess.Popen:
     """Node ``node``'s torchrun agent (one trainer), in a namespace where the other node's folder is an empty
-    tmpfs (checked before the agent starts); its dataset cache is in its own folder."""
+    tmpfs (checked before the agent starts); its dataset cache is in its own folder. ``args`` ["--resume"]:
+    the node resumes its run directory."""
     mine, other = nodes[node], nodes[1 - node]
     dataset = next((mine / "data").iterdir())
+    run = ["--resume", str(mine / "run"), "--quiet"] if args == ["--resume"] else \
+        [config, f"dataset.path={dataset}", *args, "--run-dir", str(mine / "run")]
     command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
-               *rendezvous, "--max-restarts", str(restarts), "-m", "marius_py", "train", config,
-               f"dataset.path={dataset}", *args, "--run-dir", str(mine / "run")]
+               *rendezvous, "--max-restarts", str(restarts), "-m", "marius_py", "train", *run]
     hidden = shlex.quote(str(other))
     script = f"mount -t tmpfs tmpfs {hidden} && test -z \"$(ls -A {hidden})\" && exec {shlex.join(command)}"
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),

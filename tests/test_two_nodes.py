@@ -102,3 +102,30 @@ def wait_for_the_leader(nodes: list[Path], agents: list[subprocess.Popen]) -> Pa
             [a.communicate()[1][-3000:] for a in agents if a.poll() is not None]
         time.sleep(0.05)
     return leader
+
+
+def test_a_resume_on_every_node_restores_the_group(tmp_path):
+    """Without restarts a killed trainer stops both nodes; the same ``train --resume RUN_DIR`` on each node (its
+    own run directory, its config.yaml) continues from the group's last commit to the end."""
+    nodes = make_nodes(tmp_path, CODEX_S)
+    port = free_port()
+    settings = [s.replace("training.epochs=20", "training.epochs=10") for s in SETTINGS]
+    agents = [agent(nodes, node, static_rendezvous(node, port), settings) for node in range(2)]
+    leader = wait_for_the_leader(nodes, agents)
+    assert leader == nodes[0] / "run"  # (static rendezvous: node 0's trainer is rank 0)
+    scheduler_log = leader / "distributed" / "scheduler.jsonl"
+    deadline = time.monotonic() + 600
+    while not (scheduler_log.exists() and any(g["epoch"] >= 4 for g in read_jsonl(scheduler_log))):
+        assert time.monotonic() < deadline and all(a.poll() is None for a in agents)
+        time.sleep(0.05)
+    os.kill(int(pid_file(trainer_run_dir(nodes[1] / "run", 1)).read_text()), signal.SIGKILL)
+    assert all(code != 0 for code, _, _ in finish(agents, timeout=600))
+    port = free_port()
+    outcomes = finish([agent(nodes, node, static_rendezvous(node, port), ["--resume"]) for node in range(2)],
+                      timeout=1800)
+    for code, _, err in outcomes:
+        assert code == 0, err[-4000:]
+    records = [r for r in read_jsonl(leader / "metrics.jsonl") if r.get("event") == "epoch"]
+    assert [r["epoch"] for r in records] == list(range(1, 11))
+    assert "test: MRR" in outcomes[0][1]
+
