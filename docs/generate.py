@@ -51,15 +51,15 @@ def cli_reference() -> str:
 def results_page() -> str:
     """The benchmark suite's newest figures: the shipped configs' quality (bench/quality.py), one GPU end to
     end against the step (bench/e2e.py), several GPUs (bench/scaling.py), a disk epoch against its IO and
-    compute bounds (bench/larger_than_memory.py) and a commit against the disk (bench/commit_digest.py),
-    each with the file it comes from."""
+    compute bounds (bench/larger_than_memory.py), a commit against the disk (bench/commit_digest.py) and
+    the network several machines need (bench/distributed.py), each with the file it comes from."""
     lines = ["# Results", "",
              "Figures measured by the benchmark suite (`bench/README.md` lists it), read from the JSON the "
              "benches wrote under `bench/results/`: the newest measurement of each setting, with its file and "
              "the command that remeasures it. The [design notes](design.md) say what they decided. (Generated "
              "by `docs/generate.py`.)", ""]
     for section in (_quality_table, _search_table, _e2e_table, _scaling_table, _disk_table, _plan_disk_table,
-                    _plan_accuracy_table, _commit_table):
+                    _plan_accuracy_table, _commit_table, _network_table):
         try:
             lines += section()
         except (KeyError, TypeError, ValueError, AttributeError, IndexError) as error:
@@ -305,6 +305,29 @@ def _commit_table() -> list[str]:
         ["write with digests", "bare write", "read back with block digests", "file"],
         [[f"{data['write_seconds']:.2f} s", f"{data['write_unhashed_seconds']:.2f} s",
           f"{data.get('crc32_blocks_seconds', data.get('blocks_seconds', 0)):.2f} s", f"`{_relative(path)}`"]])
+
+
+def _network_table() -> list[str]:
+    newest = _newest(lambda data: isinstance(data.get("projection"), dict) and "rows" in data["projection"])
+    if newest is None:
+        return []
+    path, data = newest
+    projection, measured = data["projection"], data.get("rows", [])
+    checked = ", ".join(f"{r['trainers']} trainers: {'equal' if r['handed_over_as_planned'] else 'NOT equal'}"
+                        for r in measured)
+    return _table(
+        "Several machines: the network each trainer needs",
+        f"Partitions handed over between torchrun trainers, projected from the scheduler's grants played out in "
+        f"simulated time (`python bench/distributed.py --project-only`): d=100, row-wise Adagrad, float32, one "
+        f"trainer per GPU at {projection['edges_per_second'] / 1e6:.1f}M edges/s; network bytes are the partitions "
+        f"a trainer receives from other machines per epoch. Bytes handed over against the plan, measured in the "
+        f"same run ({data.get('device', 'cpu')}): {checked or 'not measured'}.",
+        ["graph", "machines", "trainers", "partitions held", "epoch", "idle", "GiB per trainer per epoch",
+         "Gbit/s per trainer", "file"],
+        [[row["graph"], row["machines"], row["trainers"], row["partitions_per_trainer"],
+          f"{row['epoch_seconds']:.1f} s", f"{row['idle_share']:.0%}",
+          f"{row['network_bytes_per_trainer'] / 2 ** 30:.0f}", f"{row['network_gbit_per_s']:.0f}",
+          f"`{_relative(path)}`"] for row in projection["rows"]])
 
 
 def _call_number(path: Path) -> int:

@@ -21,7 +21,7 @@ import torch
 import yaml
 
 from marius_py.bundled import BUNDLED_CONFIGS, BUNDLED_DATASETS, bundled_config, resolve_dataset
-from marius_py.checkpoint import CONFIG_FILE, NODES, RunDirectory, config_fingerprint, load_version
+from marius_py.checkpoint import CONFIG_FILE, NODES, RunDirectory, check_holders, config_fingerprint, load_version
 from marius_py.config import Config, load_config, run_layout, with_split_applied
 from marius_py.dataset import Dataset
 from marius_py.errors import MariusInputError
@@ -30,7 +30,7 @@ from marius_py.timeline import Startup
 from marius_py.evaluation import InMemoryNodes, KnownAnswers, NodeTable, StoredNodes, evaluate_split
 from marius_py.devices import resolve_device, resolve_devices
 from marius_py.distributed import RunSteps, launched_by_torchrun, train_distributed
-from marius_py.plan import GraphSize, Machine, Plan, plan_run
+from marius_py.plan import Machine, plan_dataset, plan_run
 from marius_py.step.model import Model
 from marius_py.trainer import Trainer
 from marius_py.storage.embedding_store import EmbeddingStore
@@ -226,11 +226,6 @@ def probe_machine(config: Config, run_dir: str | Path | None = None) -> Machine:
     return Machine.probe(resolve_devices(config), run_dir)
 
 
-def plan_for(config: Config, dataset: Dataset, run_dir: str | Path | None = None,
-             machine: Machine | None = None) -> Plan:
-    """Where ``config``'s run on ``dataset`` keeps its tables (``machine``: this one's memory by default)."""
-    graph = GraphSize.of(config, dataset.num_nodes, dataset.metadata.num_train)
-    return plan_run(config, graph, machine or probe_machine(config, run_dir))
 
 
 def _start(config: Config, run_dir: Path, progress: bool, resume: bool,
@@ -243,7 +238,7 @@ def _start(config: Config, run_dir: Path, progress: bool, resume: bool,
         RunDirectory(run_dir).create(config)
     dataset = open_dataset(config, progress)
     startup.mark("dataset")
-    plan = plan_for(config, dataset, run_dir)
+    plan = plan_dataset(config, dataset, run_dir)
     if progress:
         print(plan.describe())
     config = plan.applied(config)
@@ -338,8 +333,9 @@ def load_checkpoint(run_dir: str | Path, which: str = "best", device: str | None
     model = Model(config, dataset.num_nodes, dataset.num_relations, target)
     out_of_core = config.storage.num_partitions > 1
     layout = run_layout(config, dataset.num_nodes)
-    _, _, model_state, _ = load_version(version, config_fingerprint(config, dataset.metadata, layout),
-                                        with_nodes=not out_of_core)
+    _, _, model_state, training_state = load_version(version, config_fingerprint(config, dataset.metadata, layout),
+                                                     with_nodes=not out_of_core)
+    check_holders(training_state, 1, version)
     model.load_state_dict(model_state)
     store = EmbeddingStore(version / NODES, mode="r")
     table = StoredNodes(store, target) if out_of_core else InMemoryNodes(

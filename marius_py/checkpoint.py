@@ -86,6 +86,7 @@ class TrainingState:
     validations_without_improvement: int = 0
     stopped_early: bool = False
     config_fingerprint: str = ""
+    holders: list[int] | None = None  # trainers of a group: partition -> the rank whose store has it
 
 
 def config_fingerprint(config: Config, metadata: DatasetMetadata, layout: StorageLayout) -> str:
@@ -284,6 +285,13 @@ class RunDirectory:
 
     def commit_version(self, tmp: Path, epoch: int, is_best: bool, states_done: int = 0) -> Path:
         """Checksum and fsync ``tmp``, rename it to its final name, then replace the pointer file atomically."""
+        final = self.prepare_version(tmp, epoch, states_done)
+        self.point_to(final, is_best)
+        return final
+
+    def prepare_version(self, tmp: Path, epoch: int, states_done: int = 0) -> Path:
+        """Checksum and fsync ``tmp`` and rename it to its final name, which no pointer names yet (``point_to``
+        commits it; a group's trainers each prepare theirs before the leader's pointer commits the group's)."""
         pointers = self._pointers()
         previous = pointers.get("latest")
         write_manifest(tmp, None if previous is None else self.checkpoints / previous)
@@ -298,13 +306,51 @@ class RunDirectory:
             shutil.rmtree(final)
         os.replace(tmp, final)
         fsync_directory(self.checkpoints)
-        pointers["latest"] = final.name
+        return final
+
+    def point_to(self, version: Path, is_best: bool, keeps_best: bool = True) -> None:
+        """Commit a prepared version: the pointer file names it latest (and best), replaced atomically; then
+        versions no pointer names are deleted. Without ``keeps_best`` (a trainer of a group other than its
+        leader, whose best version is the run's) it names the latest alone."""
+        pointers = self._pointers() if keeps_best else {}
+        pointers["latest"] = version.name
         if is_best:
-            pointers["best"] = final.name
+            pointers["best"] = version.name
+        self._write_pointers(pointers)
+
+    def _write_pointers(self, pointers: dict) -> None:
         durable.write_text_atomic(self.pointer_file, json.dumps(pointers) + "\n")
         self._recovered = None
         self._delete_unreferenced(set(pointers.values()))
-        return final
+
+    def adopt_version(self, name: str) -> Path:
+        """The version ``name`` that a group committed (its leader's pointer names it), made this directory's
+        latest: a trainer killed between writing it and pointing to it points to it now, and one whose
+        pointers name a version the group never committed drops that. MariusInputError when it is not here
+        intact (a trainer's run directory from another run, or damaged)."""
+        version = self.checkpoints / name
+        try:
+            pointed = (self._pointer_file() or {}).get("latest")
+        except MariusInputError:  # (a damaged pointer file: rewritten below)
+            pointed = None
+        if pointed == name and version.is_dir():
+            return version
+        damage = version_problems(version)
+        if damage:
+            raise MariusInputError(f"the group's last commit is {name}, and this trainer's copy of it is "
+                                   f"{'missing' if not version.is_dir() else 'damaged: ' + damage[0]}",
+                                   path=version, expected="each trainer resumed with its own run directory "
+                                                          "(the same --run-dir and node ranks as before)")
+        self._write_pointers({"latest": name})
+        return version
+
+    def drop_versions(self) -> None:
+        """Remove the pointer file and every version: a trainer of a group whose leader committed nothing holds
+        only versions written for a commit that never happened."""
+        self.pointer_file.unlink(missing_ok=True)
+        self._recovered = None
+        for version in self.versions_on_disk():
+            shutil.rmtree(version)
 
     def committed_versions(self) -> list[Path]:
         """The versions the pointers name (latest, best), oldest first."""
@@ -416,6 +462,16 @@ def version_problems(directory: Path) -> list[str]:
     except MariusInputError as error:
         return [f"{error.path}: {error.problem}, and no {MANIFEST_FILE}"]
     return [f"{directory / MANIFEST_FILE}: missing (the version was committed with one)"] if checksummed else []
+
+
+def check_holders(state: TrainingState, num_trainers: int, version: Path) -> None:
+    """Refuse a version whose partitions are spread over more trainers' run directories than load it (a
+    group's version between its gathers: each trainer's run directory holds a share)."""
+    if state.holders and max(state.holders) >= num_trainers:
+        raise MariusInputError(f"the version's partitions are spread over the run directories of "
+                               f"{max(state.holders) + 1} torchrun trainers", path=version,
+                               expected=f"--resume with torchrun and as many trainers, or a version that "
+                                        f"holds every partition (the best one, or the last of a finished run)")
 
 
 def check_version(directory: Path) -> None:

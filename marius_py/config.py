@@ -146,7 +146,7 @@ class StorageConfig:
                            "partition of memory (a group with comet)")
     direct_io: str = _f("auto",
         "partition IO bypasses the page cache (O_DIRECT where the file system allows): true, false, or auto "
-        "(true, except torchrun trainers on one machine whose store fits a quarter of its memory)")
+        "(true)")
     io_threads: int = _f(1,
         "threads reading partitions into the buffer, and as many writing them back")
     group_size: int = _f(0,
@@ -188,14 +188,14 @@ class PipelineConfig:
 
 @dataclass
 class DistributedConfig:
-    relation_sync_seconds: float = _f(1.0, "several trainers (torchrun): every trainer's changes to the relation "
+    relation_sync_seconds: float = _f(0.1, "several trainers (torchrun): every trainer's changes to the relation "
                                            "parameters reach the others by an all-reduce at least this often "
                                            "(applied at the next bucket boundary), and exactly at the end of "
                                            "every epoch")
-    partitions_per_trainer: int = _f(2,
-        "several trainers: partitions each trainer holds at once; more mean fewer partition reads per bucket. "
-        "Its buffer has twice as many slots, so the next grant's reads need not wait for the last one's "
-        "write-backs")
+    partitions_per_trainer: int = _f(0,
+        "several trainers: partitions each trainer holds at once; more mean fewer partitions handed over per "
+        "bucket. 0: automatic (as many as leave half the partitions free for the others to be granted, at "
+        "least 2)")
     timeout_seconds: float = _f(600.0, "several trainers: how long a trainer waits for the others (the "
                                        "scheduler, a collective, rank 0's evaluation) before it stops the "
                                        "group with an error")
@@ -286,7 +286,8 @@ def validate(config: Config, origins: dict | None = None) -> Config:
     d = config.distributed
     _check(d.relation_sync_seconds > 0, "distributed.relation_sync_seconds", "expected > 0", d.relation_sync_seconds)
     _check(d.timeout_seconds > 0, "distributed.timeout_seconds", "expected > 0", d.timeout_seconds)
-    _check(2 <= d.partitions_per_trainer, "distributed.partitions_per_trainer", "expected >= 2",
+    _check(d.partitions_per_trainer == 0 or 2 <= d.partitions_per_trainer, "distributed.partitions_per_trainer",
+           "expected 0 (automatic) or >= 2",
            d.partitions_per_trainer)
     if m.decoder in ("complex", "rotate"):
         _check(m.dim % 2 == 0, "model.dim", f"expected even for {m.decoder}", m.dim)

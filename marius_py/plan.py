@@ -35,6 +35,7 @@ RSS_MARGIN = GiB                 # disk tier's host bound: buffer + this + STATE
 STATE_EDGE_BYTES = 200           # (the bound bench/larger_than_memory.py checks peak RSS against)
 PARTITION_CANDIDATES = (4, 8, 16, 32, 64, 128, 256)
 MIN_GROUP_SIZE = 4               # a two-level ordering's groups the plan accepts
+BUSY_PARTITIONS = 4              # per torchrun trainer, where the plan chooses P (fewer: they wait for grants)
 PREFERRED_MOST_PARTITIONS = 64  # more only where no smaller count fits: every state drains the pipeline
 MIN_PARTITION_BYTES = 32 << 20   # smaller partitions are read and written below the disk's speed
 IO_TOLERANCE = 1.1               # a larger P is chosen only if its epoch moves 10% fewer bytes
@@ -384,21 +385,41 @@ def _no_fit(config: Config, graph: GraphSize, machine: Machine) -> MariusInputEr
                                      "or a smaller model.dim")
 
 
-def _trainers_plan(config: Config, graph: GraphSize, machine: Machine, world_size: int) -> Plan:
-    """Several torchrun trainers share the tables by partition: ``distributed.partitions_per_trainer`` each,
-    and as many partitions again, so every trainer can hold a bucket's partitions at once."""
-    s = config.storage
-    world = world_size if world_size > 1 else int(os.environ.get("WORLD_SIZE", "1"))
-    held = config.distributed.partitions_per_trainer
-    p = s.num_partitions or 2 * held * max(world, 1)
-    layout = run_layout(_with_storage(config, num_partitions=p), graph.num_nodes)
+def partitions_per_trainer(config: Config, num_partitions: int, num_trainers: int) -> int:
+    """``distributed.partitions_per_trainer``, automatic (0): as many as leave half the partitions free, at least
+    2 (simulated epochs, ``orderings.grant_simulation``: trainers holding more than half of them idle)."""
+    chosen = config.distributed.partitions_per_trainer or max(2, num_partitions // (2 * num_trainers))
+    return min(chosen, num_partitions)
+
+
+def trainer_buffer_bytes(layout: StorageLayout, graph: GraphSize, capacity: int) -> int:
+    """A torchrun trainer's buffer: ``capacity`` slots and as many spare (the next grant is filled while the
+    last one's partitions are written back)."""
     rows = partition_size(graph.num_nodes, layout.num_partitions)
-    capacity = min(held, layout.num_partitions)
-    buffer = PartitionBuffer.bytes_needed(rows, (graph.dim, graph.state_dim), capacity, capacity, 1,
-                                          itemsize=_itemsize(layout))
+    return PartitionBuffer.bytes_needed(rows, (graph.dim, graph.state_dim), capacity, capacity, 1,
+                                        itemsize=_itemsize(layout))
+
+
+def _trainers_plan(config: Config, graph: GraphSize, machine: Machine, world_size: int) -> Plan:
+    """Several torchrun trainers share the tables by partition: P (unless given) is BUSY_PARTITIONS per
+    trainer, so that trainers seldom wait for one another's partitions, each holding
+    ``partitions_per_trainer``."""
+    s = config.storage
+    world = max(world_size if world_size > 1 else int(os.environ.get("WORLD_SIZE", "1")), 1)
+    p = s.num_partitions or BUSY_PARTITIONS * world
+    layout = run_layout(_with_storage(config, num_partitions=p), graph.num_nodes)
+    buffer = trainer_buffer_bytes(layout, graph, partitions_per_trainer(config, layout.num_partitions, world))
     placement = choose_placement(config.pipeline.placement, machine.device_type, buffer, _first(machine.gpu_free))
     on_gpu = placement == PLACEMENT_DEVICE
     table = graph.table_bytes(_itemsize(layout))
     return Plan(TIER_DISK, placement, p, s.buffer_capacity, layout, table, buffer, buffer if on_gpu else 0,
                 buffer + RSS_MARGIN, table, machine,
                 _chosen(config, ("storage.num_partitions", "pipeline.placement"), machine))
+
+
+def plan_dataset(config: Config, dataset, run_dir=None, world_size: int = 1, machine: Machine | None = None) -> Plan:
+    """The plan of ``config``'s run on ``dataset`` (``machine``: this one's memory for the run's devices, and the
+    disk of ``run_dir``, by default)."""
+    from marius_py.devices import resolve_devices
+    graph = GraphSize.of(config, dataset.num_nodes, dataset.metadata.num_train)
+    return plan_run(config, graph, machine or Machine.probe(resolve_devices(config), run_dir), world_size)

@@ -1,9 +1,13 @@
 """The trainer: epochs of a run, in memory or out of core through a partition buffer, with checkpoints.
 
 What a batch computes is the step's (``marius_py/step/``); how batches move
-is the pipeline's (``pipeline/``). The trainer walks the epochs and their
-buffer states, hands each span of edges to the runner, evaluates, logs and
-commits checkpoints.
+is the pipeline's (``pipeline/``). The trainer walks the epochs, hands each
+span of edges to the runner, evaluates, logs and commits checkpoints. It is
+built from two parts: a *span source* (``marius_py/spans.py``: the tables in
+memory, the buffer's walk over an ordering, or a torchrun group's granted
+buckets) and the *group* of trainers it belongs to (``marius_py/group.py``:
+this process alone, or torchrun's), which decides who validates, logs and
+holds the commit marker.
 
 Randomness: every draw of epoch ``e`` comes from generators seeded with
 ``(seed, e)``, so resuming at an epoch boundary replays training exactly when
@@ -25,7 +29,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
@@ -34,28 +37,28 @@ import torch
 from tqdm import tqdm
 
 from marius_py.bundled import bucketed_for_run
-from marius_py.checkpoint import (LIVE_STORE, NODES, RunDirectory, TrainingState, config_fingerprint,
-                                  load_position, load_version, write_version_state)
+from marius_py.checkpoint import (LIVE_STORE, NODES, RunDirectory, TrainingState, check_holders,
+                                  config_fingerprint, load_position, load_version, write_version_state)
 from marius_py.config import Config, dedup_setting, epoch_ordering, with_split_applied
 from marius_py.dataset import Dataset
 from marius_py.devices import resolve_devices
 from marius_py.errors import MariusInputError
+from marius_py.group import ONE_PROCESS, TrainerGroup
+from marius_py.spans import BufferWalk, SpanSource, TrainingSpan, WholeTables
 from marius_py.timeline import EpochPhases, StateTimeline, Startup
 from marius_py.trackers import TensorBoardTracker
 from marius_py.evaluation import InMemoryNodes, NodeTable, StoredNodes, build_known_answers, evaluate_split
-from marius_py.negatives import CandidateRows
-from marius_py.plan import GraphSize, Machine, Plan, buffer_bytes, plan_run
 from marius_py.random_streams import device_names, epoch_generators, flat
 from marius_py.resources import check_memory, check_partitioning
 from marius_py.step.model import Model
 from marius_py.step.runners import build_multi_device_runner, build_span_runner
 from marius_py.orderings import Ordering, balanced_buckets
+from marius_py.plan import GraphSize, Machine, Plan, plan_run
 from marius_py.pipeline.placements import PLACEMENT_DEVICE, PLACEMENT_REPLICATED, PLACEMENT_SPLIT, choose_plan_device
 from marius_py.pipeline.row_kernels import zero_copy_available
-from marius_py.storage.buffer import BufferView, PartitionBuffer
+from marius_py.storage.buffer import PartitionBuffer
 from marius_py.storage.durable import fsync_tree
 from marius_py.storage.embedding_store import EmbeddingStore, initial_tables, link_tree
-from marius_py.storage.partitioning import partition_size
 
 
 @contextlib.contextmanager
@@ -97,14 +100,6 @@ def init_rows(seed: int, init_scale: float, dim: int):
     return init
 
 
-@dataclass
-class TrainingSpan:
-    """Edges trained together (one buffer state) and the node rows they index."""
-
-    edges: torch.Tensor            # [E, 3] in table-local node rows (a buffer's: where the tables live)
-    candidates: CandidateRows | None
-
-
 class Trainer:
     """Trains one run directory; ``train()`` runs the remaining epochs.
 
@@ -116,26 +111,30 @@ class Trainer:
     links: a chunk file a snapshot links is replaced by rename, never rewritten; one
     only the live store holds is overwritten in place (a resume rebuilds the live
     store from a committed version).
-
-    ``trackers`` (objects with ``log(record)`` and ``close()``, as ``marius_py.trackers``)
-    receive every metrics record as it is logged; an exception one raises stops
-    training (``marius-py tune`` prunes a trial this way, from its validations).
     """
 
     def __init__(self, config: Config, dataset: Dataset, run_dir: str | Path, progress: bool = True,
-                 startup: Startup | None = None, plan: Plan | None = None, trackers: Sequence = ()):
+                 startup: Startup | None = None, group: TrainerGroup = ONE_PROCESS,
+                 spans: Callable[[Trainer], SpanSource] | None = None, plan: Plan | None = None,
+                 trackers: Sequence = ()):
+        """``group``: the trainers of the run (this process alone by default); ``spans``: builds the span
+        source (by default the tables in memory, or the buffer's walk when the store is partitioned);
+        ``plan``: where the tables live (by default planned here; ``api.train`` plans and prints it first);
+        ``trackers`` (objects with ``log(record)`` and ``close()``, as ``marius_py.trackers``) receive every
+        metrics record as it is logged, and one that raises stops training (``marius-py tune`` prunes a
+        trial this way, from its validations)."""
+        self.group = group
         self.startup = startup  # logged at the first batch this process trains
-        self._planned_edges: torch.Tensor | None = None  # (in memory: ``_train_edges``)
         self.dataset = dataset
-        self.run = self._run_directory(run_dir)
-        if config.training.tensorboard:
+        self.run = RunDirectory(run_dir)  # (a trainer of a group: its own; the leader's is the run's)
+        if config.training.tensorboard and group.is_leader:
             self.run.trackers.append(TensorBoardTracker(self.run.path / "tensorboard"))
-        self.run.trackers.extend(trackers)
-        self.progress = progress
+        if group.is_leader:
+            self.run.trackers.extend(trackers)
+        self.progress = progress and group.is_leader
         self.devices = resolve_devices(config)
         self.graph = GraphSize.of(config, dataset.num_nodes, dataset.metadata.num_train)
-        # Where the tables live (the api plans and prints it before the run directory is written).
-        self.plan = plan or plan_run(config, self.graph, Machine.probe(self.devices, run_dir))
+        self.plan = plan or plan_run(config, self.graph, Machine.probe(self.devices, run_dir), group.world_size)
         self.config = config = self.plan.applied(config)
         self.layout = self.plan.layout  # (the physical store, resolved once)
         self.device = self.devices[0]  # the model of record (checkpoints, evaluation) lives here
@@ -150,9 +149,9 @@ class Trainer:
         self._startup_mark("model")
         self.fingerprint = config_fingerprint(config, dataset.metadata, self.layout)
         self.state = TrainingState(config_fingerprint=self.fingerprint)
-        self.buffer: PartitionBuffer | None = None
+        self.spans = (spans or (BufferWalk if self.partitioned else WholeTables))(self)
         if self.partitioned:  # before anything is written (a re-bucketed copy of the dataset included)
-            check_memory(self._buffer_bytes(), "storage.buffer_capacity")  # (a GPU buffer stages through as many)
+            check_memory(self.spans.buffer_bytes(), "storage.buffer_capacity")  # (a GPU buffer stages through as many)
             self.dataset = dataset = bucketed_for_run(self.layout.num_partitions, dataset, progress)
             check_partitioning(self.layout.num_partitions, dataset)
             self._startup_mark("bucketing")
@@ -166,27 +165,32 @@ class Trainer:
         self._startup_mark("tables")
         # Records of epochs whose checkpoint never committed are replayed, not duplicated.
         self.run.truncate_metrics(self.state.epoch)
-        self.run.log(self.plan.record())
+        if group.is_leader:
+            self.run.log(self.plan.record())
         self._known = None
         self._last_commit = time.monotonic()
 
     def _open_run(self) -> None:
-        """The run's state: restored from its latest version, or a new run's."""
-        repaired = self.run.repair_pointers()  # a lost or damaged pointer file, recovered from the versions
-        if repaired:
-            print(f"marius-py: {repaired}", file=sys.stderr)
-        self.run.metric_lines()  # a damaged log line is refused (file:line) before the live store is rebuilt
-        if self.run.has_checkpoint():
-            self.restore(self.run.latest_version())
-        else:
-            self._start_new_run()
+        """The run's state: restored from its latest version (a group's: the version its leader's pointers
+        name, which every trainer restores), or a new run's."""
+        latest = None
+        if self.group.is_leader:
+            repaired = self.run.repair_pointers()  # a lost or damaged pointer file, recovered from the versions
+            if repaired:
+                print(f"marius-py: {repaired}", file=sys.stderr)
+            self.run.metric_lines()  # a damaged log line is refused (file:line) before the live store is rebuilt
+            latest = self.run.latest_version().name if self.run.has_checkpoint() else None
+        latest = self.group.broadcast(latest)
+        if latest is not None:
+            self.restore(self.run.adopt_version(latest))
+            return
+        if not self.group.is_leader:  # (versions written for a commit the leader never made)
+            self.run.drop_versions()
+        self._start_new_run()
 
     def _startup_mark(self, phase: str) -> None:
         if self.startup is not None:
             self.startup.mark(phase)
-
-    def _run_directory(self, run_dir) -> RunDirectory:
-        return RunDirectory(run_dir)
 
     @property
     def multi_device(self) -> bool:
@@ -231,11 +235,12 @@ class Trainer:
         in memory are initialised there (``_open_live``); their store is written by the first commit."""
         c = self.config
         shutil.rmtree(self.live_store_path, ignore_errors=True)
-        EmbeddingStore.create(self.live_store_path, self.dataset.num_nodes, c.model.dim, self._state_dim(),
+        EmbeddingStore.create(self.live_store_path, self.dataset.num_nodes, c.model.dim, self.state_dim(),
                               self.layout.num_partitions, init=self._init_rows() if self.partitioned else None,
-                              threads=self._init_threads(), dtype=self.table_dtype)
+                              threads=self._init_threads(), dtype=self.table_dtype,
+                              partitions=self.spans.initial_partitions())
 
-    def _state_dim(self) -> int:
+    def state_dim(self) -> int:
         return self.model.node_optimizer.state_dim(self.config.model.dim)
 
     def _init_rows(self):
@@ -259,6 +264,7 @@ class Trainer:
         """Make ``version`` the live state: store files, model parameters, position."""
         self._check_stored_dtype(version)
         _, _, model_state, self.state = load_version(version, self.fingerprint, with_nodes=False)
+        check_holders(self.state, self.group.world_size, version)
         self._position = load_position(version)
         self._link_live_store(version)
         self._open_live(model_state)
@@ -286,11 +292,11 @@ class Trainer:
         for replica in self.replicas:  # each its own copy: same-device tensors would alias the optimizer state
             replica.load_state_dict(model_state if replica is self.model else copy.deepcopy(model_state))
         self.store = EmbeddingStore(self.live_store_path)
-        self._close_buffer()  # a buffer over the old files must not write them back
+        self.spans.close_buffer()  # a buffer over the old files must not write them back
         if not self.partitioned:
             # Host tables are pinned only for the fused step, whose GPU kernels read and write them in place;
             # otherwise they stay pageable and each batch's rows are gathered into pinned staging memory.
-            pinned = self._zero_copy_tables()
+            pinned = self.zero_copy_tables()
             if new:
                 where = torch.device("cpu") if pinned else self.table_device
                 tables = initial_tables(self.store.num_nodes, self.store.dim, self.store.state_dim, self._init_rows(),
@@ -299,53 +305,47 @@ class Trainer:
                 tables = self.store.read_tables(pin_memory=pinned)
             self.nodes, self.node_state = (table if pinned else table.to(self.table_device) for table in tables)
 
-    def _zero_copy_tables(self) -> bool:
+    def zero_copy_tables(self) -> bool:
         if self.multi_device:  # every device's kernels read and write the pinned host tables in place
             return self.placement != PLACEMENT_REPLICATED and self.device.type == "cuda" and zero_copy_available()
         return self.runner.zero_copy
 
-    def _swap_size(self) -> int:
-        return self.layout.swap_size
-
     def _row_bytes(self) -> int:
         """Bytes of one node's embedding and optimizer state."""
-        return (self.config.model.dim + self._state_dim()) * self.table_dtype.itemsize
+        return (self.config.model.dim + self.state_dim()) * self.table_dtype.itemsize
 
     @property
     def table_dtype(self) -> torch.dtype:
         """How node embeddings and optimizer state are stored (``storage.dtype``); training computes in float32."""
         return getattr(torch, self.layout.dtype)
 
-    def _buffer_bytes(self) -> int:
-        return buffer_bytes(self.layout, self.graph, self.config.storage.lookahead)
-
-    def _partition_shape(self) -> tuple[int, tuple[int, int]]:
-        """Rows of a partition, and the widths of its embedding and optimizer-state tables."""
-        return (partition_size(self.dataset.num_nodes, self.layout.num_partitions),
-                (self.config.model.dim, self._state_dim()))
+    @property
+    def buffer(self) -> PartitionBuffer | None:
+        return self.spans.buffer
 
     def partition_buffer(self) -> PartitionBuffer:
         """The partition buffer, allocated on first use (evaluation and export never need it)."""
-        if self.buffer is None:
-            s = self.config.storage
-            self.buffer = PartitionBuffer(self.store, self.layout.buffer_capacity, self.table_device,
-                                          swap_size=self._swap_size(), lookahead=s.lookahead,
-                                          pin_memory=self._zero_copy_tables(), direct_io=self._direct_io(),
-                                          io_threads=s.io_threads)
-        return self.buffer
-
-    def _direct_io(self) -> bool:
-        """``storage.direct_io``; auto is O_DIRECT for one process (its store may exceed memory)."""
-        return self.config.storage.direct_io != "false"
+        return self.spans.partition_buffer()
 
     def _commit(self, is_best: bool, position: dict | None = None) -> None:
         """Snapshot the (flushed) live store and the model into a new committed version (``position``: where
-        inside an epoch, for versions committed between buffer states)."""
+        inside an epoch, for versions committed between buffer states).
+
+        A group commits together: every trainer writes its version (the partitions its store holds) under
+        the version's final name; once all have, the leader's pointer file names it, which is the group's
+        commit; then the others' pointers follow (a resume adopts a version a trainer wrote but had not
+        pointed to yet: ``RunDirectory.adopt_version``)."""
         fsync_tree(self.live_store_path)
         tmp = self.run.begin_version(self.state.epoch, self.state.states_done)
-        link_tree(self.live_store_path, tmp / NODES)
+        link_tree(self.live_store_path, tmp / NODES, partitions=self.spans.held_partitions())
         write_version_state(tmp, self.model.state_dict(), self.state, position)
-        self.run.commit_version(tmp, self.state.epoch, is_best, self.state.states_done)
+        version = self.run.prepare_version(tmp, self.state.epoch, self.state.states_done)
+        self.group.barrier()  # every trainer's version is on its disk
+        if self.group.is_leader:
+            self.run.point_to(version, is_best)
+        self.group.barrier()  # the group has committed
+        if not self.group.is_leader:
+            self.run.point_to(version, False, keeps_best=False)
 
     def save_checkpoint(self, is_best: bool = False) -> None:
         if not self.partitioned:  # the buffer flushes itself at the end of every epoch
@@ -359,38 +359,8 @@ class Trainer:
     # ---- training ----
     def _spans(self, epoch: int, first_state: int = 0, ordering: Ordering | None = None,
                ) -> Iterator[tuple[TrainingSpan, torch.Tensor, torch.Tensor]]:
-        """(edges, embedding table, state table) of each buffer state of an epoch (``ordering``: the epoch's,
-        if already built), from ``first_state`` on."""
-        if not self.partitioned:
-            yield TrainingSpan(self._train_edges(), None), self.nodes, self.node_state
-            return
-        ordering = ordering or self.ordering(epoch)
-        states = [ordering.resident(k) for k in range(ordering.num_states)]
-        state_edges = self._edges_by_edge(states, epoch) if self.config.storage.edge_assignment == "edge" \
-            else lambda k: self.dataset.edges.buckets(ordering.buckets[k])
-        if first_state >= len(states):  # resumed after the epoch's last state: its work is in the store
-            return
-        buffer = self.partition_buffer()
-        for view in buffer.walk(states[first_state:]):
-            yield self._buffer_span(view, state_edges(first_state + view.index)), buffer.embeddings, buffer.state
-        buffer.flush()
-
-    def _train_edges(self) -> torch.Tensor:
-        """All train edges, kept in pinned host memory for every epoch when batches are planned on a GPU: each
-        epoch's copy then runs at ~50 GB/s (from pageable memory it cost ~5% of a GPU epoch), and the GPU holds
-        the edges only while an epoch shuffles them, not all run long beside its tables."""
-        if self._planned_edges is None:
-            edges = torch.from_numpy(self.dataset.train)
-            self._planned_edges = edges.pin_memory() if self.plan_device.type == "cuda" else edges
-        return self._planned_edges
-
-    def _buffer_span(self, view: BufferView, parts: list[np.ndarray]) -> TrainingSpan:
-        """The edges of ``parts`` (buckets read from the edge store) in the buffer's rows, with the resident
-        rows as negatives."""
-        edges = torch.from_numpy(np.concatenate(parts)) if parts else torch.empty(0, 3, dtype=torch.long)
-        edges = edges.to(self.plan_device)  # mapped where the runner plans them (the GPU: no idle host work)
-        local = torch.stack([view.local_ids(edges[:, 0]), edges[:, 1], view.local_ids(edges[:, 2])], dim=1)
-        return TrainingSpan(local, CandidateRows(view.candidate_ranges, self.plan_device))
+        """(edges, embedding table, state table) of each span of an epoch, from the span source."""
+        return self.spans.spans(epoch, first_state, ordering)
 
     def ordering(self, epoch: int) -> Ordering:
         ordering = epoch_ordering(self.layout, self.config.training.seed, epoch)
@@ -398,28 +368,6 @@ class Trainer:
             p = self.layout.num_partitions
             ordering = balanced_buckets(ordering, np.diff(self.dataset.edges.bucket_offsets()).reshape(p, p))
         return ordering
-
-    def _edges_by_edge(self, states: list[tuple[int, ...]], epoch: int):
-        """Edge-level assignment: each edge of bucket (i, j) goes to a random state holding i and j.
-
-        Every state then trains a uniform mix of all the buckets it could train,
-        instead of the whole buckets the ordering assigned to it. The draw is
-        seeded by (seed, epoch, i, j), so each edge lands in exactly one state.
-        """
-        member = np.zeros((len(states), self.layout.num_partitions), dtype=bool)
-        for k, state in enumerate(states):
-            member[k, list(state)] = True
-        seed = self.config.training.seed
-
-        def state_edges(k: int) -> list[np.ndarray]:
-            pairs = sorted((i, j) for i in states[k] for j in states[k])
-            parts = []
-            for (i, j), edges in zip(pairs, self.dataset.edges.buckets(pairs)):
-                eligible = np.flatnonzero(member[:, i] & member[:, j])
-                draws = np.random.default_rng([seed, epoch, i, j]).integers(len(eligible), size=len(edges))
-                parts.append(edges[eligible[draws] == k])
-            return parts
-        return state_edges
 
     def train_epoch(self, epoch: int) -> dict:
         t = self.config.training
@@ -440,7 +388,7 @@ class Trainer:
         started = time.perf_counter()
         bar = tqdm(total=-(-num_edges // t.batch_size), desc=f"epoch {epoch}/{t.epochs}", unit="batch",
                    disable=None if self.progress else True, leave=False, dynamic_ncols=True)
-        timeline = StateTimeline(self.buffer.counters, self._synchronize) if self.partitioned else None
+        timeline = StateTimeline(self.buffer.counters, self.synchronize) if self.partitioned else None
         phases = EpochPhases()
         on_batch = self._first_batch_logger(bar.update)
         trained_edges = 0
@@ -462,7 +410,7 @@ class Trainer:
                 self._commit_between_states(epoch, num_states, states_done, total_loss, generators)
                 phases.add("commit")
         bar.close()
-        self._synchronize()  # CUDA graphs and streams return before the GPU is done: time the GPU work
+        self.synchronize()  # CUDA graphs and streams return before the GPU is done: time the GPU work
         phases.add("sync")
         self.state.states_done, self.state.partial_loss_sum = 0, 0.0
         seconds = time.perf_counter() - started
@@ -482,6 +430,7 @@ class Trainer:
             record["states"] = timeline.rows
         if first_state:  # seconds, edges/s, io and states cover the states this process trained
             record["resumed_at_state"] = first_state
+        record.update(self.spans.epoch_record())
         return record
 
     def _devices_record(self, enqueued_before: float | None) -> dict:
@@ -510,7 +459,8 @@ class Trainer:
             on_batch(count)
         return first
 
-    def _synchronize(self) -> None:
+    def synchronize(self) -> None:
+        """Wait for every device's queued work (CUDA graphs and streams return before the GPU is done)."""
         for device in self.devices:
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
@@ -519,13 +469,13 @@ class Trainer:
         """Whether to commit between two buffer states: out of core, once ``training.checkpoint_interval``
         seconds have passed."""
         interval = self.config.training.checkpoint_interval
-        return self.partitioned and interval > 0 and time.monotonic() - self._last_commit >= interval
+        return self.spans.commits_between_states and interval > 0 and time.monotonic() - self._last_commit >= interval
 
     def _commit_between_states(self, epoch: int, num_states: int, states_done: int, total_loss: torch.Tensor,
                                generators: list[torch.Generator]) -> None:
         """Commit the first ``states_done`` buffer states of the running epoch: a resumed run restarts
         at the next state with the same random draws, so a crash loses at most one state's work."""
-        self._synchronize()
+        self.synchronize()
         self.partition_buffer().write_resident()
         self.state.states_done, self.state.partial_loss_sum = states_done, float(total_loss)
         self._commit(is_best=False, position={"walk": self._walk(epoch, num_states),
@@ -632,28 +582,40 @@ class Trainer:
             with tf32_matmuls(self.device.type == "cuda" and t.tf32):
                 record = self.train_epoch(self.state.epoch + 1)
             self.state.epoch += 1
-            self._say(f"epoch {record['epoch']}: loss {record['loss']:.4f}, "
-                      f"{record['edges_per_s']:,.0f} edges/s, {record['seconds']:.1f} s")
+            record = self.spans.combine(self.group.all_gather(record))
+            self._say(f"epoch {record['epoch']}: loss {record['loss']:.4f}, {record['edges_per_s']:,.0f} edges/s"
+                      + (f" over {self.group.world_size} trainers" if self.group.world_size > 1 else "")
+                      + f", {record['seconds']:.1f} s")
             self._finish_epoch(record)
         return self.state
 
     def _finish_epoch(self, record: dict) -> None:
-        """After an epoch: validate on schedule, commit when due, then log the epoch's record (after the
-        commit: a crash before the next commit replays this epoch)."""
+        """After an epoch: validate on schedule (the leader, once every partition is in its store), commit
+        when due, then log the epoch's record (after the commit: a crash before the next commit replays
+        this epoch). The leader decides; every trainer takes part in the gather and the commit."""
         t, e = self.config.training, self.config.evaluation
         previous_best = self.state.best_epoch
         on_schedule = e.every > 0 and self.state.epoch % e.every == 0
+        last = self.state.epoch >= t.epochs
+        validates = self.dataset.metadata.num_valid > 0 and (on_schedule or last)
         seconds = record.setdefault("time", {})
         started = time.perf_counter()
-        if self.dataset.metadata.num_valid > 0 and (on_schedule or self.state.epoch == t.epochs):
-            self._validate(counts=on_schedule)
+        if validates or last:  # (the last version holds every partition in the leader's run directory)
+            gathered = self.spans.gather_for_evaluation()
+            if gathered:
+                record["gathered"] = gathered
+        if validates:
+            if self.group.is_leader:
+                self._validate(counts=on_schedule)
+            self.state = self.group.broadcast(self.state)  # best epoch, early stopping
             seconds["validate"] = time.perf_counter() - started
         is_best = self.state.best_epoch != previous_best
         started = time.perf_counter()
-        if self._commit_due(is_best):
+        if self.group.broadcast(self._commit_due(is_best)):
             self.save_checkpoint(is_best=is_best)
             seconds["commit"] = seconds.get("commit", 0.0) + time.perf_counter() - started  # (+ between states)
-        self.run.log(record)
+        if self.group.is_leader:
+            self.run.log(record)
 
     def _commit_due(self, is_best: bool) -> bool:
         """Whether this epoch commits: every epoch, or per ``training.checkpoint_interval`` (a new best and the
@@ -673,16 +635,12 @@ class Trainer:
             self.restore(best)
 
     def close(self) -> None:
-        """Release the partition buffer and the runner's processes (a replica group's workers)."""
-        self._close_buffer()
+        """Release the span source (its buffer, a group's threads) and the runner's processes (a replica
+        group's workers)."""
+        self.spans.close()
         close_runner = getattr(self.runner, "close", None)
         if close_runner is not None:
             close_runner()
-
-    def _close_buffer(self) -> None:
-        if self.buffer is not None:
-            self.buffer.close()
-            self.buffer = None
 
     def _say(self, text: str) -> None:
         if self.progress:

@@ -1,24 +1,37 @@
-"""Bucket scheduling for several trainers sharing one partitioned store (issue 15's lock server).
+"""Bucket scheduling for several trainers that hand partitions to each other (issue 15's lock server).
 
 As PyTorch-BigGraph's lock server, rank 0 hands each trainer an edge bucket
 (i, j) whose partitions no other trainer holds, preferring buckets that share
-partitions with what the trainer holds already, so it swaps less. Every bucket
-is handed out exactly once per epoch; the epoch ends when all are done.
+partitions with what the trainer holds already, so it swaps less, and among
+those the bucket with the most edges (longest first: the epoch's tail is
+left small buckets, so trainers finish together). Every bucket is handed out
+exactly once per epoch; the epoch ends when all are done.
 
-Holding follows the store's consistency: a trainer that moves on from bucket
-(i, j) to (i, k) keeps i, and j stays locked until the trainer reports it
-written back (``written``): only then may another trainer read j from the
-shared store. Pure bookkeeping (no IO, no torch): the distributed trainer
-calls it through torch.distributed; tests drive it with simulated trainers.
+A partition's latest copy is in the local store of the trainer that wrote it
+last (``locations``). A grant names, for each partition the trainer must
+read, the trainer it comes from (``Grant.sources``: itself, a read from its
+own disk, or another trainer, which the scheduler then orders to send it:
+``next_send``). Holding follows that consistency: a trainer that moves on
+from bucket (i, j) to (i, k) keeps i, and j stays locked until the trainer
+reports it written back (``written``): only then may it be sent on. Pure
+bookkeeping (no IO, no torch): the distributed trainer calls it through
+torch.distributed; tests drive it with simulated trainers.
 """
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass, field
 
 import numpy as np
 
+
+@dataclass(frozen=True)
+class Send:
+    """An order to a trainer: send ``partition`` (written in its store) to ``destination``."""
+
+    partition: int
+    destination: int
 
 
 @dataclass
@@ -32,6 +45,7 @@ class Grant:
     write_back: tuple[int, ...]     # partitions to write back first, then report them ``written``
     finished: bool = False          # no bucket is left this epoch
     together: tuple[tuple[int, int], ...] = ()  # the other buckets left among the same partitions
+    sources: tuple[int, ...] = ()   # per partition of ``read``: the trainer it comes from (itself: its disk)
 
     @property
     def buckets(self) -> tuple[tuple[int, int], ...]:
@@ -54,6 +68,10 @@ class BucketScheduler:
     releasing: dict[int, Counter] = field(default_factory=dict)
     log: list[tuple[int, tuple[int, int]]] = field(default_factory=list)  # (trainer, bucket) in grant order
     waiting: set[int] = field(default_factory=set)  # trainers whose last ask found no bucket free
+    # partition -> the trainer whose store has its latest copy (a partition not named: the asking trainer's)
+    locations: dict[int, int] = field(default_factory=dict)
+    bucket_edges: dict[tuple[int, int], int] | None = None  # edges per bucket (None: all alike)
+    sends: dict[int, deque] = field(default_factory=dict)  # trainer -> its ``Send`` orders, oldest first
 
     def __post_init__(self):
         self._left = sorted(set(self.buckets))
@@ -96,8 +114,7 @@ class BucketScheduler:
                 self.waiting.add(trainer)
             return Grant(None, (), tuple(sorted(mine)), finished=not self._left)
         self.waiting.discard(trainer)
-        overlap = np.array([len(mine & set(b)) for b in free])
-        bucket = free[int(self._rng.choice(np.flatnonzero(overlap == overlap.max())))]
+        bucket = self._pick(free, mine)
         needed = set(bucket) | self._kept(mine - set(bucket), set(bucket))
         together = tuple(b for b in self._left if b != bucket and set(b) <= needed)
         for granted in (bucket, *together):
@@ -105,7 +122,34 @@ class BucketScheduler:
             self.log.append((trainer, granted))
         self._release(trainer, mine - needed)
         self.held[trainer] = needed
-        return Grant(bucket, tuple(sorted(needed - mine)), tuple(sorted(mine - needed)), together=together)
+        read = tuple(sorted(needed - mine))
+        return Grant(bucket, read, tuple(sorted(mine - needed)), together=together,
+                     sources=self._hand_over(read, trainer))
+
+    def _pick(self, free: list[tuple[int, int]], mine: set[int]) -> tuple[int, int]:
+        """The free bucket sharing most partitions with ``mine``; among those the one with the most edges,
+        then one at random."""
+        overlap = np.array([len(mine & set(b)) for b in free])
+        edges = np.array([self.bucket_edges.get(b, 0) if self.bucket_edges else 0 for b in free])
+        best = (overlap == overlap.max())
+        best &= edges == edges[best].max()
+        return free[int(self._rng.choice(np.flatnonzero(best)))]
+
+    def _hand_over(self, read: tuple[int, ...], trainer: int) -> tuple[int, ...]:
+        """Where each partition of ``read`` comes from; another trainer is ordered to send it."""
+        sources = []
+        for partition in read:
+            source = self.locations.get(partition, trainer)
+            if source != trainer:
+                self.sends.setdefault(source, deque()).append(Send(partition, trainer))
+            self.locations[partition] = trainer
+            sources.append(source)
+        return tuple(sources)
+
+    def next_send(self, trainer: int) -> Send | None:
+        """The trainer's oldest send order not yet taken (None: none now)."""
+        queue = self.sends.get(trainer)
+        return queue.popleft() if queue else None
 
     def _kept(self, candidates: set[int], granted: set[int]) -> set[int]:
         """Which of a trainer's partitions it keeps beside the granted bucket's (up to its capacity): those

@@ -16,6 +16,11 @@ for training; a write-back's copy waits only for the kernels launched before
 its eviction (a CUDA event). Host memory:
 ``(c + L) x partition bytes`` (embeddings + optimizer state; slots are padded
 to whole pages for O_DIRECT), ``(c + L k)`` with groups of k.
+
+A partition may also come from elsewhere than the store (another trainer,
+over torch.distributed): ``hold`` and ``prefetch`` then take a *fetch* that
+fills the slot's rows; fetches run on one thread of their own, in the order
+asked, so that a sender's and a receiver's sequences match.
 """
 
 from __future__ import annotations
@@ -24,13 +29,16 @@ import contextlib
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Mapping, Sequence
 
 import torch
 
 from marius_py.storage.chunk_files import page_aligned_empty, raw_bytes, slot_rows
 from marius_py.storage.embedding_store import EmbeddingStore
 from marius_py.storage.partitioning import partition_bounds
+
+
+Fetch = Callable[[list[torch.Tensor]], int]  # fills a slot's rows of each table; returns the bytes moved
 
 
 @dataclass
@@ -42,6 +50,8 @@ class IOCounters:
     bytes_read: int = 0
     bytes_written: int = 0
     checkpoint_bytes_written: int = 0  # resident partitions written for a commit between states
+    partitions_received: int = 0       # filled by a fetch (handed over by another trainer), not read
+    bytes_received: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def add_read(self, nbytes: int) -> None:
@@ -54,6 +64,11 @@ class IOCounters:
             self.partitions_written += 1
             self.bytes_written += nbytes
 
+    def add_received(self, nbytes: int) -> None:
+        with self._lock:
+            self.partitions_received += 1
+            self.bytes_received += nbytes
+
     def add_checkpoint_write(self, nbytes: int) -> None:
         with self._lock:
             self.checkpoint_bytes_written += nbytes
@@ -62,7 +77,8 @@ class IOCounters:
         with self._lock:
             return {"partitions_read": self.partitions_read, "partitions_written": self.partitions_written,
                     "bytes_read": self.bytes_read, "bytes_written": self.bytes_written,
-                    "checkpoint_bytes_written": self.checkpoint_bytes_written}
+                    "checkpoint_bytes_written": self.checkpoint_bytes_written,
+                    "partitions_received": self.partitions_received, "bytes_received": self.bytes_received}
 
 
 @dataclass
@@ -131,6 +147,7 @@ class PartitionBuffer:
         # stream (one per thread: a read's copy must not queue behind a write-back's, which waits for training)
         self._copy_streams = threading.local() if self.device.type == "cuda" else None
         self._reader = ThreadPoolExecutor(io_threads, thread_name_prefix="buffer-prefetch")
+        self._receiver = ThreadPoolExecutor(1, thread_name_prefix="buffer-fetch")  # fetches, in order
         self._writer = ThreadPoolExecutor(io_threads, thread_name_prefix="buffer-writeback")
 
     @staticmethod
@@ -140,6 +157,11 @@ class PartitionBuffer:
         ``itemsize``-byte values)."""
         slots = (capacity + swap_size * lookahead) * slot_rows(rows_per_partition, *cols, itemsize=itemsize)
         return slots * itemsize * sum(cols)
+
+    @property
+    def partition_bytes(self) -> int:
+        """Bytes of one partition as stored and handed over: a chunk of each table."""
+        return sum(f.chunk_bytes for f in self.files)
 
     @property
     def embeddings(self) -> torch.Tensor:
@@ -153,13 +175,18 @@ class PartitionBuffer:
     def _slot_rows(self, slot: int) -> slice:
         return slice(slot * self.stride, (slot + 1) * self.stride)
 
-    def _read(self, partition: int, slot: int) -> None:
+    def _read(self, partition: int, slot: int, fetch: Fetch | None = None) -> None:
         # The slot's last occupant and the partition's own last eviction must be on disk first.
         for pending in (self._slot_writes.get(slot), self._partition_writes.get(partition)):
             if pending is not None:
                 pending.result()
         # (a slot freed by an eviction: the GPU's last use of its rows preceded that write's copy)
         rows, nbytes = self._slot_rows(slot), 0
+        if fetch is not None:
+            with self._on_copy_stream():
+                nbytes = fetch([table[rows][:self.rows] for table in self.tables])
+            self.counters.add_received(nbytes)
+            return
         for files, host, table in zip(self.files, self._host, self.tables):
             nbytes += files.read_into(partition, raw_bytes(host[rows]))
             if table is not host:
@@ -241,11 +268,14 @@ class PartitionBuffer:
             self._schedule(states, index)
             yield self._view(index, states[index])
 
-    def _admit(self, partition: int) -> None:
+    def _admit(self, partition: int, fetch: Fetch | None = None) -> None:
         slot, future = self._scheduled.pop(partition, (None, None))
-        if future is None:  # not read ahead: read it now
+        if future is None:  # not read ahead: read it now (a fetch after those asked before it)
             slot = self._free.pop(0)
-            self._read(partition, slot)
+            if fetch is None:
+                self._read(partition, slot)
+            else:
+                self._receiver.submit(self._read, partition, slot, fetch).result()
         else:
             future.result()
         self._slot_of[partition] = slot
@@ -272,30 +302,33 @@ class PartitionBuffer:
         for partition in partitions:
             self._admit(partition)
 
-    def hold(self, partitions: Sequence[int]) -> BufferView:
+    def hold(self, partitions: Sequence[int], fetches: Mapping[int, Fetch] | None = None) -> BufferView:
         """Make ``partitions`` resident, reading those that are not (nor ``prefetch``ed), for a trainer handed
         one bucket at a time (several trainers, no ordering known ahead); what it no longer needs it
-        ``release``s first."""
+        ``release``s first. ``fetches``: partitions that come from elsewhere than the store, each with the
+        function that fills its slot's rows (one tensor per table) and returns the bytes it moved."""
         wanted = sorted(set(partitions))
         if len(set(self._slot_of) | set(wanted)) > self.capacity:
             raise ValueError(f"holding {wanted} beside {sorted(self._slot_of)} exceeds capacity {self.capacity}")
         for partition in wanted:
             if partition not in self._slot_of:
-                self._admit(partition)
+                self._admit(partition, (fetches or {}).get(partition))
         return self._view(0, wanted)
 
-    def prefetch(self, partitions: Sequence[int]) -> None:
+    def prefetch(self, partitions: Sequence[int], fetches: Mapping[int, Fetch] | None = None) -> None:
         """Start reading ``partitions`` into spare slots behind training, for a later ``hold`` (a trainer
-        told its next bucket while it trains the last). Each must be in the store: a resident one is not
-        read ahead, and with no spare slot left the rest are read by ``hold``."""
+        told its next bucket while it trains the last); ``fetches`` as for ``hold``. Each must be in the
+        store or fetched: a resident one is not read ahead, and with no spare slot left the rest are read by
+        ``hold``."""
         for partition in sorted(set(partitions) - set(self._slot_of) - set(self._scheduled)):
             if not self._free:
                 return
-            self._read_ahead(partition)
+            self._read_ahead(partition, (fetches or {}).get(partition))
 
-    def _read_ahead(self, partition: int) -> None:
+    def _read_ahead(self, partition: int, fetch: Fetch | None = None) -> None:
         slot = self._free.pop(0)
-        self._scheduled[partition] = (slot, self._reader.submit(self._read, partition, slot))
+        pool = self._reader if fetch is None else self._receiver
+        self._scheduled[partition] = (slot, pool.submit(self._read, partition, slot, fetch))
 
     def release(self, partitions: Sequence[int]) -> list[Future]:
         """Drop ``partitions``, writing them back behind: the futures are done once they are in the store
@@ -328,4 +361,5 @@ class PartitionBuffer:
 
     def close(self) -> None:
         self._reader.shutdown(wait=True)
+        self._receiver.shutdown(wait=True)
         self._writer.shutdown(wait=True)

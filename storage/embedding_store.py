@@ -17,7 +17,7 @@ import os
 import shutil
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -69,9 +69,10 @@ class EmbeddingStore:
     @classmethod
     def create(cls, path: str | os.PathLike, num_nodes: int, dim: int, state_dim: int,
                num_partitions: int, init: Callable[[int, int], np.ndarray] | None = None, threads: int = 1,
-               dtype: torch.dtype = torch.float32) -> "EmbeddingStore":
+               dtype: torch.dtype = torch.float32, partitions: Sequence[int] | None = None) -> "EmbeddingStore":
         """Create a store of ``dtype`` values; ``init(start, end)`` gives the initial rows (float32) of each
-        partition.
+        partition (of ``partitions`` only, when given: a trainer of a group initialises those its store holds;
+        the rows do not depend on which process draws them).
 
         Rows are written a partition at a time per thread, so memory stays at ``threads`` partitions.
         """
@@ -82,10 +83,10 @@ class EmbeddingStore:
         _create_array(path / STATE, (num_nodes, state_dim), rows, dtype)
         store = cls(path)
         if init is not None:
-            store._initialise(init, threads)
+            store._initialise(init, threads, range(store.num_partitions) if partitions is None else partitions)
         return store
 
-    def _initialise(self, init: Callable[[int, int], np.ndarray], threads: int) -> None:
+    def _initialise(self, init: Callable[[int, int], np.ndarray], threads: int, partitions: Sequence[int]) -> None:
         """Write ``init``'s rows as raw chunk files (zarr's array writes ran at ~0.1 GiB/s), ``threads``
         partitions at once (torch's generators and file writes release the GIL), each drawn and written
         in pieces of ``INIT_PIECE_ROWS``: memory is two pieces a thread, whatever the partitions' size.
@@ -98,7 +99,7 @@ class EmbeddingStore:
                 files.write_generated(part, lambda first, last: init(start + first, start + last), INIT_PIECE_ROWS)
 
         with ThreadPoolExecutor(max(1, threads)) as pool:
-            list(pool.map(write, range(self.num_partitions)))
+            list(pool.map(write, partitions))
 
     @property
     def rows_per_partition(self) -> int:
@@ -187,19 +188,24 @@ def _page_rows(files: ChunkFiles) -> int:
     return -(-PAGE // (files.cols * files.itemsize))
 
 
-def link_tree(source: str | os.PathLike, destination: str | os.PathLike) -> None:
-    """Mirror ``source`` into a new ``destination`` with hard links (copies where links fail).
+def link_tree(source: str | os.PathLike, destination: str | os.PathLike,
+              partitions: Sequence[int] | None = None) -> None:
+    """Mirror ``source`` into a new ``destination`` with hard links (copies where links fail); ``partitions``:
+    of a store, only those partitions' chunk files (the others read as zarr's fill value there).
 
     A linked chunk file is only ever replaced by rename, never rewritten in place
     (``ChunkFiles.write`` overwrites only files with one link), so a linked
     snapshot keeps the bytes it was taken with.
     """
     source, destination = Path(source), Path(destination)
+    left_out = set() if partitions is None else {
+        files.chunk_path(chunk) for files in EmbeddingStore(source).chunk_files()
+        for chunk in sorted(set(range(files.num_chunks)) - set(partitions))}
     for root, _, files in os.walk(source):
         target = destination / Path(root).relative_to(source)
         target.mkdir(parents=True, exist_ok=True)
         for name in files:
-            if name.endswith(".tmp"):
+            if name.endswith(".tmp") or Path(root) / name in left_out:
                 continue
             try:
                 os.link(Path(root) / name, target / name)

@@ -309,7 +309,7 @@ def test_walk_hand_written_states(tmp_path):
         assert buffer.counters.snapshot() == {
             "partitions_read": 2 + swaps, "partitions_written": swaps + 2,
             "bytes_read": (2 + swaps) * nbytes, "bytes_written": (swaps + 2) * nbytes,
-            "checkpoint_bytes_written": 0}
+            "checkpoint_bytes_written": 0, "partitions_received": 0, "bytes_received": 0}
         assert_store_equals(store, expected_emb, expected_state)
         # a second epoch over the same buffer sees the first epoch's updates
         walk_and_update(buffer, HAND_STATES, expected_emb, expected_state, delta_of=lambda k: -1.0)
@@ -359,7 +359,7 @@ def test_walk_swapping_two_partitions_at_once(tmp_path):
     assert buffer.counters.snapshot() == {
         "partitions_read": 4 + 2 * swaps, "partitions_written": 2 * swaps + 4,
         "bytes_read": (4 + 2 * swaps) * nbytes, "bytes_written": (2 * swaps + 4) * nbytes,
-            "checkpoint_bytes_written": 0}
+            "checkpoint_bytes_written": 0, "partitions_received": 0, "bytes_received": 0}
 
 
 def registered_cases():
@@ -635,3 +635,42 @@ def test_large_locked_buffers_are_registered_exactly():
     back.copy_(on_gpu, non_blocking=True)
     torch.cuda.synchronize()
     assert torch.equal(back, table)
+
+
+def test_fetched_partitions_fill_their_slots_in_the_order_asked_and_count_as_received(tmp_path):
+    """A partition handed over (``fetches``) is filled by its fetch, not read from the store, on one thread in
+    the order the fetches were asked (a sender's sequence must match), and counted as received; released,
+    it is written to the store like any other."""
+    store = make_store(tmp_path / "s", 16, 4)
+    buffer = PartitionBuffer(store, capacity=2, lookahead=1)
+    order, threads = [], set()
+
+    def fetch_filling(value: float):
+        def fetch(tables):
+            order.append(value)
+            threads.add(threading.current_thread().name)
+            for table in tables:
+                table.fill_(value)
+            return sum(t.numel() * t.element_size() for t in tables)
+        return fetch
+
+    try:
+        buffer.prefetch([2, 3], {3: fetch_filling(3.0), 2: fetch_filling(2.0)})
+        view = buffer.hold([2, 3])
+        assert order == [2.0, 3.0]  # (sorted, as asked)
+        for partition in (2, 3):
+            rows = view.local_ids(torch.arange(4 * partition, 4 * partition + 4))
+            assert torch.all(buffer.embeddings[rows] == float(partition))
+            assert torch.all(buffer.state[rows] == float(partition))
+        assert len(threads) == 1 and next(iter(threads)).startswith("buffer-fetch")
+        counters = buffer.counters.snapshot()
+        assert counters["partitions_received"] == 2 and counters["partitions_read"] == 0
+        assert counters["bytes_received"] == 2 * partition_bytes(store)
+        for write in buffer.release([2, 3]):
+            write.result()
+        view = buffer.hold([0, 2], {0: fetch_filling(7.0)})  # a fetch asked by hold itself; 2 from the store
+        assert order == [2.0, 3.0, 7.0]
+        assert torch.all(buffer.embeddings[view.local_ids(torch.arange(8, 12))] == 2.0)
+    finally:
+        buffer.close()
+    assert np.all(store.embeddings[12:16] == 3.0)

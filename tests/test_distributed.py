@@ -1,9 +1,11 @@
-"""Several trainers on torch.distributed (gloo on 127.0.0.1), launched with torchrun (issue 15).
+"""Several trainers on torch.distributed (gloo on 127.0.0.1), launched with torchrun (issues 15 and 41).
 
-The scheduler service is checked in-process with threads; whole runs (several
-processes, slow-marked) are checked from the logs the run directory keeps: the
-scheduler's grants (every bucket once per epoch) and each trainer's holds (no
-partition held by two trainers at once, from the trainers' own clocks).
+The scheduler service and the group's join are checked in-process with threads;
+partition hand-overs between processes with gloo; whole runs (several
+processes, slow-marked) from the logs the run directories keep: the
+scheduler's grants (every bucket once per epoch, and where each partition came
+from), each trainer's holds (no partition held by two trainers at once, from the
+trainers' own clocks), and the bytes handed over against what the grants imply.
 """
 
 from __future__ import annotations
@@ -25,8 +27,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from marius_py.distributed.launch import pid_file, trainer_run_dir
 from marius_py.distributed.scheduler_service import SchedulerClient, SchedulerServer
-from marius_py.distributed.trainer import page_cache_suits
 from marius_py.preprocess import PreprocessOptions, preprocess
 
 UMLS_RAW = Path(__file__).parent / "data" / "umls"
@@ -57,6 +59,7 @@ def test_scheduler_service_serves_concurrent_trainers(tmp_path, num_partitions, 
     store = dist.HashStore()
     store.set_timeout(timedelta(seconds=30))
     server = SchedulerServer(store, num_partitions, seed=1, log_path=tmp_path / "scheduler.jsonl")
+    server.begin_epoch(1)
     holders: dict[int, int] = {}  # partition -> trainer holding it now
     lock = threading.Lock()
     trained: list[tuple[int, int]] = []
@@ -103,6 +106,7 @@ def test_scheduler_service_with_write_backs_reported_behind_training(tmp_path, n
     store = dist.HashStore()
     store.set_timeout(timedelta(seconds=30))
     server = SchedulerServer(store, num_partitions, seed=seed, log_path=tmp_path / "scheduler.jsonl")
+    server.begin_epoch(1)
     busy = {p: Counter() for p in range(num_partitions)}  # partition -> rank -> holds + unreported writes
     lock = threading.Lock()
     trained: list[tuple[int, int]] = []
@@ -175,23 +179,10 @@ def test_direct_io_setting_is_read_from_yaml_and_overrides(tmp_path, text, expec
     assert mp.make_config(str(config), []).storage.direct_io == expected
 
 
-@pytest.mark.parametrize("store_gib, world, local, memory_gib, suits", [
-    (1.6, 2, 2, 251, True),     # two GPUs of one machine, the store well inside its memory
-    (1.6, 1, 1, 251, True),     # one trainer under torchrun: the baseline of the same path
-    (1.6, 4, 2, 251, False),    # trainers on two machines: O_DIRECT (the shared file system's caches)
-    (1.6, 2, None, 251, False),  # a launcher that does not say how many trainers share the machine
-    (34.8, 2, 2, 125, False),   # the store takes more than a quarter of the memory
-    (1.6, 2, 2, None, False),   # memory unknown
-])
-def test_page_cache_for_trainers_of_one_machine_whose_memory_holds_the_store(store_gib, world, local,
-                                                                            memory_gib, suits):
-    memory = None if memory_gib is None else int(memory_gib * 2**30)
-    assert page_cache_suits(int(store_gib * 2**30), world, local, memory) is suits
-
-
 def test_write_backs_report_after_the_write_and_surface_its_error(tmp_path):
     from concurrent.futures import Future
 
+    from marius_py.distributed.hand_over import Holdings
     from marius_py.distributed.write_backs import WriteBacks
 
     class Client:
@@ -201,8 +192,8 @@ def test_write_backs_report_after_the_write_and_surface_its_error(tmp_path):
         def written(self, epoch, partitions):
             self.reports.append((epoch, partitions))
 
-    client, log = Client(), tmp_path / "rank0.jsonl"
-    write_backs = WriteBacks(client, log)
+    client, log, holdings = Client(), tmp_path / "rank0.jsonl", Holdings([5])
+    write_backs = WriteBacks(client, log, holdings)
     try:
         write = Future()
         write_backs.submit(1, {3: 10.0, 1: 11.0}, [write])
@@ -210,7 +201,7 @@ def test_write_backs_report_after_the_write_and_surface_its_error(tmp_path):
         assert client.reports == [] and not log.exists()  # the write is not done: nothing reported
         write.set_result(None)
         write_backs.wait()
-        assert client.reports == [(1, [1, 3])]
+        assert client.reports == [(1, [1, 3])] and holdings.snapshot() == [1, 3, 5]  # (in its store: its own)
         assert [json.loads(line)["partition"] for line in log.read_text().splitlines()] == [1, 3]
         failed = Future()
         failed.set_exception(OSError("disk full"))
@@ -219,6 +210,7 @@ def test_write_backs_report_after_the_write_and_surface_its_error(tmp_path):
         with pytest.raises(OSError, match="disk full"):
             write_backs.check()
         assert client.reports == [(1, [1, 3])]  # a partition whose write failed is never reported
+        assert holdings.snapshot() == [1, 3, 5]
     finally:
         write_backs.close()
 
@@ -262,13 +254,20 @@ def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line]
 
 
-def check_group_logs(run_dir: Path, epochs: int, num_partitions: int, num_trainers: int) -> None:
-    grants = [g for g in read_jsonl(run_dir / "distributed" / "scheduler.jsonl") if g.get("bucket")]
+def trainer_dirs(run_dir: Path, num_trainers: int) -> list[Path]:
+    """Each trainer's own run directory, all on this machine's --run-dir."""
+    return [trainer_run_dir(run_dir, rank) for rank in range(num_trainers)]
+
+
+def check_group_logs(dirs: list[Path], epochs: int, num_partitions: int) -> None:
+    """Every bucket granted once per epoch (the leader's scheduler log), and no partition held by two trainers
+    at once (each trainer's holds log, in its own run directory)."""
+    grants = [g for g in read_jsonl(dirs[0] / "distributed" / "scheduler.jsonl") if g.get("bucket")]
     all_buckets = Counter((i, j) for i in range(num_partitions) for j in range(num_partitions))
     for epoch in range(1, epochs + 1):
         granted = [tuple(b) for g in grants if g["epoch"] == epoch for b in [g["bucket"], *g["together"]]]
         assert Counter(granted) == all_buckets
-    logs = [run_dir / "distributed" / f"rank{rank}.jsonl" for rank in range(num_trainers)]
+    logs = [directory / "distributed" / "holds.jsonl" for directory in dirs]
     holds = [dict(h, rank=rank) for rank, log in enumerate(logs)  # (a trainer granted nothing logs nothing)
              for h in (read_jsonl(log) if log.exists() else [])]
     for partition in range(num_partitions):  # (one trainer's own holds may overlap: writes go on behind)
@@ -279,24 +278,64 @@ def check_group_logs(run_dir: Path, epochs: int, num_partitions: int, num_traine
                     f"partition {partition} held by {rank} and {other} at once"
 
 
+def store_partition_bytes(run_dir: Path) -> int:
+    from marius_py.storage.embedding_store import EmbeddingStore
+    return sum(f.chunk_bytes for f in EmbeddingStore(run_dir / "store", mode="r").chunk_files())
+
+
+def check_hand_overs(leader_dir: Path, num_trainers: int, num_partitions: int) -> None:
+    """Partitions over torch.distributed against the scheduler's plan, every epoch: the bytes handed over (sent
+    and received, counted by the trainers) are the grants' reads from another trainer times a partition's
+    bytes; where each grant's partitions came from is where the plan had them; every partition ends the
+    epoch where the last grant of it put it; and the gather before evaluation moves exactly the partitions
+    held elsewhere than the leader."""
+    nbytes = store_partition_bytes(leader_dir)
+    grants = [g for g in read_jsonl(leader_dir / "distributed" / "scheduler.jsonl") if g.get("bucket")]
+    records = [r for r in read_jsonl(leader_dir / "metrics.jsonl") if r.get("event") == "epoch"]
+    where = {p: p % num_trainers for p in range(num_partitions)}  # a new run's partitions: round-robin
+    for record in records:
+        handed = 0
+        for grant in (g for g in grants if g["epoch"] == record["epoch"]):
+            assert grant["sources"] == [where[p] for p in grant["read"]], grant
+            handed += sum(1 for source in grant["sources"] if source != grant["trainer"])
+            where.update({p: grant["trainer"] for p in grant["read"]})
+        assert record["handed_over_bytes"] == handed * nbytes, record["epoch"]
+        assert sum(t["bytes_received"] for t in record["trainers"]) == handed * nbytes
+        assert sum(t["bytes_sent"] for t in record["trainers"]) == handed * nbytes
+        assert record["holders"] == [where[p] for p in range(num_partitions)]
+        if "gathered" in record:
+            away = sum(1 for rank in record["holders"] if rank != 0)
+            assert record["gathered"]["partitions"] == away and record["gathered"]["bytes"] == away * nbytes
+            where = dict.fromkeys(where, 0)
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("num_trainers, per_trainer, direct_io", [(2, 2, "auto"), (4, 2, "auto"), (2, 3, "true")])
-def test_trainers_share_every_bucket_once_and_no_partition(umls_p4, tmp_path, num_trainers, per_trainer,
-                                                           direct_io):
+@pytest.mark.parametrize("num_trainers, num_partitions, direct_io", [(2, 4, "auto"), (3, 8, "false"),
+                                                                      (4, 8, "true")])
+def test_trainers_hand_partitions_over_as_planned(umls_p4, tmp_path, num_trainers, num_partitions, direct_io):
+    """Whole runs: every bucket once per epoch, no partition held by two trainers at once, partitions handed
+    over exactly as the grants planned (``check_hand_overs``), each trainer's versions keep only the
+    partitions its store holds, and the leader's last version holds them all."""
     run_dir = tmp_path / "run"
-    done = subprocess.run(torchrun(num_trainers, *umls_overrides(umls_p4, 3,
-                                                                  f"distributed.partitions_per_trainer={per_trainer}",
+    done = subprocess.run(torchrun(num_trainers, *umls_overrides(umls_p4, 3, f"storage.num_partitions={num_partitions}",
                                                                   f"storage.direct_io={direct_io}"),
                                    "--run-dir", str(run_dir)),
                           env=run_env(), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "test: MRR" in done.stdout
-    check_group_logs(run_dir, 3, 4, num_trainers)
+    dirs = trainer_dirs(run_dir, num_trainers)
+    check_group_logs(dirs, 3, num_partitions)
+    check_hand_overs(run_dir, num_trainers, num_partitions)
     epochs = [r for r in read_jsonl(run_dir / "metrics.jsonl") if r.get("event") == "epoch"]
     assert [r["epoch"] for r in epochs] == [1, 2, 3]
     assert all(len(r["trainers"]) == num_trainers for r in epochs)
-    assert all(sum(t["buckets"] for t in r["trainers"]) == 16 for r in epochs)
-    assert all(t["direct_io"] == (direct_io == "true") for r in epochs for t in r["trainers"])  # (auto: one machine)
+    assert all(sum(t["buckets"] for t in r["trainers"]) == num_partitions ** 2 for r in epochs)
+    assert all(0 <= t["idle_seconds"] <= t["seconds"] for r in epochs for t in r["trainers"])
+    assert sum(r["handed_over_bytes"] for r in epochs) > 0
+    leader_chunks = list((run_dir / "checkpoints" / "v000003" / "nodes" / "embeddings").rglob("c/*/*"))
+    assert len(leader_chunks) == num_partitions  # (the last epoch gathered every partition to the leader)
+    for directory in dirs[1:]:
+        assert not list((directory / "checkpoints" / "v000003" / "nodes").rglob("c/*/*"))
 
 
 @pytest.mark.gpu
@@ -309,7 +348,8 @@ def test_two_gpu_trainers(umls_p4, tmp_path):
     done = subprocess.run(torchrun(2, *overrides, "--run-dir", str(run_dir)), env=run_env(),
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    check_group_logs(run_dir, 3, 4, 2)
+    check_group_logs(trainer_dirs(run_dir, 2), 3, 4)
+    check_hand_overs(run_dir, 2, 4)  # (NCCL between the GPUs)
     epochs = [r for r in read_jsonl(run_dir / "metrics.jsonl") if r.get("event") == "epoch"]
     assert all(sum(t["buckets"] for t in r["trainers"]) == 16 and r["relation_rounds"] >= 1 for r in epochs)
     test = [r for r in read_jsonl(run_dir / "metrics.jsonl") if r.get("split") == "test"][-1]
@@ -324,19 +364,22 @@ def kill_trainer_mid_run(run_dir: Path, rank: int = 1) -> None:
         if scheduler_log.exists() and any(g["epoch"] >= 3 for g in read_jsonl(scheduler_log)):
             break
         time.sleep(0.05)
-    os.kill(int((run_dir / "distributed" / f"rank{rank}.pid").read_text()), signal.SIGKILL)
+    os.kill(int(pid_file(trainer_run_dir(run_dir, rank)).read_text()), signal.SIGKILL)
 
 
 @pytest.mark.slow
-def test_a_killed_trainer_stops_the_group_and_a_rerun_resumes(umls_p4, tmp_path):
+@pytest.mark.parametrize("killed", [0, 1])
+def test_a_killed_trainer_stops_the_group_and_a_rerun_resumes(umls_p4, tmp_path, killed):
+    """Killed mid-run, the leader (whose pointer file commits the group's versions) or another trainer: every
+    trainer resumes the last version the group committed, and the run ends with each epoch logged once."""
     run_dir = tmp_path / "run"
     epochs = 40
     group = subprocess.Popen(torchrun(2, *umls_overrides(umls_p4, epochs), "--run-dir", str(run_dir)),
                              env=run_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    kill_trainer_mid_run(run_dir)
+    kill_trainer_mid_run(run_dir, killed)
     _, stderr = group.communicate(timeout=120)
     assert group.returncode != 0
-    assert "rank      : 1" in stderr and "SIGKILL" in stderr  # torchrun names the failed trainer
+    assert f"rank      : {killed}" in stderr and "SIGKILL" in stderr  # torchrun names the failed trainer
 
     rerun = subprocess.run(torchrun(2, "--resume", str(run_dir), "--quiet"), env=run_env(),
                            capture_output=True, text=True, timeout=300)
@@ -359,7 +402,7 @@ def test_the_run_lock_of_a_group_refuses_a_second_group_and_a_resume(umls_p4, tm
             assert group.poll() is None, group.communicate()[1][-3000:]
             time.sleep(0.1)
         holder = f"marius-py: error: run directory {run_dir.resolve()} is in use by pid " \
-                 f"{int((run_dir / 'distributed' / 'rank0.pid').read_text())} on "
+                 f"{int(pid_file(run_dir).read_text())} on "
         second = subprocess.run(torchrun(2, "--resume", str(run_dir), "--quiet"), env=run_env(),
                                 capture_output=True, text=True, timeout=120)
         assert second.returncode != 0 and holder in second.stderr, second.stderr[-3000:]
@@ -392,7 +435,7 @@ def test_torchrun_restart_resumes_by_itself(umls_p4, tmp_path):
     assert "test: MRR" in stdout
     records = [r for r in read_jsonl(run_dir / "metrics.jsonl") if r.get("event") == "epoch"]
     assert [r["epoch"] for r in records] == list(range(1, epochs + 1))
-    check_group_logs(run_dir, epochs, 4, 2)  # the replayed epochs' lines were dropped at the restart
+    check_group_logs(trainer_dirs(run_dir, 2), epochs, 4)  # the replayed epochs' lines were dropped at the restart
 
 
 def shared_dataset(name: str) -> Path | None:
@@ -452,8 +495,133 @@ def test_relation_exchange_keeps_every_trainers_updates(tmp_path):
 def test_trainers_refuse_tables_in_one_partition(tmp_path):
     """torchrun trainers hand partitions to each other: one partition is refused by name, not a traceback."""
     from marius_py.config import load_config
-    from marius_py.distributed.trainer import DistributedTrainer
+    from marius_py.distributed.granted_spans import check_group_config
     from marius_py.errors import MariusInputError
     config = load_config(None, ["storage.num_partitions=1"])
     with pytest.raises(MariusInputError, match="storage.num_partitions=1: torchrun trainers share the tables"):
-        DistributedTrainer(config, None, tmp_path / "run", group=None)
+        check_group_config(config, tmp_path / "run")
+
+
+# --------------------------------------------------------------------------- joining, holdings, hand-overs
+
+
+def test_trainers_agree_on_a_fresh_attempt_whatever_an_earlier_attempt_left_in_the_store():
+    """torchrun keeps its store across restarts and counts restarts per machine: the trainers of an attempt
+    agree on a key prefix of their own (``group.agree_on_attempt``) even with an earlier attempt's knocks,
+    answers and acknowledgements still in the store."""
+    from marius_py.distributed.group import agree_on_attempt
+    store = dist.HashStore()
+    store.set_timeout(timedelta(seconds=30))
+    agreed: dict[int, str] = {}
+
+    def attempt(world: int, ranks) -> None:
+        threads = [threading.Thread(target=lambda r=r: agreed.__setitem__(r, agree_on_attempt(
+            store, r, world, timedelta(seconds=30)))) for r in ranks]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+
+    attempt(3, [0, 1, 2])
+    first = dict(agreed)
+    assert len(set(first.values())) == 1
+    store.set("knock/2", "stale-nonce")  # an earlier attempt's trainer knocked and died
+    agreed.clear()
+    attempt(3, [2, 1, 0])
+    assert len(set(agreed.values())) == 1 and set(agreed.values()) != set(first.values())
+
+
+def test_a_trainer_alone_never_waits_to_join():
+    from marius_py.distributed.group import agree_on_attempt
+    store = dist.HashStore()
+    assert agree_on_attempt(store, 0, 1, timedelta(seconds=1))
+
+
+def test_holders_of_every_trainers_holdings_refuse_a_partition_held_twice_or_by_nobody():
+    from marius_py.distributed.hand_over import holders_of
+    assert holders_of([[1, 3], [0], [2]], 4) == [1, 0, 2, 0]
+    with pytest.raises(RuntimeError, match="partition 1 is held by trainers 0 and 1"):
+        holders_of([[1], [1, 0], [2, 3]], 4)
+    with pytest.raises(RuntimeError, match=r"partitions \[2\] are held by no trainer"):
+        holders_of([[0, 1], [3]], 4)
+
+
+def _handing_trainer(rank: int, store_path: str, root: str) -> None:
+    """Three gloo trainers with a store each: 1 sends its partition 2 to 0 (into a buffer slot, as a fetch),
+    2 sends partition 3 to 0 while 0 sends partition 0 to 1 (both directions of a pair at once), then every
+    partition held elsewhere goes to the leader's store."""
+    from marius_py.distributed.group import Group
+    from marius_py.distributed.hand_over import PartitionTransfer, gather_to_leader
+    from marius_py.storage.buffer import PartitionBuffer
+    from marius_py.storage.embedding_store import EmbeddingStore
+    from datetime import timedelta as td
+    dist.init_process_group("gloo", store=dist.FileStore(store_path, 3), rank=rank, world_size=3)
+    group = Group(rank, 3, dist.group.WORLD, (dist.new_group(backend="gloo"), dist.new_group(backend="gloo")),
+                  td(seconds=60), "test")
+    store = EmbeddingStore.create(Path(root) / f"store{rank}", 16, 3, 2, 4)
+    for partition in range(4):  # rows: 100 * (rank + 1) + partition, state negated
+        start, end = store.bounds(partition)
+        value = 100.0 * (rank + 1) + partition
+        store.write_partition(partition, torch.full((end - start, 3), value), torch.full((end - start, 2), -value))
+    transfer = PartitionTransfer(group, lambda: store, lambda: torch.device("cpu"))
+    if rank == 0:
+        buffer = PartitionBuffer(store, capacity=2, lookahead=1)
+        sending = threading.Thread(target=transfer.send, args=(0, 1))
+        sending.start()
+        view = buffer.hold([2, 3], {2: transfer.fetch_from(1), 3: transfer.fetch_from(2)})
+        sending.join()
+        got = {p: float(buffer.embeddings[view.local_ids(torch.tensor([4 * p]))][0, 0]) for p in (2, 3)}
+        Path(root, "received.json").write_text(json.dumps({"got": got, **buffer.counters.snapshot()}))
+        buffer.close()
+    elif rank == 1:
+        transfer.send(2, 0)
+        received = PartitionBuffer(store, capacity=1, lookahead=0)
+        view = received.hold([0], {0: transfer.fetch_from(0)})
+        Path(root, "back.json").write_text(json.dumps(float(received.state[view.local_ids(torch.tensor([1]))][0, 1])))
+        received.close()
+    else:
+        transfer.send(3, 0)
+    dist.barrier()
+    moved = gather_to_leader(group, transfer, [0, 1, 2, 1])
+    Path(root, f"gathered{rank}.json").write_text(json.dumps({"moved": moved, **transfer.counters.snapshot()}))
+    dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_partitions_hand_over_between_processes_and_gather_to_the_leader(tmp_path):
+    import torch.multiprocessing as mp
+    mp.spawn(_handing_trainer, args=(str(tmp_path / "rendezvous"), str(tmp_path)), nprocs=3)
+    received = json.loads((tmp_path / "received.json").read_text())
+    assert received["got"] == {"2": 202.0, "3": 303.0}  # each from the trainer that sent it
+    nbytes = 4 * 3 * 4 + 4 * 2 * 4  # a partition: 4 rows of 3 embedding and 2 state floats
+    assert received["partitions_received"] == 2 and received["bytes_received"] == 2 * nbytes
+    assert json.loads((tmp_path / "back.json").read_text()) == -100.0  # rank 0's partition 0, its state
+    from marius_py.storage.embedding_store import EmbeddingStore
+    leader = EmbeddingStore(tmp_path / "store0", mode="r")
+    assert [float(leader.embeddings[4 * p, 0]) for p in range(4)] == [100.0, 201.0, 302.0, 203.0]
+    assert [float(leader.state[4 * p, 0]) for p in range(4)] == [-100.0, -201.0, -302.0, -203.0]
+    gathered = [json.loads((tmp_path / f"gathered{rank}.json").read_text()) for rank in range(3)]
+    assert [g["moved"] for g in gathered] == [3 * nbytes, 2 * nbytes, nbytes]
+    assert [g["bytes_sent"] for g in gathered] == [nbytes, 3 * nbytes, 2 * nbytes]
+
+
+def test_trainers_that_opened_another_dataset_are_refused_by_rank(tmp_path):
+    """Each machine prepares its own copy of the dataset: trainers whose graph or model differs from rank 0's
+    (their fingerprints) are named, with the dataset."""
+    from marius_py.distributed.granted_spans import refuse_other_datasets
+    from marius_py.errors import MariusInputError
+    refuse_other_datasets(["a", "a", "a"], tmp_path)
+    with pytest.raises(MariusInputError, match=r"trainers \[1, 3\] opened another dataset") as caught:
+        refuse_other_datasets(["a", "b", "a", "c"], tmp_path)
+    assert caught.value.path == str(tmp_path)
+
+
+@pytest.mark.parametrize("trainers, partitions, held, warned", [(1, 2, 2, False), (2, 4, 2, True), (2, 8, 2, False),
+                                                               (4, 32, 4, False), (2, 16, 4, False)])
+def test_partitions_per_trainer_leave_half_free_and_too_few_partitions_warn(trainers, partitions, held, warned):
+    from marius_py.config import load_config
+    from marius_py.distributed.granted_spans import partitions_per_trainer, too_few_partitions
+    assert partitions_per_trainer(load_config(None, []), partitions, trainers) == held
+    assert partitions_per_trainer(load_config(None, ["distributed.partitions_per_trainer=3"]), partitions,
+                                  trainers) == min(3, partitions)
+    assert (too_few_partitions(partitions, trainers) is not None) == warned

@@ -107,7 +107,7 @@ def test_io_counters_equal_simulator_every_epoch(beta_p8_run):
         assert record["io"] == {"partitions_read": stats.partitions_read,
                                 "partitions_written": stats.partitions_written,
                                 "bytes_read": stats.bytes_read, "bytes_written": stats.bytes_written,
-            "checkpoint_bytes_written": 0}, \
+            "checkpoint_bytes_written": 0, "partitions_received": 0, "bytes_received": 0}, \
             f"epoch {record['epoch']}"
         assert stats.partitions_read == 3 + ordering.num_swaps
     # the epochs walk different buffer states (as sets), so each epoch is a separate check

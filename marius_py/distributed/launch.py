@@ -1,9 +1,20 @@
-"""``marius-py train`` under torchrun: join the group, set the run up once, train, test on rank 0."""
+"""``marius-py train`` under torchrun: join the group, set each trainer's run directory up, train, test on the
+leader.
+
+Every trainer has a run directory of its own on its machine's disk: the
+leader's (rank 0) is ``--run-dir`` itself, the run's (config, metrics, the
+group's commit marker, and after training every partition); rank r's is
+``RUN_DIR/distributed/rankR`` under the ``--run-dir`` of its machine. A machine
+without the leader also gets ``RUN_DIR/config.yaml``, so that the same
+``--resume RUN_DIR`` command runs on every machine. Each machine prepares the
+dataset in its own cache (its first trainer, while the others wait).
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -12,15 +23,20 @@ from pathlib import Path
 
 import torch
 
-from marius_py.checkpoint import RunDirectory
-from marius_py.config import Config
+from marius_py.checkpoint import CONFIG_FILE, RunDirectory
+from marius_py.config import Config, dump_config, with_split_applied
 from marius_py.errors import MariusInputError
-from marius_py.run_setup import claim_run_dir, unwritable_as_user_error
-from marius_py.distributed.group import Group, join_group, launch_id, restart_count
-from marius_py.distributed.trainer import DISTRIBUTED_DIR, DistributedTrainer, write_pid
+from marius_py.plan import plan_dataset
+from marius_py.run_setup import claim_run_dir
+from marius_py.storage import durable
+from marius_py.trainer import Trainer
+from marius_py.distributed.granted_spans import (DISTRIBUTED_DIR, GrantedSpans, check_group_config,
+                                                 too_few_partitions)
+from marius_py.distributed.group import Group, join_group, launch_id, local_rank, node_rank, restart_count
 
-LAUNCH_FILE = "launch.json"      # in RUN_DIR/distributed: the torchrun launch that created the run
-SETUP_WAIT = timedelta(days=7)   # rank 0's setup (preprocessing, store creation, checksums) has no limit
+LAUNCH_FILE = "launch.json"      # in a trainer's RUN_DIR/distributed: the torchrun launch that created the run
+PID_FILE = "trainer.pid"         # likewise: the trainer's process id
+SETUP_WAIT = timedelta(days=7)   # a machine's setup (preprocessing, store creation, checksums) has no limit
 
 
 @dataclass(frozen=True)
@@ -33,27 +49,32 @@ class RunSteps:
     finish_training: Callable[..., object]                # (trainer, config, dataset, run_dir) -> TrainedModel
 
 
+def trainer_run_dir(run_dir: Path, rank: int) -> Path:
+    """A trainer's own run directory under its machine's ``--run-dir``."""
+    return run_dir if rank == 0 else run_dir / DISTRIBUTED_DIR / f"rank{rank}"
+
+
 def train_distributed(config: Config, run_dir, progress: bool, resume: bool, api: RunSteps):
-    """This process's share of a run trained by torchrun's trainers; rank 0 returns the tested model,
+    """This process's share of a run trained by torchrun's trainers; the leader returns the tested model,
     the others ``None``."""
     _check_devices(config)
+    run_dir = Path(run_dir or api.default_run_dir(config)).resolve()
+    check_group_config(config, run_dir)
     cuda = config.training.device in ("auto", "cuda") and torch.cuda.is_available()
     if cuda:  # one GPU per trainer; NCCL's communicators use the current device
-        config.training.device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
+        config.training.device = f"cuda:{local_rank()}"
         torch.cuda.set_device(config.training.device)
     group = join_group(config.distributed.timeout_seconds, cuda)
     try:
-        run_dir = Path(group.broadcast(str(Path(run_dir or api.default_run_dir(config)).resolve())))
-        resume = resume or _restarted_launch_of(run_dir)
+        resume = group.broadcast(resume or _restarted_launch_of(run_dir))  # (the leader's run decides)
         with _set_up(api, config, run_dir, progress, resume, group) as (trainer, dataset):
-            write_pid(run_dir, group.rank)
-            group.barrier()  # every trainer is set up: the first epoch's buckets are shared from its start
             try:
+                _write_pid(trainer.run.path)
+                group.barrier()  # every trainer is set up: the first epoch's buckets are shared from its start
                 trainer.train()
                 group.barrier()
                 return api.finish_training(trainer, config, dataset, run_dir) if group.is_leader else None
             finally:
-                trainer.stop_scheduler()
                 trainer.close()
                 trainer.run.close()
     finally:
@@ -62,19 +83,50 @@ def train_distributed(config: Config, run_dir, progress: bool, resume: bool, api
 
 @contextmanager
 def _set_up(api: RunSteps, config: Config, run_dir: Path, progress: bool, resume: bool, group: Group):
-    """(trainer, dataset) of this trainer, for the with-block that trains. Rank 0 claims the run directory for
-    the group (``run_setup.claim_run_dir``: it locks the directory, prepares the dataset and creates or
-    restores the store) and holds it until the block ends; the others wait for its setup, then open what it
-    made (they only read the run directory). A file that may not be written is one error naming it."""
+    """(trainer, dataset) of this trainer, for the with-block that trains. Each trainer claims its own run
+    directory (``run_setup.claim_run_dir``: locked, made or checked, and what a new run wrote removed when its
+    setup fails), the leader first (a new run clears what an earlier one left in RUN_DIR/distributed)."""
     setup = group.store_connection()
+    own = trainer_run_dir(run_dir, group.rank)
+    if not group.is_leader:
+        setup.wait(["leader_claimed"], SETUP_WAIT)
+    own_resume = resume and (group.is_leader or (own / CONFIG_FILE).is_file())  # (one that never started: new)
+    with claim_run_dir(own, own_resume, lambda: _start(api, config, run_dir, progress, own_resume, group, setup)) \
+            as started:
+        yield started
+
+
+def _start(api: RunSteps, config: Config, run_dir: Path, progress: bool, resume: bool, group: Group, setup):
+    own = trainer_run_dir(run_dir, group.rank)
+    if not resume:
+        RunDirectory(own).create(config)
+        (own / DISTRIBUTED_DIR).mkdir(parents=True, exist_ok=True)
+        (own / DISTRIBUTED_DIR / LAUNCH_FILE).write_text(json.dumps({"launch": launch_id()}) + "\n")
     if group.is_leader:
-        with claim_run_dir(run_dir, resume, lambda: _start(api, config, run_dir, progress, resume, group)) as started:
-            setup.set("setup_done", "1")
-            yield started
-    else:
-        setup.wait(["setup_done"], SETUP_WAIT)
-        with unwritable_as_user_error():
-            yield _start(api, config, run_dir, False, True, group)
+        setup.set("leader_claimed", "1")
+    dataset = _open_dataset_on_this_machine(api, config, progress and group.is_leader, setup)
+    plan = plan_dataset(config, dataset, own, group.world_size)  # (P alike on every trainer: not by memory)
+    if group.is_leader:
+        warning = too_few_partitions(plan.num_partitions, group.world_size)
+        if warning:
+            print(f"marius-py: warning: {warning}", file=sys.stderr)
+    if local_rank() == 0 and not group.is_leader:  # (the same --resume RUN_DIR runs on every machine)
+        durable.write_text_atomic(run_dir / CONFIG_FILE, dump_config(with_split_applied(plan.applied(config),
+                                                                                        plan.layout)))
+    trainer = Trainer(config, dataset, own, progress=progress, group=group,
+                      spans=lambda t: GrantedSpans(t, group), plan=plan)
+    return trainer, dataset
+
+
+def _open_dataset_on_this_machine(api: RunSteps, config: Config, progress: bool, setup):
+    """The dataset, prepared in this machine's cache by its first trainer while the others wait."""
+    ready = f"dataset_ready/{node_rank()}"
+    if local_rank() != 0:
+        setup.wait([ready], SETUP_WAIT)
+    dataset = api.open_dataset(config, progress)
+    if local_rank() == 0:
+        setup.set(ready, "1")
+    return dataset
 
 
 def _check_devices(config: Config) -> None:
@@ -91,12 +143,12 @@ def _restarted_launch_of(run_dir: Path) -> bool:
     return restart_count() > 0 and marker.exists() and json.loads(marker.read_text())["launch"] == launch_id()
 
 
-def _start(api: RunSteps, config: Config, run_dir: Path, progress: bool, resume: bool, group: Group):
-    if not resume:
-        RunDirectory(run_dir).create(config)
-    if group.is_leader:  # (also for a run that one process started: its logs go there from now on)
-        (run_dir / DISTRIBUTED_DIR).mkdir(parents=True, exist_ok=True)
-    if not resume:
-        (run_dir / DISTRIBUTED_DIR / LAUNCH_FILE).write_text(json.dumps({"launch": launch_id()}) + "\n")
-    dataset = api.open_dataset(config, progress)
-    return DistributedTrainer(config, dataset, run_dir, group, progress=progress), dataset
+def pid_file(trainer_dir: Path) -> Path:
+    """Where a trainer's process id is, in its own run directory (for operators, and the failure tests)."""
+    return Path(trainer_dir) / DISTRIBUTED_DIR / PID_FILE
+
+
+def _write_pid(trainer_dir: Path) -> None:
+    path = pid_file(trainer_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"{os.getpid()}\n")

@@ -4,9 +4,15 @@ A request is a ticket: the trainer takes the next number from the store's
 counter (``add``, atomic), writes its message under that number, and waits for
 the reply under the key it names (its rank, channel and request number: a
 trainer's training thread, its write-back thread and its thread asking for the
-next grant while a span trains ask on channels of their own). Rank 0's server thread handles the tickets in number order, so the scheduler sees one request at a time. Every
-grant and write-back report is appended to ``scheduler.jsonl`` in the run
-directory: the log the tests check (every bucket once per epoch).
+next grant while a span trains ask on channels of their own). Rank 0's server
+thread handles the tickets in number order, so the scheduler sees one request
+at a time. Send orders (``BucketScheduler.next_send``) need no request: the
+server publishes each trainer's in sequence under keys of their own
+(``send/EPOCH/TRAINER/N``), and a finishing order once the epoch has no bucket
+left to grant; the trainer's sender thread reads them in turn. Every grant and
+write-back report is appended to ``scheduler.jsonl`` in the leader's run
+directory: the log the tests check (every bucket once per epoch, and the
+partitions handed over).
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from marius_py.orderings.scheduler import BucketScheduler, Grant
+from marius_py.orderings.scheduler import BucketScheduler, Grant, Send
 
 POLL_SECONDS = (0.001, 0.02)  # the server looks for the next ticket this often, backing off while idle
                               # (a store wait that times out leaves a TCPStore client's socket out of
@@ -28,14 +34,20 @@ RETRY_SECONDS = 0.005          # a trainer given no bucket asks again after this
 
 
 class SchedulerServer:
-    """Rank 0's thread answering the trainers' requests, one epoch's ``BucketScheduler`` at a time."""
+    """Rank 0's thread answering the trainers' requests, one epoch's ``BucketScheduler`` at a time (``begin_epoch``
+    starts it: every trainer waits for that before it asks)."""
 
-    def __init__(self, store: dist.Store, num_partitions: int, seed: int, log_path: Path, capacity: int = 2):
+    def __init__(self, store: dist.Store, num_partitions: int, seed: int, log_path: Path, capacity: int = 2,
+                 world_size: int = 1):
         self.store, self.num_partitions, self.seed, self.capacity = store, num_partitions, seed, capacity
+        self.world_size = world_size
         self.log_path = log_path
         self.scheduler: BucketScheduler | None = None
         self.epoch = 0
         self.error: BaseException | None = None
+        self._published: dict[int, int] = {}  # trainer -> send orders published this epoch
+        self._finish_published = False
+        self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="bucket-scheduler", daemon=True)
         self._thread.start()
@@ -58,13 +70,26 @@ class SchedulerServer:
         except BaseException as error:  # noqa: BLE001 - reported to rank 0's trainer by check()
             self.error = error
 
-    def _handle(self, message: dict) -> dict:
-        trainer, epoch = message["trainer"], message["epoch"]
-        if epoch != self.epoch:  # every trainer finished the last epoch (they meet at its end)
+    def begin_epoch(self, epoch: int, locations: dict[int, int] | None = None,
+                    bucket_edges: dict[tuple[int, int], int] | None = None) -> None:
+        """The epoch's scheduler: every partition at ``locations`` (the trainer whose store has it), buckets
+        chosen longest first by ``bucket_edges``. Called between epochs, when no trainer asks."""
+        with self._lock:
             self.epoch = epoch
             buckets = [(i, j) for i in range(self.num_partitions) for j in range(self.num_partitions)]
             self.scheduler = BucketScheduler(self.num_partitions, buckets, seed=self.seed * 1_000_003 + epoch,
-                                             capacity=self.capacity)
+                                             capacity=self.capacity, locations=dict(locations or {}),
+                                             bucket_edges=bucket_edges)
+            self._published, self._finish_published = {}, False
+
+    def _handle(self, message: dict) -> dict:
+        with self._lock:
+            return self._answer(message)
+
+    def _answer(self, message: dict) -> dict:
+        trainer, epoch = message["trainer"], message["epoch"]
+        if epoch != self.epoch:
+            raise RuntimeError(f"trainer {trainer} asked for epoch {epoch} while the scheduler serves {self.epoch}")
         if message["op"] == "written":
             self.scheduler.written(trainer, message["partitions"])
             self._log({"epoch": epoch, "trainer": trainer, "written": message["partitions"]})
@@ -72,9 +97,29 @@ class SchedulerServer:
         grant = self.scheduler.acquire(trainer, ahead=message["op"] == "acquire_ahead")
         if grant.bucket is not None or grant.write_back:
             self._log({"epoch": epoch, "trainer": trainer, "bucket": grant.bucket, "together": grant.together,
-                       "read": grant.read, "write_back": grant.write_back, "finished": grant.finished})
+                       "read": grant.read, "sources": grant.sources, "write_back": grant.write_back,
+                       "finished": grant.finished})
+        self._publish_sends()
         return {"bucket": grant.bucket, "together": grant.together, "read": grant.read,
-                "write_back": grant.write_back, "finished": grant.finished}
+                "sources": grant.sources, "write_back": grant.write_back, "finished": grant.finished}
+
+    def _publish_sends(self) -> None:
+        """Every send order the last grant made, under its trainer's next key; once no bucket is left, a
+        finishing order for every trainer (after its last send)."""
+        for trainer in sorted(self.scheduler.sends):
+            while (order := self.scheduler.next_send(trainer)) is not None:
+                self._publish(trainer, {"partition": order.partition, "destination": order.destination})
+        if self.scheduler.done and not self._finish_published:
+            for trainer in range(self.world_size):
+                self._publish(trainer, {"finished": True})
+            self._finish_published = True
+
+    def _publish(self, trainer: int, order: dict) -> None:
+        number = self._published.get(trainer, 0)
+        self.store.set(send_key(self.epoch, trainer, number), json.dumps(order))
+        self._published[trainer] = number + 1
+
+
 
     def _log(self, record: dict) -> None:
         with open(self.log_path, "a", encoding="utf-8") as handle:
@@ -129,7 +174,7 @@ class SchedulerClient:
             reply = self._ask({"op": "acquire_ahead" if ahead else "acquire", "epoch": epoch})
             grant = Grant(None if reply["bucket"] is None else tuple(reply["bucket"]), tuple(reply["read"]),
                           tuple(reply["write_back"]), reply["finished"],
-                          tuple(tuple(b) for b in reply["together"]))
+                          tuple(tuple(b) for b in reply["together"]), tuple(reply["sources"]))
             if grant.bucket is not None or grant.finished or grant.write_back or ahead:
                 return grant
             time.sleep(RETRY_SECONDS)
@@ -138,3 +183,19 @@ class SchedulerClient:
 
     def written(self, epoch: int, partitions) -> None:
         self._ask({"op": "written", "epoch": epoch, "partitions": sorted(int(p) for p in partitions)})
+
+    def next_send(self, epoch: int, number: int, between_tries: Callable[[], None] | None = None) -> Send | None:
+        """This trainer's ``number``-th send order of ``epoch``, once published (None: the epoch's last)."""
+        key, pause = send_key(epoch, self.trainer, number), POLL_SECONDS[0]
+        while not self.store.check([key]):
+            if between_tries is not None:
+                between_tries()
+            time.sleep(pause)
+            pause = min(pause * 2, POLL_SECONDS[1])
+        order = json.loads(self.store.get(key))
+        self.store.delete_key(key)
+        return None if order.get("finished") else Send(order["partition"], order["destination"])
+
+
+def send_key(epoch: int, trainer: int, number: int) -> str:
+    return f"send/{epoch}/{trainer}/{number}"

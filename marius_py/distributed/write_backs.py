@@ -1,10 +1,11 @@
 """A trainer's partition write-backs, reported to the scheduler behind its training.
 
-The buffer writes a released partition on its writer thread; this thread waits
-for each write, logs how long the trainer held the partition, and only then
-tells rank 0's scheduler (on a store connection and channel of its own), so
-another trainer reads it from the store no earlier than it is there, while
-this trainer already reads and trains its next grant.
+The buffer writes a released partition to this trainer's store on its writer
+thread; this thread waits for each write, logs how long the trainer held the
+partition, counts it among the partitions the store holds, and only then tells
+rank 0's scheduler (on a store connection and channel of its own), so the
+partition is sent on no earlier than it is written, while this trainer already
+reads and trains its next grant.
 """
 
 from __future__ import annotations
@@ -14,12 +15,13 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
+from marius_py.distributed.hand_over import Holdings
 from marius_py.distributed.scheduler_service import SchedulerClient
 
 
 class WriteBacks:
-    def __init__(self, client: SchedulerClient, holds_log: Path):
-        self.client, self.holds_log = client, holds_log
+    def __init__(self, client: SchedulerClient, holds_log: Path, holdings: Holdings):
+        self.client, self.holds_log, self.holdings = client, holds_log, holdings
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="write-back-report")
         self._pending: list[Future] = []
 
@@ -36,6 +38,7 @@ class WriteBacks:
             for partition, since in sorted(held_since.items()):
                 handle.write(json.dumps({"epoch": epoch, "partition": int(partition), "from": since,
                                          "to": written}) + "\n")
+        self.holdings.written(held_since)
         self.client.written(epoch, sorted(held_since))
 
     def check(self) -> None:

@@ -1,0 +1,205 @@
+"""Span sources: where the trainer's spans of edges, and the node rows they train, come from.
+
+A span is the edges trained together (one buffer state, or one grant of
+buckets) with the table rows they index. The trainer walks an epoch's spans
+from its span source and owns everything else (the model, the runner, the
+store, checkpoints, evaluation):
+
+- ``WholeTables``: one process, tables in memory: one span of every edge.
+- ``BufferWalk``: one process out of core: the partition buffer walks the
+  epoch's ordering, a span per buffer state.
+- ``marius_py.distributed.granted_spans.GrantedSpans``: a trainer of a
+  torchrun group: buckets granted by the scheduler, partitions handed over
+  between trainers.
+
+A source also says which partitions of the store this process initialises and
+holds (one process: all of them), gathers them where the run is evaluated,
+and combines the trainers' epoch records; for one process those are the
+identity.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Iterator, Protocol
+
+import numpy as np
+import torch
+
+from marius_py.negatives import CandidateRows
+from marius_py.orderings import Ordering
+from marius_py.plan import buffer_bytes
+from marius_py.storage.buffer import BufferView, PartitionBuffer
+
+if TYPE_CHECKING:
+    from marius_py.trainer import Trainer
+
+Span = tuple["TrainingSpan", torch.Tensor, torch.Tensor]  # (edges, embedding table, state table)
+
+
+@dataclass
+class TrainingSpan:
+    """Edges trained together (one buffer state) and the node rows they index."""
+
+    edges: torch.Tensor            # [E, 3] in table-local node rows (a buffer's: where the tables live)
+    candidates: CandidateRows | None
+
+
+class SpanSource(Protocol):
+    buffer: PartitionBuffer | None      # allocated on first use (evaluation and export never need it)
+    commits_between_states: bool        # spans are an ordering's states, so a version may be committed between
+
+    def buffer_bytes(self) -> int:
+        """Memory of the partition buffer it will allocate (checked before anything is written)."""
+
+    def partition_buffer(self) -> PartitionBuffer: ...
+
+    def spans(self, epoch: int, first_state: int = 0, ordering: Ordering | None = None) -> Iterator[Span]:
+        """An epoch's spans, from ``first_state`` on (``ordering``: the epoch's, if already built)."""
+
+    def epoch_record(self) -> dict:
+        """What the source adds to this process's epoch record."""
+
+    def combine(self, records: list[dict]) -> dict:
+        """The run's epoch record from every trainer's (by rank)."""
+
+    def initial_partitions(self) -> list[int] | None:
+        """Partitions a new run initialises in this process's store (None: all)."""
+
+    def held_partitions(self) -> list[int] | None:
+        """Partitions whose latest copy this process's store has, which its versions keep (None: all)."""
+
+    def gather_for_evaluation(self) -> dict | None:
+        """Bring every partition to the leader's store (evaluation and the run's last version read it); what
+        moved, for the epoch's record (None: nothing can have)."""
+
+    def close_buffer(self) -> None:
+        """Release the buffer (a restore opens another store; the next span allocates it again)."""
+
+    def close(self) -> None:
+        """Release everything the source holds (after training, or when it failed)."""
+
+
+class OneProcessSpans:
+    """What the sources of a run trained by one process share: it holds every partition."""
+
+    buffer: PartitionBuffer | None = None
+    commits_between_states = False
+
+    def __init__(self, trainer: Trainer):
+        self.trainer = trainer
+
+    def buffer_bytes(self) -> int:
+        return 0
+
+    def epoch_record(self) -> dict:
+        return {}
+
+    def combine(self, records: list[dict]) -> dict:
+        (record,) = records
+        return record
+
+    def initial_partitions(self) -> list[int] | None:
+        return None
+
+    def held_partitions(self) -> list[int] | None:
+        return None
+
+    def gather_for_evaluation(self) -> dict | None:
+        return None
+
+    def close_buffer(self) -> None:
+        if self.buffer is not None:
+            self.buffer.close()
+            self.buffer = None
+
+    def close(self) -> None:
+        self.close_buffer()
+
+
+class WholeTables(OneProcessSpans):
+    """Tables in memory: every train edge in one span."""
+
+    def __init__(self, trainer: Trainer):
+        super().__init__(trainer)
+        self._planned_edges: torch.Tensor | None = None
+
+    def partition_buffer(self) -> PartitionBuffer:
+        raise AssertionError("tables in memory have no partition buffer")
+
+    def spans(self, epoch: int, first_state: int = 0, ordering: Ordering | None = None) -> Iterator[Span]:
+        trainer = self.trainer
+        yield TrainingSpan(self._train_edges(), None), trainer.nodes, trainer.node_state
+
+    def _train_edges(self) -> torch.Tensor:
+        """All train edges, kept in pinned host memory for every epoch when batches are planned on a GPU: each
+        epoch's copy then runs at ~50 GB/s (from pageable memory it cost ~5% of a GPU epoch), and the GPU holds
+        the edges only while an epoch shuffles them, not all run long beside its tables."""
+        if self._planned_edges is None:
+            edges = torch.from_numpy(self.trainer.dataset.train)
+            self._planned_edges = edges.pin_memory() if self.trainer.plan_device.type == "cuda" else edges
+        return self._planned_edges
+
+
+class BufferWalk(OneProcessSpans):
+    """Out of core: the partition buffer walks the epoch's ordering, a span per buffer state."""
+
+    commits_between_states = True
+
+    def buffer_bytes(self) -> int:
+        t = self.trainer
+        return buffer_bytes(t.layout, t.graph, t.config.storage.lookahead)
+
+    def partition_buffer(self) -> PartitionBuffer:
+        if self.buffer is None:
+            t, s = self.trainer, self.trainer.config.storage
+            self.buffer = PartitionBuffer(t.store, t.layout.buffer_capacity, t.table_device,
+                                          swap_size=t.layout.swap_size, lookahead=s.lookahead,
+                                          pin_memory=t.zero_copy_tables(), direct_io=s.direct_io != "false",
+                                          io_threads=s.io_threads)
+        return self.buffer
+
+    def spans(self, epoch: int, first_state: int = 0, ordering: Ordering | None = None) -> Iterator[Span]:
+        t = self.trainer
+        ordering = ordering or t.ordering(epoch)
+        states = [ordering.resident(k) for k in range(ordering.num_states)]
+        state_edges = self._edges_by_edge(states, epoch) if t.config.storage.edge_assignment == "edge" \
+            else lambda k: t.dataset.edges.buckets(ordering.buckets[k])
+        if first_state >= len(states):  # resumed after the epoch's last state: its work is in the store
+            return
+        buffer = self.partition_buffer()
+        for view in buffer.walk(states[first_state:]):
+            yield buffer_span(t, view, state_edges(first_state + view.index)), buffer.embeddings, buffer.state
+        buffer.flush()
+
+    def _edges_by_edge(self, states: list[tuple[int, ...]], epoch: int):
+        """Edge-level assignment: each edge of bucket (i, j) goes to a random state holding i and j.
+
+        Every state then trains a uniform mix of all the buckets it could train,
+        instead of the whole buckets the ordering assigned to it. The draw is
+        seeded by (seed, epoch, i, j), so each edge lands in exactly one state.
+        """
+        t = self.trainer
+        member = np.zeros((len(states), t.layout.num_partitions), dtype=bool)
+        for k, state in enumerate(states):
+            member[k, list(state)] = True
+        seed = t.config.training.seed
+
+        def state_edges(k: int) -> list[np.ndarray]:
+            pairs = sorted((i, j) for i in states[k] for j in states[k])
+            parts = []
+            for (i, j), edges in zip(pairs, t.dataset.edges.buckets(pairs)):
+                eligible = np.flatnonzero(member[:, i] & member[:, j])
+                draws = np.random.default_rng([seed, epoch, i, j]).integers(len(eligible), size=len(edges))
+                parts.append(edges[eligible[draws] == k])
+            return parts
+        return state_edges
+
+
+def buffer_span(trainer: Trainer, view: BufferView, parts: list[np.ndarray]) -> TrainingSpan:
+    """The edges of ``parts`` (buckets read from the edge store) in the buffer's rows, with the resident
+    rows as negatives."""
+    edges = torch.from_numpy(np.concatenate(parts)) if parts else torch.empty(0, 3, dtype=torch.long)
+    edges = edges.to(trainer.plan_device)  # mapped where the runner plans them (the GPU: no idle host work)
+    local = torch.stack([view.local_ids(edges[:, 0]), edges[:, 1], view.local_ids(edges[:, 2])], dim=1)
+    return TrainingSpan(local, CandidateRows(view.candidate_ranges, trainer.plan_device))
