@@ -24,6 +24,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+import yaml
 import torch
 import torch.distributed as dist
 
@@ -368,6 +369,21 @@ def kill_trainer_mid_run(run_dir: Path, rank: int = 1) -> None:
 
 
 @pytest.mark.slow
+def test_a_group_left_to_the_plan_takes_four_partitions_per_trainer(umls_p4, tmp_path):
+    """storage.num_partitions=0 under torchrun: the plan gives the group 4 partitions per trainer, every trainer
+    alike; the run's config.yaml pins them and its metrics log the plan."""
+    run_dir = tmp_path / "run"
+    done = subprocess.run(torchrun(2, *umls_overrides(umls_p4, 1, "storage.num_partitions=0",
+                                                      "storage.buffer_capacity=0"), "--run-dir", str(run_dir)),
+                          env=run_env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert yaml.safe_load((run_dir / "config.yaml").read_text())["storage"]["num_partitions"] == 8
+    plans = [r for r in read_jsonl(run_dir / "metrics.jsonl") if r.get("event") == "plan"]
+    assert plans and all(r["num_partitions"] == 8 and r["chosen"][0] == "storage.num_partitions" for r in plans)
+    check_hand_overs(run_dir, 2, 8)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("killed", [0, 1])
 def test_a_killed_trainer_stops_the_group_and_a_rerun_resumes(umls_p4, tmp_path, killed):
     """Killed mid-run, the leader (whose pointer file commits the group's versions) or another trainer: every
@@ -451,7 +467,8 @@ def test_two_trainers_match_one_process_on_codex_s(tmp_path):
     config = [f"dataset.path={dataset}", "training.device=cpu", "model.dim=64", "training.epochs=20",
               "training.lr=0.01", "model.dropout=0",  # the settings this test was written for
               "training.num_negatives=200", "storage.num_partitions=4", "storage.buffer_capacity=2",
-              "storage.partition_split=1", "evaluation.every=5", "--quiet"]  # (torchrun trainers never split)
+              "storage.partition_split=1", "evaluation.every=5",  # (torchrun trainers never split)
+              "storage.dtype=float32", "--quiet"]  # (as trainers store it: one process would take bfloat16)
     mrr = {}
     for trainers in (1, 2):
         run_dir = tmp_path / f"run{trainers}"
