@@ -86,7 +86,7 @@ def measure(args) -> None:
     from marius_py.dataset import Dataset
     from marius_py.resources import keep_freed_memory
     from marius_py.trainer import Trainer
-    from marius_py.orderings import simulate
+    from marius_py.orderings import simulate, walk_io
     from marius_py.storage.chunk_files import ChunkFiles
 
     allocator_settings_taken = args.allocator == "command" and keep_freed_memory()
@@ -109,7 +109,8 @@ def measure(args) -> None:
             trainer.train_epoch(epoch)
     counters = trainer.partition_buffer().counters if args.mode != "eval" else None
     before = counters.snapshot() if counters else {}
-    started, record = time.perf_counter(), {}
+    carried = trainer.partition_buffer().resident if args.mode in ("compute", "full") else []  # (kept from the
+    started, record = time.perf_counter(), {}                                                 # warm-up epoch)
     if args.mode == "io":
         for _ in trainer.partition_buffer().walk(states):
             pass
@@ -117,6 +118,12 @@ def measure(args) -> None:
     elif args.mode != "eval":  # (eval: the store as created; evaluation takes as long as after training)
         record = trainer.train_epoch(timed_epoch)
     seconds = time.perf_counter() - started
+    write_back = {}
+    if args.mode in ("compute", "full"):  # what a commit or an evaluation after the epoch writes first
+        started, written = time.perf_counter(), counters.snapshot()["checkpoint_bytes_written"]
+        trainer.spans.write_back()
+        write_back = {"write_back_seconds": time.perf_counter() - started,
+                      "write_back_bytes": counters.snapshot()["checkpoint_bytes_written"] - written}
     peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # (before any evaluation)
     evaluation = {}
     if args.mode == "eval" or args.eval and args.mode == "full":  # Marius': 1,000 uniform + 1,000 by degree
@@ -126,7 +133,12 @@ def measure(args) -> None:
                       "test_edges": trainer.dataset.metadata.num_test,
                       "peak_rss_through_eval_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
     chunk_bytes = sum(f.chunk_bytes for f in trainer.store.chunk_files())
-    predicted = simulate(ordering, chunk_bytes)
+    predicted = simulate(ordering, chunk_bytes) if args.mode == "io" else \
+        walk_io(ordering, chunk_bytes, carried, carried_dirty=True)  # (the buffer stays filled between epochs)
+    predicted_counts = ({"partitions_read": predicted.physical_partitions_read,
+                         "partitions_written": predicted.physical_partitions_written,
+                         "bytes_read": predicted.bytes_read, "bytes_written": predicted.bytes_written}
+                        if args.mode == "io" else predicted)
     edges = trainer.dataset.edges
     offsets = edges.bucket_offsets()
     state_edges = [sum(int(offsets[i * edges.num_partitions + j + 1] - offsets[i * edges.num_partitions + j])
@@ -136,14 +148,12 @@ def measure(args) -> None:
         "settings": args.set, "phases": record.get("time"), "states": record.get("states"),
         "num_edges": trainer.dataset.metadata.num_train, "num_nodes": trainer.dataset.num_nodes,
         "peak_rss_bytes": peak_rss, "allocator_settings_taken": allocator_settings_taken,
-        "buffer_bytes": trainer._buffer_bytes(), "max_state_edges": max(state_edges), "plan": trainer.plan.record(),
+        "buffer_bytes": trainer.spans.buffer_bytes(), "max_state_edges": max(state_edges), "plan": trainer.plan.record(),
         "store_bytes": chunk_bytes * trainer.store.num_partitions,
         "timed_epoch": timed_epoch,
         "counters": ({key: value - before[key] for key, value in counters.snapshot().items()} if before
                      else {"bytes_read": 0, "bytes_written": 0}),
-        "predicted": {"partitions_read": predicted.physical_partitions_read,  # storage partitions, as counted
-                      "partitions_written": predicted.physical_partitions_written,
-                      "bytes_read": predicted.bytes_read, "bytes_written": predicted.bytes_written}}))
+        "predicted": predicted_counts, **write_back}))  # (storage partitions, as counted)
     trainer.close()
 
 
@@ -235,6 +245,9 @@ def main() -> None:
             "bytes_written"]) / max(passes[mode]["seconds"], 1e-9)
         print(f"{mode:8s} {passes[mode]['seconds']:8.1f} s  peak RSS {passes[mode]['peak_rss_bytes'] / GiB:6.2f} GiB"
               f"  partition IO {passes[mode]['disk_bytes_per_s'] / GiB:.2f} GiB/s", flush=True)
+        if "write_back_seconds" in passes[mode]:
+            print(f"{'':8s} then {passes[mode]['write_back_seconds']:.1f} s writing back the "
+                  f"{passes[mode]['write_back_bytes'] / GiB:.2f} GiB a commit after it writes first", flush=True)
         if "eval_seconds" in passes[mode]:
             print(f"test evaluation: {passes[mode]['test_edges']:,} edges in {passes[mode]['eval_seconds']:.1f} s "
                   f"(MRR {passes[mode]['test_mrr']:.4f}), peak RSS through it "

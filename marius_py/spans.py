@@ -69,6 +69,10 @@ class SpanSource(Protocol):
     def held_partitions(self) -> list[int] | None:
         """Partitions whose latest copy this process's store has, which its versions keep (None: all)."""
 
+    def write_back(self) -> None:
+        """Make this process's store current: what a commit snapshots and evaluation reads (a buffer keeps its
+        partitions resident between epochs)."""
+
     def gather_for_evaluation(self) -> dict | None:
         """Bring every partition to the leader's store (evaluation and the run's last version read it); what
         moved, for the epoch's record (None: nothing can have)."""
@@ -104,6 +108,9 @@ class OneProcessSpans:
 
     def held_partitions(self) -> list[int] | None:
         return None
+
+    def write_back(self) -> None:
+        pass  # (tables in memory are written by the commit; a buffer walk overrides this)
 
     def gather_for_evaluation(self) -> dict | None:
         return None
@@ -170,7 +177,12 @@ class BufferWalk(OneProcessSpans):
         buffer = self.partition_buffer()
         for view in buffer.walk(states[first_state:]):
             yield buffer_span(t, view, state_edges(first_state + view.index)), buffer.embeddings, buffer.state
-        buffer.flush()
+        # (the last state's partitions stay resident for the next epoch's walk: write_back() when the store
+        # must be current)
+
+    def write_back(self) -> None:
+        if self.buffer is not None:
+            self.buffer.write_resident()
 
     def _edges_by_edge(self, states: list[tuple[int, ...]], epoch: int):
         """Edge-level assignment: each edge of bucket (i, j) goes to a random state holding i and j.

@@ -348,13 +348,19 @@ class Trainer:
             self.run.point_to(version, False, keeps_best=False)
 
     def save_checkpoint(self, is_best: bool = False) -> None:
-        if not self.partitioned:  # the buffer flushes itself at the end of every epoch
+        if self.partitioned:
+            self.spans.write_back()  # (the buffer's resident partitions, kept for the next epoch)
+        else:
             self.store.write_all(self.nodes, self.node_state)  # (streamed from where they live)
         self._commit(is_best)
 
     def node_table(self) -> NodeTable:
-        """The current embeddings for evaluation: in memory, or streamed from the live store."""
-        return StoredNodes(self.store, self.device) if self.partitioned else InMemoryNodes(self.nodes, self.device)
+        """The current embeddings for evaluation: in memory, or streamed from the live store (made current)."""
+        if not self.partitioned:
+            return InMemoryNodes(self.nodes, self.device)
+        self.synchronize()  # (the GPU's last updates of the resident partitions are done)
+        self.spans.write_back()
+        return StoredNodes(self.store, self.device)
 
     # ---- training ----
     def _spans(self, epoch: int, first_state: int = 0, ordering: Ordering | None = None,
@@ -600,6 +606,7 @@ class Trainer:
         validates = self.dataset.metadata.num_valid > 0 and (on_schedule or last)
         seconds = record.setdefault("time", {})
         started = time.perf_counter()
+        written_before = self._checkpoint_bytes()
         if validates or last:  # (the last version holds every partition in the leader's run directory)
             gathered = self.spans.gather_for_evaluation()
             if gathered:
@@ -614,8 +621,14 @@ class Trainer:
         if self.group.broadcast(self._commit_due(is_best)):
             self.save_checkpoint(is_best=is_best)
             seconds["commit"] = seconds.get("commit", 0.0) + time.perf_counter() - started  # (+ between states)
+        if "io" in record:  # (resident partitions written for the evaluation and the commit)
+            record["io"]["checkpoint_bytes_written"] += self._checkpoint_bytes() - written_before
         if self.group.is_leader:
             self.run.log(record)
+
+    def _checkpoint_bytes(self) -> int:
+        """Bytes the buffer has written of resident partitions (for commits and evaluations), so far."""
+        return self.buffer.counters.snapshot()["checkpoint_bytes_written"] if self.buffer is not None else 0
 
     def _commit_due(self, is_best: bool) -> bool:
         """Whether this epoch commits: every epoch, or per ``training.checkpoint_interval`` (a new best and the

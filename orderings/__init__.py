@@ -48,12 +48,12 @@ from marius_py.orderings.bounds import beta_swap_count, swap_lower_bound
 from marius_py.orderings.comet import default_group_size, default_split
 from marius_py.orderings.ordering import Bucket, Ordering, State, Swap, relabel
 from marius_py.orderings.registry import ORDERINGS, OrderingSpec, build_ordering, get_spec, is_two_level, register_ordering
-from marius_py.orderings.simulator import IOStats, compare_orderings, format_table, simulate
+from marius_py.orderings.simulator import IOStats, compare_orderings, format_table, simulate, walk_io
 
 __all__ = [
     "Bucket", "IOStats", "ORDERINGS", "Ordering", "OrderingSpec", "State", "Swap", "balanced_buckets",
     "beta_swap_count",
     "build_ordering", "compare_orderings", "default_group_size", "default_split", "format_table", "get_spec",
     "is_two_level", "register_ordering", "relabel",
-    "simulate", "swap_lower_bound",
+    "simulate", "swap_lower_bound", "walk_io",
 ]

@@ -27,6 +27,7 @@ Counting rules (a real buffer's counters must equal these):
 from __future__ import annotations
 
 import numbers
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from marius_py.orderings.bounds import swap_lower_bound
@@ -86,6 +87,27 @@ def simulate(ordering: Ordering, partition_bytes: PartitionBytes) -> IOStats:
         lower_bound_swaps=lower, ratio_to_lower_bound=ratio,
         physical_partitions_read=sum(logical_width[q] for q in read),
         physical_partitions_written=sum(logical_width[q] for q in written))
+
+
+def walk_io(ordering: Ordering, partition_bytes: PartitionBytes, carried: Sequence[int] = (),
+            carried_dirty: bool = True, flush: bool = False) -> dict[str, int]:
+    """Partition IO of one epoch of ``ordering`` as a buffer that stays filled between epochs performs it: it
+    starts holding the ``carried`` storage partitions (the last epoch's last state; written back only where
+    ``carried_dirty``, i.e. trained since the store last took them, and evicted), reads what the first state
+    lacks and every swap's admission, writes every swap's eviction (trained, so dirty), and leaves the last
+    state resident unless ``flush``. Counts storage partitions; with no ``carried`` and ``flush`` it is
+    ``simulate``'s physical IO."""
+    sizes = storage_sizes(partition_bytes, ordering.num_physical_partitions)
+    first, held = set(ordering.resident(0)), set(carried)
+    read = sorted(first - held)
+    written = sorted(held - first) if carried_dirty else []
+    for swap in ordering.swaps():
+        read += ordering.partitions_of(swap.admitted)
+        written += ordering.partitions_of(swap.evicted)
+    if flush:
+        written += ordering.resident(ordering.num_states - 1)
+    return {"partitions_read": len(read), "partitions_written": len(written),
+            "bytes_read": sum(sizes[q] for q in read), "bytes_written": sum(sizes[q] for q in written)}
 
 
 def split_evenly(total: int, parts: int) -> list[int]:

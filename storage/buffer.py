@@ -5,9 +5,17 @@ differing from the last by one partition (or one group of them). It owns
 c + L slots: while training runs on the c resident partitions, prefetch
 threads (``storage.io_threads``, 1 by default) read the partitions the next L
 states admit into spare slots, and as many write-back threads write each
-evicted partition from its old slot (every resident partition is dirty:
-training updates rows it samples as negatives too). A read waits for the write-back of its slot's last occupant and of its
-own partition's last eviction. No slot is ever touched by two threads at once.
+evicted partition from its old slot. A partition is dirty once a state that holds
+it is trained (training updates rows it samples as negatives too) until it is
+written: a clean one is evicted without a write. A read waits for the write-back
+of its slot's last occupant and of its own partition's last eviction. No slot is
+ever touched by two threads at once.
+
+The buffer stays filled between walks: the next walk (the next epoch) keeps the
+resident partitions its first state holds, evicting the others and reading only
+what is missing, instead of writing everything back and reading it again.
+``write_resident`` makes the store current (a commit, an evaluation), keeping
+the partitions resident; ``flush`` empties the buffer.
 
 With a CUDA device the slots live in GPU memory and as many pinned host slots
 stage the swaps (disk -> pinned host -> GPU, and back) on each IO thread's own
@@ -142,6 +150,7 @@ class PartitionBuffer:
         self._free: list[int] = list(range(self.num_slots))
         self._scheduled: dict[int, tuple[int, Future]] = {}  # prefetched partition -> (slot, read)
         self._slot_writes: dict[int, Future] = {}            # slot -> write-back of its last occupant
+        self._dirty: set[int] = set()                        # resident partitions trained since their last write
         self._partition_writes: dict[int, Future] = {}       # partition -> its last write-back
         # slots move to and from the GPU on streams of the IO threads' own, beside training on the default
         # stream (one per thread: a read's copy must not queue behind a write-back's, which waits for training)
@@ -231,8 +240,14 @@ class PartitionBuffer:
             self.counters.add_write(nbytes)
 
     def _evict(self, partition: int, for_commit: bool = False) -> None:
+        """Free the partition's slot, writing it back behind if it is dirty (a clean one is in the store)."""
         slot = self._slot_of.pop(partition)
-        future = self._submit_write(partition, slot, for_commit=for_commit)
+        if partition in self._dirty:
+            self._dirty.discard(partition)
+            future = self._submit_write(partition, slot, for_commit=for_commit)
+        else:
+            future = Future()
+            future.set_result(None)
         self._slot_writes[slot] = self._partition_writes[partition] = future
         self._free.append(slot)
 
@@ -251,11 +266,12 @@ class PartitionBuffer:
         """Yield a view per state (the storage partitions resident in it).
 
         Admissions of the next states are read while this one trains;
-        evictions are written back behind. Call ``flush()`` after the last state.
+        evictions are written back behind. The partitions of the last state stay resident (and dirty): the next
+        walk starts from them; ``write_resident()`` or ``flush()`` puts them in the store.
         """
-        self._fill(sorted(states[0]))
+        self._enter(sorted(states[0]))
         self._schedule(states, 0)
-        yield self._view(0, states[0])
+        yield self._trained(0, states[0])
         for index in range(1, len(states)):
             previous, current = set(states[index - 1]), set(states[index])
             if len(current - previous) > self.swap_size or len(current) != len(previous):
@@ -266,7 +282,17 @@ class PartitionBuffer:
             for partition in sorted(current - previous):
                 self._admit(partition)
             self._schedule(states, index)
-            yield self._view(index, states[index])
+            yield self._trained(index, states[index])
+        self._wait_for_writes()  # (the walk's write-backs are in the store, and its counters, when it ends)
+
+    def _wait_for_writes(self) -> None:
+        for future in list(self._slot_writes.values()):
+            future.result()
+
+    def _trained(self, index: int, partitions: Sequence[int]) -> BufferView:
+        """The view of a state about to be trained: its partitions become dirty."""
+        self._dirty.update(partitions)
+        return self._view(index, partitions)
 
     def _admit(self, partition: int, fetch: Fetch | None = None) -> None:
         slot, future = self._scheduled.pop(partition, (None, None))
@@ -293,14 +319,29 @@ class PartitionBuffer:
                     continue
                 self._read_ahead(partition)
 
-    def _fill(self, partitions: list[int]) -> None:
-        """Initial fill: the first state's partitions into the first slots (in partition order)."""
+    def _enter(self, partitions: list[int]) -> None:
+        """The first state of a walk: resident partitions it holds stay, the others are evicted, and the
+        missing ones are read (in partition order)."""
         if len(partitions) > self.capacity:
             raise ValueError(f"a state holds {len(partitions)} partitions, capacity is {self.capacity}")
-        self.flush()  # also waits for reads an abandoned walk left in flight
-        self._free = list(range(self.num_slots))
+        self._drop_read_ahead()  # (reads an abandoned walk left in flight)
+        for partition in sorted(set(self._slot_of) - set(partitions)):
+            self._evict(partition)
         for partition in partitions:
-            self._admit(partition)
+            if partition not in self._slot_of:
+                self._admit(partition)
+
+    def _drop_read_ahead(self) -> None:
+        """Wait for the reads ahead not admitted and free their slots (they are unmodified)."""
+        for slot, future in self._scheduled.values():
+            future.result()
+            self._free.append(slot)
+        self._scheduled = {}
+
+    @property
+    def resident(self) -> list[int]:
+        """The partitions in the buffer now."""
+        return sorted(self._slot_of)
 
     def hold(self, partitions: Sequence[int], fetches: Mapping[int, Fetch] | None = None) -> BufferView:
         """Make ``partitions`` resident, reading those that are not (nor ``prefetch``ed), for a trainer handed
@@ -313,7 +354,7 @@ class PartitionBuffer:
         for partition in wanted:
             if partition not in self._slot_of:
                 self._admit(partition, (fetches or {}).get(partition))
-        return self._view(0, wanted)
+        return self._trained(0, wanted)
 
     def prefetch(self, partitions: Sequence[int], fetches: Mapping[int, Fetch] | None = None) -> None:
         """Start reading ``partitions`` into spare slots behind training, for a later ``hold`` (a trainer
@@ -338,25 +379,24 @@ class PartitionBuffer:
         return [self._partition_writes[partition] for partition in partitions]
 
     def write_resident(self) -> None:
-        """Write every resident partition to the store, keeping it resident, and wait for every write-back:
-        the store then holds the tables as they are (a checkpoint between two states)."""
-        pending = [self._submit_write(partition, slot, True) for partition, slot in sorted(self._slot_of.items())]
-        for future in pending + list(self._slot_writes.values()):
+        """Write every dirty resident partition to the store, keeping it resident (now clean), and wait for every
+        write-back: the store then holds the tables as they are (a commit, an evaluation)."""
+        pending = [self._submit_write(partition, slot, True) for partition, slot in sorted(self._slot_of.items())
+                   if partition in self._dirty]
+        self._dirty.clear()  # (every dirty partition is resident: evictions take theirs out)
+        for future in pending:
             future.result()
+        self._wait_for_writes()
 
     def flush(self) -> None:
-        """Write every resident partition back and wait for all IO (end of an epoch).
+        """Empty the buffer: write every dirty resident partition back and wait for all IO.
 
         Partitions read ahead but not admitted are dropped (they are unmodified).
         """
-        for slot, future in self._scheduled.values():
-            future.result()
-            self._free.append(slot)
-        self._scheduled = {}
+        self._drop_read_ahead()
         for partition in sorted(self._slot_of):
-            self._evict(partition, for_commit=True)  # (the epoch's commit follows)
-        for future in self._slot_writes.values():
-            future.result()
+            self._evict(partition, for_commit=True)  # (a commit may follow)
+        self._wait_for_writes()
         self._slot_writes, self._partition_writes = {}, {}
 
     def close(self) -> None:

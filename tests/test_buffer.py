@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from marius_py.orderings import ORDERINGS, build_ordering, simulate
+from marius_py.orderings import ORDERINGS, build_ordering, simulate, walk_io
 from marius_py.storage.buffer import PartitionBuffer
 from marius_py.storage.chunk_files import ChunkFiles, page_aligned_empty, slot_rows
 from marius_py.storage.embedding_store import EmbeddingStore
@@ -512,6 +512,46 @@ def test_no_update_is_lost(tmp_path, monkeypatch, slow, io_threads):
     assert float(state.astype(np.float64).sum()) == pytest.approx(initial[1] + STATE_DIM * applied, abs=1e-3)
     np.testing.assert_array_equal(emb, expected_emb)
     np.testing.assert_array_equal(state, expected_state)
+
+
+def test_the_buffer_stays_filled_between_walks_and_loses_no_update(tmp_path):
+    """Two epochs' walks: the second keeps what its first state holds of the first's last state (dirty, so
+    trained rows are neither lost nor read back stale) and reads only the rest; after write_resident the
+    store is current and the partitions clean, so evicting them writes nothing. IO equals walk_io's."""
+    orderings = [build_ordering("beta", 6, 3, seed=0, epoch=epoch) for epoch in (1, 2, 3)]
+    states = [[o.resident(k) for k in range(o.num_states)] for o in orderings]
+    num_nodes = 6 * 7 - 4
+    store = make_store(tmp_path / "s", num_nodes, 6)
+    expected_emb, expected_state = expected_tables(num_nodes)
+    buffer = PartitionBuffer(store, capacity=3)
+    size, carried, io = partition_bytes(store), (), []
+    try:
+        for epoch, walk in enumerate(states):
+            before = buffer.counters.snapshot()
+            for k, view in enumerate(buffer.walk(walk)):
+                check_view(buffer, view, walk[k], expected_emb, expected_state)
+                for q in walk[k]:
+                    start, end = store.bounds(q)
+                    local = view.local_ids(torch.arange(start, end))
+                    buffer.embeddings[local] += 1.0
+                    buffer.state[local] += 1.0
+                    expected_emb[start:end] += 1.0
+                    expected_state[start:end] += 1.0
+            after = buffer.counters.snapshot()
+            io.append({key: after[key] - before[key] for key in ("partitions_read", "partitions_written",
+                                                                 "bytes_read", "bytes_written")})
+            assert buffer.resident == sorted(walk[-1])
+            clean = epoch == 1  # (the store made current after the second epoch, as a commit does)
+            assert io[-1] == walk_io(orderings[epoch], size, carried, carried_dirty=epoch != 2)
+            if clean:
+                buffer.write_resident()
+                assert_store_equals(store, expected_emb, expected_state)
+            carried = walk[-1]
+        assert io[1]["partitions_read"] < 3 + orderings[1].num_swaps  # (it kept some of the first's)
+        buffer.flush()
+    finally:
+        buffer.close()
+    assert_store_equals(store, expected_emb, expected_state)
 
 
 @pytest.mark.parametrize("direct_io", [True, False])

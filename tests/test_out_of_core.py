@@ -19,7 +19,7 @@ from marius_py.dataset import Dataset
 from marius_py.errors import MariusInputError
 from marius_py.evaluation import InMemoryNodes, StoredNodes, build_known_answers, filtered_ranks
 from marius_py.preprocess import PreprocessOptions, preprocess
-from marius_py.orderings import ORDERINGS, build_ordering, default_group_size, default_split, simulate
+from marius_py.orderings import ORDERINGS, build_ordering, default_group_size, default_split, simulate, walk_io
 from marius_py.storage.embedding_store import EmbeddingStore
 
 UMLS_RAW = Path(__file__).parent / "data" / "umls"
@@ -85,10 +85,14 @@ def test_full_buffer_equals_in_memory(full_buffer_runs):
     torch.testing.assert_close(model_b["decoder"]["relations"], model_a["decoder"]["relations"])
     assert buffered.test_metrics["mrr"] == pytest.approx(in_memory.test_metrics["mrr"], abs=1e-9)
     assert buffered.test_metrics["num_queries"] == in_memory.test_metrics["num_queries"]
-    # the p=4 run really went through the buffer: one state, 4 reads and 4 writes per epoch
+    # the p=4 run really went through the buffer: one state, read once (the buffer stays filled between
+    # epochs), the 4 partitions written by every epoch's commit and none evicted
     records = epoch_records(buffered.run_dir)
-    assert [r["io"]["partitions_read"] for r in records] == [4, 4]
-    assert [r["io"]["partitions_written"] for r in records] == [4, 4]
+    assert [r["io"]["partitions_read"] for r in records] == [4, 0]
+    assert [r["io"]["partitions_written"] for r in records] == [0, 0]
+    store = EmbeddingStore(Path(buffered.run_dir) / LIVE_STORE, mode="r")
+    assert [r["io"]["checkpoint_bytes_written"] for r in records] == \
+        [sum(f.chunk_bytes for f in store.chunk_files()) * 4] * 2
     assert all("io" not in r for r in epoch_records(in_memory.run_dir))
 
 
@@ -99,17 +103,19 @@ def test_io_counters_equal_simulator_every_epoch(beta_p8_run):
     partition_bytes = sum(f.chunk_bytes for f in store.chunk_files())
     records = epoch_records(run)
     assert [r["epoch"] for r in records] == [1, 2, 3]
-    orderings = []
+    orderings, carried = [], ()
     for record in records:
         ordering = build_ordering("beta", 8, 3, seed=config.training.seed, epoch=record["epoch"])
         orderings.append(ordering)
-        stats = simulate(ordering, partition_bytes)
-        assert record["io"] == {"partitions_read": stats.partitions_read,
-                                "partitions_written": stats.partitions_written,
-                                "bytes_read": stats.bytes_read, "bytes_written": stats.bytes_written,
-            "checkpoint_bytes_written": 0, "partitions_received": 0, "bytes_received": 0}, \
-            f"epoch {record['epoch']}"
-        assert stats.partitions_read == 3 + ordering.num_swaps
+        # the buffer starts each epoch holding the last one's last state, clean (every epoch commits)
+        predicted = walk_io(ordering, partition_bytes, carried, carried_dirty=False)
+        last = ordering.resident(ordering.num_states - 1)
+        assert record["io"] == {**predicted, "checkpoint_bytes_written": 3 * partition_bytes,  # (the commit)
+                                "partitions_received": 0, "bytes_received": 0}, f"epoch {record['epoch']}"
+        if not carried:  # (the first epoch reads as the simulator's buffer, which starts empty)
+            assert predicted["bytes_read"] == simulate(ordering, partition_bytes).bytes_read
+        assert predicted["partitions_read"] == 3 - len(set(carried) & set(ordering.resident(0))) + ordering.num_swaps
+        carried = last
     # the epochs walk different buffer states (as sets), so each epoch is a separate check
     assert len({tuple(frozenset(s) for s in o.states) for o in orderings}) == len(orderings)
 
@@ -170,7 +176,17 @@ def test_resume_with_partitions_equals_uninterrupted(datasets, tmp_path):
     np.testing.assert_allclose(split_state, full_state, rtol=1e-5, atol=1e-7)
     torch.testing.assert_close(split_model["decoder"]["relations"], full_model["decoder"]["relations"])
     assert [r["epoch"] for r in epoch_records(tmp_path / "split")] == [1, 2, 3, 4]
-    assert [r["io"] for r in epoch_records(tmp_path / "split")] == [r["io"] for r in epoch_records(tmp_path / "full")]
+    split_io = [r["io"] for r in epoch_records(tmp_path / "split")]
+    full_io = [r["io"] for r in epoch_records(tmp_path / "full")]
+    assert split_io[:2] == full_io[:2] and split_io[3] == full_io[3]
+    # epoch 3: the resumed process's buffer starts empty, the uninterrupted one's holds epoch 2's last state
+    config = config_for(datasets[8], *overrides)
+    ordering = {epoch: build_ordering("beta_random", 8, 3, seed=config.training.seed, epoch=epoch) for epoch in (2, 3)}
+    partition_bytes = split_io[0]["bytes_read"] // split_io[0]["partitions_read"]
+    carried = ordering[2].resident(ordering[2].num_states - 1)
+    for io, held in ((split_io[2], ()), (full_io[2], carried)):
+        assert {key: io[key] for key in ("partitions_read", "partitions_written", "bytes_read", "bytes_written")} \
+            == walk_io(ordering[3], partition_bytes, held, carried_dirty=False)
 
 
 class SimulatedCrash(Exception):

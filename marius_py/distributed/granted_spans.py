@@ -141,6 +141,9 @@ class GrantedSpans:
         """A new run's partitions start spread round-robin, each initialised by the trainer that holds it."""
         return [p for p, rank in enumerate(self._round_robin()) if rank == self.group.rank]
 
+    def write_back(self) -> None:
+        pass  # (every partition is written back on release, before the epoch's barrier)
+
     def held_partitions(self) -> list[int]:
         return self.holdings.snapshot()
 
