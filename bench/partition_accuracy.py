@@ -8,7 +8,7 @@ everything else equal, and prints test MRR and its difference to p = 1.
 
 ``memory:P:C`` trains as a user gets it from the plan with ``--partitions P`` in the memory a float32
 ``default:P:C`` buffer takes (``storage.memory_limit_gib``): bfloat16 rows, the default ordering, the
-largest buffer that fits. A variant ``ORDERING:P:C`` trains with P partitions and a buffer of C (for
+buffer the plan chooses. A variant ``ORDERING:P:C`` trains with P partitions and a buffer of C (for
 ``comet`` and ``affine``, P and C count logical partitions of ``--group-size`` physical ones,
 or of K with ``comet:P:C:K``; ``default:P:C`` is the default ordering over P
 physical partitions, its group size chosen as training does); ``+key=value``

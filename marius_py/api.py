@@ -216,9 +216,9 @@ def _relation_required(dataset: Dataset, source: object = None) -> MariusInputEr
 
 
 def open_dataset(config: Config, progress: bool) -> Dataset:
-    """The run's dataset as given (a raw one preprocessed unpartitioned when the plan chooses the partitions).
-    Training re-buckets it for a partitioned store (``Trainer``)."""
-    return Dataset(resolve_dataset(config.dataset.path, max(config.storage.num_partitions, 1), progress))
+    """The run's dataset as given (a raw or bundled one preprocessed once, unpartitioned). Training re-buckets
+    it for a partitioned store (``Trainer``)."""
+    return Dataset(resolve_dataset(config.dataset.path, 1, progress))  # (one copy, whatever the plan chooses)
 
 
 def probe_machine(config: Config, run_dir: str | Path | None = None) -> Machine:
@@ -271,7 +271,7 @@ def train(config: Config, run_dir: str | Path | None = None, progress: bool = Tr
             trainer, dataset):
         try:
             trainer.train()
-            return finish_training(trainer, config, dataset, run_dir, test)
+            return finish_training(trainer, trainer.config, dataset, run_dir, test)  # (the plan's config)
         finally:
             trainer.close()
             trainer.run.close()
@@ -300,16 +300,30 @@ def load_run_config(run_dir: str | Path, overrides: list[str] | str | None = Non
         raise not_a_run(run_dir)
     if not _saved_key(path, "storage", "dtype"):  # (written before storage.dtype existed: every run was float32)
         overrides = ["storage.dtype=float32", *overrides]
+    partitions = _saved_value(path, "storage", "num_partitions")
+    if isinstance(partitions, int) and partitions > 1 and _saved_value(path, "storage", "buffer_capacity") == 0:
+        # (written before the plan: a buffer of 0 meant every partition, which the plan would choose anew)
+        overrides = [f"storage.buffer_capacity={partitions}", *overrides]
     return load_config(path, overrides, source)
+
+
+def _saved_section(path: Path, section: str) -> dict | None:
+    """A section of a run's config.yaml as written (None where it cannot be read: load_config refuses it)."""
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return None
+    return raw.get(section) if isinstance(raw, dict) and isinstance(raw.get(section), dict) else {}
 
 
 def _saved_key(path: Path, section: str, key: str) -> bool:
     """Whether a run's config.yaml sets ``section.key`` (a damaged file is left to load_config to refuse)."""
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
-        return True
-    return isinstance(raw, dict) and isinstance(raw.get(section), dict) and key in raw[section]
+    saved = _saved_section(path, section)
+    return saved is None or key in saved
+
+
+def _saved_value(path: Path, section: str, key: str):
+    return (_saved_section(path, section) or {}).get(key)
 
 
 def load_checkpoint(run_dir: str | Path, which: str = "best", device: str | None = None,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import errno
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -95,13 +96,12 @@ def cmd_plan(args) -> None:
                                expected="both (a graph without its dataset), or neither (the config's dataset)")
     for option, value in (("--nodes", args.nodes), ("--edges", args.edges), ("--host-memory", args.host_memory),
                           ("--gpu-memory", args.gpu_memory), ("--disk", args.disk)):
-        if value is not None and value < 0:
-            raise MariusInputError(f"{option} {value}", path="command line", expected=f"{option} >= 0")
+        if value is not None and not (math.isfinite(value) and value >= 0):
+            raise MariusInputError(f"{option} {value}", path="command line", expected=f"a number {option} >= 0")
     if args.nodes is None:
-        dataset = api.open_dataset(config, progress=True)
-        graph = GraphSize.of(config, dataset.num_nodes, dataset.metadata.num_train)
-    else:
-        graph = GraphSize.of(config, args.nodes, args.edges)
+        graph = GraphSize.of_dataset(config, api.open_dataset(config, progress=True))
+    else:  # (its valid and test edges, for filtered evaluation's memory: as many as a 90/5/5 split has)
+        graph = GraphSize.of(config, args.nodes, args.edges, args.edges // 9)
     machine = Machine.probe([], args.run_dir) if args.gpu_memory is not None else \
         api.probe_machine(config, args.run_dir)
     if args.gpu_memory:

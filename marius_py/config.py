@@ -341,8 +341,8 @@ def _check_storage(s: StorageConfig, _check) -> None:
            s.edge_assignment)
     _check(s.direct_io in AUTO_OR_BOOL, "storage.direct_io", f"expected one of {', '.join(AUTO_OR_BOOL)}", s.direct_io)
     given_buffer = s.buffer_capacity or s.num_partitions
-    _check(s.num_partitions > 0 or s.buffer_capacity == 0, "storage.buffer_capacity",
-           "expected 0 (the plan's choice) unless storage.num_partitions is given", s.buffer_capacity)
+    _check(s.num_partitions > 1 or s.buffer_capacity == 0, "storage.buffer_capacity",
+           "expected 0 (the plan's choice) unless storage.num_partitions > 1 is given", s.buffer_capacity)
     if s.num_partitions > 1:
         _check(2 <= given_buffer <= s.num_partitions, "storage.buffer_capacity",
                f"expected between 2 and storage.num_partitions ({s.num_partitions})", s.buffer_capacity)

@@ -14,6 +14,11 @@ import torch
 from marius_py.pipeline.step import add_rows_
 
 
+def adagrad_state_dim(rowwise: bool, dim: int) -> int:
+    """Optimizer state per node row: one accumulator (row-wise) or one per coordinate."""
+    return 1 if rowwise else dim
+
+
 class SparseAdagrad:
     """Sparse Adagrad over embedding rows, full (per element) or row-wise.
 
@@ -27,7 +32,7 @@ class SparseAdagrad:
         self.eps = eps
 
     def state_dim(self, dim: int) -> int:
-        return 1 if self.rowwise else dim
+        return adagrad_state_dim(self.rowwise, dim)
 
     def compute(self, grad: torch.Tensor, state_rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(delta, g^2) for gradient rows ``grad`` and their accumulators ``state_rows``."""

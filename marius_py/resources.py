@@ -52,12 +52,16 @@ def check_partitioning(p: int, dataset: Dataset) -> None:
 
 def check_partitions_filled(p: int, dataset: Dataset) -> None:
     """Every one of ``p`` partitions must hold nodes: the store and the buckets would disagree otherwise."""
-    n = dataset.num_nodes
+    check_nodes_fill(p, dataset.num_nodes, dataset.directory)
+
+
+def check_nodes_fill(p: int, n: int, path: object) -> None:
+    """``check_partitions_filled`` for ``n`` nodes (``path``: what the error names)."""
     if p > 1 and partitions_filled(n, p) < p:
         valid = most_partitions_filled(n, p)
         raise MariusInputError(f"storage.num_partitions is {p} but {n} nodes in partitions of "
                                f"{partition_size(n, p)} rows fill only {partitions_filled(n, p)}: the last "
-                               "would be empty", path=dataset.directory,
+                               "would be empty", path=path,
                                expected=f"at most {valid} partitions (a smaller storage.num_partitions)")
 
 

@@ -133,7 +133,7 @@ class Trainer:
             self.run.trackers.extend(trackers)
         self.progress = progress and group.is_leader
         self.devices = resolve_devices(config)
-        self.graph = GraphSize.of(config, dataset.num_nodes, dataset.metadata.num_train)
+        self.graph = GraphSize.of_dataset(config, dataset)
         self.plan = plan or plan_run(config, self.graph, Machine.probe(self.devices, run_dir), group.world_size)
         self.config = config = self.plan.applied(config)
         self.layout = self.plan.layout  # (the physical store, resolved once)

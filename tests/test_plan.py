@@ -39,18 +39,25 @@ def test_freebase_on_a_24_gib_host_goes_to_disk_in_a_plan_that_fits():
 
 
 def test_a_gpu_that_holds_the_tables_takes_them():
-    plan = freebase_plan(Machine(gpu_free=(140 * GiB,), host_available=24 * GiB, disk_free=500 * GiB))
+    plan = freebase_plan(Machine(gpu_free=(140 * GiB,), host_available=96 * GiB, disk_free=500 * GiB))
     assert (plan.tier, plan.placement, plan.num_partitions) == (TIER_GPU, "device", 1)
     assert plan.gpu_bytes == plan.table_bytes
+    assert plan.host_bytes > plan.table_bytes  # (a resume reads the tables through host memory)
+    small_host = freebase_plan(Machine(gpu_free=(140 * GiB,), host_available=24 * GiB, disk_free=500 * GiB))
+    assert small_host.tier == TIER_DISK and small_host.host_bytes <= HOST_FRACTION * 24 * GiB
 
 
 def test_several_gpus_replicate_or_split_the_tables_as_they_fit():
     gpus = ["training.devices=cuda:0,cuda:1,cuda:2,cuda:3"]
-    each = freebase_plan(Machine(gpu_free=(80 * GiB,) * 4, host_available=64 * GiB), *gpus)
+    each = freebase_plan(Machine(gpu_free=(80 * GiB,) * 4, host_available=128 * GiB), *gpus)
     assert (each.tier, each.placement) == (TIER_GPU, "replicated")
-    shared = freebase_plan(Machine(gpu_free=(30 * GiB,) * 4, host_available=64 * GiB), *gpus)
+    shared = freebase_plan(Machine(gpu_free=(30 * GiB,) * 4, host_available=128 * GiB), *gpus)
     assert (shared.tier, shared.placement) == (TIER_GPU, "split")
     assert shared.gpu_bytes == shared.table_bytes // 4
+    assert shared.host_bytes > shared.table_bytes  # (split tables' masters are in pinned host memory)
+    small_host = freebase_plan(Machine(gpu_free=(30 * GiB,) * 4, host_available=16 * GiB, disk_free=500 * GiB),
+                               *gpus)
+    assert small_host.tier == TIER_DISK
 
 
 def test_a_buffer_goes_to_the_gpu_where_it_fits_and_the_host_is_small():
@@ -133,7 +140,8 @@ def test_a_run_the_plan_puts_on_disk_trains_and_pins_it_for_the_resume(small_con
 
 def test_the_plan_command_plans_for_another_machine(capsys):
     code = cli_main(["plan", "--nodes", str(FREEBASE[0]), "--edges", str(FREEBASE[1]), *MARIUS,
-                     "--host-memory", "24", "--gpu-memory", "0", "--disk", "500", "--json"])
+                     "evaluation.protocol=sampled", "--host-memory", "24", "--gpu-memory", "0", "--disk", "500",
+                     "--json"])
     record = json.loads(capsys.readouterr().out)
     assert code == 0 and record["tier"] == TIER_DISK and record["dtype"] == "bfloat16"
     assert record["host_bytes"] <= HOST_FRACTION * 24 * GiB
@@ -142,6 +150,51 @@ def test_the_plan_command_plans_for_another_machine(capsys):
     assert code == 0 and "plan: tables in host memory" in capsys.readouterr().out
 
 
-def test_the_plan_command_refuses_half_a_graph(capsys):
+def test_the_plan_command_refuses_half_a_graph_and_sizes_that_are_not_numbers(capsys):
     assert cli_main(["plan", "--nodes", "1000"]) == 2
     assert "--nodes and --edges" in capsys.readouterr().err
+    for option in ("--host-memory", "--gpu-memory", "--disk"):
+        for value in ("nan", "inf", "-1"):
+            assert cli_main(["plan", "--nodes", "1000", "--edges", "5000", option, value]) == 2
+            assert f"{option} {float(value)}" in capsys.readouterr().err
+
+
+def test_filtered_evaluation_counts_in_host_memory_and_is_named_where_nothing_fits():
+    config = load_config(None, MARIUS)  # (filtered evaluation is the default)
+    graph = GraphSize.of(config, *FREEBASE, 34_000_000)
+    with pytest.raises(MariusInputError, match="evaluation.protocol=sampled keeps none"):
+        plan_run(config, graph, Machine(host_available=24 * GiB, disk_free=500 * GiB))
+    roomy = plan_run(config, graph, Machine(host_available=96 * GiB, disk_free=500 * GiB))
+    assert roomy.host_bytes >= graph.evaluation_bytes + roomy.buffer_bytes
+
+
+def test_partitions_the_nodes_cannot_fill_are_refused_by_the_plan():
+    config = load_config(None, ["storage.num_partitions=64"])
+    with pytest.raises(MariusInputError, match="fill only"):
+        plan_run(config, GraphSize.of(config, 135, 5000), Machine(host_available=24 * GiB, disk_free=GiB))
+
+
+def test_a_resume_counts_its_own_store_as_room(tmp_path, monkeypatch):
+    """The store of a resumed run is already on the disk: free space need not hold it again."""
+    import shutil as shutil_module
+    from marius_py import plan as plan_module
+    store = tmp_path / "run" / "store"
+    store.mkdir(parents=True)
+    (store / "chunk").write_bytes(b"x" * 4096)
+    usage = shutil_module.disk_usage(tmp_path)
+    monkeypatch.setattr(plan_module.shutil, "disk_usage", lambda path: usage._replace(free=100))
+    assert plan_module._disk_free(tmp_path / "run") == 4196
+    assert plan_module._disk_free(tmp_path / "elsewhere") == 100
+
+
+def test_a_run_saved_before_the_plan_keeps_its_whole_buffer(small_config, tmp_path):
+    """config.yaml with num_partitions 4 and buffer_capacity 0 (every partition, before the plan) resumes with
+    all four resident, not a buffer the plan would choose anew."""
+    config = small_config("storage.num_partitions=4", "storage.buffer_capacity=4", "training.epochs=1")
+    run_dir = tmp_path / "run"
+    api.train(config, run_dir, progress=False)
+    saved = yaml.safe_load((run_dir / "config.yaml").read_text())
+    saved["storage"]["buffer_capacity"] = 0
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(saved))
+    resumed = api.load_run_config(run_dir, ["training.epochs=2", "storage.memory_limit_gib=0.000001"])
+    assert (resumed.storage.num_partitions, resumed.storage.buffer_capacity) == (4, 4)

@@ -73,7 +73,7 @@ def train_distributed(config: Config, run_dir, progress: bool, resume: bool, api
                 group.barrier()  # every trainer is set up: the first epoch's buckets are shared from its start
                 trainer.train()
                 group.barrier()
-                return api.finish_training(trainer, config, dataset, run_dir) if group.is_leader else None
+                return api.finish_training(trainer, trainer.config, dataset, run_dir) if group.is_leader else None
             finally:
                 trainer.close()
                 trainer.run.close()
@@ -106,6 +106,8 @@ def _start(api: RunSteps, config: Config, run_dir: Path, progress: bool, resume:
         setup.set("leader_claimed", "1")
     dataset = _open_dataset_on_this_machine(api, config, progress and group.is_leader, setup)
     plan = plan_dataset(config, dataset, own, group.world_size)  # (P alike on every trainer: not by memory)
+    if group.is_leader and progress:
+        print(plan.describe())
     if group.is_leader:
         warning = too_few_partitions(plan.num_partitions, group.world_size)
         if warning:
