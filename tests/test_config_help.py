@@ -34,3 +34,16 @@ def test_help_config_lists_every_key_with_its_default():
 def test_the_checks_catch_a_long_help_and_a_measurement():
     assert MEASUREMENT.search("lost 0.0067 on FB15k-237") and MEASUREMENT.search("ran at 2.1 GB/s")
     assert len(re.split(r"(?<=\.)\s+(?=[A-Z])", "One. Two. Three")) == 3
+
+
+def test_the_docs_configuration_reference_lists_every_key_with_its_help():
+    """docs/reference/config.md is generated from the schema: one source for help text."""
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parent.parent / "docs" / "generate.py"
+    spec = importlib.util.spec_from_file_location("docs_generate", path)
+    generate = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(generate)
+    page = generate.config_reference()
+    for key, text in helps().items():
+        assert f"**`{key}`**" in page and text.replace("\n", " ") in page, key
