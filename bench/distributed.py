@@ -37,9 +37,8 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-from marius_py.orderings.grant_simulation import simulate_epoch  # noqa: E402
+from marius_py.orderings.grant_simulation import simulate_epoch
+
 
 GIB = 1 << 30
 ROW_BYTES = (100 + 1) * 4  # d = 100 float32 and one row-wise Adagrad sum
@@ -62,8 +61,7 @@ def run(trainers: int, args, run_dir: Path) -> dict:
                f"storage.num_partitions={args.partitions}", "evaluation.every=0",
                f"distributed.partitions_per_trainer={args.per_trainer}",
                *args.set, "--run-dir", str(run_dir), "--quiet"]
-    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-           "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // trainers))}
+    env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // trainers))}
     started = time.perf_counter()
     done = subprocess.run(command, env=env, capture_output=True, text=True)
     if done.returncode != 0:

@@ -232,8 +232,7 @@ def torchrun(nproc: int, *args: str, restarts: int = 0) -> list[str]:
 
 
 def run_env() -> dict:
-    return {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-            "OMP_NUM_THREADS": "1"}
+    return {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
 @pytest.fixture(scope="module")
