@@ -81,8 +81,7 @@ def agent(nodes: list[Path], node: int, rendezvous: list[str], args: list[str], 
                *rendezvous, "--max-restarts", str(restarts), "-m", "marius_py", "train", *run]
     hidden = shlex.quote(str(other))
     script = f"mount -t tmpfs tmpfs {hidden} && test -z \"$(ls -A {hidden})\" && exec {shlex.join(command)}"
-    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-           "OMP_NUM_THREADS": "1", "MARIUS_PY_CACHE": str(mine / "cache")}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MARIUS_PY_CACHE": str(mine / "cache")}
     return subprocess.Popen(["unshare", "-m", "--propagation", "private", "sh", "-c", script], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 

@@ -9,6 +9,7 @@ under ``if TYPE_CHECKING:`` are annotations, not dependencies; imports inside fu
 from __future__ import annotations
 
 import ast
+import re
 import sys
 from pathlib import Path
 
@@ -145,3 +146,23 @@ def strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
                 if len(group) > 1:
                     groups.append(sorted(group))
     return groups
+
+
+def test_no_bench_or_test_puts_the_checkout_on_the_import_path():
+    """marius_py.storage, .pipeline and .orderings exist only as installed (package_dir): a process importing
+    marius_py from the checkout's root (sys.path, PYTHONPATH) lacks them, as a worker spawned by a test
+    against the installed wheel did."""
+    root = Path(__file__).resolve().parent.parent
+    inserted = re.compile(r"sys\.path\.insert\(0, str\(Path\(__file__\)\.resolve\(\)((?:\.parent)+)\)\)")
+    found = []
+    for folder in ("bench", "tests"):
+        for path in sorted((root / folder).rglob("*.py")):
+            if path == Path(__file__).resolve():
+                continue  # (its own patterns)
+            depth = len(path.relative_to(root).parts)  # (parents from the file up to the checkout's root)
+            for number, line in enumerate(path.read_text().splitlines(), 1):
+                match = inserted.search(line)
+                if (match and match.group(1).count(".parent") == depth) or "str(REPO) + os.pathsep" in line \
+                        or "sys.path.insert(0, str(REPO))" in line:
+                    found.append(f"{path.relative_to(root)}:{number}")
+    assert not found, found

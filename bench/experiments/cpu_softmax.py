@@ -22,7 +22,6 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent))  # the repository
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # bench/, for its shared helpers
 
 from marius_py.step.fused_loss import softmax_rows_  # noqa: E402

@@ -27,7 +27,6 @@ import torch
 import triton
 import triton.language as tl
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent))  # the repository
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # bench/, for its shared helpers
 
 from kernels import time_ms  # noqa: E402  (bench/kernels.py)

@@ -23,7 +23,6 @@ import torch
 import triton
 import triton.language as tl
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent))  # the repository
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # bench/, for its shared helpers
 
 from marius_py.step.fused_loss import softmax_ce_gradients  # noqa: E402
