@@ -53,8 +53,7 @@ def simulate_epoch(num_partitions: int, num_trainers: int, capacity: int, bucket
     p = num_partitions
     edges = {(i, j): int(bucket_edges[i, j]) for i in range(p) for j in range(p)}
     start = dict(locations) if locations is not None else {q: q % num_trainers for q in range(p)}
-    scheduler = BucketScheduler(p, list(edges), seed=seed, capacity=capacity, locations=dict(start),
-                                bucket_edges=edges)
+    scheduler = BucketScheduler(p, list(edges), seed=seed, capacity=capacity, locations=dict(start))
     tallies = [TrainerTally() for _ in range(num_trainers)]
     free_at = [0.0] * num_trainers
     finished: set[int] = set()

@@ -3,9 +3,10 @@
 As PyTorch-BigGraph's lock server, rank 0 hands each trainer an edge bucket
 (i, j) whose partitions no other trainer holds, preferring buckets that share
 partitions with what the trainer holds already, so it swaps less, and among
-those the bucket with the most edges (longest first: the epoch's tail is
-left small buckets, so trainers finish together). Every bucket is handed out
-exactly once per epoch; the epoch ends when all are done.
+those one at random (seeded per epoch), so that each epoch pairs partitions
+and trains them in an order of its own: a fixed greedy order costs accuracy,
+as it does for one process's orderings. Every bucket is handed out exactly
+once per epoch; the epoch ends when all are done.
 
 A partition's latest copy is in the local store of the trainer that wrote it
 last (``locations``). A grant names, for each partition the trainer must
@@ -70,7 +71,6 @@ class BucketScheduler:
     waiting: set[int] = field(default_factory=set)  # trainers whose last ask found no bucket free
     # partition -> the trainer whose store has its latest copy (a partition not named: the asking trainer's)
     locations: dict[int, int] = field(default_factory=dict)
-    bucket_edges: dict[tuple[int, int], int] | None = None  # edges per bucket (None: all alike)
     sends: dict[int, deque] = field(default_factory=dict)  # trainer -> its ``Send`` orders, oldest first
 
     def __post_init__(self):
@@ -127,13 +127,11 @@ class BucketScheduler:
                      sources=self._hand_over(read, trainer))
 
     def _pick(self, free: list[tuple[int, int]], mine: set[int]) -> tuple[int, int]:
-        """The free bucket sharing most partitions with ``mine``; among those the one with the most edges,
-        then one at random."""
+        """A free bucket sharing most partitions with ``mine``, at random among those. Not the one with the most
+        edges: that made every epoch's grants alike (the same bucket first, the same pairs of partitions),
+        which cost accuracy (docs/design.md, "Trainers that stay busy")."""
         overlap = np.array([len(mine & set(b)) for b in free])
-        edges = np.array([self.bucket_edges.get(b, 0) if self.bucket_edges else 0 for b in free])
-        best = (overlap == overlap.max())
-        best &= edges == edges[best].max()
-        return free[int(self._rng.choice(np.flatnonzero(best)))]
+        return free[int(self._rng.choice(np.flatnonzero(overlap == overlap.max())))]
 
     def _hand_over(self, read: tuple[int, ...], trainer: int) -> tuple[int, ...]:
         """Where each partition of ``read`` comes from; another trainer is ordered to send it."""

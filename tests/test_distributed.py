@@ -164,6 +164,23 @@ def test_scheduler_service_with_write_backs_reported_behind_training(tmp_path, n
     run_trainer_threads(trainer, num_trainers, server, failures, trained, num_partitions)
 
 
+def test_each_epoch_of_the_scheduler_service_grants_in_an_order_of_its_own(tmp_path):
+    """The service seeds each epoch's scheduler apart, and a scheduler picks at random among the buckets that
+    share as much: over 20 epochs a trainer starting out is granted many different first buckets. (Granting
+    the bucket with the most edges, every epoch began alike and paired the same partitions; two CoDEx-S
+    trainers lost 0.009 test MRR: docs/design.md, "Trainers that stay busy".)"""
+    server = SchedulerServer(dist.HashStore(), 4, seed=0, log_path=tmp_path / "scheduler.jsonl", capacity=2,
+                             world_size=2)
+    try:
+        firsts = set()
+        for epoch in range(1, 21):
+            server.begin_epoch(epoch, {partition: partition % 2 for partition in range(4)})
+            firsts.add(server.scheduler.acquire(0).bucket)
+    finally:
+        server.stop()
+    assert len(firsts) >= 8, firsts
+
+
 def test_client_without_a_scheduler_fails_with_a_clear_error():
     store = dist.HashStore()
     store.set_timeout(timedelta(seconds=0.5))
@@ -458,26 +475,44 @@ def shared_dataset(name: str) -> Path | None:
     return root / name if (root / name / "train.txt").exists() else None
 
 
+CODEX_S_SEEDS = (0, 1, 2, 3)
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(shared_dataset("codex-s") is None, reason="needs CoDEx-S (MARIUS_PY_DATASETS)")
 def test_two_trainers_match_one_process_on_codex_s(tmp_path):
-    """CoDEx-S test MRR of two trainers within 0.01 of one process with the same config."""
+    """CoDEx-S test MRR of two trainers within 0.01 of one process with the same config, means over four
+    seeds: a group's grants follow timing, so its runs of one seed differ (0.2656-0.2778 over 13 runs of
+    seed 0), and one process's seeds differ as much (0.2572-0.2764 over seeds 0-9). Each epoch's grants are
+    its own (``check_epochs_grant_anew``)."""
     dataset = shared_dataset("codex-s")
     config = [f"dataset.path={dataset}", "training.device=cpu", "model.dim=64", "training.epochs=20",
               "training.lr=0.01", "model.dropout=0",  # the settings this test was written for
               "training.num_negatives=200", "storage.num_partitions=4", "storage.buffer_capacity=2",
               "storage.partition_split=1", "evaluation.every=5",  # (torchrun trainers never split)
               "storage.dtype=float32", "--quiet"]  # (as trainers store it: one process would take bfloat16)
-    mrr = {}
-    for trainers in (1, 2):
-        run_dir = tmp_path / f"run{trainers}"
-        command = torchrun(2, "codex-s", *config, "--run-dir", str(run_dir)) if trainers == 2 else \
-            [sys.executable, "-m", "marius_py", "train", "codex-s", *config, "--run-dir", str(run_dir)]
+    mrr: dict[int, list[float]] = {1: [], 2: []}
+    for seed, trainers in ((seed, trainers) for seed in CODEX_S_SEEDS for trainers in (1, 2)):
+        run_dir = tmp_path / f"seed{seed}-run{trainers}"
+        settings = [*config, f"training.seed={seed}", "--run-dir", str(run_dir)]
+        command = torchrun(2, "codex-s", *settings) if trainers == 2 else \
+            [sys.executable, "-m", "marius_py", "train", "codex-s", *settings]
         done = subprocess.run(command, env=run_env(), capture_output=True, text=True, timeout=1800)
         assert done.returncode == 0, done.stderr[-3000:]
-        mrr[trainers] = [r for r in read_jsonl(run_dir / "metrics.jsonl") if r.get("split") == "test"][-1]["mrr"]
-    print(f"CoDEx-S test MRR, one process {mrr[1]:.4f}, two trainers {mrr[2]:.4f}")
-    assert abs(mrr[2] - mrr[1]) <= 0.01, mrr
+        mrr[trainers].append([r for r in read_jsonl(run_dir / "metrics.jsonl") if r.get("split") == "test"][-1]["mrr"])
+        if trainers == 2:
+            check_epochs_grant_anew(run_dir, 20)
+    print(f"CoDEx-S test MRR by seed {CODEX_S_SEEDS}, one process {mrr[1]}, two trainers {mrr[2]}")
+    assert abs(sum(mrr[2]) - sum(mrr[1])) / len(CODEX_S_SEEDS) <= 0.01, mrr
+
+
+def check_epochs_grant_anew(run_dir: Path, epochs: int) -> None:
+    """The epochs' first grants differ (the scheduler picks at random, seeded per epoch): granting the bucket
+    with the most edges first, every epoch began alike and paired the same partitions, and two trainers lost
+    0.009 test MRR on CoDEx-S."""
+    grants = [g for g in read_jsonl(run_dir / "distributed" / "scheduler.jsonl") if g.get("bucket")]
+    firsts = [next(tuple(g["bucket"]) for g in grants if g["epoch"] == epoch) for epoch in range(1, epochs + 1)]
+    assert len(set(firsts)) >= epochs // 4, firsts
 
 
 def _averaging_trainer(rank: int, store_path: str, out: str) -> None:

@@ -26,8 +26,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
 
-import numpy as np
-
 from marius_py.config import Config
 from marius_py.distributed.group import LEADER, Group
 from marius_py.distributed.hand_over import (Holdings, PartitionSender, PartitionTransfer, gather_to_leader,
@@ -199,9 +197,7 @@ class GrantedSpans:
         holders = self._holders()
         self.holdings.reset(p for p, rank in enumerate(holders) if rank == self.group.rank)
         if self.server is not None:
-            edges = np.diff(self.trainer.dataset.edges.bucket_offsets()).reshape(self.num_partitions, -1)
-            self.server.begin_epoch(epoch, dict(enumerate(holders)),
-                                    {(i, j): int(n) for (i, j), n in np.ndenumerate(edges)})
+            self.server.begin_epoch(epoch, dict(enumerate(holders)))
         self.group.barrier()
         self.waits = dict.fromkeys(WAITS, 0.0)
         self.buckets_trained = 0

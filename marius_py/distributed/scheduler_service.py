@@ -70,16 +70,14 @@ class SchedulerServer:
         except BaseException as error:  # noqa: BLE001 - reported to rank 0's trainer by check()
             self.error = error
 
-    def begin_epoch(self, epoch: int, locations: dict[int, int] | None = None,
-                    bucket_edges: dict[tuple[int, int], int] | None = None) -> None:
-        """The epoch's scheduler: every partition at ``locations`` (the trainer whose store has it), buckets
-        chosen longest first by ``bucket_edges``. Called between epochs, when no trainer asks."""
+    def begin_epoch(self, epoch: int, locations: dict[int, int] | None = None) -> None:
+        """The epoch's scheduler: every partition at ``locations`` (the trainer whose store has it), its random
+        choices seeded by the run's seed and the epoch. Called between epochs, when no trainer asks."""
         with self._lock:
             self.epoch = epoch
             buckets = [(i, j) for i in range(self.num_partitions) for j in range(self.num_partitions)]
             self.scheduler = BucketScheduler(self.num_partitions, buckets, seed=self.seed * 1_000_003 + epoch,
-                                             capacity=self.capacity, locations=dict(locations or {}),
-                                             bucket_edges=bucket_edges)
+                                             capacity=self.capacity, locations=dict(locations or {}))
             self._published, self._finish_published = {}, False
 
     def _handle(self, message: dict) -> dict:
