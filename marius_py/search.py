@@ -356,7 +356,8 @@ class _Search:
         """Train the trial on the values it draws: the validation MRR of the model training returns."""
         overrides = _overrides(self.space.suggest(trial)) + _device_overrides(device)
         config = with_overrides(self.base, overrides, f"trial {trial.number}")
-        model = api.train(config, trial_dir, progress=False, test=False, trackers=[_Reporter(trial, self._say)])
+        reporter = _Reporter(trial, self._say, config.training.epochs)
+        model = api.train(config, trial_dir, progress=False, test=False, trackers=[reporter])
         return model.evaluate("valid")["mrr"]
 
     def _write_best(self, trial) -> None:
@@ -374,10 +375,11 @@ class _Search:
 
 class _Reporter:
     """A trial's tracker (``Trainer``): reports every validation MRR to Optuna at its epoch and stops the run
-    (``TrialPruned``) where the pruner gives the trial up."""
+    (``TrialPruned``) where the pruner gives the trial up, from half its epochs on: a lower learning rate starts
+    slower and may end higher (on FB15k-237 the median pruner stopped at epoch 10 a trial like the best)."""
 
-    def __init__(self, trial, say):
-        self.trial, self.say = trial, say
+    def __init__(self, trial, say, epochs: int):
+        self.trial, self.say, self.first_prunable_epoch = trial, say, epochs // 2
 
     def log(self, record: dict) -> None:
         if record.get("event") != "eval" or record.get("split") != "valid":
@@ -385,7 +387,7 @@ class _Reporter:
         epoch = record["epoch"]
         self.trial.report(record["mrr"], epoch)
         self.say(f"trial {self.trial.number}, epoch {epoch}: valid MRR {record['mrr']:.4f}")
-        if self.trial.should_prune():
+        if epoch >= self.first_prunable_epoch and self.trial.should_prune():
             raise require_optuna().TrialPruned(f"pruned at epoch {epoch}")
 
     def close(self) -> None:
