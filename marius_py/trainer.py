@@ -349,6 +349,7 @@ class Trainer:
 
     def save_checkpoint(self, is_best: bool = False) -> None:
         if self.partitioned:
+            self.synchronize()  # (the GPU's last updates of the resident partitions are done)
             self.spans.write_back()  # (the buffer's resident partitions, kept for the next epoch)
         else:
             self.store.write_all(self.nodes, self.node_state)  # (streamed from where they live)
@@ -649,7 +650,8 @@ class Trainer:
 
     def close(self) -> None:
         """Release the span source (its buffer, a group's threads) and the runner's processes (a replica
-        group's workers)."""
+        group's workers). Dirty resident partitions are dropped, not written: the live store may then hold
+        older rows than training had, which is safe because every resume rebuilds it from a committed version."""
         self.spans.close()
         close_runner = getattr(self.runner, "close", None)
         if close_runner is not None:

@@ -142,7 +142,9 @@ class ChunkFiles:
         # epoch's IO wait, and may be rewritten before any commit), and not in a store shared by trainers,
         # where another process may rewrite the file meanwhile.
         if not (for_commit and self.direct):
-            return self._write_file(chunk, direct, body)
+            nbytes = self._write_file(chunk, direct, body)
+            forget(self.chunk_path(chunk))  # (a digest remembered for the old bytes must not vouch for these)
+            return nbytes
         return digest_while_writing(view[:self.chunk_bytes], self.chunk_path(chunk),
                                     lambda: self._write_file(chunk, direct, body))
 

@@ -167,6 +167,21 @@ def test_only_writes_a_commit_follows_are_hashed_from_memory(tmp_path):
     assert manifest._remembered(os.stat(embeddings.chunk_path(1))) == file_digest(embeddings.chunk_path(1))
 
 
+def test_a_write_no_commit_follows_forgets_the_digest_remembered_for_the_old_bytes(tmp_path):
+    """Even where the file's size and time stamp would not tell (a coarse clock): the manifest then reads it."""
+    from marius_py.storage import manifest
+    store = EmbeddingStore.create(tmp_path / "store", 1000, 8, 8, 2)
+    embeddings, _ = store.chunk_files()
+    rows = np.ones((embeddings.rows_per_chunk, 8), dtype=np.float32)
+    path = embeddings.chunk_path(1)
+    embeddings.write(1, rows)
+    stamped = os.stat(path)
+    embeddings.write(1, rows * 2, for_commit=False)
+    os.utime(path, ns=(stamped.st_atime_ns, stamped.st_mtime_ns))
+    assert os.stat(path).st_ino == stamped.st_ino  # (overwritten in place)
+    assert manifest._remembered(os.stat(path)) is None
+
+
 def test_hashing_while_writing_never_waits_on_its_own_pool(tmp_path, monkeypatch):
     """With as many writes as pool threads (here one), a pool thread that waited for blocks queued behind it
     would hang the writer for good."""
