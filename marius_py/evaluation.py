@@ -161,20 +161,41 @@ class StoredNodes(NodeTable):
         return out
 
 
+QUERY_ROWS_BYTES = 256 << 20  # filtered evaluation: the rows of a chunk of queries (heads, tails, queries)
+SCORE_BYTES = 256 << 20       # filtered evaluation: a batch of queries' scores against a piece of a block
+
+
+def query_chunk_edges(row_bytes: int, batch_size: int) -> int:
+    """Edges filtered evaluation ranks at once: their rows (three per edge) within ``QUERY_ROWS_BYTES``."""
+    return max(batch_size, QUERY_ROWS_BYTES // (3 * row_bytes) // batch_size * batch_size)
+
+
 @torch.no_grad()
 def filtered_ranks(decoder: Decoder, nodes: torch.Tensor | NodeTable, edges: np.ndarray,
                    known: tuple[KnownAnswers, KnownAnswers], batch_size: int) -> torch.Tensor:
     """Realistic filtered ranks of every edge, tail queries then head queries.
 
-    Candidates are streamed block by block (one block in memory, one partition
+    Edges are ranked in chunks (``query_chunk_edges``), so that memory stays bounded whatever the split's
+    size (a Freebase86m-sized split's rows would take gigabytes); out of core each chunk reads the store
+    once. Within a chunk, candidates are streamed block by block (one block in memory, one partition
     out of core); every query's counts of higher and tied scores add up over
     blocks, with known answers other than the target removed. The target's own
     score comes from the block that holds it where the comparison happens
     there (exact ties), and from ``compare_pairs`` against other blocks.
     """
     table = nodes if isinstance(nodes, NodeTable) else InMemoryNodes(nodes)
+    chunk = query_chunk_edges(4 * decoder.dim, batch_size)
+    ranks = [_filtered_chunk_ranks(decoder, table, edges[start:start + chunk], known, batch_size)
+             for start in range(0, max(len(edges), 1), chunk)]  # (one chunk, empty, for no edges)
+    return torch.cat([r[0] for r in ranks] + [r[1] for r in ranks])  # (tail queries, then head queries)
+
+
+def _filtered_chunk_ranks(decoder: Decoder, table: NodeTable, edges: np.ndarray,
+                          known: tuple[KnownAnswers, KnownAnswers], batch_size: int) -> list[torch.Tensor]:
+    """[tail queries' ranks, head queries' ranks] of a chunk of edges."""
     device = table.device
-    edges_t = torch.from_numpy(edges).to(device)
+    piece_rows = max(1, SCORE_BYTES // (4 * batch_size))  # (a table in memory is one block: 86M nodes' scores
+    edges_t = torch.from_numpy(edges).to(device)           # of a batch would take hundreds of GB)
     # Heads and tails in one gather: out of core, each gather reads every partition.
     head_rows, tail_rows = table.gather(torch.cat([edges_t[:, 0], edges_t[:, 2]])).split(len(edges))
     all_ranks = []
@@ -185,7 +206,7 @@ def filtered_ranks(decoder: Decoder, nodes: torch.Tensor | NodeTable, edges: np.
         target_scores = decoder.compare_pairs(queries, target_rows)
         known_by_batch = _split_by_batch(*answers.lookup(anchor, edges_t[:, 1]), len(edges), batch_size, device)
         counts = torch.zeros(len(edges), dtype=torch.long, device=device)  # greater_and_tied_counts, summed
-        for block_start, block in table.blocks():
+        for block_start, block in _pieces(table.blocks(), piece_rows):
             block_end = block_start + len(block)
             for start, (known_rows, known_cols) in zip(range(0, len(edges), batch_size), known_by_batch):
                 end = min(start + batch_size, len(edges))
@@ -201,7 +222,14 @@ def filtered_ranks(decoder: Decoder, nodes: torch.Tensor | NodeTable, edges: np.
                 counts[start:end] += greater_and_tied_counts(scores, threshold)
         # The target was removed from its block: (1 + #greater) + (1 + #greater-or-equal among the others).
         all_ranks.append((2 + counts).double().cpu() / 2)
-    return torch.cat(all_ranks)
+    return all_ranks
+
+
+def _pieces(blocks: Iterator[tuple[int, torch.Tensor]], rows: int) -> Iterator[tuple[int, torch.Tensor]]:
+    """The blocks cut into pieces of at most ``rows`` rows (views)."""
+    for start, block in blocks:
+        for offset in range(0, len(block), rows):
+            yield start + offset, block[offset:offset + rows]
 
 
 def _split_by_batch(rows: torch.Tensor, cols: torch.Tensor, num_queries: int, batch_size: int,

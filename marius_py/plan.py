@@ -24,6 +24,7 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from marius_py import evaluation
 from marius_py.checkpoint import LIVE_STORE
 from marius_py.config import Config, StorageLayout, dedup_setting, device_list, epoch_ordering, run_layout
 from marius_py.errors import MariusInputError
@@ -83,7 +84,12 @@ class GraphSize:
 
     @property
     def evaluation_bytes(self) -> int:
-        return self.evaluated_edges * KNOWN_EDGE_BYTES
+        """Filtered evaluation's host memory: the known answers, and its working pieces (a chunk of queries'
+        rows, a batch's scores, a block of the store)."""
+        if not self.evaluated_edges:
+            return 0
+        working = evaluation.QUERY_ROWS_BYTES + evaluation.SCORE_BYTES + 2 * evaluation.StoredNodes.BLOCK_BYTES
+        return self.evaluated_edges * KNOWN_EDGE_BYTES + working
 
 
 @dataclass(frozen=True)

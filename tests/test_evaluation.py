@@ -163,6 +163,24 @@ def test_filtered_ranks_independent_of_batch_size():
     assert torch.equal(one, filtered_ranks(decoder, nodes, test, known, batch_size=1000))
 
 
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+def test_filtered_ranks_in_chunks_of_queries_match_brute_force(case, monkeypatch):
+    """A split too large for its rows at once is ranked in chunks of edges (here a chunk per batch of 3), and
+    each block of candidates in pieces (here of 2 nodes): tail queries of every chunk first, then head
+    queries, as brute force ranks them."""
+    name, norm = case
+    train, valid, test = random_graph(5)
+    known_edges = np.concatenate([train, valid, test])
+    decoder, nodes = make_model(name, norm, 5)
+    monkeypatch.setattr(evaluation, "QUERY_ROWS_BYTES", 1)
+    monkeypatch.setattr(evaluation, "SCORE_BYTES", 4 * 3 * 2)  # (a batch of 3 against 2 nodes)
+    assert evaluation.query_chunk_edges(4 * decoder.dim, 3) == 3 < len(test)
+    got = filtered_ranks(decoder, nodes, test, build_known_answers(known_edges, NUM_RELATIONS), batch_size=3)
+    expected, _ = brute_force_filtered(name, norm, nodes.tolist(), decoder.relations.tolist(), test,
+                                       known_edges)
+    assert got.tolist() == expected
+
+
 def test_known_answers_lookup():
     edges = np.array([[0, 1, 2], [0, 1, 5], [0, 0, 3], [4, 1, 2], [0, 1, 1]])
     tails, heads = build_known_answers(edges, 2)
