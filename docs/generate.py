@@ -59,7 +59,7 @@ def results_page() -> str:
              "the command that remeasures it. The [design notes](design.md) say what they decided. (Generated "
              "by `docs/generate.py`.)", ""]
     for section in (_quality_table, _search_table, _e2e_table, _scaling_table, _disk_table, _plan_disk_table,
-                    _plan_accuracy_table, _commit_table, _network_table):
+                    _plan_accuracy_table, _plans_table, _commit_table, _network_table):
         try:
             lines += section()
         except (KeyError, TypeError, ValueError, AttributeError, IndexError) as error:
@@ -303,6 +303,40 @@ def _plan_accuracy_table() -> list[str]:
         "and dtype in the memory a float32 default P:C buffer takes, against the in-memory run of the same call "
         "(FB15k-237 at 60 epochs, CoDEx-M as shipped); filtered test MRR.",
         ["dataset", "memory of", "plan P:C (dtype)", "test MRR", "vs in memory", "IO = simulator", "file"], rows)
+
+
+def _plans_table() -> list[str]:
+    """The newest bench/plans.py row of each graph on each machine: the plan's run against manual settings."""
+    rows = {}
+    for path, data in _json_files():
+        if isinstance(data, dict) and "bench/plans.py" in str(data.get("command", "")):
+            for row in data["rows"]:
+                if "epoch" in row.get("plan", {}):  # (not a follow-up call of manual settings alone)
+                    rows[(data["machine"], row["graph"])] = (path, row)
+
+    def chosen(run: dict) -> str:
+        plan = run["plan"]
+        return (f"{plan['tier']}, {plan['num_partitions']}:{plan['buffer_capacity']} ({plan['physical_partitions']}:"
+                f"{plan['physical_buffer']}, {plan['ordering']}, {plan['dtype']})")
+
+    def best_manual(row: dict) -> str:
+        trained = [run for run in row["manual"] if "epoch" in run]
+        if not trained:
+            return ""
+        best = max(trained, key=lambda run: run["epoch"]["edges_per_s"])
+        return f"{chosen(best)}: {best['epoch']['edges_per_s'] / 1e6:.2f} M"
+
+    return _table(
+        "The plan on a machine: does it fit, and how fast against manual settings",
+        "`python bench/plans.py --graphs ...`: what `marius-py train` plans when left to itself, its run's peak "
+        "RSS against the plan's host bound, and its epoch's edges/s beside manual settings' (every run in its "
+        "own process, the same model: ComplEx d=100, 100 negatives, batches of 10,000).",
+        ["machine", "graph", "plan", "M edges/s", "fastest manual setting", "plan / fastest manual",
+         "peak RSS / bound", "file"],
+        [[machine, graph, chosen(row["plan"]), f"{row['plan']['epoch']['edges_per_s'] / 1e6:.2f}", best_manual(row),
+          f"{row['plan_over_best_manual']:.2f}" if "plan_over_best_manual" in row else "",
+          f"{row['plan']['peak_rss_bytes'] / 2 ** 30:.1f} / {row['plan']['plan']['host_bytes'] / 2 ** 30:.1f} GiB",
+          f"`{_relative(path)}`"] for (machine, graph), (path, row) in sorted(rows.items())])
 
 
 def _commit_table() -> list[str]:
