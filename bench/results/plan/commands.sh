@@ -59,3 +59,18 @@ source .runs/prefix.sh
 printf 'training.lr: {low: 0.02, high: 0.3, log: true}\n' > /tmp/space.yaml
 timeout 240 python -m marius_py tune codex-m training.epochs=3 evaluation.every=1 --space /tmp/space.yaml --trials 3 --gpus 1 --run-dir /tmp/tune-smoke 2>&1 | grep -v Warn | tail -14
 ls /tmp/tune-smoke; cp /tmp/tune-smoke/best.yaml $OUT/ 2>/dev/null
+
+# Call 7 (2f20b74, the buffer stays filled between epochs): .runs/fb-carry.sh
+# Issue 40 item 4 at HEAD (the buffer stays filled between epochs): float32 BETA 16:8 against the plan's store in its
+# memory, one after the other, each timing its second epoch (the first untimed).
+source .runs/prefix.sh
+W=/tmp/fb86
+python bench/freebase_shape.py --out $W/dataset --partitions 16 --scale 1.0 2>&1 | tail -1
+S="model.decoder=complex model.dim=100 training.batch_size=50000 training.num_chunks=10 training.num_negatives=1000 training.degree_fraction=0.5 training.adagrad_variant=rowwise training.device=cuda storage.ordering=comet storage.memory_limit_gib=20.239"
+python -m marius_py plan dataset.path=$W/dataset $S --partitions 16 | tee $OUT/plan.txt
+PHYS=$(python -m marius_py plan dataset.path=$W/dataset $S --partitions 16 --json | python -c "import json,sys; print(json.load(sys.stdin)['physical_partitions'])")
+time python -c "from marius_py.bundled import bucketed_for_run; from marius_py.dataset import Dataset; bucketed_for_run($PHYS, Dataset('$W/dataset'), False)"; echo rebucketed $PHYS
+B="python bench/larger_than_memory.py --workdir $W --graph freebase --partitions 16 --decoder complex --dim 100 --batch-size 50000 --negatives 1000 --degree-fraction 0.5 --adagrad rowwise --device cuda --passes full"
+timeout 230 $B --buffer 8 --ordering beta --set storage.dtype=float32 --out $OUT/f32-beta-16-8.json 2>&1 | grep -v "state \|Warn" | tail -8
+rm -rf $W/run
+timeout 200 $B --buffer 0 --ordering comet --set storage.memory_limit_gib=20.239 --out $OUT/plan-16-memory-f32c8.json 2>&1 | grep -v "state \|Warn" | tail -8
