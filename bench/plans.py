@@ -146,11 +146,12 @@ def main() -> None:
     import torch
     machine = (f"{torch.cuda.get_device_name(0)}, " if torch.cuda.is_available() else "") + \
         f"{os.cpu_count()} CPU cores, {os.sysconf('SC_PHYS_PAGES') * os.sysconf('SC_PAGE_SIZE') / 2 ** 30:.0f} GiB"
-    rows = [measure(graph, args) for graph in args.graphs]
     report = {"date": time.strftime("%Y-%m-%d"), "machine": machine, "command": " ".join(["bench/plans.py", *sys.argv[1:]]),
-              "model": MODEL + args.set, "rows": rows}
+              "model": MODEL + args.set, "rows": []}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=1))
+    for graph in args.graphs:  # (written after every graph: a call cut short keeps the graphs it finished)
+        report["rows"].append(measure(graph, args))
+        Path(args.out).write_text(json.dumps(report, indent=1))
     print(f"wrote {args.out}")
 
 

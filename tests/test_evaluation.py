@@ -181,6 +181,24 @@ def test_filtered_ranks_in_chunks_of_queries_match_brute_force(case, monkeypatch
     assert got.tolist() == expected
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+def test_filtered_ranks_in_chunks_on_the_gpu_match_brute_force(case, monkeypatch):
+    """The same chunks and pieces with the table and decoder on the GPU."""
+    name, norm = case
+    train, valid, test = random_graph(6)
+    known_edges = np.concatenate([train, valid, test])
+    decoder, nodes = make_model(name, norm, 6)
+    monkeypatch.setattr(evaluation, "QUERY_ROWS_BYTES", 1)
+    monkeypatch.setattr(evaluation, "SCORE_BYTES", 4 * 3 * 2)
+    got = filtered_ranks(decoder.cuda(), nodes.cuda(), test, build_known_answers(known_edges, NUM_RELATIONS),
+                         batch_size=3)
+    expected, _ = brute_force_filtered(name, norm, nodes.tolist(), decoder.relations.tolist(), test,
+                                       known_edges)
+    assert got.tolist() == expected
+
+
 def test_known_answers_lookup():
     edges = np.array([[0, 1, 2], [0, 1, 5], [0, 0, 3], [4, 1, 2], [0, 1, 1]])
     tails, heads = build_known_answers(edges, 2)
