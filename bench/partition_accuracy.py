@@ -63,7 +63,8 @@ from marius_py.negatives import CandidateRows  # noqa: E402
 from marius_py.plan import GiB, GraphSize, buffer_bytes  # noqa: E402
 from marius_py.config import epoch_ordering  # noqa: E402
 from marius_py.trainer import Trainer, TrainingSpan  # noqa: E402
-from marius_py.orderings import is_two_level, simulate  # noqa: E402
+from marius_py.orderings import is_two_level  # noqa: E402
+from marius_py.orderings.simulator import walk_io  # noqa: E402
 from marius_py.orderings.simulator import format_bytes  # noqa: E402
 from marius_py.storage.partitioning import partition_bounds, partition_of, partition_size  # noqa: E402
 
@@ -190,20 +191,26 @@ def run_overrides(spec: str, group_size: int) -> list[str]:
 
 
 def predicted_io(config: dict, num_nodes: int) -> dict:
-    """The simulator's partition IO summed over the run's epochs."""
+    """The simulator's partition IO summed over the run's epochs, as a buffer that stays filled between epochs
+    performs it: an epoch starts holding the last one's last state, clean where a commit or a validation after
+    that epoch wrote it back (a commit every epoch with training.checkpoint_interval 0, else at the validations;
+    a timed commit that falls elsewhere saves write-backs the simulator counts)."""
     resolved = mp.make_config(None, [f"{section}.{key}={value}" for section, values in config.items()
                                      for key, value in values.items()])
     layout, dim = run_layout(resolved, num_nodes), resolved.model.dim
     state_dim = 1 if resolved.training.adagrad_variant == "rowwise" else dim
     itemsize = getattr(torch, layout.dtype).itemsize
     chunk_bytes = partition_size(num_nodes, layout.num_partitions) * (dim + state_dim) * itemsize
+    every = resolved.evaluation.every
     totals = {"partitions_read": 0, "partitions_written": 0, "bytes_read": 0, "bytes_written": 0}
+    carried: tuple[int, ...] = ()
     for epoch in range(1, resolved.training.epochs + 1):
-        stats = simulate(epoch_ordering(layout, resolved.training.seed, epoch), chunk_bytes)
-        totals["partitions_read"] += stats.physical_partitions_read
-        totals["partitions_written"] += stats.physical_partitions_written
-        totals["bytes_read"] += stats.bytes_read
-        totals["bytes_written"] += stats.bytes_written
+        ordering = epoch_ordering(layout, resolved.training.seed, epoch)
+        written_back = resolved.training.checkpoint_interval == 0 or (every > 0 and (epoch - 1) % every == 0)
+        stats = walk_io(ordering, chunk_bytes, carried, carried_dirty=not written_back)
+        for key in totals:
+            totals[key] += stats[key]
+        carried = tuple(ordering.resident(ordering.num_states - 1))
     return totals
 
 

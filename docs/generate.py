@@ -250,9 +250,13 @@ def _plan_disk_table() -> list[str]:
     named callNN-COMMIT-...): the issue's disk figure is their ratio."""
     runs = [(path, data["passes"]["full"]) for path, data in _json_files() if isinstance(data, dict)
             and isinstance(data.get("passes"), dict) and "plan" in data["passes"].get("full", {})]
-    if not runs:
+    orderings_of = {}
+    for path, full in runs:
+        orderings_of.setdefault(tuple(path.name.split("-")[:2]), set()).add(full["plan"]["ordering"])
+    paired = [call for call, orderings in orderings_of.items() if {"beta", "comet"} <= orderings]
+    if not paired:
         return []
-    newest = runs[-1][0].name.split("-")[:2]
+    newest = list(paired[-1])
     rows, epochs = [], {}
     for path, full in (run for run in runs if run[0].name.split("-")[:2] == newest):
         plan = full["plan"]
@@ -266,6 +270,15 @@ def _plan_disk_table() -> list[str]:
                      f"{full['peak_rss_bytes'] / 2 ** 30:.1f} GiB", f"`{_relative(path)}`"])
     ratio = (f" The plan's epoch took {epochs['comet'] / epochs['beta']:.2f} of float32 BETA's time "
              f"({epochs['beta'] / epochs['comet']:.2f}x as fast)." if {"beta", "comet"} <= set(epochs) else "")
+    computes = [(path, data["passes"]["compute"]) for path, data in _json_files() if isinstance(data, dict)
+                and isinstance(data.get("passes"), dict) and data["passes"].get("compute", {}).get("plan", {})
+                .get("ordering") == "comet" and data["passes"]["compute"].get("phases")]
+    if computes:  # the step alone: the same epoch with partition IO replaced by no-ops
+        path, compute = computes[-1]
+        when = "in the same call" if path.name.split("-")[:2] == newest else "in another call"
+        ratio += (f" The plan's step alone, measured {when} (`--passes compute`: partition IO replaced by no-ops), took "
+                  f"{compute['seconds']:.1f} s, {compute['phases']['train']:.1f} s of it training and "
+                  f"{compute['phases']['wait']:.1f} s waiting for states (their edges), in `{_relative(path)}`.")
     return _table(
         "A Freebase86m-shaped epoch from disk: float32 BETA against the plan",
         "`python bench/larger_than_memory.py --graph freebase --partitions 16 ...` in one call on one GPU: float32 "
@@ -307,12 +320,13 @@ def _plan_accuracy_table() -> list[str]:
 
 def _plans_table() -> list[str]:
     """The newest bench/plans.py row of each graph on each machine: the plan's run against manual settings."""
-    rows = {}
+    rows, settings = {}, {}
     for path, data in _json_files():
         if isinstance(data, dict) and "bench/plans.py" in str(data.get("command", "")):
             for row in data["rows"]:
                 if "epoch" in row.get("plan", {}):  # (not a follow-up call of manual settings alone)
                     rows[(data["machine"], row["graph"])] = (path, row)
+            settings[path] = _option_values(str(data["command"]), "--set")
 
     def chosen(run: dict) -> str:
         plan = run["plan"]
@@ -330,13 +344,24 @@ def _plans_table() -> list[str]:
         "The plan on a machine: does it fit, and how fast against manual settings",
         "`python bench/plans.py --graphs ...`: what `marius-py train` plans when left to itself, its run's peak "
         "RSS against the plan's host bound, and its epoch's edges/s beside manual settings' (every run in its "
-        "own process, the same model: ComplEx d=100, 100 negatives, batches of 10,000).",
-        ["machine", "graph", "plan", "M edges/s", "fastest manual setting", "plan / fastest manual",
+        "own process, the same model in a row: ComplEx d=100, 100 negatives, batches of 10,000, unless the row's "
+        "`--set` says otherwise).",
+        ["machine", "graph", "--set", "plan", "M edges/s", "fastest manual setting", "plan / fastest manual",
          "peak RSS / bound", "file"],
-        [[machine, graph, chosen(row["plan"]), f"{row['plan']['epoch']['edges_per_s'] / 1e6:.2f}", best_manual(row),
+        [[machine, graph, " ".join(f"`{o}`" for o in settings[path] if not o.startswith("training.device=")),
+          chosen(row["plan"]), f"{row['plan']['epoch']['edges_per_s'] / 1e6:.2f}", best_manual(row),
           f"{row['plan_over_best_manual']:.2f}" if "plan_over_best_manual" in row else "",
           f"{row['plan']['peak_rss_bytes'] / 2 ** 30:.1f} / {row['plan']['plan']['host_bytes'] / 2 ** 30:.1f} GiB",
           f"`{_relative(path)}`"] for (machine, graph), (path, row) in sorted(rows.items())])
+
+
+def _option_values(command: str, option: str) -> list[str]:
+    """The words after ``option`` in a recorded command line, up to the next option."""
+    words = command.split()
+    if option not in words:
+        return []
+    rest = words[words.index(option) + 1:]
+    return rest[:next((i for i, word in enumerate(rest) if word.startswith("--")), len(rest))]
 
 
 def _commit_table() -> list[str]:

@@ -18,8 +18,9 @@ from marius_py.trainer import Trainer
 from marius_py.storage.partitioning import partition_of
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-from partition_accuracy import (order_config, ordered_in_memory, run_overrides, state_ordered_spans,  # noqa: E402
-                                variant_overrides)
+from partition_accuracy import (order_config, ordered_in_memory, predicted_io, run_overrides,  # noqa: E402
+                                state_ordered_spans, variant_overrides)
+from quality import run_one  # noqa: E402
 from rank_split import group_of_nodes, rank_split  # noqa: E402
 
 
@@ -206,3 +207,17 @@ def test_rank_split_mrr_is_the_trainers_filtered_test_mrr(umls_dataset, tmp_path
     assert split["mrr"] < min(split["mrr_in_group"], split["mrr_other_groups"])
     with pytest.raises(ValueError, match="2 groups of at least 2 nodes"):
         rank_split(model, np.zeros(model.dataset.num_nodes, dtype=np.int64))
+
+
+@pytest.mark.parametrize("commits", ["training.checkpoint_interval=0", "training.checkpoint_interval=100000"],
+                         ids=["commit-every-epoch", "commit-at-validations"])
+def test_predicted_io_is_the_runs_io_with_the_buffer_kept_between_epochs(umls_dataset, tmp_path, commits):
+    """An out-of-core run's partition IO, summed from its epoch records, equals the prediction: each epoch
+    starts from the last one's last state, dirty unless a commit or validation wrote it back."""
+    overrides = ["model.dim=8", "training.epochs=5", "evaluation.every=2", "storage.num_partitions=4",
+                 "storage.buffer_capacity=2", commits]
+    result = run_one(umls_dataset, None, overrides, tmp_path)
+    io = {key: result["io"][key] for key in ("partitions_read", "partitions_written", "bytes_read", "bytes_written")}
+    predicted = predicted_io(result["resolved_config"], result["num_nodes"])
+    assert io == predicted
+    assert predicted["bytes_written"] > 0

@@ -10,3 +10,14 @@ source .runs/prefix.sh
 python bench/search.py --dataset fb15k-237 --config fb15k-237 --space bench/results/search/fb15k-237-space.yaml \
     --trials $TRIALS --devices cuda:0,cuda:0,cuda:0 --datasets-root .data --run-dir /tmp/tune/fb \
     --out $OUT/search-fb15k-237.json    # TRIALS=7, 10, 13
+
+# Call 13 (449715a, session 2 of the figure): does FB15k-237 gain from more epochs, at the searched learning rate or a
+# lower one? Three trainings of the shipped config at once on one H200 (.runs/call13.sh), 400 epochs asked, cut by
+# the call's limit at 345-370; each run's metrics log: call13-449715a-fb15k-237-400-epochs-lr*-metrics.jsonl.
+# Best validation MRR: lr 0.053 0.3847 (epoch 370; 0.3830 at 200), lr 0.035 0.3829 (310), lr 0.025 0.3792 (340).
+source .runs/prefix.sh
+for lr in 0.053 0.035 0.025; do
+  timeout 500 python -m marius_py train fb15k-237 dataset.path=.data/fb15k-237 training.epochs=400 training.lr=$lr \
+      --run-dir /tmp/r$lr > $OUT/fb-lr$lr.log 2>&1 &
+done
+wait
