@@ -274,15 +274,15 @@ def _adagrad_rows_torch(nodes, state, rows, grads, lr: float, eps: float, seed=N
 def _adagrad_rows_bfloat16(nodes, state, rows, grads, lr: float, eps: float, seed) -> None:
     """The float32 steps above on the (unique) rows widened to float32, then one stochastic rounding of each
     table's rows."""
-    embedding, accumulated = nodes[rows].float(), state[rows].float()
+    embedding, accumulated = nodes.index_select(0, rows).float(), state.index_select(0, rows).float()
     for grad in grads:
         squared = grad * grad
         if state.shape[1] == 1:
             squared = squared.mean(dim=1, keepdim=True)
         accumulated = accumulated + squared
         embedding = embedding + grad * (-lr / (torch.sqrt(accumulated) + eps))
-    nodes[rows] = round_stochastic_bfloat16(embedding, seed, 0)
-    state[rows] = round_stochastic_bfloat16(accumulated, seed, _STATE_SALT)
+    nodes.index_copy_(0, rows, round_stochastic_bfloat16(embedding, seed, 0))
+    state.index_copy_(0, rows, round_stochastic_bfloat16(accumulated, seed, _STATE_SALT))
 
 
 if triton is not None:

@@ -95,7 +95,10 @@ def add_rows_(embeddings: torch.Tensor, state: torch.Tensor, rows: torch.Tensor,
         raise ValueError("add_rows_: bfloat16 tables need a seed for their stochastic rounding")
     for salt, (table, update) in enumerate(((embeddings, delta), (state, squared))):  # a salt per table
         if table.dtype == torch.bfloat16:
-            table[rows] = round_stochastic_bfloat16(table[rows].float() + update.float(), seed, salt)
+            # (index_select and index_copy_: a CPU's advanced indexing gathers and scatters rows several times
+            # slower)
+            table.index_copy_(0, rows, round_stochastic_bfloat16(table.index_select(0, rows).float()
+                                                                 + update.float(), seed, salt))
         else:
             table.index_add_(0, rows, update)
 

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from marius_py.pipeline.row_kernels import _adagrad_rows_torch, gather_rows, sparse_adagrad_
+from marius_py.storage import rounding
 from marius_py.storage.rounding import round_stochastic_bfloat16
 from marius_py.pipeline.step import add_rows_
 
@@ -76,6 +77,34 @@ def test_stochastic_rounding_is_a_function_of_seed_and_salt():
     assert torch.equal(first, round_stochastic_bfloat16(values, seed=torch.tensor([5]), salt=1))
     assert not torch.equal(first, round_stochastic_bfloat16(values, seed=6, salt=1))
     assert not torch.equal(first, round_stochastic_bfloat16(values, seed=5, salt=0))
+
+
+def python_rounding(value_bits: int, column: int, seed: int, salt: int) -> int:
+    """The rounding's documented hash and rounding in Python integers (exact): the bits of the bfloat16 result,
+    widened to float32."""
+    def mix32(x):
+        for _ in range(2):
+            x ^= x >> 16
+            x = (x * 0x45D9F3B) & 0xFFFFFFFF
+        return x ^ (x >> 16)
+    key = mix32((column * 0x45D9F3B + ((seed ^ (seed >> 32)) & 0xFFFFFFFF) + salt * 0x2545F49) & 0xFFFFFFFF)
+    noise = mix32(value_bits ^ key) & 0xFFFF
+    return ((value_bits + noise) & 0xFFFFFFFF) & ~0xFFFF
+
+
+@pytest.mark.parametrize("block_values", [7, 1 << 18], ids=["blocks-of-one-row", "one-block"])
+def test_stochastic_rounding_computes_the_documented_hash(monkeypatch, block_values):
+    """The int32 hash, in blocks of rows, gives the bits of the hash on unbounded integers."""
+    monkeypatch.setattr(rounding, "CPU_BLOCK_VALUES", block_values)
+    generator = torch.Generator().manual_seed(7)
+    values = torch.randn(40, 5, generator=generator) * torch.logspace(-20, 20, 5)
+    values[0] = torch.tensor([-0.0, 3e38, -3e38, 1e-40, -1.5])
+    seed, salt = (1 << 62) - 12345, 1
+    rounded = round_stochastic_bfloat16(values, seed, salt).float().view(torch.int32).tolist()
+    words = values.view(torch.int32).tolist()
+    expected = [[python_rounding(word & 0xFFFFFFFF, column, seed, salt) for column, word in enumerate(row)]
+                for row in words]
+    assert [[bits & 0xFFFFFFFF for bits in row] for row in rounded] == expected
 
 
 def test_stochastic_rounding_takes_float32_only():
