@@ -190,11 +190,12 @@ def run_overrides(spec: str, group_size: int) -> list[str]:
     return suffixes
 
 
-def predicted_io(config: dict, num_nodes: int) -> dict:
+def predicted_io(config: dict, num_nodes: int, validates: bool = True) -> dict:
     """The simulator's partition IO summed over the run's epochs, as a buffer that stays filled between epochs
     performs it: an epoch starts holding the last one's last state, clean where a commit or a validation after
-    that epoch wrote it back (a commit every epoch with training.checkpoint_interval 0, else at the validations;
-    a timed commit that falls elsewhere saves write-backs the simulator counts)."""
+    that epoch wrote it back (a commit every epoch with training.checkpoint_interval 0, else at the validations,
+    where the dataset has validation edges (``validates``); a timed commit that falls elsewhere saves write-backs
+    the simulator counts)."""
     resolved = mp.make_config(None, [f"{section}.{key}={value}" for section, values in config.items()
                                      for key, value in values.items()])
     layout, dim = run_layout(resolved, num_nodes), resolved.model.dim
@@ -206,7 +207,8 @@ def predicted_io(config: dict, num_nodes: int) -> dict:
     carried: tuple[int, ...] = ()
     for epoch in range(1, resolved.training.epochs + 1):
         ordering = epoch_ordering(layout, resolved.training.seed, epoch)
-        written_back = resolved.training.checkpoint_interval == 0 or (every > 0 and (epoch - 1) % every == 0)
+        written_back = resolved.training.checkpoint_interval == 0 or (
+            validates and every > 0 and (epoch - 1) % every == 0)
         stats = walk_io(ordering, chunk_bytes, carried, carried_dirty=not written_back)
         for key in totals:
             totals[key] += stats[key]
@@ -260,7 +262,8 @@ def main() -> None:
             io_match = ""
             if result["io"] is not None:
                 io = result["io"]
-                result["io_predicted"] = predicted_io(result["resolved_config"], result["num_nodes"])
+                result["io_predicted"] = predicted_io(result["resolved_config"], result["num_nodes"],
+                                                       validates=result["best_valid"] is not None)
                 io_match = (f"read {format_bytes(io['bytes_read'])}, "
                             + ("IO = simulator" if all(io[k] == v for k, v in result["io_predicted"].items())
                                else "IO MISMATCH"))

@@ -151,7 +151,9 @@ def main() -> None:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     for graph in args.graphs:  # (written after every graph: a call cut short keeps the graphs it finished)
         report["rows"].append(measure(graph, args))
-        Path(args.out).write_text(json.dumps(report, indent=1))
+        partial = Path(f"{args.out}.partial")  # (replaced whole: a kill mid-write leaves the last report)
+        partial.write_text(json.dumps(report, indent=1))
+        os.replace(partial, args.out)
     print(f"wrote {args.out}")
 
 

@@ -272,7 +272,7 @@ def _plan_disk_table() -> list[str]:
              f"({epochs['beta'] / epochs['comet']:.2f}x as fast)." if {"beta", "comet"} <= set(epochs) else "")
     computes = [(path, data["passes"]["compute"]) for path, data in _json_files() if isinstance(data, dict)
                 and isinstance(data.get("passes"), dict) and data["passes"].get("compute", {}).get("plan", {})
-                .get("ordering") == "comet" and data["passes"]["compute"].get("phases")]
+                .get("ordering") == "comet" and {"train", "wait"} <= set(data["passes"]["compute"].get("phases") or {})]
     if computes:  # the step alone: the same epoch with partition IO replaced by no-ops
         path, compute = computes[-1]
         when = "in the same call" if path.name.split("-")[:2] == newest else "in another call"
@@ -360,7 +360,7 @@ def _option_values(command: str, option: str) -> list[str]:
     words = command.split()
     if option not in words:
         return []
-    rest = words[words.index(option) + 1:]
+    rest = words[len(words) - words[::-1].index(option):]  # (the last one: argparse keeps it)
     return rest[:next((i for i, word in enumerate(rest) if word.startswith("--")), len(rest))]
 
 

@@ -86,8 +86,8 @@ def add_rows_(embeddings: torch.Tensor, state: torch.Tensor, rows: torch.Tensor,
     """The update stage: add an additive update (delta, g^2) to the stored rows, in place.
 
     Additions commute, so updates that overlap in an asynchronous pipeline are never lost
-    (the pipeline's one update thread applies them in turn). A bfloat16 table (``rows``
-    unique) adds in float32 and stores the sum rounded stochastically from ``seed``
+    (the pipeline's one update thread applies them in turn). ``rows``: 1-D int64 on the tables'
+    device, ``delta`` and ``squared`` one row each. A bfloat16 table (``rows`` unique) adds in float32 and stores the sum rounded stochastically from ``seed``
     (required then): rounding to nearest would drop small updates for good.
     """
     from marius_py.storage.rounding import round_stochastic_bfloat16  # local: this interface module imports torch alone

@@ -192,6 +192,7 @@ def test_filtered_ranks_in_chunks_on_the_gpu_match_brute_force(case, monkeypatch
     decoder, nodes = make_model(name, norm, 6)
     monkeypatch.setattr(evaluation, "QUERY_ROWS_BYTES", 1)
     monkeypatch.setattr(evaluation, "SCORE_BYTES", 4 * 3 * 2)
+    assert evaluation.query_chunk_edges(4 * decoder.dim, 3) == 3 < len(test)
     got = filtered_ranks(decoder.cuda(), nodes.cuda(), test, build_known_answers(known_edges, NUM_RELATIONS),
                          batch_size=3)
     expected, _ = brute_force_filtered(name, norm, nodes.tolist(), decoder.relations.tolist(), test,

@@ -92,7 +92,8 @@ def python_rounding(value_bits: int, column: int, seed: int, salt: int) -> int:
     return ((value_bits + noise) & 0xFFFFFFFF) & ~0xFFFF
 
 
-@pytest.mark.parametrize("block_values", [7, 1 << 18], ids=["blocks-of-one-row", "one-block"])
+@pytest.mark.parametrize("block_values", [7, 15, 1 << 18], ids=["blocks-of-one-row", "a-partial-last-block",
+                                                                 "one-block"])
 def test_stochastic_rounding_computes_the_documented_hash(monkeypatch, block_values):
     """The int32 hash, in blocks of rows, gives the bits of the hash on unbounded integers."""
     monkeypatch.setattr(rounding, "CPU_BLOCK_VALUES", block_values)
@@ -105,6 +106,8 @@ def test_stochastic_rounding_computes_the_documented_hash(monkeypatch, block_val
     expected = [[python_rounding(word & 0xFFFFFFFF, column, seed, salt) for column, word in enumerate(row)]
                 for row in words]
     assert [[bits & 0xFFFFFFFF for bits in row] for row in rounded] == expected
+    flat = round_stochastic_bfloat16(values[3], seed, salt)  # 1-D: each value its own column, as in a row
+    assert [bits & 0xFFFFFFFF for bits in flat.float().view(torch.int32).tolist()] == expected[3]
 
 
 def test_stochastic_rounding_takes_float32_only():
