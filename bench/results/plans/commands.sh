@@ -2,12 +2,12 @@
 # On the 2-core, 24 GiB box (cpu-*.json):
 python bench/plans.py --datasets-root ../shared/datasets --workdir /tmp/plans --graphs codex-s codex-m fb15k-237 \
     --epochs 3 --out bench/results/plans/cpu-small.json
+# (cpu-freebase-0.2-float32-rows.json: the float32 4:2 row alone, --skip-plan, before the faster rounding of 0e13109;
+#  cpu-freebase-0.2.json: at 0e13109, the plan and both manual settings)
 python bench/plans.py --workdir /tmp/plans --graphs freebase:0.2 --epochs 1 \
     --manual "storage.num_partitions=16 storage.buffer_capacity=8 storage.dtype=float32 storage.ordering=beta" \
+             "storage.num_partitions=4 storage.buffer_capacity=2 storage.dtype=float32" \
     --out bench/results/plans/cpu-freebase-0.2.json
-python bench/plans.py --workdir /tmp/plans --graphs freebase:0.2 --epochs 1 --skip-plan \
-    --manual "storage.num_partitions=4 storage.buffer_capacity=2 storage.dtype=float32" \
-    --out bench/results/plans/cpu-freebase-0.2-float32-rows.json
 # On one H200 (call 12 at 449715a, .runs/call12.sh with bench/results/plan/commands.sh's prefix; gpu-*.json):
 python bench/freebase_shape.py --out /tmp/plans/freebase-1.0 --partitions 16 --scale 1.0
 python bench/plans.py --datasets-root .data --workdir /tmp/plans --graphs codex-s codex-m fb15k-237 --epochs 2 \
