@@ -21,3 +21,9 @@ for lr in 0.053 0.035 0.025; do
       --run-dir /tmp/r$lr > $OUT/fb-lr$lr.log 2>&1 &
 done
 wait
+
+# Next (prepared, not yet run): the codex-m-best search for the >= 0.36 figure, resumed across calls as above
+# (.runs/search-cm.sh: the FB15k-237 script with these arguments; keep its run directory's tgz between calls).
+python bench/search.py --dataset codex-m --config codex-m-best --space bench/results/search/codex-m-best-space.yaml \
+    --trials $TRIALS --devices cuda:0,cuda:0,cuda:0 --datasets-root .data --run-dir /tmp/tune/cm \
+    --out $OUT/search-codex-m-best.json
