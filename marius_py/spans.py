@@ -152,6 +152,7 @@ class BufferWalk(OneProcessSpans):
     """Out of core: the partition buffer walks the epoch's ordering, a span per buffer state."""
 
     commits_between_states = True
+    _staged: np.ndarray | None = None  # (``_staging``)
 
     def buffer_bytes(self) -> int:
         t = self.trainer
@@ -170,10 +171,13 @@ class BufferWalk(OneProcessSpans):
         t = self.trainer
         ordering = ordering or t.ordering(epoch)
         states = [ordering.resident(k) for k in range(ordering.num_states)]
-        state_edges = self._edges_by_edge(states, epoch) if t.config.storage.edge_assignment == "edge" \
-            else lambda k: t.dataset.edges.buckets(ordering.buckets[k])
         if first_state >= len(states):  # resumed after the epoch's last state: its work is in the store
             return
+        if t.config.storage.edge_assignment == "edge":
+            state_edges = self._edges_by_edge(states, epoch)
+        else:
+            staging = self._staging(max(t.dataset.edges.count(buckets) for buckets in ordering.buckets))
+            state_edges = lambda k: t.dataset.edges.read_buckets(ordering.buckets[k], staging)  # noqa: E731
         buffer = self.partition_buffer()
         for view in buffer.walk(states[first_state:]):
             yield buffer_span(t, view, state_edges(first_state + view.index)), buffer.embeddings, buffer.state
@@ -183,6 +187,17 @@ class BufferWalk(OneProcessSpans):
     def write_back(self) -> None:
         if self.buffer is not None:
             self.buffer.write_resident()
+
+    def _staging(self, rows: int) -> np.ndarray:
+        """A host array for a state's edges, kept from state to state and grown when a state needs more (pinned
+        when batches are planned on a GPU: the copy then runs at full speed). A state's span copies out of it
+        before the next state reads in."""
+        if self._staged is None or len(self._staged) < rows:
+            self._staged = None  # (the old one freed first)
+            staged = torch.empty((rows, 3), dtype=torch.int64,
+                                 pin_memory=self.trainer.plan_device.type == "cuda")
+            self._staged = staged.numpy()
+        return self._staged
 
     def _edges_by_edge(self, states: list[tuple[int, ...]], epoch: int):
         """Edge-level assignment: each edge of bucket (i, j) goes to a random state holding i and j.
@@ -197,21 +212,21 @@ class BufferWalk(OneProcessSpans):
             member[k, list(state)] = True
         seed = t.config.training.seed
 
-        def state_edges(k: int) -> list[np.ndarray]:
+        def state_edges(k: int) -> np.ndarray:
             pairs = sorted((i, j) for i in states[k] for j in states[k])
             parts = []
             for (i, j), edges in zip(pairs, t.dataset.edges.buckets(pairs)):
                 eligible = np.flatnonzero(member[:, i] & member[:, j])
                 draws = np.random.default_rng([seed, epoch, i, j]).integers(len(eligible), size=len(edges))
                 parts.append(edges[eligible[draws] == k])
-            return parts
+            return np.concatenate(parts) if parts else np.empty((0, 3), dtype=np.int64)
         return state_edges
 
 
-def buffer_span(trainer: Trainer, view: BufferView, parts: list[np.ndarray]) -> TrainingSpan:
-    """The edges of ``parts`` (buckets read from the edge store) in the buffer's rows, with the resident
-    rows as negatives."""
-    edges = torch.from_numpy(np.concatenate(parts)) if parts else torch.empty(0, 3, dtype=torch.long)
-    edges = edges.to(trainer.plan_device)  # mapped where the runner plans them (the GPU: no idle host work)
+def buffer_span(trainer: Trainer, view: BufferView, edges: np.ndarray) -> TrainingSpan:
+    """``edges`` (buckets read from the edge store, int64 [E, 3]; a staging array's rows, free again once this
+    returns) in the buffer's rows, with the resident rows as negatives."""
+    edges = torch.from_numpy(edges).to(trainer.plan_device)  # mapped where the runner plans them (the GPU: no
+    # idle host work); the mapped copy below is the span's own
     local = torch.stack([view.local_ids(edges[:, 0]), edges[:, 1], view.local_ids(edges[:, 2])], dim=1)
     return TrainingSpan(local, CandidateRows(view.candidate_ranges, trainer.plan_device))

@@ -58,18 +58,55 @@ class EdgeStore:
         memory: HDF5 reads whole chunks anyway, and one call per small bucket
         (comet's many small partitions) costs far more than its bytes.
         """
-        p = self.num_partitions
-        keys = np.sort(np.fromiter((i * p + j for i, j in pairs), dtype=np.int64))
-        starts, ends = self._offsets[keys], self._offsets[keys + 1]
+        starts, ends = self._bucket_rows(pairs)
         parts: list[np.ndarray] = []
-        first = 0
-        for last in range(len(keys)):
-            if last + 1 < len(keys) and starts[last + 1] - ends[last] < _CHUNK_ROWS:
-                continue  # the next bucket joins this read
+        for first, last in self._reads(starts, ends):
             block = self._file["train"][starts[first]:ends[last]]
             parts.extend(block[starts[k] - starts[first]:ends[k] - starts[first]] for k in range(first, last + 1))
-            first = last + 1
         return parts
+
+    def count(self, pairs) -> int:
+        """Train edges of the buckets in ``pairs``."""
+        starts, ends = self._bucket_rows(pairs)
+        return int((ends - starts).sum())
+
+    def read_buckets(self, pairs, out: np.ndarray | None = None) -> np.ndarray:
+        """The train edges of the buckets in ``pairs`` joined in file order (``buckets``' parts, concatenated):
+        into the first rows of ``out`` where it has room (a staging array reused state after state: no fresh
+        pages to fault in, and pinned it copies to a GPU at full speed), else into a new array."""
+        starts, ends = self._bucket_rows(pairs)
+        total = int((ends - starts).sum())
+        joined = out[:total] if out is not None and len(out) >= total else np.empty((total, 3), dtype=np.int64)
+        train, row = self._file["train"], 0
+        for first, last in self._reads(starts, ends):
+            if np.array_equal(starts[first + 1:last + 1], ends[first:last]):  # adjacent buckets: read straight in
+                rows = int(ends[last] - starts[first])
+                if rows:
+                    train.read_direct(joined, np.s_[starts[first]:ends[last]], np.s_[row:row + rows])
+                row += rows
+                continue
+            block = train[starts[first]:ends[last]]
+            for k in range(first, last + 1):
+                rows = int(ends[k] - starts[k])
+                joined[row:row + rows] = block[starts[k] - starts[first]:ends[k] - starts[first]]
+                row += rows
+        return joined
+
+    def _bucket_rows(self, pairs) -> tuple[np.ndarray, np.ndarray]:
+        """(first row, end row) of each bucket in ``pairs``, in file order."""
+        p = self.num_partitions
+        keys = np.sort(np.fromiter((i * p + j for i, j in pairs), dtype=np.int64))
+        return self._offsets[keys], self._offsets[keys + 1]
+
+    @staticmethod
+    def _reads(starts: np.ndarray, ends: np.ndarray):
+        """(first, last) bucket of each read: buckets less than a chunk apart join one."""
+        first = 0
+        for last in range(len(starts)):
+            if last + 1 < len(starts) and starts[last + 1] - ends[last] < _CHUNK_ROWS:
+                continue  # the next bucket joins this read
+            yield first, last
+            first = last + 1
 
     def close(self) -> None:
         self._file.close()

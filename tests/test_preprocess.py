@@ -153,6 +153,15 @@ def test_buckets_read_together_are_their_offset_ranges(tmp_path):
             for a, b in zip(got, expected):
                 np.testing.assert_array_equal(a, b)
         assert [len(b) for b in store.buckets(every)] == sizes
+        staging = np.full((store.count(every) + 2, 3), -1, dtype=np.int64)
+        for pairs in [every, [(0, 1), (1, 1)], [(2, 0), (0, 2), (1, 2)]] + [rng.sample(every, 4) for _ in range(5)]:
+            expected = np.concatenate([train[offsets[3 * i + j]:offsets[3 * i + j + 1]] for i, j in sorted(pairs)])
+            joined = store.read_buckets(pairs, staging)  # into the staging array's first rows
+            assert store.count(pairs) == len(expected) and (np.shares_memory(joined, staging) or not len(expected))
+            np.testing.assert_array_equal(joined, expected)
+            np.testing.assert_array_equal(store.read_buckets(pairs, staging[:1]), expected)  # no room: a new array
+            np.testing.assert_array_equal(store.read_buckets(pairs), expected)
+        assert (staging[-2:] == -1).all()
 
 
 # ---------------------------------------------------------------- random split

@@ -182,7 +182,7 @@ class GrantedSpans:
             with self._waiting("read"):  # the bucket's partitions and those kept: negatives from all
                 view = buffer.hold(sorted(held_since), self._fetches(grant))
             self.buckets_trained += len(grant.buckets)
-            span = buffer_span(self.trainer, view, self.trainer.dataset.edges.buckets(grant.buckets))
+            span = buffer_span(self.trainer, view, self.trainer.dataset.edges.read_buckets(grant.buckets))
             ahead = self._asking_ahead.submit(self._ask_ahead, epoch, buffer, held_since)
             yield span, buffer.embeddings, buffer.state
         if held_since:  # (the finishing grant wrote everything back)
