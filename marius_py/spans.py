@@ -226,7 +226,7 @@ class BufferWalk(OneProcessSpans):
 def buffer_span(trainer: Trainer, view: BufferView, edges: np.ndarray) -> TrainingSpan:
     """``edges`` (buckets read from the edge store, int64 [E, 3]; a staging array's rows, free again once this
     returns) in the buffer's rows, with the resident rows as negatives."""
-    edges = torch.from_numpy(edges).to(trainer.plan_device)  # mapped where the runner plans them (the GPU: no
-    # idle host work); the mapped copy below is the span's own
+    # Mapped where the runner plans them (the GPU: no idle host work); the mapped copy is the span's own.
+    edges = torch.from_numpy(edges).to(trainer.plan_device)
     local = torch.stack([view.local_ids(edges[:, 0]), edges[:, 1], view.local_ids(edges[:, 2])], dim=1)
     return TrainingSpan(local, CandidateRows(view.candidate_ranges, trainer.plan_device))

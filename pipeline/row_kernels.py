@@ -414,7 +414,7 @@ if triton is not None:
                 _store_rows(state, table_rows, cols, accumulated, in_table, state_cols)
         else:
             if STOCHASTIC:  # bfloat16 tables: values rounded at random to a neighbour, still float32 but exact in
-                # bfloat16, so the stores' cast is exact (the noise: storage.rounding.rounding_noise's hash, bit for bit)
+                # bfloat16, so the stores' cast is exact (the noise: storage/rounding.py's hash, bit for bit)
                 seed32 = tl.load(seed)
                 seed32 = _low32((seed32 ^ (seed32 >> 32)))
                 embedding = _round_bfloat16(embedding, cols.to(tl.int64)[None, :], seed32, 0)

@@ -87,8 +87,9 @@ def add_rows_(embeddings: torch.Tensor, state: torch.Tensor, rows: torch.Tensor,
 
     Additions commute, so updates that overlap in an asynchronous pipeline are never lost
     (the pipeline's one update thread applies them in turn). ``rows``: 1-D int64 on the tables'
-    device, ``delta`` and ``squared`` one row each. A bfloat16 table (``rows`` unique) adds in float32 and stores the sum rounded stochastically from ``seed``
-    (required then): rounding to nearest would drop small updates for good.
+    device, ``delta`` and ``squared`` one row each. A bfloat16 table (``rows`` unique) adds in
+    float32 and stores the sum rounded stochastically from ``seed`` (required then): rounding to
+    nearest would drop small updates for good.
     """
     from marius_py.storage.rounding import round_stochastic_bfloat16  # local: this interface module imports torch alone
     if seed is None and torch.bfloat16 in (embeddings.dtype, state.dtype):

@@ -46,37 +46,32 @@ def _column_keys(cols: int, seed: int, salt: int, device: torch.device) -> torch
 
 
 def _noise_(words: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
-    """Noise in [0, 2^16) for each word of a [rows, cols] int32 block, in place: the hash of its bits and its
-    column's key."""
+    """Rounding noise in [0, 2^16) for each word of a [rows, cols] int32 block of float32 bits, in place: the hash
+    of its bits and its column's key (``_column_keys``), uniform over seeds, so the rounding it drives is
+    unbiased."""
     words ^= key
     return _mix32_(words).bitwise_and_(0xFFFF)
 
 
-def rounding_noise(values: torch.Tensor, seed: int, salt: int) -> torch.Tensor:
-    """Noise in [0, 2^16) (int32) for each value of a [rows, cols] float32 tensor: a hash of the seed, the salt,
-    the column and the value's bits (uniform over seeds, so the rounding it drives is unbiased)."""
-    key = _column_keys(values.shape[-1], int(seed), salt, values.device)
-    return _noise_(values.contiguous().view(torch.int32).clone(), key)
-
-
 def round_stochastic_bfloat16(values: torch.Tensor, seed: int | torch.Tensor, salt: int = 0) -> torch.Tensor:
-    """float32 ``values`` ([rows, cols]) rounded at random to bfloat16: each to one of its two bfloat16
-    neighbours, with probability proportional to closeness (unbiased over seeds, so small updates survive on
-    average). The result is a function of (values, seed, salt) (``rounding_noise``): equal values in one
+    """float32 ``values`` ([rows, cols], or [cols]) rounded at random to bfloat16: each to one of its two
+    bfloat16 neighbours, with probability proportional to closeness (unbiased over seeds, so small updates
+    survive on average). The result is a function of (values, seed, salt) (``_noise_``): equal values in one
     column round alike; values that bfloat16 represents stay as they are.
     """
     if values.dtype != torch.float32:
         raise ValueError(f"round_stochastic_bfloat16: expected float32 values, got {values.dtype}")
+    if values.dim() == 1:
+        return round_stochastic_bfloat16(values[None], seed, salt)[0]
     words = values.contiguous().view(torch.int32)
     key = _column_keys(values.shape[-1], int(seed), salt, values.device)
     rounded = torch.empty(values.shape, dtype=torch.bfloat16, device=values.device)
-    rows = values.shape[0] if values.dim() > 1 else 1
-    step = max(1, CPU_BLOCK_VALUES // max(values.shape[-1], 1)) if values.device.type == "cpu" else max(rows, 1)
-    for start in range(0, rows, step):
-        block = words[start:start + step] if values.dim() > 1 else words
-        noise = _noise_(block.clone(), key)
+    step = max(1, CPU_BLOCK_VALUES // max(values.shape[-1], 1)) if values.device.type == "cpu" else \
+        max(len(values), 1)
+    for start in range(0, len(values), step):
+        block = words[start:start + step]
         # Sign and magnitude: adding noise below the kept bits, then dropping them, rounds the magnitude up with
         # probability equal to the dropped fraction, for either sign; what remains is exactly a bfloat16 value.
-        bits = noise.add_(block).bitwise_and_(-LOW_BITS)
-        (rounded[start:start + step] if values.dim() > 1 else rounded).copy_(bits.view(torch.float32))
+        bits = _noise_(block.clone(), key).add_(block).bitwise_and_(-LOW_BITS)
+        rounded[start:start + step].copy_(bits.view(torch.float32))
     return rounded
