@@ -77,6 +77,26 @@ def config_overrides(dataset: Path, args) -> list[str]:
             f"storage.lookahead={args.lookahead}", f"storage.edge_assignment={args.edge_assignment}", *args.set]
 
 
+def train_end_to_end(args) -> None:
+    """The ``train`` pass: the epoch as ``marius-py train`` runs it, in a process of its own (bench/plans.py's
+    child: the library's train with the command's allocator settings, stopped once the timed epoch is logged,
+    its own peak RSS); prints one JSON line. No commit falls inside it: what a commit after an epoch writes,
+    the compute and full passes time apart."""
+    from plans import run_child
+    timed_epoch = args.warmup_epochs + 1
+    result = run_child([*config_overrides(Path(args.dataset), args), f"training.epochs={timed_epoch + 1}",
+                        "training.checkpoint_interval=1e9"], Path(args.run_dir).with_name("train-run"), timed_epoch)
+    if "error" in result:
+        raise SystemExit(f"the train pass failed: {result['error']}")
+    epoch, plan = result["epoch"], result["plan"]
+    print(json.dumps({
+        "mode": "train", "seconds": epoch["seconds"], "wall_seconds": result["wall_seconds"], "settings": args.set,
+        "phases": epoch["time"], "states": epoch.get("states"), "timed_epoch": timed_epoch, "plan": plan,
+        "num_edges": round(epoch["edges_per_s"] * epoch["seconds"]), "buffer_bytes": plan["buffer_bytes"],
+        "peak_rss_bytes": result["peak_rss_bytes"], "allocator_settings_taken": result["allocator_settings_taken"],
+        "counters": epoch["io"]}))
+
+
 def measure(args) -> None:
     """One pass (``--mode``) in this process; prints one JSON line."""
     # A time limit's SIGTERM (timeout signals the whole process group) first prints every thread's stack:
@@ -186,7 +206,8 @@ def main() -> None:
     parser.add_argument("--graph", choices=("rmat", "freebase"), default="rmat")
     parser.add_argument("--scale", type=float, default=1.0, help="--graph freebase: of Freebase86m's counts")
     parser.add_argument("--passes", default="io,compute,full", help="which passes, in this order (eval: the "
-                        "test evaluation alone, on the store as created)")
+                        "test evaluation alone, on the store as created; train: the epoch through `marius-py "
+                        "train`, end to end)")
     parser.add_argument("--dd-gib", type=int, default=0, help="first measure the disk with dd (O_DIRECT), GiB")
     parser.add_argument("--eval", action="store_true", help="after the full pass, time the test split's "
                         "sampled evaluation (1,000 uniform + 1,000 degree negatives, as Marius)")
@@ -197,12 +218,12 @@ def main() -> None:
                         "before the timed one (the first pays kernel compiles and graph captures)")
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="more config overrides")
     parser.add_argument("--out", default="bench/results/larger_than_memory.json")
-    parser.add_argument("--mode", choices=("io", "compute", "full", "eval"), help=argparse.SUPPRESS)
+    parser.add_argument("--mode", choices=("io", "compute", "full", "eval", "train"), help=argparse.SUPPRESS)
     parser.add_argument("--dataset", help=argparse.SUPPRESS)
     parser.add_argument("--run-dir", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.mode:
-        return measure(args)
+        return train_end_to_end(args) if args.mode == "train" else measure(args)
 
     work = Path(args.workdir)
     work.mkdir(parents=True, exist_ok=True)
@@ -253,24 +274,32 @@ def main() -> None:
                   f"(MRR {passes[mode]['test_mrr']:.4f}), peak RSS through it "
                   f"{passes[mode]['peak_rss_through_eval_bytes'] / GiB:.2f} GiB", flush=True)
         write_report(out, steps, passes, {})  # after every pass: a run cut short keeps what finished
-    if "full" not in passes:
+    end = passes.get("train") or passes.get("full")  # (the epoch as a user runs it, where measured)
+    if end is None:
         return
-    full = passes["full"]
-    bound = full["plan"]["host_bytes"]  # (the bound the plan prints: buffer there, a state's edges, a margin)
-    summary = {"peak_rss_bytes": full["peak_rss_bytes"], "rss_bound_bytes": bound,
-               "allocator_settings_taken": full["allocator_settings_taken"],
-               "counters_match_simulator": all(full["counters"][key] == value
-                                               for key, value in full["predicted"].items())}
-    plan = full["plan"]
+    bound = end["plan"]["host_bytes"]  # (the bound the plan prints: buffer there, a state's edges, a margin)
+    predicted = next((passes[mode]["predicted"] for mode in ("full", "compute") if mode in passes), None)
+    summary = {"pass": end["mode"], "peak_rss_bytes": end["peak_rss_bytes"], "rss_bound_bytes": bound,
+               "allocator_settings_taken": end["allocator_settings_taken"],
+               "counters_match_simulator": predicted is not None and all(
+                   end["counters"][key] == value for key, value in predicted.items())}
+    plan = end["plan"]
+    state_edges = next((p["max_state_edges"] for p in passes.values() if "max_state_edges" in p), 0)
     print(f"plan: {plan['num_partitions']} partitions through a buffer of {plan['buffer_capacity']} "
           f"({plan['physical_partitions']}:{plan['physical_buffer']} stored, {plan['ordering']}, {plan['dtype']}, "
-          f"buffer {full['buffer_bytes'] / GiB:.2f} GiB in {plan['placement']} memory)")
-    print(f"peak RSS {full['peak_rss_bytes'] / GiB:.2f} GiB (the plan's bound {bound / GiB:.2f} GiB; "
-          f"{full['max_state_edges']:,} edges in the largest state; allocator: {args.allocator}"
-          f"{', settings not taken' if args.allocator == 'command' and not full['allocator_settings_taken'] else ''})")
-    print(f"IO counters {full['counters']} vs simulator {full['predicted']}: "
+          f"buffer {end['buffer_bytes'] / GiB:.2f} GiB in {plan['placement']} memory)")
+    print(f"{end['mode']} pass: peak RSS {end['peak_rss_bytes'] / GiB:.2f} GiB (the plan's bound {bound / GiB:.2f} "
+          f"GiB; {state_edges:,} edges in the largest state; allocator: {args.allocator}"
+          f"{', settings not taken' if args.allocator == 'command' and not end['allocator_settings_taken'] else ''})")
+    print(f"IO counters {end['counters']} vs simulator {predicted}: "
           f"{'match' if summary['counters_match_simulator'] else 'MISMATCH'}")
-    if set(passes) >= {"io", "compute"}:
+    if "train" in passes and "compute" in passes:
+        summary["train_over_compute"] = passes["train"]["seconds"] / passes["compute"]["seconds"]
+        print(f"end to end: epoch {passes['train']['seconds']:.1f} s through marius-py train "
+              f"({passes['train']['num_edges'] / passes['train']['seconds']:,.0f} edges/s), the step alone "
+              f"{passes['compute']['seconds']:.1f} s: {summary['train_over_compute']:.2f} x")
+    full = passes.get("full")
+    if full and set(passes) >= {"io", "compute"}:
         ram = memory_total()
         summary.update({
             "ram_bytes": ram, "store_bytes": full["store_bytes"], "store_over_ram": full["store_bytes"] / ram,

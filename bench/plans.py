@@ -57,13 +57,15 @@ def train_one(overrides: list[str], run_dir: str, epochs: int) -> None:
     """(child process) ``epochs`` epochs of the config the overrides give (whose training.epochs is one more:
     the last epoch validates); prints the plan's record and the last epoch's."""
     import marius_py as mp
+    from marius_py.resources import keep_freed_memory
+    allocator_settings_taken = keep_freed_memory()  # (as `marius-py train` sets glibc's malloc)
     config = mp.make_config(None, overrides)
     tracker = StopAfterEpochs(epochs)
     try:
         mp.train(config, run_dir, progress=False, test=False, trackers=[tracker])
     except EpochsDone:
         pass
-    print(json.dumps(tracker.records), flush=True)
+    print(json.dumps({**tracker.records, "allocator_settings_taken": allocator_settings_taken}), flush=True)
 
 
 def run_child(overrides: list[str], run_dir: Path, epochs: int) -> dict:
