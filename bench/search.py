@@ -35,9 +35,8 @@ def search(args) -> object:
 
 def search_record(result) -> dict:
     study, best = result.study, result.study.best_trial
-    states = [trial.state.name.lower() for trial in study.trials]
     return {"run_dir": str(result.run_dir), "wall_seconds": study.user_attrs.get("wall_seconds"),
-            "pruner": study.user_attrs.get("pruner"), "trials": {state: states.count(state) for state in set(states)},
+            "pruner": study.user_attrs.get("pruner"), "trials": result.outcomes(),
             "best": {"trial": best.number, "valid_mrr": best.value, "params": best.params,
                      "seconds": best.user_attrs.get("seconds")},
             "space": (result.run_dir / "space.yaml").read_text()}

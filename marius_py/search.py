@@ -70,14 +70,20 @@ class TuneResult:
     def best_yaml(self) -> Path:
         return self.run_dir / BEST_FILE
 
-    def summary(self) -> list[str]:
-        """What the command prints at the end: the trials, the best one, how to train it."""
+    def outcomes(self) -> dict[str, int]:
+        """How many trials are complete, pruned, failed (an error of their own), interrupted (by a killed
+        search; run again as new trials), waiting or running."""
         state = require_optuna().trial.TrialState
         outcomes = [_outcome(state, t) for t in self.study.get_trials(deepcopy=False)]
-        counts = ", ".join(f"{outcomes.count(name)} {name}" for name in ("complete", "pruned", "failed", "interrupted")
+        return {name: outcomes.count(name) for name in dict.fromkeys(outcomes)}
+
+    def summary(self) -> list[str]:
+        """What the command prints at the end: the trials, the best one, how to train it."""
+        outcomes = self.outcomes()
+        counts = ", ".join(f"{outcomes.get(name, 0)} {name}" for name in ("complete", "pruned", "failed", "interrupted")
                            if name != "interrupted" or name in outcomes)
         best = self.study.best_trial
-        return [f"search directory: {self.run_dir}: {len(outcomes)} trials ({counts}) in "
+        return [f"search directory: {self.run_dir}: {sum(outcomes.values())} trials ({counts}) in "
                 f"{self.study.user_attrs.get('wall_seconds', 0):.0f} s",
                 f"best: trial {best.number}, valid MRR {best.value:.4f}, trained in "
                 f"{best.user_attrs.get('seconds', 0):.0f} s: {' '.join(_overrides(best.params))}",
@@ -238,19 +244,32 @@ def _drop_tables(trial_dir: Path) -> None:
 def _search(run_dir: Path, devices: list[str], progress: bool) -> TuneResult:
     """Run trials until the study holds its total, then the result (an error when no trial completed)."""
     optuna = require_optuna()
-    started = time.monotonic()
+    _start_session(optuna.load_study(study_name=STUDY_NAME, storage=_storage(optuna, run_dir)))
     if len(devices) > 1 or any(device.startswith("cuda") for device in devices):  # (a GPU: its own process,
         _run_workers(run_dir, devices, progress)                                  # which sees that GPU alone)
     else:
         _work(run_dir, devices[0] if devices else None, 0, threading.Lock(), progress)
     study = optuna.load_study(study_name=STUDY_NAME, storage=_storage(optuna, run_dir))
-    study.set_user_attr("wall_seconds", study.user_attrs.get("wall_seconds", 0) + time.monotonic() - started)
+    _count_time(study)
     if not study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
         errors = [t.user_attrs["error"] for t in study.trials if "error" in t.user_attrs]
         raise MariusInputError("no trial of the search completed" + (f"; the first error: {errors[0]}" if errors
                                                                       else " (all were pruned)"), path=run_dir,
                                expected="a search space whose trials train")
     return TuneResult(run_dir, study)
+
+
+def _start_session(study) -> None:
+    """Count the search's time from now on, on top of its earlier sessions'."""
+    study.set_user_attr("session", {"started": time.time(), "before": study.user_attrs.get("wall_seconds", 0.0)})
+
+
+def _count_time(study) -> None:
+    """The search's wall time so far, kept in the study as trials finish: a session a kill cuts short counts
+    up to its last finished trial."""
+    session = study.user_attrs.get("session")
+    if session is not None:
+        study.set_user_attr("wall_seconds", session["before"] + time.time() - session["started"])
 
 
 def _run_workers(run_dir: Path, devices: list[str], progress: bool) -> None:
@@ -348,6 +367,7 @@ class _Search:
         trial.set_user_attr("worker", self.worker)  # (which device of the search's list trained it)
         with self.lock:
             finished = self.study.tell(trial, value, state=outcome)
+            _count_time(self.study)
             if outcome == state.COMPLETE and self.study.best_trial.number == trial.number:
                 self._write_best(finished)
         self._say(_trial_line(state, finished))
