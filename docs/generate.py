@@ -245,47 +245,79 @@ def _disk_table() -> list[str]:
           f"{summary['compute_only_seconds']:.2f} s", f"{summary['epoch_over_max']:.2f}", f"`{_relative(path)}`"]])
 
 
+def _epoch_pass(data: object) -> dict | None:
+    """A larger_than_memory report's epoch as a user gets it: the train pass (through `marius-py train`) where
+    there is one, else the full pass; None for reports of neither."""
+    passes = data.get("passes") if isinstance(data, dict) else None
+    if not isinstance(passes, dict):
+        return None
+    epoch = passes.get("train") or passes.get("full")
+    return epoch if epoch and "plan" in epoch else None
+
+
+def _io_matches(data: dict, epoch: dict) -> bool:
+    """Whether the epoch's partition IO is the simulator's (its own prediction, else its report's other pass's)."""
+    predicted = epoch.get("predicted") or next(
+        (data["passes"][mode]["predicted"] for mode in ("full", "compute") if "predicted" in data["passes"].get(mode, {})),
+        None)
+    return predicted is not None and all(epoch["counters"][k] == v for k, v in predicted.items())
+
+
 def _plan_disk_table() -> list[str]:
     """The newest call that timed float32 BETA's epoch and the plan's (bench/larger_than_memory.py, one file each,
-    named callNN-COMMIT-...): the issue's disk figure is their ratio."""
-    runs = [(path, data["passes"]["full"]) for path, data in _json_files() if isinstance(data, dict)
-            and isinstance(data.get("passes"), dict) and "plan" in data["passes"].get("full", {})]
+    named callNN-COMMIT-...): the issue's disk figure is their ratio; beside it the plan's step alone and the
+    newest end-to-end train pass."""
+    runs = [(path, data, _epoch_pass(data)) for path, data in _json_files() if _epoch_pass(data)]
     orderings_of = {}
-    for path, full in runs:
-        orderings_of.setdefault(tuple(path.name.split("-")[:2]), set()).add(full["plan"]["ordering"])
+    for path, _, epoch in runs:
+        orderings_of.setdefault(tuple(path.name.split("-")[:2]), set()).add(epoch["plan"]["ordering"])
     paired = [call for call, orderings in orderings_of.items() if {"beta", "comet"} <= orderings]
     if not paired:
         return []
     newest = list(paired[-1])
     rows, epochs = [], {}
-    for path, full in (run for run in runs if run[0].name.split("-")[:2] == newest):
-        plan = full["plan"]
-        epochs[plan["ordering"]] = full["seconds"]
+    for path, data, epoch in (run for run in runs if run[0].name.split("-")[:2] == newest):
+        plan = epoch["plan"]
+        epochs[plan["ordering"]] = epoch["seconds"]
         rows.append([f"{plan['num_partitions']}:{plan['buffer_capacity']} ({plan['physical_partitions']}:"
                      f"{plan['physical_buffer']}), {plan['ordering']}, {plan['dtype']}",
-                     f"{full['buffer_bytes'] / 2 ** 30:.1f} GiB", f"{full['seconds']:.1f} s",
-                     f"{full['num_edges'] / full['seconds'] / 1e6:.1f} M",
-                     f"{(full['counters']['bytes_read'] + full['counters']['bytes_written']) / 2 ** 30:.1f} GiB",
-                     "yes" if all(full["counters"][k] == v for k, v in full["predicted"].items()) else "no",
-                     f"{full['peak_rss_bytes'] / 2 ** 30:.1f} GiB", f"`{_relative(path)}`"])
+                     "`marius-py train`" if epoch["mode"] == "train" else "full pass",
+                     f"{epoch['buffer_bytes'] / 2 ** 30:.1f} GiB", f"{epoch['seconds']:.1f} s",
+                     f"{epoch['num_edges'] / epoch['seconds'] / 1e6:.1f} M",
+                     f"{(epoch['counters']['bytes_read'] + epoch['counters']['bytes_written']) / 2 ** 30:.1f} GiB",
+                     "yes" if _io_matches(data, epoch) else "no",
+                     f"{epoch['peak_rss_bytes'] / 2 ** 30:.1f} GiB", f"`{_relative(path)}`"])
     ratio = (f" The plan's epoch took {epochs['comet'] / epochs['beta']:.2f} of float32 BETA's time "
              f"({epochs['beta'] / epochs['comet']:.2f}x as fast)." if {"beta", "comet"} <= set(epochs) else "")
     computes = [(path, data["passes"]["compute"]) for path, data in _json_files() if isinstance(data, dict)
                 and isinstance(data.get("passes"), dict) and data["passes"].get("compute", {}).get("plan", {})
                 .get("ordering") == "comet" and {"train", "wait"} <= set(data["passes"]["compute"].get("phases") or {})]
+    same_call = [run for run in computes if run[0].name.split("-")[:2] == newest]
     if computes:  # the step alone: the same epoch with partition IO replaced by no-ops
-        path, compute = computes[-1]
-        when = "in the same call" if path.name.split("-")[:2] == newest else "in another call"
-        ratio += (f" The plan's step alone, measured {when} (`--passes compute`: partition IO replaced by no-ops), took "
-                  f"{compute['seconds']:.1f} s, {compute['phases']['train']:.1f} s of it training and "
-                  f"{compute['phases']['wait']:.1f} s waiting for states (their edges), in `{_relative(path)}`.")
+        path, compute = (same_call or computes)[-1]
+        when = "in the same call" if same_call else "in another call"
+        ratio += (f" The plan's step alone, measured {when} (`--passes compute`: tables zeroed, partition IO "
+                  f"replaced by no-ops), took {compute['seconds']:.1f} s, {compute['phases']['train']:.1f} s of it "
+                  f"training and {compute['phases']['wait']:.1f} s waiting for states (their edges), in "
+                  f"`{_relative(path)}`.")
+    trains = [(path, data) for path, data in _json_files() if isinstance(data, dict) and isinstance(
+        data.get("passes"), dict) and {"train", "compute"} <= set(data["passes"])]
+    if trains and trains[-1][0].name.split("-")[:2] != newest:
+        path, data = trains[-1]
+        train, compute = data["passes"]["train"], data["passes"]["compute"]
+        ratio += (f" The newest end-to-end pass (`--passes compute,train`, {', '.join(train['settings'])}) took "
+                  f"{train['seconds']:.1f} s ({train['num_edges'] / train['seconds'] / 1e6:.1f} M edges/s) through "
+                  f"`marius-py train`, beside its step alone of {compute['seconds']:.1f} s in the same call, IO "
+                  f"{'equal to' if _io_matches(data, train) else 'unlike'} the simulator's, peak RSS "
+                  f"{train['peak_rss_bytes'] / 2 ** 30:.1f} GiB: `{_relative(path)}`.")
     return _table(
         "A Freebase86m-shaped epoch from disk: float32 BETA against the plan",
         "`python bench/larger_than_memory.py --graph freebase --partitions 16 ...` in one call on one GPU: float32 "
         "BETA 16:8 (`--buffer 8 --ordering beta --set storage.dtype=float32`), then the plan's store in the same "
-        "memory (`--buffer 0 --ordering comet --set storage.memory_limit_gib=...`): the timed epoch after a "
-        "warm-up one, its partition IO against the simulator's, and peak RSS." + ratio,
-        ["P:C (stored), ordering, rows", "buffer", "epoch", "edges/s", "partition IO", "IO = simulator",
+        "memory (`--buffer 0 --ordering comet --set storage.memory_limit_gib=...`), as a full pass or through "
+        "`marius-py train` (`--passes train`): the timed epoch after a warm-up one, its partition IO against the "
+        "simulator's, and peak RSS." + ratio,
+        ["P:C (stored), ordering, rows", "run", "buffer", "epoch", "edges/s", "partition IO", "IO = simulator",
          "peak RSS", "file"], rows)
 
 

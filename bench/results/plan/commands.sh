@@ -93,3 +93,62 @@ B="python bench/larger_than_memory.py --workdir $W --graph freebase --partitions
 timeout 170 $B --passes full --buffer 8 --ordering beta --set storage.dtype=float32 --out $OUT/f32-beta-16-8.json
 rm -rf $W/run
 timeout 240 $B --passes io,compute,full --buffer 0 --ordering comet --set storage.memory_limit_gib=20.239 --out $OUT/plan-16-memory-f32c8.json
+
+# Call 14 (c17be03), issue 40's last call at the final code: .runs/call14.sh as run, one H200 (nvidia-h200); the train
+# run through the wrapper .runs/train_epochs.py below (since 478ba57: bench/larger_than_memory.py --passes train).
+source .runs/prefix.sh
+T0=$(date +%s); el() { echo "[$(( $(date +%s) - T0 )) s] $*"; }
+W=/tmp/fb86; mkdir -p $W
+(timeout 200 python -m pytest -m gpu -q -p no:cacheprovider tests/test_row_kernels_bfloat16.py tests/test_out_of_core.py tests/test_storage_dtype.py > $OUT/gpu-tests.log 2>&1; tail -3 $OUT/gpu-tests.log) &
+TESTS=$!
+# The plan's 64 physical partitions written directly (same seed, same graph) beside the 16 of BETA: no re-bucketing.
+python bench/freebase_shape.py --out $W/dataset --partitions 16 --scale 1.0 2>&1 | tail -1 &
+G1=$!
+mkdir -p /tmp/fb64; python bench/freebase_shape.py --out /tmp/fb64/dataset --partitions 64 --scale 1.0 2>&1 | tail -1 &
+G2=$!
+wait $G1 $G2; el generated
+S="model.decoder=complex model.dim=100 training.batch_size=50000 training.num_chunks=10 training.num_negatives=1000 training.degree_fraction=0.5 training.adagrad_variant=rowwise training.device=cuda storage.ordering=comet storage.memory_limit_gib=20.239"
+python -m marius_py plan dataset.path=$W/dataset $S --partitions 16 | tee $OUT/plan.txt
+PHYS=$(python -m marius_py plan dataset.path=$W/dataset $S --partitions 16 --json | python -c "import json,sys; print(json.load(sys.stdin)['physical_partitions'])")
+if [ "$PHYS" = 64 ]; then W2=/tmp/fb64; else W2=$W; el "plan wants $PHYS physical partitions: the runs re-bucket"; fi
+wait $TESTS; el tests done
+B="python bench/larger_than_memory.py --graph freebase --partitions 16 --decoder complex --dim 100 --batch-size 50000 --negatives 1000 --degree-fraction 0.5 --adagrad rowwise --device cuda"
+timeout 190 $B --workdir $W --passes full --buffer 8 --ordering beta --set storage.dtype=float32 --out $OUT/f32-beta-16-8.json 2>&1 | grep -v "state \|Warn" | tail -5
+rm -rf $W/run; el baseline done
+timeout 130 $B --workdir $W2 --passes compute --buffer 0 --ordering comet --set storage.memory_limit_gib=20.239 --out $OUT/plan-compute.json 2>&1 | grep -v "state \|Warn" | tail -4
+rm -rf $W2/run; el step alone done
+timeout $(( 585 - ($(date +%s) - T0) )) python .runs/train_epochs.py /tmp/trainrun 3 dataset.path=$W2/dataset $S --partitions 16 training.epochs=3 evaluation.every=0 evaluation.protocol=sampled evaluation.negative_sampling=mixed evaluation.num_negatives=2000 training.checkpoint_interval=1000
+cp /tmp/trainrun/metrics.jsonl $OUT/train-metrics.jsonl; el end
+
+# .runs/train_epochs.py (call 14's wrapper):
+#   """`marius-py train` end to end for N epochs, stopped once epoch N's line is printed (the final validation and
+#   test of 16.9M edges are not the epoch): prints every line, then each epoch record's seconds, edges/s and IO
+#   from metrics.jsonl, and the command's peak RSS.  Usage: train_epochs.py RUN_DIR N [train args...]"""
+#   import json, resource, subprocess, sys, time
+#   from pathlib import Path
+#   
+#   run_dir, epochs, rest = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]
+#   started = time.perf_counter()
+#   proc = subprocess.Popen([sys.executable, "-m", "marius_py", "train", *rest, "--run-dir", str(run_dir)],
+#                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+#   for line in proc.stdout:
+#       if "Warn" not in line:
+#           print(line, end="", flush=True)
+#       if line.startswith(f"epoch {epochs}:"):
+#           time.sleep(5)  # (epoch N-1's record is logged before epoch N starts; this waits for nothing else)
+#           proc.kill()  # (no commit of 17 GB on the way out: the run is thrown away)
+#           break
+#   proc.wait()
+#   print(f"command ran {time.perf_counter() - started:.1f} s; peak RSS of the command "
+#         f"{resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20:.2f} GiB")
+#   records = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines() if l.strip()]
+#   for r in records:
+#       if r.get("event") == "epoch":
+#           print(json.dumps({k: r.get(k) for k in ("epoch", "seconds", "edges_per_s", "io", "time")}))
+#       elif r.get("event") in ("startup", "plan"):
+#           print(json.dumps(r)[:1500])
+
+# Call 18 (478ba57): the repo's train pass, the plan's settings (.runs/call17.sh)
+source .runs/prefix.sh
+mkdir -p /tmp/fb64; python bench/freebase_shape.py --out /tmp/fb64/dataset --partitions 64 --scale 1.0 2>&1 | tail -1
+timeout 250 python bench/larger_than_memory.py --workdir /tmp/fb64 --graph freebase --partitions 16 --decoder complex --dim 100 --batch-size 50000 --negatives 1000 --degree-fraction 0.5 --adagrad rowwise --device cuda --buffer 0 --ordering comet --passes compute,train --set storage.memory_limit_gib=20.239 --out $OUT/plan-compute-train.json 2>&1 | grep -v "state \|Warn" | tail -9
