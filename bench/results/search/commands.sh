@@ -27,3 +27,18 @@ wait
 python bench/search.py --dataset codex-m --config codex-m-best --space bench/results/search/codex-m-best-space.yaml \
     --trials $TRIALS --devices cuda:0,cuda:0,cuda:0 --datasets-root .data --run-dir /tmp/tune/cm \
     --out $OUT/search-codex-m-best.json
+
+# Session of 2026-11-29 (c17be03), one H200 (nvidia-h200; the 4-GPU kind was refused at the call):
+# Call 15: the codex-m-best search, two trials at once on the one GPU, bfloat16 scores fixed, cut by its 540 s limit
+# with five trials complete and two interrupted (every trial: call15-c17be03-codex-m-best-trials.json).
+source .runs/prefix.sh
+timeout 540 python bench/search.py --dataset codex-m --config codex-m-best --space bench/results/search/codex-m-best-space.yaml \
+    --trials 40 --devices cuda:0,cuda:0 --set training.score_dtype=bfloat16 --datasets-root .data --run-dir /tmp/tune/cm \
+    --out $OUT/search-codex-m-best.json
+# Call 16: no new trials (--trials: the five finished), best.yaml trained again and tested (call16-*-codex-m-best.json),
+# and codex-s as shipped beside it on the same GPU (call16-*-quality-codex-s.json).
+python bench/quality.py --runs codex-s:codex-s --datasets-root .data --out $OUT/quality-codex-s.json &
+python bench/search.py --dataset codex-m --config codex-m-best --space bench/results/search/codex-m-best-space.yaml \
+    --trials 5 --devices cuda:0 --datasets-root .data --run-dir /tmp/tune/cm --out $OUT/search-codex-m-best.json
+# Call 17: codex-m-best as shipped (float32 scores), alone on the GPU (call17-*-quality-codex-m-best.json).
+python bench/quality.py --runs codex-m:codex-m-best --datasets-root .data --out $OUT/quality-codex-m-best.json
