@@ -9,13 +9,15 @@
 
 Steps (each measured in its own process): generate a seeded R-MAT graph
 (bench/rmat.py) and preprocess it (``marius-py preprocess --pairs``), or with
-``--graph freebase`` write bench/freebase_shape.py's graph (``--scale``), then three
-passes over one epoch's BETA ordering with c = ``--buffer`` of ``--partitions``:
+``--graph freebase`` write bench/freebase_shape.py's graph (``--scale``), then passes
+over one epoch's ordering with c = ``--buffer`` of ``--partitions`` (``--passes``):
 ``io`` (the buffer walks every state, reading and writing partitions, no
-training), ``compute`` (training with partition IO replaced by no-ops) and
-``full`` (the real epoch); compute and full first train ``--warmup-epochs`` untimed (the
-first epoch pays kernel compiles and CUDA-graph captures, start-up that ``marius-py train`` reports
-apart), and every pass times the epoch after them. Prints a table and writes JSON: times, edges/s,
+training), ``compute`` (training with partition IO replaced by no-ops, the buffer's
+rows as a new store's), ``full`` (the real epoch) and ``train`` (the real epoch
+through ``marius-py train``, in a process of its own); compute, full and train first
+train ``--warmup-epochs`` untimed (the first epoch pays kernel compiles and CUDA-graph
+captures, start-up that ``marius-py train`` reports apart), and every pass times the
+epoch after them. Prints a table and writes JSON: times, edges/s,
 peak RSS against the documented bound, and the buffer's IO counters against
 the simulator's prediction.
 """
@@ -119,9 +121,10 @@ def measure(args) -> None:
     states = [ordering.resident(k) for k in range(ordering.num_states)]
     if args.mode != "eval":  # (evaluation never allocates the buffer)
         report_states(trainer.partition_buffer())
-    if args.mode == "compute":
-        for table in trainer.partition_buffer().tables:
-            table.zero_()
+    if args.mode == "compute":  # (no partition is read: the buffer holds what a new store would)
+        buffer = trainer.partition_buffer()
+        buffer.embeddings.normal_(0, config.model.init_scale)  # (all-zero rows would make every gradient zero)
+        buffer.state.zero_()
         ChunkFiles.read_into = lambda self, chunk, out: self.chunk_bytes
         ChunkFiles.write = lambda self, chunk, data, for_commit=True: self.chunk_bytes
     if args.mode in ("compute", "full"):

@@ -257,9 +257,8 @@ def _epoch_pass(data: object) -> dict | None:
 
 def _io_matches(data: dict, epoch: dict) -> bool:
     """Whether the epoch's partition IO is the simulator's (its own prediction, else its report's other pass's)."""
-    predicted = epoch.get("predicted") or next(
-        (data["passes"][mode]["predicted"] for mode in ("full", "compute") if "predicted" in data["passes"].get(mode, {})),
-        None)
+    others = [data["passes"].get(mode, {}) for mode in ("full", "compute")]
+    predicted = epoch.get("predicted") or next((other["predicted"] for other in others if "predicted" in other), None)
     return predicted is not None and all(epoch["counters"][k] == v for k, v in predicted.items())
 
 
