@@ -295,8 +295,8 @@ def _plan_disk_table() -> list[str]:
     if computes:  # the step alone: the same epoch with partition IO replaced by no-ops
         path, compute = (same_call or computes)[-1]
         when = "in the same call" if same_call else "in another call"
-        ratio += (f" The plan's step alone, measured {when} (`--passes compute`: tables zeroed, partition IO "
-                  f"replaced by no-ops), took {compute['seconds']:.1f} s, {compute['phases']['train']:.1f} s of it "
+        ratio += (f" The plan's step alone, measured {when} (`--passes compute`: partition IO replaced by "
+                  f"no-ops), took {compute['seconds']:.1f} s, {compute['phases']['train']:.1f} s of it "
                   f"training and {compute['phases']['wait']:.1f} s waiting for states (their edges), in "
                   f"`{_relative(path)}`.")
     trains = [(path, data) for path, data in _json_files() if isinstance(data, dict) and isinstance(
