@@ -99,6 +99,16 @@ def train_end_to_end(args) -> None:
         "counters": epoch["io"]}))
 
 
+def fill_as_new_store(buffer, init_scale: float) -> None:
+    """The compute pass's buffer, which reads no partition, holding what a new store would: normal(0,
+    init_scale) embeddings and zero optimizer state (all-zero rows would make every gradient zero), in its
+    host slots too (on a GPU every read copies a host slot over the slot's rows)."""
+    for tables in {id(tables): tables for tables in (buffer.tables, buffer.host_slots)}.values():
+        embeddings, state = tables
+        embeddings.normal_(0, init_scale)
+        state.zero_()
+
+
 def measure(args) -> None:
     """One pass (``--mode``) in this process; prints one JSON line."""
     # A time limit's SIGTERM (timeout signals the whole process group) first prints every thread's stack:
@@ -121,10 +131,8 @@ def measure(args) -> None:
     states = [ordering.resident(k) for k in range(ordering.num_states)]
     if args.mode != "eval":  # (evaluation never allocates the buffer)
         report_states(trainer.partition_buffer())
-    if args.mode == "compute":  # (no partition is read: the buffer holds what a new store would)
-        buffer = trainer.partition_buffer()
-        buffer.embeddings.normal_(0, config.model.init_scale)  # (all-zero rows would make every gradient zero)
-        buffer.state.zero_()
+    if args.mode == "compute":
+        fill_as_new_store(trainer.partition_buffer(), config.model.init_scale)
         ChunkFiles.read_into = lambda self, chunk, out: self.chunk_bytes
         ChunkFiles.write = lambda self, chunk, data, for_commit=True: self.chunk_bytes
     if args.mode in ("compute", "full"):
@@ -227,6 +235,9 @@ def main() -> None:
     args = parser.parse_args()
     if args.mode:
         return train_end_to_end(args) if args.mode == "train" else measure(args)
+    if args.allocator == "system" and "train" in args.passes.split(","):
+        parser.error("--passes train runs as the command does, with its allocator settings: "
+                     "--allocator system applies to the other passes only; run it without train")
 
     work = Path(args.workdir)
     work.mkdir(parents=True, exist_ok=True)
@@ -277,25 +288,28 @@ def main() -> None:
                   f"(MRR {passes[mode]['test_mrr']:.4f}), peak RSS through it "
                   f"{passes[mode]['peak_rss_through_eval_bytes'] / GiB:.2f} GiB", flush=True)
         write_report(out, steps, passes, {})  # after every pass: a run cut short keeps what finished
-    end = passes.get("train") or passes.get("full")  # (the epoch as a user runs it, where measured)
-    if end is None:
+    epoch_pass = passes.get("train") or passes.get("full")  # (the epoch as a user runs it, where measured)
+    if epoch_pass is None:
         return
-    bound = end["plan"]["host_bytes"]  # (the bound the plan prints: buffer there, a state's edges, a margin)
+    # The bound the plan prints (buffer there, a state's edges, a margin); the IO the compute or full pass predicted.
+    bound = epoch_pass["plan"]["host_bytes"]
     predicted = next((passes[mode]["predicted"] for mode in ("full", "compute") if mode in passes), None)
-    summary = {"pass": end["mode"], "peak_rss_bytes": end["peak_rss_bytes"], "rss_bound_bytes": bound,
-               "allocator_settings_taken": end["allocator_settings_taken"],
+    summary = {"pass": epoch_pass["mode"], "peak_rss_bytes": epoch_pass["peak_rss_bytes"],
+               "rss_bound_bytes": bound, "allocator_settings_taken": epoch_pass["allocator_settings_taken"],
                "counters_match_simulator": predicted is not None and all(
-                   end["counters"][key] == value for key, value in predicted.items())}
-    plan = end["plan"]
+                   epoch_pass["counters"][key] == value for key, value in predicted.items())}
+    plan = epoch_pass["plan"]
     state_edges = next((p["max_state_edges"] for p in passes.values() if "max_state_edges" in p), 0)
     print(f"plan: {plan['num_partitions']} partitions through a buffer of {plan['buffer_capacity']} "
           f"({plan['physical_partitions']}:{plan['physical_buffer']} stored, {plan['ordering']}, {plan['dtype']}, "
-          f"buffer {end['buffer_bytes'] / GiB:.2f} GiB in {plan['placement']} memory)")
-    print(f"{end['mode']} pass: peak RSS {end['peak_rss_bytes'] / GiB:.2f} GiB (the plan's bound {bound / GiB:.2f} "
-          f"GiB; {state_edges:,} edges in the largest state; allocator: {args.allocator}"
-          f"{', settings not taken' if args.allocator == 'command' and not end['allocator_settings_taken'] else ''})")
-    print(f"IO counters {end['counters']} vs simulator {predicted}: "
-          f"{'match' if summary['counters_match_simulator'] else 'MISMATCH'}")
+          f"buffer {epoch_pass['buffer_bytes'] / GiB:.2f} GiB in {plan['placement']} memory)")
+    not_taken = args.allocator == "command" and not epoch_pass["allocator_settings_taken"]
+    print(f"{epoch_pass['mode']} pass: peak RSS {epoch_pass['peak_rss_bytes'] / GiB:.2f} GiB (the plan's bound "
+          f"{bound / GiB:.2f} GiB; {state_edges:,} edges in the largest state; allocator: {args.allocator}"
+          f"{', settings not taken' if not_taken else ''})")
+    print(f"IO counters {epoch_pass['counters']} vs simulator " + (
+        f"{predicted}: {'match' if summary['counters_match_simulator'] else 'MISMATCH'}" if predicted is not None
+        else "(no prediction: add the compute or full pass)"))
     if "train" in passes and "compute" in passes:
         summary["train_over_compute"] = passes["train"]["seconds"] / passes["compute"]["seconds"]
         print(f"end to end: epoch {passes['train']['seconds']:.1f} s through marius-py train "

@@ -281,6 +281,7 @@ def _plan_disk_table() -> list[str]:
         rows.append([f"{plan['num_partitions']}:{plan['buffer_capacity']} ({plan['physical_partitions']}:"
                      f"{plan['physical_buffer']}), {plan['ordering']}, {plan['dtype']}",
                      "`marius-py train`" if epoch["mode"] == "train" else "full pass",
+                     " ".join(f"`{item}`" for item in epoch.get("settings") or []),
                      f"{epoch['buffer_bytes'] / 2 ** 30:.1f} GiB", f"{epoch['seconds']:.1f} s",
                      f"{epoch['num_edges'] / epoch['seconds'] / 1e6:.1f} M",
                      f"{(epoch['counters']['bytes_read'] + epoch['counters']['bytes_written']) / 2 ** 30:.1f} GiB",
@@ -299,12 +300,16 @@ def _plan_disk_table() -> list[str]:
                   f"no-ops), took {compute['seconds']:.1f} s, {compute['phases']['train']:.1f} s of it "
                   f"training and {compute['phases']['wait']:.1f} s waiting for states (their edges), in "
                   f"`{_relative(path)}`.")
+    graph_edges = next(epoch["num_edges"] for path, _, epoch in runs if path.name.split("-")[:2] == newest)
     trains = [(path, data) for path, data in _json_files() if isinstance(data, dict) and isinstance(
-        data.get("passes"), dict) and {"train", "compute"} <= set(data["passes"])]
+        data.get("passes"), dict) and {"train", "compute"} <= set(data["passes"])
+        and data["passes"]["train"]["num_edges"] == graph_edges and data["passes"]["train"]["plan"]["ordering"]
+        == "comet"]  # (the same graph's, the plan's)
     if trains and trains[-1][0].name.split("-")[:2] != newest:
         path, data = trains[-1]
         train, compute = data["passes"]["train"], data["passes"]["compute"]
-        ratio += (f" The newest end-to-end pass (`--passes compute,train`, {', '.join(train['settings'])}) took "
+        settings = "".join(f", `{item}`" for item in train.get("settings") or [])
+        ratio += (f" The newest end-to-end pass (`--passes compute,train`{settings}) took "
                   f"{train['seconds']:.1f} s ({train['num_edges'] / train['seconds'] / 1e6:.1f} M edges/s) through "
                   f"`marius-py train`, beside its step alone of {compute['seconds']:.1f} s in the same call, IO "
                   f"{'equal to' if _io_matches(data, train) else 'unlike'} the simulator's, peak RSS "
@@ -316,8 +321,8 @@ def _plan_disk_table() -> list[str]:
         "memory (`--buffer 0 --ordering comet --set storage.memory_limit_gib=...`), as a full pass or through "
         "`marius-py train` (`--passes train`): the timed epoch after a warm-up one, its partition IO against the "
         "simulator's, and peak RSS." + ratio,
-        ["P:C (stored), ordering, rows", "run", "buffer", "epoch", "edges/s", "partition IO", "IO = simulator",
-         "peak RSS", "file"], rows)
+        ["P:C (stored), ordering, rows", "run", "--set", "buffer", "epoch", "edges/s", "partition IO",
+         "IO = simulator", "peak RSS", "file"], rows)
 
 
 def _plan_accuracy_table() -> list[str]:

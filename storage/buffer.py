@@ -173,6 +173,12 @@ class PartitionBuffer:
         return sum(f.chunk_bytes for f in self.files)
 
     @property
+    def host_slots(self) -> list[torch.Tensor]:
+        """The host memory partitions are read into and written from: on a GPU, copied to and from
+        ``tables`` at every read and write; on a CPU, the tables themselves."""
+        return self._host
+
+    @property
     def embeddings(self) -> torch.Tensor:
         return self.tables[0]
 

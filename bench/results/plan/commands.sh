@@ -148,7 +148,7 @@ cp /tmp/trainrun/metrics.jsonl $OUT/train-metrics.jsonl; el end
 #       elif r.get("event") in ("startup", "plan"):
 #           print(json.dumps(r)[:1500])
 
-# Call 18 (478ba57): the repo's train pass, the plan's settings (.runs/call17.sh)
+# Call 18 (478ba57): the repo's train pass, the plan's settings (.runs/call18.sh)
 source .runs/prefix.sh
 mkdir -p /tmp/fb64; python bench/freebase_shape.py --out /tmp/fb64/dataset --partitions 64 --scale 1.0 2>&1 | tail -1
 timeout 250 python bench/larger_than_memory.py --workdir /tmp/fb64 --graph freebase --partitions 16 --decoder complex --dim 100 --batch-size 50000 --negatives 1000 --degree-fraction 0.5 --adagrad rowwise --device cuda --buffer 0 --ordering comet --passes compute,train --set storage.memory_limit_gib=20.239 --out $OUT/plan-compute-train.json 2>&1 | grep -v "state \|Warn" | tail -9
