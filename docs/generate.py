@@ -266,7 +266,8 @@ def _plan_disk_table() -> list[str]:
     """The newest call that timed float32 BETA's epoch and the plan's (bench/larger_than_memory.py, one file each,
     named callNN-COMMIT-...): the issue's disk figure is their ratio; beside it the plan's step alone and the
     newest end-to-end train pass."""
-    runs = [(path, data, _epoch_pass(data)) for path, data in _json_files() if _epoch_pass(data)]
+    files = _json_files()  # (read once: every JSON file under bench/results)
+    runs = [(path, data, epoch) for path, data in files if (epoch := _epoch_pass(data))]
     orderings_of = {}
     for path, _, epoch in runs:
         orderings_of.setdefault(tuple(path.name.split("-")[:2]), set()).add(epoch["plan"]["ordering"])
@@ -289,7 +290,7 @@ def _plan_disk_table() -> list[str]:
                      f"{epoch['peak_rss_bytes'] / 2 ** 30:.1f} GiB", f"`{_relative(path)}`"])
     ratio = (f" The plan's epoch took {epochs['comet'] / epochs['beta']:.2f} of float32 BETA's time "
              f"({epochs['beta'] / epochs['comet']:.2f}x as fast)." if {"beta", "comet"} <= set(epochs) else "")
-    computes = [(path, data["passes"]["compute"]) for path, data in _json_files() if isinstance(data, dict)
+    computes = [(path, data["passes"]["compute"]) for path, data in files if isinstance(data, dict)
                 and isinstance(data.get("passes"), dict) and data["passes"].get("compute", {}).get("plan", {})
                 .get("ordering") == "comet" and {"train", "wait"} <= set(data["passes"]["compute"].get("phases") or {})]
     same_call = [run for run in computes if run[0].name.split("-")[:2] == newest]
@@ -301,7 +302,7 @@ def _plan_disk_table() -> list[str]:
                   f"training and {compute['phases']['wait']:.1f} s waiting for states (their edges), in "
                   f"`{_relative(path)}`.")
     graph_edges = next(epoch["num_edges"] for path, _, epoch in runs if path.name.split("-")[:2] == newest)
-    trains = [(path, data) for path, data in _json_files() if isinstance(data, dict) and isinstance(
+    trains = [(path, data) for path, data in files if isinstance(data, dict) and isinstance(
         data.get("passes"), dict) and {"train", "compute"} <= set(data["passes"])
         and data["passes"]["train"]["num_edges"] == graph_edges and data["passes"]["train"]["plan"]["ordering"]
         == "comet"]  # (the same graph's, the plan's)

@@ -80,9 +80,9 @@ class TuneResult:
     def summary(self) -> list[str]:
         """What the command prints at the end: the trials, the best one, how to train it."""
         outcomes = self.outcomes()
-        counts = ", ".join(f"{outcomes.get(name, 0)} {name}" for name in ("complete", "pruned", "failed", "interrupted",
-                                                                           "waiting", "running")
-                           if name in ("complete", "pruned", "failed") or name in outcomes)
+        shown = ("complete", "pruned", "failed") + tuple(name for name in ("interrupted", "waiting", "running")
+                                                         if name in outcomes)  # (those three only when any)
+        counts = ", ".join(f"{outcomes.get(name, 0)} {name}" for name in shown)
         best = self.study.best_trial
         return [f"search directory: {self.run_dir}: {sum(outcomes.values())} trials ({counts}) in "
                 f"{self.study.user_attrs.get('wall_seconds', 0):.0f} s",
