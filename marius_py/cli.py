@@ -10,7 +10,9 @@ import argparse
 import errno
 import json
 import math
+import os
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 from marius_py.config import STORAGE_DTYPES, device_list
@@ -18,6 +20,59 @@ from marius_py.errors import MariusInputError
 from marius_py.search_space import PRUNERS
 
 EXIT_USER_ERROR = 2
+EXIT_INTERRUPTED = 130
+# What Ctrl-C leaves, for commands that do not say it themselves (``_reporting_interrupt``)
+INTERRUPT_MESSAGES = {
+    "train": "training interrupted; the last committed checkpoint is intact (--resume continues from it; epochs "
+             "after it are trained again)",
+    "tune": "tune interrupted; the finished trials are kept (--resume continues the search and runs the "
+            "interrupted trials again)",
+    "plot": "plot interrupted: the PNGs written before it stay, the one being written may be cut short (plot "
+            "again to rewrite them); the run is unchanged",
+}
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C in a command, with what it leaves behind (``_reporting_interrupt``)."""
+
+
+def _interrupted_message(command: str, interrupt: KeyboardInterrupt) -> str:
+    if isinstance(interrupt, Interrupted):
+        return str(interrupt)
+    return INTERRUPT_MESSAGES.get(command, f"{command} interrupted; nothing was written")
+
+
+def _file_identity(path: Path) -> tuple[int, int, int] | None:
+    """Which file ``path`` is now (device, inode, modification time); None where there is none."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    return info.st_dev, info.st_ino, info.st_mtime_ns
+
+
+@contextmanager
+def _reporting_interrupt(doing: str, output: Path, marker: str, what: str, also: str = ""):
+    """Ctrl-C inside raises ``Interrupted`` saying what is left of ``output``, a directory that appears whole
+    (its ``what`` is complete when it holds ``marker``), told by comparing its marker with the one before."""
+    before = _file_identity(output / marker)
+    try:
+        yield
+    except KeyboardInterrupt:
+        raise Interrupted(f"{doing} interrupted: {_left_behind(output, marker, what, before)}{also}") from None
+
+
+def _left_behind(output: Path, marker: str, what: str, before: tuple | None) -> str:
+    now = _file_identity(output / marker)
+    if now is not None:
+        return (f"{output} still holds its earlier {what} (the new one's staging folder is removed)" if now == before
+                else f"{output} holds the new {what}, complete (the interrupt came after it was written)")
+    if output.is_dir() and any(output.iterdir()):  # (files moving into an existing directory)
+        return f"{output} holds a partial {what} (no {marker}): run it again with --overwrite"
+    if before is not None and not os.path.lexists(output):  # (between the two renames of a replacement)
+        return (f"{output} is missing: its earlier {what} waits in a hidden folder beside it, which the next run "
+                f"into {output} puts back")
+    return f"nothing was written to {output} (its staging folder is removed)"
 
 
 def _print_metrics(title: str, metrics: dict) -> None:
@@ -39,6 +94,9 @@ def _split_config_args(items: list[str]) -> tuple[str | None, list[str]]:
         else:
             raise MariusInputError(f"unexpected argument {item!r}", path="command line",
                                    expected="one CONFIG followed by key=value overrides")
+    if config is not None:  # (a pipe, <(cat my.yaml), is read as a file)
+        from marius_py.edge_text import refuse_special_file
+        refuse_special_file(config, "config file", expected="a YAML file, or a pipe: <(command)")
     return config, overrides
 
 
@@ -130,6 +188,8 @@ def cmd_tune(args) -> None:
             raise MariusInputError(f"tune needs {' and '.join(missing)}", path="command line",
                                    expected="marius-py tune [CONFIG] [key=value ...] --space SPACE.yaml --trials N")
         config_path, overrides = _split_config_args(args.config)
+        from marius_py.edge_text import refuse_special_file
+        refuse_special_file(args.space, "search space", expected="a YAML file")
         config = api.make_config(config_path or "codex-m", overrides, source="command line")
         result = search.tune(config, args.space, args.trials, args.run_dir, args.pruner or "median", devices,
                              progress=not args.quiet)
@@ -149,6 +209,12 @@ def _tune_devices(args) -> list[str] | None:
 
 
 def cmd_preprocess(args) -> None:
+    from marius_py.dataset import METADATA_FILE
+    with _reporting_interrupt("preprocessing", Path(args.output), METADATA_FILE, "dataset"):
+        _preprocess(args)
+
+
+def _preprocess(args) -> None:
     from marius_py.preprocess import PreprocessOptions, preprocess
     columns = _number_list(args.columns, int, "--columns", "0-based column indices like 0,1,2")
     fractions = _number_list(args.split, float, "--split", "valid,test fractions like 0.05,0.05")
@@ -240,14 +306,15 @@ def cmd_eval(args) -> None:
 
 
 def cmd_export(args) -> None:
-    from marius_py.export import check_output, export_embeddings, relation_rows
+    from marius_py.export import MARKER, check_output, export_embeddings, relation_rows
     output = args.output or str(Path(args.run_dir) / f"export-{args.format}")
-    check_output(output, args.overwrite)  # before the checkpoint is read (export checks again)
-    model = _open_run(args, "cpu")
-    names, relations = relation_rows(model.decoder.relations.detach().cpu().numpy(),
-                                     model.dataset.relation_names)
-    export_embeddings(output, args.format, model.dataset.node_names, model.blocks(), model.config.model.dim,
-                      names, relations, overwrite=args.overwrite)
+    with _reporting_interrupt("export", Path(output), MARKER, "export", also="; the run is unchanged"):
+        check_output(output, args.overwrite)  # before the checkpoint is read (export checks again)
+        model = _open_run(args, "cpu")
+        names, relations = relation_rows(model.decoder.relations.detach().cpu().numpy(),
+                                         model.dataset.relation_names)
+        export_embeddings(output, args.format, model.dataset.node_names, model.blocks(), model.config.model.dim,
+                          names, relations, overwrite=args.overwrite)
     print(f"wrote {output}")
 
 
@@ -558,12 +625,9 @@ def main(argv: list[str] | None = None) -> int:
               "run's last committed checkpoint is intact): free space, then run again (--resume for a run)",
               file=sys.stderr)
         return EXIT_USER_ERROR
-    except KeyboardInterrupt:
-        print("marius-py: interrupted; " + ("the finished trials are kept (--resume continues the search and runs "
-                                            "the interrupted trials again)" if args.command == "tune" else
-                                            "the last committed checkpoint is intact (--resume continues from it; "
-                                            "epochs after it are trained again)"), file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as interrupt:
+        print(f"marius-py: {_interrupted_message(args.command, interrupt)}", file=sys.stderr)
+        return EXIT_INTERRUPTED
     return 0
 
 

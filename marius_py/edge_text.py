@@ -14,8 +14,15 @@ most one empty trailing field (a trailing delimiter); with explicit ``columns`` 
 ignored. Whitespace-only lines are blank, allowed only at the end of a file.
 
 Header lines cannot be told from edges in general (``source<TAB>target`` is a valid pair); only a wrong
-field count gives one away, and when the first line of a file has the wrong field count (and no other
-cause shows: another delimiter, quotes, empty trailing fields) the error suggests ``--skip-header 1``.
+field count gives one away. A wrong count on the first line says its likely cause, read from the lines of
+its block after it: the right count there suggests ``--skip-header``; the same count on all of them suggests
+``--pairs`` (2 fields) or ``--columns`` (more than expected); otherwise another delimiter that would give the
+right count is named.
+
+Inputs (``refuse_special_file``, ``pipes_copied``): a file, or a pipe (a FIFO, or a process substitution's
+``/dev/fd/N``), which is read once into a file in the output's staging folder (preprocess reads its train
+input twice) and named as given in messages; gzip data in a pipe is recognised by its first bytes. A
+directory, a socket or a device is refused by what it is.
 
 Speed: text is split block by block (at most ``block_lines`` lines) with C-level list operations, not
 line by line.
@@ -25,6 +32,8 @@ from __future__ import annotations
 
 import gzip
 import os
+import shutil
+import stat
 import zlib
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -44,6 +53,11 @@ PAIRS_RELATION = "__edge__"  # the one relation of a plain graph (pairs)
 _MAX_LINE_BYTES = 1 << 20  # longer lines are refused before they are held whole (CR-only or binary files)
 _CHUNK_BYTES = 1 << 20  # bytes read and decoded at a time (8 MiB: slower than line by line, out of cache)
 _DELIMITER_NAMES = {"\t": "tab", ",": "comma", ";": "semicolon", " ": "space", "|": "pipe"}
+_GZIP_MAGIC = b"\x1f\x8b"
+_PIPES_FOLDER = ".pipes"  # pipes' copies, in the staging directory of the output
+# what an input path may be that is neither a file nor a pipe, and is refused
+_SPECIAL_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+                  (stat.S_ISBLK, "a block device"))
 
 
 @dataclass
@@ -129,16 +143,17 @@ class _LineParser:
                                        line=self.blank_line,
                                        expected="one edge per line, blank lines only at the end")
             else:
-                self._check_fields(row, fields[index], lineno)
+                self._check_fields(row, fields[index], lineno, fields[index + 1:])
         return fields[:num_edges]
 
-    def _check_fields(self, row: str, fields: list[str], lineno: int) -> None:
-        """Raise for a wrong field count or an empty name; drop one empty trailing field (in place)."""
-        if self.exact and len(fields) == self.num_fields + 1 and not fields[-1].strip():
-            fields.pop()  # a trailing delimiter
+    def _check_fields(self, row: str, fields: list[str], lineno: int, later: list[list[str]]) -> None:
+        """Raise for a wrong field count or an empty name; drop one empty trailing field (in place). ``later``:
+        the fields of the lines after it in its block (a wrong count's hint reads them)."""
+        if self._ends_with_delimiter(fields):
+            fields.pop()
         count = len(fields)
-        if count != self.num_fields and (self.exact or count < self.num_fields):
-            expected = self.describe() + self._hint(row, fields, lineno)
+        if not self._fits(count):
+            expected = self.describe() + self._hint(row, fields, lineno, later)
             plural = "" if count == 1 else "s"
             raise MariusInputError(f"line has {count} field{plural}: {_snippet(row)}",
                                    path=self.path, line=lineno, expected=expected)
@@ -149,8 +164,17 @@ class _LineParser:
                                    f"in line {_snippet(row)}", path=self.path, line=lineno,
                                    expected=f"{self.describe()}, none empty")
 
-    def _hint(self, row: str, fields: list[str], lineno: int) -> str:
-        """The likely cause of a wrong field count: quotes, trailing delimiters, another delimiter, a header."""
+    def _ends_with_delimiter(self, fields: list[str]) -> bool:
+        """Whether a line's last field is the empty one of a trailing delimiter (accepted once)."""
+        return self.exact and len(fields) == self.num_fields + 1 and not fields[-1].strip()
+
+    def _fits(self, count: int) -> bool:
+        """Whether a line of ``count`` fields (a trailing delimiter's not counted) holds the columns."""
+        return count == self.num_fields if self.exact else count >= self.num_fields
+
+    def _hint(self, row: str, fields: list[str], lineno: int, later: list[list[str]]) -> str:
+        """The likely cause of a wrong field count: quotes, trailing delimiters, a header or a file of another
+        width (on the first line read, told by ``later``, the fields of the lines after it), another delimiter."""
         if '"' in row:
             return ("; quotes are not interpreted: a quoted field keeps its quotes and a delimiter inside "
                     "quotes still splits it")
@@ -158,11 +182,32 @@ class _LineParser:
         if len(fields) > self.num_fields and empty_tail >= len(fields) - self.num_fields:
             return (f"; the line ends with {empty_tail} empty fields (trailing delimiters; one trailing "
                     f"delimiter is accepted)")
+        if lineno == self.skip_header + 1:
+            counts = [len(f) - self._ends_with_delimiter(f) for f in later if any(map(str.strip, f))]
+            hint = self._first_line_hint(len(fields), lineno, counts)
+            if hint:
+                return hint
         for delimiter, name in _DELIMITER_NAMES.items():
             if delimiter != self.delimiter and len(row.split(delimiter)) == self.num_fields:
                 return f"; the line looks {name}-separated: set --delimiter"
-        if lineno == 1 and self.skip_header == 0:
-            return "; use --skip-header 1 if the file has a header"
+        return ""
+
+    def _first_line_hint(self, count: int, lineno: int, later_counts: list[int]) -> str:
+        """A header (the lines after it fit), or a file of another width (they have ``count`` fields too)."""
+        if later_counts and all(map(self._fits, later_counts)):
+            return (f"; the lines after it have {later_counts[0]} fields: use --skip-header {self.skip_header + 1} "
+                    f"if the file has a header")
+        if count < 2 or any(c != count for c in later_counts):  # (one field: another delimiter, if any)
+            return ""
+        lines = f"lines {lineno}-{lineno + len(later_counts)} all have" if later_counts else "the line has"
+        if count == 2 and not self.pairs:
+            return f"; {lines} 2 fields: a graph without relations (head, tail lines) needs --pairs"
+        if count > self.num_fields:
+            roles, example = ("head and tail", "0,1") if self.pairs else ("head, relation and tail", "0,1,2")
+            pick = f"pick the {roles} columns with --columns (e.g. --columns {example})"
+            if self.pairs and count == 3:
+                return f"; {lines} 3 fields: drop --pairs for head, relation, tail lines, or {pick}"
+            return f"; {lines} {count} fields: {pick}"
         return ""
 
 
@@ -186,16 +231,77 @@ def _snippet(line: str, limit: int = 80) -> str:
     return repr(line if len(line) <= limit else line[:limit] + "...")
 
 
-@contextmanager
-def _open_binary(path: Path):
-    """(line iterator, raw file): gzip by suffix; the raw file's offset drives progress."""
+def special_kind(path: str | os.PathLike) -> str | None:
+    """What ``path`` is where it exists but is neither a file nor a pipe (both are read): "a directory", "a
+    socket", "a character device" or "a block device"; else None (a missing path too)."""
     try:
-        raw = open(path, "rb")
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None
+    return next((kind for is_kind, kind in _SPECIAL_KINDS if is_kind(mode)), None)
+
+
+def refuse_special_file(path: str | os.PathLike, noun: str, expected: str) -> None:
+    """Refuse a ``path`` that is a directory, a socket or a device, saying which (a device could block or
+    never end: a terminal, /dev/zero)."""
+    kind = special_kind(path)
+    if kind is not None:
+        raise MariusInputError(f"{noun} is {kind}, not a file", path=path, expected=expected)
+
+
+def _is_pipe(path: Path) -> bool:
+    try:
+        return stat.S_ISFIFO(os.stat(path).st_mode)
+    except OSError:
+        return False
+
+
+class PipeInput(type(Path())):
+    """A pipe given as an input (a FIFO, or a process substitution's /dev/fd/N), read once into the file
+    ``copy``: reading opens the copy, messages (and a dataset's sources) name the pipe."""
+    copy: Path
+    gzipped: bool  # gzip data (a pipe's name says nothing of its content)
+
+
+@contextmanager
+def pipes_copied(paths: Sequence[Path], within: Path) -> Iterator[list[Path]]:
+    """``paths``, each pipe among them read once into a file in a folder of ``within`` (preprocess reads its
+    train input twice, a pipe can be read once) and given as a ``PipeInput``; the folder is removed at the end."""
+    folder = within / _PIPES_FOLDER
+    copies: dict[Path, PipeInput] = {}
+    try:
+        for path in paths:
+            if path not in copies and _is_pipe(path):
+                copies[path] = _copy_pipe(path, folder / str(len(copies)))
+        yield [copies.get(path, path) for path in paths]
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _copy_pipe(path: Path, copy: Path) -> PipeInput:
+    copy.parent.mkdir(exist_ok=True)
+    with _open_input(path) as source, open(copy, "wb") as target:
+        shutil.copyfileobj(source, target, _CHUNK_BYTES)
+    pipe = PipeInput(path)
+    pipe.copy = copy
+    with open(copy, "rb") as start:
+        pipe.gzipped = start.read(len(_GZIP_MAGIC)) == _GZIP_MAGIC
+    return pipe
+
+
+def _open_input(path: Path):
+    try:
+        return open(path.copy if isinstance(path, PipeInput) else path, "rb")
     except OSError as error:
         raise MariusInputError(f"cannot open input ({error.strerror})", path=path,
                                expected="a readable file") from None
-    with raw:
-        if path.suffix == ".gz":
+
+
+@contextmanager
+def _open_binary(path: Path):
+    """(line iterator, raw file): gzip by suffix (a pipe's by content); the raw file's offset drives progress."""
+    with _open_input(path) as raw:
+        if path.gzipped if isinstance(path, PipeInput) else path.suffix == ".gz":
             with gzip.GzipFile(fileobj=raw, mode="rb") as lines:
                 yield lines, raw
         else:

@@ -48,6 +48,7 @@ def plot_run(run_dir: str | Path, out_dir: str | Path | None = None, epoch: int 
     if not epochs:
         raise MariusInputError("no epoch in the metrics log", path=run.path / "metrics.jsonl",
                                expected="a run directory with at least one trained epoch")
+    timeline = _timeline_record(epochs, epoch, run.path / "metrics.jsonl")  # (refused before anything is written)
     pyplot = _pyplot()
     out = Path(out_dir) if out_dir else run.path / "plots"
     try:
@@ -61,14 +62,24 @@ def plot_run(run_dir: str | Path, out_dir: str | Path | None = None, epoch: int 
     if timed:
         startups = [r for r in records if r.get("event") == "startup"]
         written.append(_epoch_time(pyplot, timed, startups[-1] if startups else None, out / "epoch_time.png"))
-    with_states = [r for r in epochs if r.get("states")]
-    if with_states:
-        chosen = with_states[-1] if epoch is None else next((r for r in with_states if r["epoch"] == epoch), None)
-        if chosen is None:
-            raise MariusInputError(f"epoch {epoch} has no buffer-state timeline", path=run.path / "metrics.jsonl",
-                                   expected=f"one of {[r['epoch'] for r in with_states]}")
-        written.append(_timeline(pyplot, chosen, out / "timeline.png"))
+    if timeline is not None:
+        written.append(_timeline(pyplot, timeline, out / "timeline.png"))
     return written
+
+
+def _timeline_record(epochs: list[dict], epoch: int | None, log: Path) -> dict | None:
+    """The epoch record whose buffer states ``timeline.png`` draws: ``epoch``'s (refused where it has none), by
+    default the last with states; None where no epoch has any (a run without a partition buffer)."""
+    with_states = [r for r in epochs if r.get("states")]
+    if epoch is None:
+        return with_states[-1] if with_states else None
+    chosen = next((r for r in with_states if r["epoch"] == epoch), None)
+    if chosen is None:
+        raise MariusInputError(f"epoch {epoch} has no buffer-state timeline", path=log,
+                               expected=f"--epoch one of {[r['epoch'] for r in with_states]}" if with_states else
+                               "no --epoch: no epoch of this run has buffer states (it trained without a "
+                               "partition buffer)")
+    return chosen
 
 
 def _check(record, keys: tuple[str, ...], path: Path, line: int) -> None:

@@ -79,7 +79,7 @@ from tqdm import tqdm
 
 from marius_py.dataset import (METADATA_FILE, NODES_FILE, RELATIONS_FILE, DatasetMetadata, read_metadata,
                                write_metadata, write_names)
-from marius_py.edge_text import PAIRS_RELATION, _EdgeBlock, _iter_blocks
+from marius_py.edge_text import PAIRS_RELATION, _EdgeBlock, _iter_blocks, pipes_copied, refuse_special_file
 from marius_py.errors import MariusInputError
 from marius_py.resources import available_memory
 from marius_py.storage.durable import replace_directory, restore_replaced, staging_for
@@ -127,7 +127,8 @@ def preprocess(output_dir: str | os.PathLike, train: str | os.PathLike,
     Give ``train``, ``valid`` and ``test``, or ``train`` alone to split it at random
     with ``options.split_fractions``. ``progress`` shows progress bars and notes on
     stderr. An existing dataset in ``output_dir`` is replaced only with ``overwrite``.
-    Bad input raises ``MariusInputError`` and leaves ``output_dir`` untouched.
+    Bad input raises ``MariusInputError`` and leaves ``output_dir`` untouched. An input may be a
+    pipe (a FIFO, or ``<(command)``'s /dev/fd/N): it is read once into the staging directory.
     """
     options = options or PreprocessOptions()
     _validate_options(options)
@@ -137,9 +138,10 @@ def preprocess(output_dir: str | os.PathLike, train: str | os.PathLike,
                                expected="no unseen_policy with a random split (it moves edges whose node or "
                                         "relation no train edge has into train)")
 
-    def build(staging: Path) -> DatasetMetadata:
-        with _gc_paused():
-            return _build_dataset(staging, inputs, options, progress)
+    def build(staging: Path) -> DatasetMetadata:  # (the pipes' copies are removed before it is published)
+        with pipes_copied([item.path for item in inputs], staging) as paths, _gc_paused():
+            readable = [dataclasses.replace(item, path=path) for item, path in zip(inputs, paths)]
+            return _build_dataset(staging, readable, options, progress)
     return _build_staged(Path(output_dir), overwrite, build)
 
 
@@ -280,7 +282,8 @@ def _resolve_inputs(train, valid, test) -> list[_Input]:
         inputs = [_Input(Path(path), code)
                   for path, code in ((train, TRAIN), (valid, VALID), (test, TEST))]
     for item in inputs:
-        if not item.path.is_file():
+        refuse_special_file(item.path, "input", expected="an edge file: a file, a FIFO or <(command)")
+        if not item.path.exists():
             raise MariusInputError("input file not found", path=item.path,
                                    expected="an existing edge file")
     return inputs
