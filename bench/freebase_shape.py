@@ -25,6 +25,7 @@ the new one is in place); anything else there is refused, never removed.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import os
@@ -201,12 +202,13 @@ def generate(args, log=print) -> dict:
         with open(path, "rb+") as handle:
             os.fsync(handle.fileno())
         timings["write_seconds"] = time.perf_counter() - started - timings["count_seconds"]
+        settings = json.dumps({k: v for k, v in vars(args).items() if k not in ("out", "json", "workers")},
+                              sort_keys=True)
         metadata = DatasetMetadata(num_nodes=shape.num_nodes, num_relations=shape.num_relations, num_partitions=p,
                                    num_train=shape.counts["train"], num_valid=shape.counts["valid"],
                                    num_test=shape.counts["test"], seed=args.seed,
-                                   sources={"generator": GENERATOR,
-                                            "settings": json.dumps({k: v for k, v in vars(args).items()
-                                                                    if k not in ("out", "json", "workers")})})
+                                   sources={"generator": GENERATOR, "settings": settings},
+                                   identity={"generated": _content_digest(args)})
         write_metadata(staging, metadata)  # last: marks the directory complete
     seconds = time.perf_counter() - started
     result = {"nodes": shape.num_nodes, "relations": shape.num_relations, **shape.counts, "partitions": p,
@@ -215,6 +217,13 @@ def generate(args, log=print) -> dict:
     log(f"{shape.counts['train']:,} train edges over {shape.num_nodes:,} nodes, p={p}: {seconds:.1f} s "
         f"({timings['count_seconds']:.1f} s counting, {written / 2**30:.1f} GiB of edges written)")
     return result
+
+
+def _content_digest(args) -> str:
+    """The dataset's identity: the generator and the settings that define its edges (the bucketing for
+    ``--partitions`` orders them, so copies for other partition counts are the same dataset)."""
+    settings = {k: v for k, v in vars(args).items() if k not in ("out", "json", "workers", "partitions")}
+    return hashlib.sha256(f"{GENERATOR}{json.dumps(settings, sort_keys=True)}".encode()).hexdigest()
 
 
 def parse_args(argv=None):

@@ -21,7 +21,7 @@ import torch
 import yaml
 
 from marius_py.bundled import BUNDLED_CONFIGS, BUNDLED_DATASETS, bundled_config, resolve_dataset
-from marius_py.checkpoint import CONFIG_FILE, NODES, RunDirectory, check_holders, config_fingerprint, load_version
+from marius_py.checkpoint import CONFIG_FILE, NODES, RunDirectory, RunFingerprint, check_holders, load_version
 from marius_py.config import Config, load_config, run_layout, with_split_applied
 from marius_py.dataset import Dataset
 from marius_py.errors import MariusInputError
@@ -347,7 +347,7 @@ def load_checkpoint(run_dir: str | Path, which: str = "best", device: str | None
     model = Model(config, dataset.num_nodes, dataset.num_relations, target)
     out_of_core = config.storage.num_partitions > 1
     layout = run_layout(config, dataset.num_nodes)
-    _, _, model_state, training_state = load_version(version, config_fingerprint(config, dataset.metadata, layout),
+    _, _, model_state, training_state = load_version(version, RunFingerprint.of(config, dataset.metadata, layout),
                                                      with_nodes=not out_of_core)
     check_holders(training_state, 1, version)
     model.load_state_dict(model_state)

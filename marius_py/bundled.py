@@ -3,7 +3,8 @@
 ``dataset.path`` may name the bundled dataset (``codex-m``), a preprocessed
 dataset directory, or a raw directory holding ``train/valid/test.txt[.gz]``
 (tab-separated head, relation, tail); the latter two are preprocessed once into
-the cache directory (``$MARIUS_PY_CACHE``, default ``~/.cache/marius-py``). A dataset whose train edges
+the cache directory (``$MARIUS_PY_CACHE``, default ``~/.cache/marius-py``), under a key made of the raw files'
+contents (``raw_content_key``), never of their path alone: files edited or replaced are preprocessed anew. A dataset whose train edges
 are bucketed for another partition count than the run's is re-bucketed into the cache once
 (``bucketed_for_run``), so any ``storage.num_partitions`` trains on it.
 """
@@ -19,12 +20,14 @@ from pathlib import Path
 from marius_py.dataset import METADATA_FILE, Dataset
 from marius_py.errors import MariusInputError
 from marius_py.resources import check_partitions_filled
+from marius_py.storage.durable import write_text_atomic
 from marius_py.storage.edge_store import EDGE_FILE
 
 BUNDLED_DATASETS = ("codex-m",)
 BUNDLED_CONFIGS = ("codex-m", "codex-m-best", "codex-s", "fb15k-237")
 BUNDLED_SPACES = ("fb15k-237",)  # search spaces of `marius-py tune --space NAME`
 SPLIT_NAMES = ("train", "valid", "test")
+_HASH_EVERY_TIME = 1 << 30  # bytes of raw files read on every open (~0.6 s); larger ones once per file version
 
 
 def cache_dir() -> Path:
@@ -71,8 +74,45 @@ def _raw_split_files(directory: Path) -> dict[str, Path] | None:
     return found if len(found) == len(SPLIT_NAMES) else None
 
 
-def _preprocess_raw(files: dict[str, Path], output: Path, num_partitions: int, progress: bool) -> Path:
+def raw_content_key(files: dict[str, Path]) -> str:
+    """A digest of the raw split files' contents (and which split each is). Files up to ``_HASH_EVERY_TIME``
+    bytes in all are read on every call; larger ones once per (path, size, modification time, inode), their
+    digest kept in the cache (``raw-digests/``)."""
+    stats = {split: (path.resolve(), path.stat()) for split, path in files.items()}
+    signature = hashlib.sha256("|".join(f"{split}:{path}:{st.st_size}:{st.st_mtime_ns}:{st.st_ino}"
+                                        for split, (path, st) in sorted(stats.items())).encode()).hexdigest()
+    large = sum(st.st_size for _, st in stats.values()) > _HASH_EVERY_TIME
+    memo = cache_dir() / "raw-digests" / signature[:32]
+    if large and memo.is_file():
+        return memo.read_text(encoding="utf-8").strip()
+    key = _contents_digest(files)[:16]
+    if large:
+        try:
+            memo.parent.mkdir(parents=True, exist_ok=True)
+            write_text_atomic(memo, key + "\n")
+        except OSError:
+            pass  # (read again next time)
+    return key
+
+
+def _contents_digest(files: dict[str, Path]) -> str:
+    digest = hashlib.sha256()
+    for split, path in sorted(files.items()):
+        digest.update(f"{split}\0".encode())
+        try:
+            with open(path, "rb") as handle:
+                while block := handle.read(1 << 24):
+                    digest.update(block)
+        except OSError as error:
+            raise MariusInputError(f"cannot read the {split} edges ({error.strerror})", path=path,
+                                   expected="readable train/valid/test files") from None
+    return digest.hexdigest()
+
+
+def _preprocess_raw(files: dict[str, Path], name: str, num_partitions: int, progress: bool) -> Path:
+    """The cached dataset preprocessed from raw split ``files``, keyed on their contents."""
     from marius_py.preprocess import PreprocessOptions, preprocess
+    output = cache_dir() / "datasets" / f"{name}-{raw_content_key(files)}-p{num_partitions}"
     return _build_once(output, f"preprocessing {files['train'].parent} into {output}", progress,
                        lambda: preprocess(output, files["train"], files["valid"], files["test"],
                                           PreprocessOptions(num_partitions=num_partitions), progress=progress))
@@ -119,8 +159,7 @@ def resolve_dataset(path_or_name: str, num_partitions: int = 1, progress: bool =
     """The preprocessed directory for ``dataset.path``, preprocessing it first if needed."""
     if path_or_name in BUNDLED_DATASETS and not Path(path_or_name).exists():
         source = Path(str(resources.files("marius_py.data").joinpath(path_or_name)))
-        output = cache_dir() / "datasets" / f"{path_or_name}-p{num_partitions}"
-        return _preprocess_raw(_raw_split_files(source), output, num_partitions, progress)
+        return _preprocess_raw(_raw_split_files(source), path_or_name, num_partitions, progress)
     directory = Path(path_or_name).expanduser()
     if (directory / METADATA_FILE).exists():
         return directory  # (bucketed_for_run re-buckets it when a run needs other partitions)
@@ -129,6 +168,4 @@ def resolve_dataset(path_or_name: str, num_partitions: int = 1, progress: bool =
         raise MariusInputError("dataset.path: not a dataset", path=directory,
                                expected=f"a preprocessed directory (with {METADATA_FILE}), a directory "
                                         f"with train/valid/test.txt, or one of {', '.join(BUNDLED_DATASETS)}")
-    key = hashlib.sha256(str(directory.resolve()).encode()).hexdigest()[:12]
-    output = cache_dir() / "datasets" / f"{directory.name}-{key}-p{num_partitions}"
-    return _preprocess_raw(files, output, num_partitions, progress)
+    return _preprocess_raw(files, directory.resolve().name or "dataset", num_partitions, progress)

@@ -11,7 +11,7 @@
                                links to the live store's files at the time of the commit
           model.pt             relation parameters and their optimizer state
           state.json           epoch (and buffer states of the next done), best validation MRR,
-                               config fingerprint
+                               config fingerprint (its fields) and the dataset's identity
           position.pt          mid-epoch versions (v000003.s000012: 12 buffer states of epoch 4
                                done) only: the epoch's walk, generator devices and states
           MANIFEST.json        size and checksum of every file above (storage/manifest.py)
@@ -52,6 +52,7 @@ import torch
 from marius_py.config import Config, StorageLayout, dump_config
 from marius_py.dataset import DatasetMetadata
 from marius_py.errors import MariusInputError
+from marius_py.identity import describe_change
 from marius_py.run_log import read_json_lines
 from marius_py.storage import durable
 from marius_py.storage.durable import fsync_directory, fsync_tree
@@ -87,20 +88,82 @@ class TrainingState:
     stopped_early: bool = False
     config_fingerprint: str = ""
     holders: list[int] | None = None  # trainers of a group: partition -> the rank whose store has it
+    fingerprint_fields: dict | None = None  # what config_fingerprint hashes (None: a version from before)
+    dataset_identity: dict | None = None    # the dataset's content (marius_py.identity; None: from before)
 
 
-def config_fingerprint(config: Config, metadata: DatasetMetadata, layout: StorageLayout) -> str:
-    """Hash of what a checkpoint's tensors depend on: the model's shapes, the store's (physical) partitions and
-    dtype (``config.run_layout``) and the dataset's ids."""
-    shape = {"decoder": config.model.decoder, "dim": config.model.dim,
-             "adagrad_variant": config.training.adagrad_variant,
-             "relation_optimizer": config.training.relation_optimizer,
-             "num_partitions": layout.num_partitions,
-             "num_nodes": metadata.num_nodes, "num_relations": metadata.num_relations,
-             "num_train": metadata.num_train, "preprocess_seed": metadata.seed}
-    if layout.dtype != "float32":  # (absent for float32: earlier checkpoints keep their fingerprint)
-        shape["storage_dtype"] = layout.dtype
-    return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:16]
+_DATASET_CHANGE = "the dataset differs"
+# What the fingerprint's fields are called where a user sets them.
+_FIELD_SOURCES = {"decoder": "model.decoder", "dim": "model.dim", "adagrad_variant": "training.adagrad_variant",
+                  "relation_optimizer": "training.relation_optimizer",
+                  "num_partitions": "storage.num_partitions (as stored)", "storage_dtype": "storage.dtype",
+                  "num_nodes": "the dataset's nodes", "num_relations": "the dataset's relations",
+                  "num_train": "the dataset's train edges", "preprocess_seed": "the dataset's preprocessing seed"}
+
+
+@dataclass(frozen=True)
+class RunFingerprint:
+    """What a checkpoint's tensors depend on (``fields``: the model's shapes, the store's physical partitions
+    and dtype, the dataset's counts) and the dataset's content (``dataset``: its identity)."""
+
+    fields: dict
+    dataset: dict
+
+    @classmethod
+    def of(cls, config: Config, metadata: DatasetMetadata, layout: StorageLayout) -> "RunFingerprint":
+        fields = {"decoder": config.model.decoder, "dim": config.model.dim,
+                  "adagrad_variant": config.training.adagrad_variant,
+                  "relation_optimizer": config.training.relation_optimizer,
+                  "num_partitions": layout.num_partitions,
+                  "num_nodes": metadata.num_nodes, "num_relations": metadata.num_relations,
+                  "num_train": metadata.num_train, "preprocess_seed": metadata.seed}
+        if layout.dtype != "float32":  # (absent for float32: earlier checkpoints keep their fingerprint)
+            fields["storage_dtype"] = layout.dtype
+        return cls(fields, dict(metadata.identity))
+
+    @property
+    def digest(self) -> str:
+        """The hash of ``fields`` (``TrainingState.config_fingerprint``; a group's trainers compare it)."""
+        return hashlib.sha256(json.dumps(self.fields, sort_keys=True).encode()).hexdigest()[:16]
+
+    def stamp(self, state: TrainingState) -> TrainingState:
+        """``state`` recording this fingerprint (the next version is written with it)."""
+        state.config_fingerprint = self.digest
+        state.fingerprint_fields, state.dataset_identity = dict(self.fields), dict(self.dataset)
+        return state
+
+    def differences(self, state: TrainingState) -> list[str]:
+        """How ``state``'s version differs from this fingerprint, one phrase each (empty: it matches)."""
+        found = []
+        if state.config_fingerprint != self.digest and not state.fingerprint_fields:
+            found.append("the model's shapes or the dataset's counts (the version predates recording which)")
+        trained = RunFingerprint(state.fingerprint_fields or self.fields, state.dataset_identity or {})
+        return found + trained.changes_to(self, "when trained", "now")
+
+    def changes_to(self, other: "RunFingerprint", this_label: str, other_label: str) -> list[str]:
+        """What differs from this fingerprint to ``other``, as "setting: value THIS_LABEL, value OTHER_LABEL"
+        phrases, and how the dataset changed (where both know its identity)."""
+        def shown(fields: dict, key: str):
+            return fields.get(key, "float32" if key == "storage_dtype" else "absent")
+        found = [f"{_FIELD_SOURCES.get(key, key)}: {shown(self.fields, key)} {this_label}, "
+                 f"{shown(other.fields, key)} {other_label}"
+                 for key in sorted(self.fields.keys() | other.fields.keys())
+                 if shown(self.fields, key) != shown(other.fields, key)]
+        change = describe_change(self.dataset, other.dataset) if self.dataset and other.dataset else None
+        return found + ([f"{_DATASET_CHANGE}: {change}"] if change else [])
+
+    def check(self, state: TrainingState, version: Path) -> None:
+        """Refuse a version written for another model or dataset, naming what differs."""
+        differences = self.differences(state)
+        if not differences:
+            return
+        if all(phrase.startswith("the dataset") for phrase in differences):  # (its counts, or its content)
+            expected = ("the dataset as the run trained on it: preprocess it again as it was (the same files, line "
+                        "order and seed), or train a new run on the changed dataset")
+        else:
+            expected = "the model settings and dataset of the run's config.yaml"
+        raise MariusInputError(f"the checkpoint was written with a different model or dataset: "
+                               f"{'; '.join(differences)}", path=version, expected=expected)
 
 
 class RunDirectory:
@@ -424,19 +487,18 @@ def load_position(directory: Path) -> dict | None:
                                expected="a version committed by `marius-py train`") from None
 
 
-def load_version(directory: Path, fingerprint: str | None = None, with_nodes: bool = True
+def load_version(directory: Path, fingerprint: RunFingerprint | None = None, with_nodes: bool = True
                  ) -> tuple[np.ndarray | None, np.ndarray | None, dict, TrainingState]:
     """Node embeddings, node optimizer state, model state dict and training state of a version.
 
-    With ``fingerprint``, refuse a version written for another model or dataset;
-    without ``with_nodes`` the (possibly larger than memory) node arrays are not read.
+    With ``fingerprint``, refuse a version written for another model or dataset (before anything is read or
+    written); without ``with_nodes`` the (possibly larger than memory) node arrays are not read.
     """
     check_version(directory)
     training_state, _ = read_state(directory)
+    if fingerprint is not None:
+        fingerprint.check(training_state, directory)
     try:
-        if fingerprint is not None and training_state.config_fingerprint != fingerprint:
-            raise MariusInputError("checkpoint was written with a different model or dataset", path=directory,
-                                   expected="the model settings and dataset of the run's config.yaml")
         store = EmbeddingStore(directory / NODES, mode="r")
         nodes, state = store.read_all() if with_nodes else (None, None)
         model_state = torch.load(directory / MODEL_FILE, map_location="cpu", weights_only=True)

@@ -12,7 +12,7 @@ import json
 import math
 import os
 import sys
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from pathlib import Path
 
 from marius_py.config import STORAGE_DTYPES, device_list
@@ -429,7 +429,7 @@ def cmd_verify(args) -> None:
 def cmd_info(args) -> None:
     from dataclasses import asdict
     from marius_py.checkpoint import CHECKPOINTS, CONFIG_FILE, RunDirectory, read_state
-    from marius_py.dataset import read_metadata
+    from marius_py.dataset import Dataset
     path = Path(args.path)
     if (path / CONFIG_FILE).exists() or (path / CHECKPOINTS).is_dir():
         run = RunDirectory(path)
@@ -441,7 +441,8 @@ def cmd_info(args) -> None:
             info["recovered"] = run.recovery_note
         print(json.dumps(info, indent=2))
     else:
-        print(json.dumps(asdict(read_metadata(path)), indent=2))
+        with closing(Dataset(path)) as dataset:  # (checked: its names files and edge file)
+            print(json.dumps(asdict(dataset.metadata), indent=2))
 
 
 def cmd_plot(args) -> None:

@@ -8,6 +8,12 @@ Layout (written by ``marius-py preprocess``, see ``marius_py.preprocess``):
   ``edges.h5``        train/valid/test id triples (``storage.edge_store``)
 The directory is complete only once ``metadata.json`` exists: it is written last,
 atomically, so a crashed or rejected preprocess never looks valid.
+
+The metadata records the dataset's identity (``marius_py.identity``: digests of the names in id order and of
+each split's edges). Opening a dataset checks that both names files still hold the names preprocessing wrote
+(line count and digest), so no name-keyed output can be misaligned; a dataset written before identities were
+recorded gets its identity computed on first open (and recorded in its metadata where the directory is
+writable).
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from marius_py.errors import MariusInputError
+from marius_py.identity import NAME_KEYS, compute_identity, file_digest
 from marius_py.storage.durable import write_text_atomic
 from marius_py.storage.edge_store import EDGE_FILE, EdgeStore
 
@@ -47,6 +54,7 @@ class DatasetMetadata:
     seed: int = 0
     sources: dict = field(default_factory=dict)
     format_version: int = FORMAT_VERSION
+    identity: dict = field(default_factory=dict)  # digests of the content (marius_py.identity); {}: not recorded
 
 
 def write_metadata(directory: Path, metadata: DatasetMetadata) -> None:
@@ -95,7 +103,10 @@ class Dataset:
     def __init__(self, directory: str | os.PathLike):
         self.directory = Path(directory)
         self.metadata = read_metadata(self.directory)
-        self._edges = EdgeStore(self.directory / EDGE_FILE)
+        self._edges = open_edges(self.directory / EDGE_FILE)
+        if not self.metadata.identity:
+            self._record_identity()
+        self._check_names()
         self._split_cache: dict[str, np.ndarray] = {}
         self._node_names: list[str] | None = None
         self._relation_names: list[str] | None = None
@@ -110,6 +121,44 @@ class Dataset:
     @property
     def num_nodes(self) -> int:
         return self.metadata.num_nodes
+
+    @property
+    def identity(self) -> dict[str, str]:
+        """Digests of the dataset's content (``marius_py.identity``)."""
+        return self.metadata.identity
+
+    def _record_identity(self) -> None:
+        """A dataset from before identities: compute its identity once, and keep it in its metadata where the
+        directory may be written (a read-only copy computes it on every open)."""
+        self.metadata.identity = _damaged_edges_as_user_error(
+            self.directory / EDGE_FILE, lambda: compute_identity(self.directory, self._edges))
+        try:
+            write_metadata(self.directory, self.metadata)
+        except OSError:
+            pass
+
+    def _check_names(self) -> None:
+        """Each names file holds as many lines as the metadata counts, with the digest preprocessing recorded:
+        names edited after preprocessing would misalign every name-keyed output."""
+        counts = {"nodes": self.metadata.num_nodes, "relations": self.metadata.num_relations}
+        for key, file_name in NAME_KEYS.items():
+            path = self.directory / file_name
+            try:
+                lines, digest = file_digest(path)
+            except OSError as error:
+                raise MariusInputError(f"cannot read the dataset's {key[:-1]} names ({error.strerror})", path=path,
+                                       expected=f"the {file_name} `marius-py preprocess` wrote") from None
+            recorded = self.metadata.identity.get(key)
+            if lines != counts[key]:
+                problem = f"{lines:,} names for the dataset's {counts[key]:,} {key}"
+            elif recorded is not None and digest != recorded:
+                problem = f"the {key[:-1]} names differ from those preprocessing wrote (edited, reordered or replaced)"
+            else:
+                continue
+            raise MariusInputError(f"{problem}: line i must name {key[:-1]} id i", path=path,
+                                   expected=f"the {file_name} `marius-py preprocess` wrote: put it back, or "
+                                            "preprocess the dataset again (runs trained on it then need training "
+                                            "again)")
 
     @property
     def num_relations(self) -> int:
@@ -176,6 +225,22 @@ class Dataset:
 
     def close(self) -> None:
         self._edges.close()
+
+
+def open_edges(path: Path) -> EdgeStore:
+    """A dataset's edge file, open; a missing, truncated or damaged one is one error naming it."""
+    return _damaged_edges_as_user_error(path, lambda: EdgeStore(path))
+
+
+def _damaged_edges_as_user_error(path: Path, read):
+    """``read()``, with the errors of a missing, truncated or damaged ``edges.h5`` as one user error."""
+    try:
+        return read()
+    except (OSError, KeyError, ValueError, RuntimeError) as error:
+        problem = "missing" if not path.exists() else "damaged or truncated"
+        raise MariusInputError(f"the dataset's edge file is {problem} ({type(error).__name__}: {error})", path=path,
+                               expected="the edges.h5 `marius-py preprocess` wrote: preprocess the dataset "
+                                        "again") from None
 
 
 def _lookup(index: dict[str, int], name: str, kind: str, path: Path) -> int:

@@ -77,10 +77,11 @@ import h5py
 import numpy as np
 from tqdm import tqdm
 
-from marius_py.dataset import (METADATA_FILE, NODES_FILE, RELATIONS_FILE, DatasetMetadata, read_metadata,
+from marius_py.dataset import (METADATA_FILE, NODES_FILE, RELATIONS_FILE, Dataset, DatasetMetadata,
                                write_metadata, write_names)
 from marius_py.edge_text import PAIRS_RELATION, _EdgeBlock, _iter_blocks, pipes_copied, refuse_special_file
 from marius_py.errors import MariusInputError
+from marius_py.identity import compute_identity
 from marius_py.resources import available_memory
 from marius_py.storage.durable import replace_directory, restore_replaced, staging_for
 from marius_py.storage.edge_store import EDGE_FILE, SPLITS, EdgeStore, EdgeStoreWriter
@@ -154,7 +155,8 @@ def rebucket(source: str | os.PathLike, output_dir: str | os.PathLike, num_parti
     the train edges and their bucket offsets change. ``output_dir`` must be new or empty.
     """
     source = Path(source)
-    metadata = read_metadata(source)
+    with closing(Dataset(source)) as dataset:  # (its identity, computed once for a dataset from before them)
+        metadata = dataset.metadata
     _check_partition_count(metadata.num_nodes, num_partitions)
     options = PreprocessOptions(num_partitions=num_partitions)
 
@@ -622,6 +624,8 @@ def _build_dataset(staging: Path, inputs: list[_Input], options: PreprocessOptio
         unseen_policy="move" if random_split else options.unseen_policy, num_dropped_valid=dropped[VALID],
         num_dropped_test=dropped[TEST], num_moved_valid=moved[VALID], num_moved_test=moved[TEST],
         seed=options.seed, sources=_sources(inputs))
+    with EdgeStore(staging / EDGE_FILE) as edges:
+        metadata.identity = compute_identity(staging, edges)
     write_metadata(staging, metadata)  # last: marks the directory complete
     return metadata
 

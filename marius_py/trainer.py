@@ -37,8 +37,8 @@ import torch
 from tqdm import tqdm
 
 from marius_py.bundled import bucketed_for_run
-from marius_py.checkpoint import (LIVE_STORE, NODES, RunDirectory, TrainingState, check_holders,
-                                  config_fingerprint, load_position, load_version, write_version_state)
+from marius_py.checkpoint import (LIVE_STORE, NODES, RunDirectory, RunFingerprint, TrainingState, check_holders,
+                                  load_position, load_version, write_version_state)
 from marius_py.config import Config, dedup_setting, epoch_ordering, with_split_applied
 from marius_py.dataset import Dataset
 from marius_py.devices import resolve_devices
@@ -147,8 +147,8 @@ class Trainer:
         self.replicas = [self.model] + [Model(config, dataset.num_nodes, dataset.num_relations, device)
                                         for device in self.devices[1:]]
         self._startup_mark("model")
-        self.fingerprint = config_fingerprint(config, dataset.metadata, self.layout)
-        self.state = TrainingState(config_fingerprint=self.fingerprint)
+        self.fingerprint = RunFingerprint.of(config, dataset.metadata, self.layout)
+        self.state = self.fingerprint.stamp(TrainingState())
         self.spans = (spans or (BufferWalk if self.partitioned else WholeTables))(self)
         if self.partitioned:  # before anything is written (a re-bucketed copy of the dataset included)
             check_memory(self.spans.buffer_bytes(), "storage.buffer_capacity")  # (a GPU buffer stages through as many)
@@ -257,13 +257,14 @@ class Trainer:
         copy of the store on disk."""
         self.run.create(with_split_applied(self.config, self.layout))
         self._create_store()
-        self.state, self._position = TrainingState(config_fingerprint=self.fingerprint), None
+        self.state, self._position = self.fingerprint.stamp(TrainingState()), None
         self._open_live(self.model.state_dict(), new=True)
 
     def restore(self, version: Path) -> None:
         """Make ``version`` the live state: store files, model parameters, position."""
         self._check_stored_dtype(version)
-        _, _, model_state, self.state = load_version(version, self.fingerprint, with_nodes=False)
+        _, _, model_state, state = load_version(version, self.fingerprint, with_nodes=False)
+        self.state = self.fingerprint.stamp(state)  # (a version from before identities: later ones record it)
         check_holders(self.state, self.group.world_size, version)
         self._position = load_position(version)
         self._link_live_store(version)

@@ -659,12 +659,19 @@ def test_partitions_hand_over_between_processes_and_gather_to_the_leader(tmp_pat
 def test_trainers_that_opened_another_dataset_are_refused_by_rank(tmp_path):
     """Each machine prepares its own copy of the dataset: trainers whose graph or model differs from rank 0's
     (their fingerprints) are named, with the dataset."""
+    from marius_py.checkpoint import RunFingerprint
     from marius_py.distributed.granted_spans import refuse_other_datasets
     from marius_py.errors import MariusInputError
-    refuse_other_datasets(["a", "a", "a"], tmp_path)
+    ours = RunFingerprint({"dim": 8, "num_nodes": 135}, {"nodes": "a", "node_set": "s", "relations": "r"})
+    renumbered = RunFingerprint(ours.fields, {**ours.dataset, "nodes": "b"})
+    wider = RunFingerprint({**ours.fields, "dim": 16}, ours.dataset)
+    refuse_other_datasets([ours, ours, ours], tmp_path)
     with pytest.raises(MariusInputError, match=r"trainers \[1, 3\] opened another dataset") as caught:
-        refuse_other_datasets(["a", "b", "a", "c"], tmp_path)
+        refuse_other_datasets([ours, renumbered, ours, wider], tmp_path)
     assert caught.value.path == str(tmp_path)
+    assert "rank 1: the dataset differs: its nodes are numbered differently" in str(caught.value)
+    with pytest.raises(MariusInputError, match=r"rank 3: model.dim: 8 on rank 0, 16 on rank 3"):
+        refuse_other_datasets([ours, ours, ours, wider], tmp_path)
 
 
 @pytest.mark.parametrize("trainers, partitions, held, warned", [(1, 2, 2, False), (2, 4, 2, True), (2, 8, 2, False),

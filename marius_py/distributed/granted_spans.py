@@ -26,6 +26,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
 
+from marius_py.checkpoint import RunFingerprint
 from marius_py.config import Config
 from marius_py.distributed.group import LEADER, Group
 from marius_py.distributed.hand_over import (Holdings, PartitionSender, PartitionTransfer, gather_to_leader,
@@ -71,14 +72,18 @@ def too_few_partitions(num_partitions: int, num_trainers: int) -> str | None:
             f"another's partitions; {BUSY_PARTITIONS * num_trainers} or more keep them busy")
 
 
-def refuse_other_datasets(fingerprints: list[str], directory: Path) -> None:
+def refuse_other_datasets(fingerprints: list[RunFingerprint], directory: Path) -> None:
     """Every trainer opened the same graph and model (``fingerprints``, by rank: each machine prepares its own
-    copy of the dataset)."""
-    differing = [rank for rank, fingerprint in enumerate(fingerprints) if fingerprint != fingerprints[LEADER]]
+    copy of the dataset), compared by the model's shapes and the dataset's content."""
+    leader = fingerprints[LEADER]
+    differing = {rank: leader.changes_to(fingerprint, "on rank 0", f"on rank {rank}")
+                 for rank, fingerprint in enumerate(fingerprints) if fingerprint != leader}
     if differing:
-        raise MariusInputError(f"trainers {differing} opened another dataset or model than rank 0 (nodes, "
-                               "relations, train edges, preprocessing seed or model shape differ)", path=directory,
-                               expected="the same dataset (preprocessed alike) and config on every machine")
+        rank, differences = next(iter(differing.items()))
+        raise MariusInputError(f"trainers {sorted(differing)} opened another dataset or model than rank 0 (rank "
+                               f"{rank}: {'; '.join(differences)})", path=directory,
+                               expected="the same dataset (preprocessed alike, from the same files) and config on "
+                                        "every machine")
 
 
 class GrantedSpans:
