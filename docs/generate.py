@@ -51,15 +51,16 @@ def cli_reference() -> str:
 def results_page() -> str:
     """The benchmark suite's newest figures: the shipped configs' quality (bench/quality.py), one GPU end to
     end against the step (bench/e2e.py), several GPUs (bench/scaling.py), a disk epoch against its IO and
-    compute bounds (bench/larger_than_memory.py), a commit against the disk (bench/commit_digest.py) and
-    the network several machines need (bench/distributed.py), each with the file it comes from."""
+    compute bounds (bench/larger_than_memory.py), a commit against the disk (bench/commit_digest.py), what
+    knowing a dataset by its content costs (bench/dataset_identity.py) and the network several machines need
+    (bench/distributed.py), each with the file it comes from."""
     lines = ["# Results", "",
              "Figures measured by the benchmark suite (`bench/README.md` lists it), read from the JSON the "
              "benches wrote under `bench/results/`: the newest measurement of each setting, with its file and "
              "the command that remeasures it. The [design notes](design.md) say what they decided. (Generated "
              "by `docs/generate.py`.)", ""]
     for section in (_quality_table, _search_table, _e2e_table, _scaling_table, _disk_table, _plan_disk_table,
-                    _plan_accuracy_table, _plans_table, _commit_table, _network_table):
+                    _plan_accuracy_table, _plans_table, _commit_table, _identity_table, _network_table):
         try:
             lines += section()
         except (KeyError, TypeError, ValueError, AttributeError, IndexError) as error:
@@ -414,6 +415,25 @@ def _commit_table() -> list[str]:
         ["write with digests", "bare write", "read back with block digests", "file"],
         [[f"{data['write_seconds']:.2f} s", f"{data['write_unhashed_seconds']:.2f} s",
           f"{data.get('crc32_blocks_seconds', data.get('blocks_seconds', 0)):.2f} s", f"`{_relative(path)}`"]])
+
+
+def _identity_table() -> list[str]:
+    newest = _newest(lambda data: "added_seconds" in data and isinstance(data.get("seconds"), dict))
+    if newest is None:
+        return []
+    path, data = newest
+    seconds = data["seconds"]
+    return _table(
+        "Knowing a dataset by its content",
+        f"`{data['command']}` ({data['cpus']} cores, {data['date']}, median of {data['repeats']}): opening "
+        f"{data['dataset']} ({data['num_nodes']:,} nodes) with its identity checks (the raw files' content key, the "
+        "names files against their digests) against opening the same files without them; the identity is "
+        "computed once, at preprocessing. Nothing is checked per epoch.",
+        ["without checks", "through the raw directory", "preprocessed directory", "added", "identity, once",
+         "file"],
+        [[f"{seconds['open without checks']:.3f} s", f"{seconds['open, raw directory']:.3f} s",
+          f"{seconds['open, preprocessed']:.3f} s", f"{data['added_seconds']:.3f} s",
+          f"{seconds['identity, once']:.3f} s", f"`{_relative(path)}`"]])
 
 
 def _network_table() -> list[str]:
