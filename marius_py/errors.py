@@ -28,3 +28,8 @@ class MariusInputError(Exception):
         if self.expected:
             text += f" (expected {self.expected})"
         return text
+
+
+class DiskFullError(MariusInputError):
+    """No space left on the device (or in the quota) for an output, raised once what was half-written is
+    removed; the message names the directory and the space needed (``storage.durable.disk_full_error``)."""

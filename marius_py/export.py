@@ -30,8 +30,9 @@ import numpy as np
 from marius_py.dataset import write_names
 from marius_py.errors import MariusInputError
 from marius_py.run_lock import DirectoryLock
-from marius_py.storage.durable import (fsync_directory, fsync_tree, owned_name, remove_abandoned,
-                                       staging_for)
+from marius_py.storage.durable import (disk_full_error, fsync_directory, fsync_tree, is_disk_full, owned_name,
+                                       remove_abandoned, require_space, staging_for)
+from marius_py.storage.edge_store import new_hdf5
 
 FORMATS = ("npy", "tsv", "h5")
 MARKER = "export.json"  # marks a directory this module wrote, the only kind --overwrite replaces
@@ -42,6 +43,10 @@ EXPORT_FILES = frozenset(name for names in FORMAT_FILES.values() for name in nam
 STAGING_PREFIX = ".export-staging-"  # an export into an existing directory is staged in it: PREFIX + HOST-PID
 LOCK_FILE = ".export-lock"  # flock'ed by the export into an existing directory, removed when it ends
 _TSV_ROWS = 4096
+_BLOCK = 4096  # a file system block: a file takes whole ones
+_NPY_HEADER = 128  # numpy's header of a 2-D array (padded to 64-byte alignment)
+_H5_NAME_BYTES = 40  # per name in HDF5: its variable-length reference and heap object header
+_H5_OVERHEAD = 8 << 10  # superblock, object headers, B-trees, heap collections
 
 
 def _export_lock(output: Path) -> DirectoryLock:
@@ -96,6 +101,9 @@ def _export(given: Path, output: Path, replaced: list[str] | None, fmt: str, nod
     else:
         remove_abandoned(output, [STAGING_PREFIX])  # (those of dead processes only)
         tmp = output / owned_name(STAGING_PREFIX)
+    what, needed = f"writing the export {given}", _export_bytes(fmt, node_names, dim, relation_names, relations)
+    if needed is not None:
+        require_space(what, tmp.parent, needed)  # (before HDF5 or numpy meet a full disk)
     try:
         if replaced is not None:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -116,16 +124,15 @@ def _export(given: Path, output: Path, replaced: list[str] | None, fmt: str, nod
                                        "created it); it is left as it is", path=given,
                                        expected="one export into a directory at a time") from None
             fsync_directory(output.parent)
-    except OSError as error:
+    except BaseException as error:
         shutil.rmtree(tmp, ignore_errors=True)
-        if error.errno in (errno.ENOSPC, errno.EDQUOT) or error.filename is None:
+        if is_disk_full(error):  # (HDF5's own errors too, which are no OSError)
+            raise disk_full_error(what, tmp.parent, needed) from None
+        if not isinstance(error, OSError) or error.filename is None:
             raise
         raise MariusInputError(f"cannot write the export: {error.strerror}", path=error.filename,
                                expected="an output path that stays writable (and that nothing else creates "
                                         "meanwhile)") from None
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     if replaced is None:
         return
     try:
@@ -206,20 +213,15 @@ def _write(tmp: Path, fmt: str, node_names: list[str], node_blocks, dim: int, re
     """The export's files, written into the staging directory ``tmp``; the marker last."""
     num_nodes = len(node_names)
     if fmt == "npy":
-        array = np.lib.format.open_memmap(tmp / "node_embeddings.npy", mode="w+", dtype=np.float32,
-                                          shape=(num_nodes, dim))
-        for start, block in node_blocks:
-            array[start:start + len(block)] = block
-        array.flush()
-        del array
-        np.save(tmp / "relation_embeddings.npy", relations)
+        _write_npy(tmp / "node_embeddings.npy", np.dtype(np.float32), (num_nodes, dim), node_blocks)
+        _write_npy(tmp / "relation_embeddings.npy", relations.dtype, relations.shape, [(0, relations)])
         write_names(tmp / "node_names.txt", node_names)
         write_names(tmp / "relation_names.txt", relation_names)
     elif fmt == "tsv":
         _write_tsv(tmp / "node_embeddings.tsv", node_names, node_blocks)
         _write_tsv(tmp / "relation_embeddings.tsv", relation_names, [(0, relations)])
     else:
-        with h5py.File(tmp / "embeddings.h5", "w") as handle:
+        with new_hdf5(tmp / "embeddings.h5") as handle:
             data = handle.create_dataset("node_embeddings", shape=(num_nodes, dim), dtype="float32")
             for start, block in node_blocks:
                 data[start:start + len(block)] = block
@@ -231,6 +233,45 @@ def _write(tmp: Path, fmt: str, node_names: list[str], node_blocks, dim: int, re
     written = sorted(os.listdir(tmp))
     assert set(written) <= set(FORMAT_FILES[fmt]), written  # check_output recognises exactly these
     (tmp / MARKER).write_text(json.dumps({"format": fmt, "num_nodes": num_nodes, "files": written}) + "\n")
+
+
+def _write_npy(path: Path, dtype: np.dtype, shape: tuple[int, ...], blocks) -> None:
+    """An ``.npy`` file written with plain writes, the rows of ``blocks`` ((first row, rows), in row order)
+    one after another: a full disk fails a write with ENOSPC. (A memory map of the file, sparse until
+    written, dies of SIGBUS instead; ``np.save`` reports a short write without its errno.)"""
+    with open(path, "wb") as handle:
+        np.lib.format.write_array_header_1_0(handle, {"descr": np.lib.format.dtype_to_descr(dtype),
+                                                      "fortran_order": False, "shape": tuple(shape)})
+        row = 0
+        for start, block in blocks:
+            if start != row:
+                raise ValueError(f"{path.name}: a block starts at row {start}, expected {row}")
+            handle.write(np.ascontiguousarray(block, dtype=dtype).data)
+            row += len(block)
+    if row != shape[0]:
+        raise ValueError(f"{path.name}: blocks gave {row} of {shape[0]} rows")
+
+
+def _export_bytes(fmt: str, node_names: list[str], dim: int, relation_names: list[str],
+                  relations: np.ndarray) -> int | None:
+    """About the space the export's files take (whole blocks each, the marker's too); None for tsv, whose
+    length is known only once its text is written."""
+    nodes = len(node_names) * dim * 4
+    if fmt == "npy":
+        sizes = [_NPY_HEADER + nodes, _NPY_HEADER + relations.nbytes, _text_bytes(node_names),
+                 _text_bytes(relation_names)]
+    elif fmt == "h5":
+        names = _text_bytes(node_names) + _text_bytes(relation_names)
+        sizes = [nodes + relations.nbytes + names + _H5_NAME_BYTES * (len(node_names) + len(relation_names))
+                 + _H5_OVERHEAD]
+    else:
+        return None
+    return sum(-(-size // _BLOCK) * _BLOCK for size in sizes + [_BLOCK])
+
+
+def _text_bytes(names: list[str]) -> int:
+    """The bytes of ``names`` one a line in UTF-8."""
+    return sum(len(name.encode()) + 1 for name in names)
 
 
 def relation_rows(relation_table: np.ndarray, relation_names: list[str]) -> tuple[list[str], np.ndarray]:

@@ -61,7 +61,6 @@ end of a file; a wrong field count on line 1 suggests ``--skip-header 1``.
 from __future__ import annotations
 
 import dataclasses
-import errno
 import gc
 import os
 import shutil
@@ -83,8 +82,9 @@ from marius_py.edge_text import PAIRS_RELATION, _EdgeBlock, _iter_blocks, pipes_
 from marius_py.errors import MariusInputError
 from marius_py.identity import compute_identity
 from marius_py.resources import available_memory
-from marius_py.storage.durable import replace_directory, restore_replaced, staging_for
-from marius_py.storage.edge_store import EDGE_FILE, SPLITS, EdgeStore, EdgeStoreWriter
+from marius_py.storage.durable import (disk_full_error, is_disk_full, replace_directory, restore_replaced,
+                                       staging_for)
+from marius_py.storage.edge_store import EDGE_FILE, SPLITS, EdgeStore, EdgeStoreWriter, close_hdf5, create_hdf5
 from marius_py.storage.partitioning import bucket_of, most_partitions_filled, partitions_filled
 
 __all__ = ["PAIRS_RELATION", "UNSEEN_POLICIES", "PreprocessOptions", "preprocess", "rebucket"]
@@ -189,8 +189,8 @@ def _build_staged(output_dir: Path, overwrite: bool, build) -> DatasetMetadata:
         staging = staging_for(output_dir, METADATA_FILE)  # (abandoned ones of killed runs removed)
         staging.mkdir()
     except OSError as error:
-        if error.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise
+        if is_disk_full(error):
+            raise disk_full_error(f"writing the dataset {output_dir}", output_dir.parent) from None
         blocker = next((p for p in output_dir.parents if p.exists() and not p.is_dir()), None)
         reason = f"{blocker} is a file, not a directory" if blocker else error.strerror or str(error)
         raise MariusInputError(f"cannot create the output directory ({reason})", path=output_dir,
@@ -199,8 +199,10 @@ def _build_staged(output_dir: Path, overwrite: bool, build) -> DatasetMetadata:
     try:
         metadata = build(staging)
         _publish(staging, output_dir, overwrite)
-    except BaseException:
+    except BaseException as error:
         shutil.rmtree(staging, ignore_errors=True)
+        if is_disk_full(error):  # (HDF5's own errors too, which are no OSError)
+            raise disk_full_error(f"writing the dataset {output_dir}", output_dir.parent) from None
         raise
     return metadata
 
@@ -424,7 +426,8 @@ class _BucketRuns:
     """Train edges spilled as bucket-sorted runs (one per chunk) to a scratch file."""
 
     def __init__(self, path: Path, num_nodes: int, num_partitions: int):
-        self._file = h5py.File(path, "w")
+        self._path = path
+        self._file = create_hdf5(path)  # (a full disk: an error where it happens, not a crash)
         self._edges = self._file.create_dataset("edges", shape=(0, 3), maxshape=(None, 3),
                                                 dtype="int64", chunks=(1 << 14, 3))
         self._num_nodes = num_nodes
@@ -441,6 +444,9 @@ class _BucketRuns:
 
     def copy_to(self, writer: EdgeStoreWriter, max_rows: int, progress: bool) -> np.ndarray:
         """Append all runs to ``writer`` bucket by bucket; return the bucket offsets."""
+        close_hdf5(self._file, self._path)  # written: read back through HDF5's chunk cache
+        self._file = h5py.File(self._path, "r")
+        edges = self._file["edges"]
         counts = np.array(self._run_counts, dtype=np.int64).reshape(-1, self._num_partitions ** 2)
         run_starts = np.cumsum(counts.sum(axis=1)) - counts.sum(axis=1)
         starts = run_starts[:, None] + np.cumsum(counts, axis=1) - counts  # [run, bucket]
@@ -450,7 +456,7 @@ class _BucketRuns:
                            disable=None if progress else True):
             for run in np.flatnonzero(counts[:, bucket]):
                 start = starts[run, bucket]
-                pending.append(self._edges[start:start + counts[run, bucket]])
+                pending.append(edges[start:start + counts[run, bucket]])
                 num_pending += int(counts[run, bucket])
                 if num_pending >= max_rows:
                     writer.append("train", np.concatenate(pending))
@@ -462,7 +468,7 @@ class _BucketRuns:
         return offsets
 
     def close(self) -> None:
-        self._file.close()
+        close_hdf5(self._file, self._path)
 
 
 class _EdgeWriter:
@@ -513,8 +519,10 @@ class _EdgeWriter:
             (self._staging / RUNS_FILE).unlink(missing_ok=True)
 
     def close(self) -> None:
-        self._close_runs()
-        self._store.close()
+        try:
+            self._close_runs()
+        finally:  # (a full disk fails both: neither file is left open)
+            self._store.close()
 
 
 def _map_ids(block: _EdgeBlock, nodes: dict[str, int], relations: dict[str, int]) -> np.ndarray:

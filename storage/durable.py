@@ -11,7 +11,9 @@ puts a complete ``old`` one back when the output itself is missing (``remove_aba
 
 from __future__ import annotations
 
+import errno
 import os
+import re
 import shutil
 import socket
 import time
@@ -19,7 +21,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from marius_py.errors import MariusInputError
+from marius_py.errors import DiskFullError, MariusInputError
+from marius_py.orderings.simulator import format_bytes
 
 
 def fsync_directory(path: str | os.PathLike) -> None:
@@ -44,12 +47,61 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> None:
     """Write ``text`` to a temporary sibling, fsync it, rename it over ``path``, fsync the directory."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:  # (a full disk): no half-written sibling left
+        tmp.unlink(missing_ok=True)
+        raise
     fsync_directory(path.parent)
+
+
+DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+_HDF5_ERRNO = re.compile(r"\berrno = (\d+)")  # how HDF5 quotes a failed system call in h5py's error texts
+
+
+def is_disk_full(error: BaseException | None) -> bool:
+    """Whether ``error`` (or one it was raised while handling) is a full disk or quota: an ``OSError``'s errno,
+    or the errno HDF5 quotes in the text of the error h5py raises for a failed flush or close (RuntimeError)."""
+    while error is not None:
+        if isinstance(error, OSError) and error.errno in DISK_FULL_ERRNOS:
+            return True
+        if any(int(number) in DISK_FULL_ERRNOS for number in _HDF5_ERRNO.findall(str(error))):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
+def free_bytes(directory: str | os.PathLike) -> int:
+    """Bytes this user may still write on the file system of ``directory`` (or of its nearest existing parent:
+    a full disk can stop a folder being made)."""
+    directory = Path(directory).absolute()
+    while not directory.exists() and directory != directory.parent:
+        directory = directory.parent
+    stat = os.statvfs(directory)
+    return stat.f_bavail * stat.f_frsize
+
+
+def disk_full_error(what: str, directory: Path, needed: int | None = None) -> DiskFullError:
+    """The error for ``what`` (an output, already removed) not fitting in ``directory``: "needs about
+    ``needed``" where it is known and more than is free, else "needs more than the free space" (it was
+    measured by failing)."""
+    free = free_bytes(directory)
+    if needed is not None and needed > free:
+        amount = f"about {format_bytes(needed)} in {directory}, {format_bytes(free)} is free"
+    else:
+        amount = f"more than the {format_bytes(free)} free in {directory}"
+    return DiskFullError(f"no space left on the device: {what} needs {amount}; nothing half-written was "
+                         "left (free space or write elsewhere, then run again)")
+
+
+def require_space(what: str, directory: Path, needed: int) -> None:
+    """Refuse (``DiskFullError``) to start writing ``needed`` bytes into ``directory`` where they do not fit."""
+    if needed > free_bytes(directory):
+        raise disk_full_error(what, directory, needed)
 
 
 STAGING_KINDS = ("tmp", "old")  # hidden siblings of an output: .NAME.tmp-HOST-PID (built), .NAME.old-HOST-PID

@@ -11,7 +11,9 @@ Plain graphs (no relation column) store relation 0 everywhere.
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager, suppress
 from pathlib import Path
+from typing import Iterator
 
 import h5py
 import numpy as np
@@ -19,6 +21,43 @@ import numpy as np
 EDGE_FILE = "edges.h5"
 SPLITS = ("train", "valid", "test")
 _CHUNK_ROWS = 1 << 16
+
+
+def create_hdf5(path: str | os.PathLike) -> h5py.File:
+    """A new HDF5 file whose data writes reach the disk in the call that makes them: no chunk cache, no sieve
+    buffer. With them, HDF5 writes data late, when a dataset is closed; h5py closes datasets in
+    ``__dealloc__``, which drops the error of a full disk and leaves the library half-closed, so the next
+    flush dies of a segmentation fault. (Metadata still waits for the close, whose failure h5py raises.)"""
+    access = h5py.h5p.create(h5py.h5p.FILE_ACCESS)
+    access.set_libver_bounds(h5py.h5f.LIBVER_EARLIEST, h5py.h5f.LIBVER_LATEST)  # (h5py.File's default)
+    metadata_slots, chunk_slots, _, _ = access.get_cache()
+    access.set_cache(metadata_slots, chunk_slots, 0, 0.0)
+    access.set_sieve_buf_size(0)
+    return h5py.File(h5py.h5f.create(os.fsencode(path), h5py.h5f.ACC_TRUNC, fapl=access))
+
+
+def close_hdf5(file: h5py.File, path: str | os.PathLike) -> None:
+    """Close ``file`` (from ``create_hdf5``). A failed close (its metadata writes on a full disk) leaves HDF5
+    holding the file: it is emptied, so that the writes find room, closed again and removed; the error raised."""
+    try:
+        file.close()
+    except BaseException:
+        with suppress(OSError):
+            os.truncate(path, 0)
+        with suppress(Exception):
+            file.close()
+        Path(path).unlink(missing_ok=True)
+        raise
+
+
+@contextmanager
+def new_hdf5(path: str | os.PathLike) -> Iterator[h5py.File]:
+    """``create_hdf5`` for a ``with`` block, closed by ``close_hdf5`` at its end."""
+    file = create_hdf5(path)
+    try:
+        yield file
+    finally:
+        close_hdf5(file, path)
 
 
 class EdgeStore:
@@ -123,7 +162,7 @@ class EdgeStoreWriter:
 
     def __init__(self, path: str | os.PathLike, num_partitions: int):
         self.path = Path(path)
-        self._file = h5py.File(self.path, "w")
+        self._file = create_hdf5(self.path)  # (a full disk: an error where it happens, not a crash)
         for name in SPLITS:
             self._file.create_dataset(name, shape=(0, 3), maxshape=(None, 3), dtype="int64",
                                       chunks=(_CHUNK_ROWS, 3))
@@ -144,7 +183,6 @@ class EdgeStoreWriter:
         self._file.create_dataset("train_bucket_offsets", data=offsets)
 
     def close(self) -> None:
-        self._file.flush()
-        self._file.close()
+        close_hdf5(self._file, self.path)
         with open(self.path, "rb") as handle:
             os.fsync(handle.fileno())
