@@ -11,7 +11,9 @@
 
 from __future__ import annotations
 
+import numbers
 import os
+import reprlib
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -36,8 +38,17 @@ from marius_py.trainer import Trainer
 from marius_py.storage.embedding_store import EmbeddingStore
 
 
+PATH = (str, os.PathLike)  # what path arguments take
+FLAG = (bool, np.bool_)    # what switches take (a string such as "false" would be true)
+CONFIG_EXPECTED = "a Config: mp.make_config(...), or mp.api.load_run_config(RUN_DIR) to resume"
+
+
 def load_dataset(path_or_name: str = "codex-m", progress: bool = False) -> Dataset:
     """Open a preprocessed dataset (preprocessing a raw or bundled one into the cache first)."""
+    _check_type(path_or_name, PATH, "load_dataset: path_or_name",
+                "a dataset's path or a bundled dataset's name, a str or pathlib.Path (graphs held in memory, "
+                "such as NumPy arrays, are not taken yet)")
+    _check_type(progress, FLAG, "load_dataset: progress", "True or False")
     return Dataset(resolve_dataset(path_or_name, progress=progress))
 
 
@@ -72,7 +83,32 @@ def _override_list(overrides) -> list[str]:
     return items
 
 
+def _check_type(value, kinds: type | tuple, argument: str, expected: str) -> None:
+    """Refuse an argument that is not one of ``kinds``, naming it (a wrong type would fail deep inside, with a
+    bare TypeError, or be taken for something else)."""
+    if not isinstance(value, kinds):
+        raise MariusInputError(f"{argument} is a {type(value).__name__}: {reprlib.repr(value)}", expected=expected)
+
+
+def _check_run_dir(run_dir, argument: str) -> None:
+    _check_type(run_dir, PATH, argument, "a run directory's path, a str or pathlib.Path")
+
+
+def _tracker_list(trackers) -> list:
+    """``train``'s trackers as a list; each needs ``log(record)`` and ``close()``."""
+    expected = "a list of trackers, objects with log(record) and close() methods"
+    if isinstance(trackers, (str, bytes, dict)) or not isinstance(trackers, Iterable):
+        raise MariusInputError(f"train: trackers is a {type(trackers).__name__}", expected=expected)
+    items = list(trackers)
+    for index, item in enumerate(items):
+        if not (callable(getattr(item, "log", None)) and callable(getattr(item, "close", None))):
+            raise MariusInputError(f"train: trackers[{index}], a {type(item).__name__}, lacks log() or close()",
+                                   expected=expected)
+    return items
+
+
 def default_run_dir(config: Config) -> Path:
+    _check_type(config, Config, "default_run_dir: config", CONFIG_EXPECTED)
     name = Path(config.dataset.path).name or "run"
     return Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
 
@@ -97,6 +133,8 @@ class TrainedModel:
 
     def known_answers(self, inverse: bool) -> KnownAnswers:
         """Known (train + valid + test) answers of tail queries, or of head queries when ``inverse``."""
+        _check_type(inverse, FLAG, "known_answers: inverse", "True or False")
+        inverse = bool(inverse)
         if inverse not in self._known:
             self._known[inverse] = KnownAnswers(self.dataset.all_known_edges(), self.dataset.num_relations,
                                                 inverse)
@@ -108,6 +146,7 @@ class TrainedModel:
 
     def embedding(self, name: str) -> np.ndarray:
         """Embedding vector of a node given its original name."""
+        _check_type(name, str, "embedding: name", "a node name, a str")
         return self.table.gather(torch.tensor([self.dataset.node_id(name)]))[0].cpu().numpy()
 
     def embeddings(self) -> np.ndarray:
@@ -137,6 +176,9 @@ class TrainedModel:
             if size != 3 and not (size == 2 and not relations):
                 raise MariusInputError(f"score: item {index} is {item!r}", expected=expected)
             head, relation, tail = item if size == 3 else (item[0], None, item[1])
+            names = {"head": head, "tail": tail, **({"relation": relation} if relation is not None else {})}
+            for part, name in names.items():
+                _check_type(name, str, f"score: item {index}'s {part}", "names, each a str")
             rows.append((self.dataset.node_id(head), self._relation_id(relation), self.dataset.node_id(tail)))
         return torch.tensor(rows, dtype=torch.long, device=self.device).reshape(-1, 3)
 
@@ -154,10 +196,15 @@ class TrainedModel:
         given the ``dataset``, a relation exactly where the graph has relations. Needs nothing loaded (the
         command line checks before it loads a checkpoint); ``source``: where the arguments came from, as
         errors name it."""
+        for argument, name in (("head", head), ("tail", tail), ("relation", relation)):
+            _check_type(name, (str, type(None)), f"predict: {argument}", "a name, a str")
         if (head is None) == (tail is None):
             raise MariusInputError("give exactly one of head and tail", path=source,
                                    expected="a head name or a tail name (--head NAME or --tail NAME)")
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        if not isinstance(k, numbers.Integral) or isinstance(k, bool):
+            raise MariusInputError(f"k must be a whole number, got {k!r}", path=source,
+                                   expected="a whole number of at least 1, e.g. 10 (-k 10)")
+        if k < 1:
             raise MariusInputError(f"k must be at least 1, got {k!r}", path=source,
                                    expected="a whole number, e.g. 10 (-k 10)")
         if dataset is None:
@@ -180,6 +227,8 @@ class TrainedModel:
                 k: int = 10, filter_known: bool = False) -> list[tuple[str, float]]:
         """Top-k tails for (head, relation, ?) or heads for (?, relation, tail)."""
         self.check_query(head, tail, k, relation, self.dataset)
+        _check_type(filter_known, FLAG, "predict: filter_known", "True or False")
+        k = int(k)
         inverse = head is None
         anchor = self.dataset.node_id(tail if inverse else head)
         rel = torch.tensor([self._relation_id(relation)], device=self.device)
@@ -203,7 +252,7 @@ class TrainedModel:
 
     def evaluate(self, split: str = "test") -> dict:
         """Link-prediction metrics on a split, with the config's evaluation protocol."""
-        if split not in ("valid", "test"):
+        if not isinstance(split, str) or split not in ("valid", "test"):
             raise MariusInputError(f"evaluate: split {split!r}", expected="'valid' or 'test'")
         return evaluate_split(self.decoder, self.table, self.dataset, split, self.config.evaluation,
                               seed=self.config.training.seed)
@@ -223,6 +272,9 @@ def open_dataset(config: Config, progress: bool) -> Dataset:
 
 def probe_machine(config: Config, run_dir: str | Path | None = None) -> Machine:
     """This machine's memory for ``config``'s run: its training GPUs' free memory, host memory, disk."""
+    _check_type(config, Config, "probe_machine: config", CONFIG_EXPECTED)
+    if run_dir is not None:
+        _check_run_dir(run_dir, "probe_machine: run_dir")
     return Machine.probe(resolve_devices(config), run_dir)
 
 
@@ -259,10 +311,12 @@ def train(config: Config, run_dir: str | Path | None = None, progress: bool = Tr
     ``trackers`` receive every metrics record (``Trainer``); one that raises stops training.
     Under torchrun (several trainers, ``marius_py.distributed``) rank 0 returns it and the others None.
     """
-    if not isinstance(config, Config):
-        raise MariusInputError(f"train: config is a {type(config).__name__}",
-                               expected="a Config: mp.make_config(...), or mp.api.load_run_config(RUN_DIR) "
-                                        "to resume")
+    _check_type(config, Config, "train: config", CONFIG_EXPECTED)
+    if run_dir is not None:
+        _check_run_dir(run_dir, "train: run_dir")
+    for argument, value in (("progress", progress), ("resume", resume), ("test", test)):
+        _check_type(value, FLAG, f"train: {argument}", "True or False")
+    trackers = _tracker_list(trackers)
     if launched_by_torchrun():
         return train_distributed(config, run_dir, progress, resume,
                                  RunSteps(default_run_dir, open_dataset, finish_training))
@@ -294,6 +348,7 @@ def finish_training(trainer: Trainer, config: Config, dataset: Dataset, run_dir:
 def load_run_config(run_dir: str | Path, overrides: list[str] | str | None = None,
                     source: str = "overrides") -> Config:
     """A run's config.yaml with ``key=value`` overrides (``source``: what errors in them name)."""
+    _check_run_dir(run_dir, "run_dir")
     overrides = _override_list(overrides)
     path = Path(run_dir) / CONFIG_FILE
     if not path.is_file():

@@ -13,6 +13,7 @@ import dataclasses
 import functools
 import math
 import numbers
+import os
 import re
 import typing
 import warnings
@@ -40,6 +41,15 @@ PLACEMENTS = ("auto", "device", "host", "replicated", "split")
 PROCESS_MODELS = ("one", "per_device")
 AUTO_OR_BOOL = ("auto", "true", "false")  # keys that take auto, true or false
 STORAGE_DTYPES = ("auto", "float32", "bfloat16")
+
+# Upper bounds of keys that reach the OS or the allocator, where a huge value would crash the run (or hang
+# it) instead of failing cleanly; sizes whose harm depends on the graph are checked by the plan.
+MOST_INT = 2**40                 # no count comes near (at 2^63 - 1, evaluation.batch_size evaluated nothing)
+THREADS_PER_CORE = 4             # more threads only contend (100000 torch threads exhausted memory)
+THREAD_KEYS = ("training.num_threads", "pipeline.load_threads", "storage.io_threads")
+SEED_MAX = 2**32 - 1             # numpy's seed range; the generators' seeds multiply it into 64 bits
+MOST_STORED_PARTITIONS = 4096    # an epoch's ordering grows with their square (4096: a minute to build)
+MOST_WAIT_SECONDS = 365 * 86400  # longer waits overflow the clocks of threads and torch.distributed
 
 
 def _f(default, help: str, **kw):
@@ -270,6 +280,7 @@ def validate(config: Config, origins: dict | None = None) -> Config:
                    ("pipeline.queue_size", config.pipeline.queue_size)]
     for path, value in nonnegative:
         _check(value >= 0, path, "expected >= 0", value)
+    _check_bounds(config, _check)
     _check(0 <= m.dropout < 1, "model.dropout", "expected in [0, 1)", m.dropout)
     _check(0 <= t.degree_fraction <= 1, "training.degree_fraction", "expected in [0, 1]",
            t.degree_fraction)
@@ -295,8 +306,8 @@ def validate(config: Config, origins: dict | None = None) -> Config:
 
 
 def _check_numbers(config: Config, _check) -> None:
-    """Every int key holds an int and every float key a finite number (inf and nan make sense for none:
-    rates, weights, fractions, scales and seconds; a config set in code may hold anything)."""
+    """Every int key holds an int within ``MOST_INT`` and every float key a finite number (inf and nan make
+    sense for none: rates, weights, fractions, scales and seconds; a config set in code may hold anything)."""
     for section in dataclasses.fields(config):
         values = getattr(config, section.name)
         for name, kind in _section_types(values).items():
@@ -304,10 +315,27 @@ def _check_numbers(config: Config, _check) -> None:
             if kind == "int":
                 _check(isinstance(value, numbers.Integral) and not isinstance(value, bool), path, "expected int",
                        value)
+                _check(abs(value) <= MOST_INT, path, f"expected at most 2^40 ({MOST_INT})", value)
             elif kind == "float":
                 _check(isinstance(value, numbers.Real) and not isinstance(value, bool), path, "expected float",
                        value)
                 _check(math.isfinite(value), path, "expected a finite number", value)
+
+
+def _check_bounds(config: Config, _check) -> None:
+    """The upper bounds of keys that reach the OS (threads, waits) or seed the generators (module constants)."""
+    cores = os.cpu_count() or 1
+    most = THREADS_PER_CORE * cores
+    for path in THREAD_KEYS:
+        section, key = path.split(".")
+        value = getattr(getattr(config, section), key)
+        _check(value <= most, path, f"expected at most {most} ({THREADS_PER_CORE} threads for each of this "
+                                    f"machine's {cores} cores)", value)
+    _check(config.training.seed <= SEED_MAX, "training.seed", f"expected at most {SEED_MAX} (numpy's seed range)",
+           config.training.seed)
+    timeout = config.distributed.timeout_seconds
+    _check(timeout <= MOST_WAIT_SECONDS, "distributed.timeout_seconds",
+           f"expected at most {MOST_WAIT_SECONDS} (a year)", timeout)
 
 
 def device_list(devices: str) -> list[str]:
@@ -347,9 +375,18 @@ def _check_storage(s: StorageConfig, _check) -> None:
         _check(2 <= given_buffer <= s.num_partitions, "storage.buffer_capacity",
                f"expected between 2 and storage.num_partitions ({s.num_partitions})", s.buffer_capacity)
     _check(s.partition_split >= 0, "storage.partition_split", "expected >= 0", s.partition_split)
+    _check(s.group_size >= 0, "storage.group_size", "expected >= 0", s.group_size)
     _check(s.partition_split <= 1 or s.group_size == 0, "storage.partition_split",
            "expected 0 or 1 with an explicit storage.group_size (a split store picks its own)",
            s.partition_split)
+    _check(s.partition_split <= 1 or is_two_level(s.ordering), "storage.partition_split",
+           f"expected 0 or 1 with storage.ordering={s.ordering} (only comet and affine split partitions)",
+           s.partition_split)
+    stored = max(s.num_partitions, 1) * max(s.partition_split, 1)
+    given, value = ("storage.partition_split", s.partition_split) if s.partition_split > 1 else \
+        ("storage.num_partitions", s.num_partitions)
+    _check(stored <= MOST_STORED_PARTITIONS, given, f"expected at most {MOST_STORED_PARTITIONS} partitions as stored "
+           f"(storage.num_partitions x storage.partition_split: {stored})", value)
     layout = storage_layout(s)
     if is_two_level(s.ordering) and layout.num_partitions > 1:
         k = layout.group_size
@@ -403,8 +440,7 @@ def storage_layout(s: StorageConfig, num_nodes: int | None = None, several_devic
     buffer = s.buffer_capacity or s.num_partitions
     split = _split_for_regrouping(s, buffer)
     if num_nodes is not None and split > 1:
-        split = next((m for m in range(split, 1, -1)
-                      if partitions_filled(num_nodes, s.num_partitions * m) == s.num_partitions * m), 1)
+        split = _filled_split(s, split, num_nodes)
     partitions, buffer = s.num_partitions * split, buffer * split
     group = s.group_size or automatic_group_size(s.ordering, partitions, buffer)
     dtype = s.dtype
@@ -443,6 +479,19 @@ def _split_for_regrouping(s: StorageConfig, buffer: int) -> int:
     return 1 if launched_by_torchrun() else chosen(s.num_partitions, buffer)
 
 
+def _filled_split(s: StorageConfig, split: int, num_nodes: int) -> int:
+    """``split`` where the nodes fill every partition it makes: the automatic one is lowered until they do,
+    one the user gave is refused, naming the largest that works."""
+    largest = next((m for m in range(split, 1, -1)
+                    if partitions_filled(num_nodes, s.num_partitions * m) == s.num_partitions * m), 1)
+    if largest < split and s.partition_split:
+        raise MariusInputError(f"storage.partition_split={split} stores {s.num_partitions} x {split} partitions, "
+                               f"but the {num_nodes:,} nodes leave the last of them empty",
+                               expected=f"storage.partition_split={largest} (the largest up to {split} whose "
+                                        f"partitions they all fill), or 0 (automatic)")
+    return largest
+
+
 def automatic_group_size(ordering: str, num_physical: int, buffer: int) -> int:
     """``storage.group_size=0``: comet's default (``default_group_size``), or for affine the k that makes
     the logical partitions the square of those in the buffer."""
@@ -466,7 +515,8 @@ def _coerce(value, annotation, path: str, source, line: int | None = None):
             pass
     elif kind is int and not isinstance(value, bool):
         try:
-            if isinstance(value, str) or float(value) == int(value):
+            # (an int past 2^53 differs from its float)
+            if isinstance(value, (str, numbers.Integral)) or float(value) == int(value):
                 return int(value)
         except (TypeError, ValueError, OverflowError):  # (OverflowError: int(inf))
             pass

@@ -26,14 +26,15 @@ from pathlib import Path
 
 from marius_py import evaluation
 from marius_py.checkpoint import LIVE_STORE
-from marius_py.config import Config, StorageLayout, dedup_setting, device_list, epoch_ordering, run_layout
+from marius_py.config import (MOST_STORED_PARTITIONS, Config, StorageConfig, StorageLayout, dedup_setting,
+                              device_list, epoch_ordering, run_layout)
 from marius_py.errors import MariusInputError
 from marius_py.optim import adagrad_state_dim
 from marius_py.orderings import Ordering, is_two_level, simulate
 from marius_py.orderings.simulator import format_bytes
 from marius_py.pipeline.placements import (DEVICE_MEMORY_FRACTION, PLACEMENT_CPU, PLACEMENT_DEVICE,
                                            PLACEMENT_HOST, PLACEMENT_REPLICATED, PLACEMENT_SPLIT,
-                                           choose_devices_placement, choose_placement)
+                                           choose_devices_placement, choose_placement, default_staleness)
 from marius_py.resources import check_nodes_fill
 from marius_py.storage.buffer import PartitionBuffer
 from marius_py.storage.partitioning import partition_size, partitions_filled
@@ -201,6 +202,12 @@ def _size(num_bytes: float) -> str:
 
 def plan_run(config: Config, graph: GraphSize, machine: Machine, world_size: int = 1) -> Plan:
     """The plan of ``config``'s run on ``machine`` (``world_size``: torchrun trainers sharing the tables)."""
+    plan = _tables_plan(config, graph, machine, world_size)
+    _check_batches(config, graph, plan)
+    return plan
+
+
+def _tables_plan(config: Config, graph: GraphSize, machine: Machine, world_size: int) -> Plan:
     s = config.storage
     check_nodes_fill(s.num_partitions, graph.num_nodes, "storage.num_partitions")
     if world_size > 1 or _under_torchrun():
@@ -272,6 +279,42 @@ def _notes(config: Config, graph: GraphSize, machine: Machine, store: int, host:
         notes.append(f"filtered evaluation keeps {_size(graph.evaluation_bytes)} of known answers in host memory; "
                      "evaluation.protocol=sampled keeps none")
     return tuple(notes)
+
+
+# ---- a step's batches ----
+
+def _check_batches(config: Config, graph: GraphSize, plan: Plan) -> None:
+    """Refuse negatives, or a staleness bound, whose batches cannot fit in memory (a huge value would crash
+    the run rather than fail cleanly). Both checks count lower bounds: float32 rows, no gradients."""
+    t = config.training
+    edges = t.batch_size if _several(config) else min(t.batch_size, graph.num_train)  # (several shape full ones)
+    chunks, negatives = min(t.num_chunks, edges), graph.num_nodes if t.num_negatives == -1 else t.num_negatives
+    _check_step(config, graph, plan.machine, edges, chunks, negatives)
+    in_flight = 1 if plan.placement == PLACEMENT_DEVICE else \
+        min(default_staleness(plan.placement, config.pipeline.staleness_bound), -(-graph.num_train // edges))
+    rows = 4 * graph.dim * (2 * edges + chunks * negatives)  # (a batch's endpoints and negatives, gathered)
+    room = plan.machine.host_room
+    if config.pipeline.staleness_bound and in_flight * rows > room:
+        raise MariusInputError(f"pipeline.staleness_bound: {in_flight:,} batches in flight hold "
+                               f"{_size(in_flight * rows)} of rows, more than the {_size(room)} of host memory "
+                               "a run may take", expected=f"at most {int(room // rows):,} batches in flight")
+
+
+def _check_step(config: Config, graph: GraphSize, machine: Machine, edges: int, chunks: int, negatives: int) -> None:
+    """One step's scores (a batch of ``edges`` against its negatives) and negative rows on its device."""
+    t = config.training
+    per_negative = (2 if t.score_dtype == "bfloat16" else 4) * edges + chunks * (4 * graph.dim + 8)  # (+ ids)
+    room = min(machine.gpu_free) if machine.gpu_free else machine.host_room
+    if negatives * per_negative <= room:
+        return
+    fitting = int(room // per_negative)
+    given = f"{negatives:,} negatives" if t.num_negatives != -1 else f"all {negatives:,} nodes"
+    raise MariusInputError(f"{'training.num_negatives' if fitting else 'training.batch_size'}: a step's scores and "
+                           f"rows of {edges:,} edges against {given} need {_size(negatives * per_negative)}, more "
+                           f"than the {_size(room)} of "
+                           f"{'GPU memory free' if machine.gpu_free else 'host memory a run may take'}",
+                           expected=f"at most {fitting:,} negatives (training.num_negatives) with this batch"
+                                    if fitting else "a smaller training.batch_size")
 
 
 # ---- tables in memory ----
@@ -349,12 +392,13 @@ def _disk_plan(config: Config, graph: GraphSize, machine: Machine) -> Plan:
 
 
 def _partition_counts(config: Config, graph: GraphSize) -> list[list[int]]:
-    """P given, or the candidates (in two rounds: up to 64, then more) whose partitions all hold nodes and,
-    stored in bfloat16, are large enough to move at disk speed."""
+    """P given, or the candidates (in two rounds: up to 64, then more) whose partitions (split as the user
+    gave) all hold nodes and, stored in bfloat16, are large enough to move at disk speed."""
     if config.storage.num_partitions > 1:
         return [[config.storage.num_partitions]]
-    table = graph.table_bytes(2)
-    counts = [p for p in PARTITION_CANDIDATES if partitions_filled(graph.num_nodes, p) == p
+    table, split = graph.table_bytes(2), max(config.storage.partition_split, 1)  # (a split the user gave stays)
+    counts = [p for p in PARTITION_CANDIDATES if partitions_filled(graph.num_nodes, p * split) == p * split
+              and p * split <= MOST_STORED_PARTITIONS
               and (p == PARTITION_CANDIDATES[0] or table // p >= MIN_PARTITION_BYTES)]
     return [[p for p in counts if p <= PREFERRED_MOST_PARTITIONS], [p for p in counts if p > PREFERRED_MOST_PARTITIONS]]
 
@@ -434,11 +478,15 @@ def _no_fit(config: Config, graph: GraphSize, machine: Machine) -> MariusInputEr
         if config.storage.memory_limit_gib > 0 else ""
     evaluation = (f"; filtered evaluation keeps {_size(graph.evaluation_bytes)} of known answers in host memory "
                   "(evaluation.protocol=sampled keeps none)") if graph.evaluation_bytes else ""
+    lookahead = config.storage.lookahead
+    ahead = (f"; storage.lookahead={lookahead} adds {lookahead:,} partitions (or groups) to the buffer"
+             if lookahead > StorageConfig().lookahead else "")
     return MariusInputError(f"the node tables ({_size(table)}) fit neither in memory nor behind a partition buffer "
                             f"({limit}host memory available: {host}; GPU free: "
-                            f"{', '.join(map(_size, machine.gpu_free)) or 'none'}){evaluation}",
+                            f"{', '.join(map(_size, machine.gpu_free)) or 'none'}){evaluation}{ahead}",
                             expected="more memory, a larger storage.memory_limit_gib, more partitions "
-                                     "(storage.num_partitions), sampled evaluation or a smaller model.dim")
+                                     "(storage.num_partitions), sampled evaluation, a smaller model.dim"
+                                     + (" or a smaller storage.lookahead" if ahead else ""))
 
 
 # ---- several torchrun trainers ----

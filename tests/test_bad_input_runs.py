@@ -191,7 +191,7 @@ CASES = {
         "api", lambda p: _api_model(p).score(("animal", "practices", "bacterium")), "is not a list of tuples"),
     "api_evaluate_unknown_split": ("api", lambda p: _api_model(p).evaluate("bogus"), "expected 'valid' or 'test'"),
     "api_predict_k_not_a_number": ("api", lambda p: _api_model(p).predict(head="animal", relation="practices",
-                                                                          k="5"), "k must be at least 1, got '5'"),
+                                                                          k="5"), "k must be a whole number, got '5'"),
     "api_predict_head_and_tail": ("api", lambda p: _api_model(p).predict(head="animal", tail="animal",
                                                                          relation="practices"),
                                   "give exactly one of head and tail"),
