@@ -13,7 +13,6 @@ import dataclasses
 import functools
 import math
 import numbers
-import os
 import re
 import typing
 import warnings
@@ -322,15 +321,19 @@ def _check_numbers(config: Config, _check) -> None:
                 _check(math.isfinite(value), path, "expected a finite number", value)
 
 
-def _check_bounds(config: Config, _check) -> None:
-    """The upper bounds of keys that reach the OS (threads, waits) or seed the generators (module constants)."""
-    cores = os.cpu_count() or 1
+def check_threads(config: Config, cores: int) -> None:
+    """The thread keys within ``THREADS_PER_CORE`` threads for each core of the machine that trains (checked when
+    a run is planned there, so a run trained on a larger machine still opens for eval on a smaller one)."""
     most = THREADS_PER_CORE * cores
     for path in THREAD_KEYS:
         section, key = path.split(".")
         value = getattr(getattr(config, section), key)
-        _check(value <= most, path, f"expected at most {most} ({THREADS_PER_CORE} threads for each of this "
-                                    f"machine's {cores} cores)", value)
+        _check_value(value <= most, path, f"expected at most {most} ({THREADS_PER_CORE} threads for each of this "
+                                          f"machine's {cores} cores)", value, {})
+
+
+def _check_bounds(config: Config, _check) -> None:
+    """The upper bounds of keys that reach the OS (waits) or seed the generators (module constants)."""
     _check(config.training.seed <= SEED_MAX, "training.seed", f"expected at most {SEED_MAX} (numpy's seed range)",
            config.training.seed)
     timeout = config.distributed.timeout_seconds

@@ -26,8 +26,8 @@ from pathlib import Path
 
 from marius_py import evaluation
 from marius_py.checkpoint import LIVE_STORE
-from marius_py.config import (MOST_STORED_PARTITIONS, Config, StorageConfig, StorageLayout, dedup_setting,
-                              device_list, epoch_ordering, run_layout)
+from marius_py.config import (MOST_STORED_PARTITIONS, Config, StorageConfig, StorageLayout, check_threads,
+                              dedup_setting, device_list, epoch_ordering, run_layout)
 from marius_py.errors import MariusInputError
 from marius_py.optim import adagrad_state_dim
 from marius_py.orderings import Ordering, is_two_level, simulate
@@ -101,13 +101,14 @@ class Machine:
     gpu_free: tuple[int, ...] = ()
     host_available: int | None = None
     disk_free: int | None = None
+    cores: int | None = None  # CPU cores (None: not known)
 
     @classmethod
     def probe(cls, devices: list, run_dir: str | os.PathLike | None) -> "Machine":
         from marius_py.resources import available_memory
         import torch
         gpus = tuple(torch.cuda.mem_get_info(d)[0] for d in devices if d.type == "cuda")
-        return cls(gpus, available_memory(), _disk_free(run_dir))
+        return cls(gpus, available_memory(), _disk_free(run_dir), os.cpu_count())
 
     @property
     def device_type(self) -> str:
@@ -202,6 +203,8 @@ def _size(num_bytes: float) -> str:
 
 def plan_run(config: Config, graph: GraphSize, machine: Machine, world_size: int = 1) -> Plan:
     """The plan of ``config``'s run on ``machine`` (``world_size``: torchrun trainers sharing the tables)."""
+    if machine.cores:
+        check_threads(config, machine.cores)
     plan = _tables_plan(config, graph, machine, world_size)
     _check_batches(config, graph, plan)
     return plan

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import marius_py as mp
-from marius_py.config import SEED_MAX, THREADS_PER_CORE, load_config
+from marius_py.config import SEED_MAX, THREADS_PER_CORE, check_threads, load_config
 from marius_py.plan import GiB, GraphSize, Machine, plan_run
 from test_bad_input_corpus import TRAIN, UMLS_RAW, run_cli
 
@@ -172,16 +172,32 @@ def test_paths_numpy_names_and_whole_numbers_are_taken(places):
     assert len(model.predict("practices", head="animal", k=np.int64(3), filter_known=np.bool_(True))) == 3
 
 
-def test_large_legitimate_settings_validate(monkeypatch):
+def test_large_legitimate_settings_validate():
     """A 128-core machine's threads, the bench's batches and negatives, the shipped configs."""
-    monkeypatch.setattr(os, "cpu_count", lambda: 128)
     config = load_config(None, ["training.num_threads=512", "pipeline.load_threads=64", "storage.io_threads=64",
                                 "training.batch_size=50000", "training.num_negatives=1000", "training.seed=123",
                                 "storage.num_partitions=1024", "storage.buffer_capacity=256",
                                 "pipeline.staleness_bound=64", "distributed.timeout_seconds=86400"])
     assert config.training.num_threads == 512
+    check_threads(config, 128)
+    with pytest.raises(mp.MariusInputError, match="training.num_threads: expected at most 64"):
+        check_threads(config, 16)
     for path in (Path(mp.__file__).parent / "configs").glob("*.yaml"):
         load_config(path)
+
+
+def test_a_run_from_a_larger_machine_opens_here_and_resumes_once_its_threads_fit(trained, tmp_path, capsys):
+    """Threads are bounded by the cores of the machine that trains: a run whose config.yaml names more still
+    loads for eval; a resume here is refused, naming the key, until it is overridden."""
+    import shutil
+    run = tmp_path / "run"
+    shutil.copytree(trained["run"], run)
+    config = run / "config.yaml"
+    config.write_text(config.read_text().replace("num_threads: 0", "num_threads: 4096"))
+    assert mp.load_checkpoint(run).evaluate("test")["mrr"] > 0
+    assert run_cli(["train", "--resume", str(run), "training.epochs=2", "--quiet"]) == 2
+    assert "training.num_threads: expected at most" in capsys.readouterr().err
+    assert run_cli(["train", "--resume", str(run), "training.epochs=2", "training.num_threads=1", "--quiet"]) == 0
 
 
 def test_large_graphs_plan_their_batches_and_refuse_a_staleness_past_memory():
