@@ -740,6 +740,13 @@ CONFIG_YAML = YamlKind("config file", "a YAML mapping of sections",
 def read_yaml(path: Path, kind: YamlKind = CONFIG_YAML) -> tuple[object, dict[str, int]]:
     """A YAML file's value (UTF-8, or UTF-16 with a byte-order mark) and the line of every top-level key and
     of every ``key.subkey`` (a config's sections and ``section.key``); errors name the file and line."""
+    raw, lines, _ = read_yaml_text(path, kind)
+    return raw, lines
+
+
+def read_yaml_text(path: Path, kind: YamlKind = CONFIG_YAML) -> tuple[object, dict[str, int], str]:
+    """``read_yaml``'s value and lines, and the file's text: the file is read once (a pipe can be read only
+    once)."""
     try:
         data = path.read_bytes()
     except FileNotFoundError:
@@ -773,7 +780,7 @@ def read_yaml(path: Path, kind: YamlKind = CONFIG_YAML) -> tuple[object, dict[st
     if node is None:
         raise MariusInputError(f"{kind.noun} is empty (no settings)", path=path,
                                expected=f"{kind.shape} {kind.example}")
-    return raw, _node_lines(node)
+    return raw, _node_lines(node), data.decode("utf-8", errors="replace")
 
 
 def _node_lines(root) -> dict[str, int]:

@@ -19,7 +19,7 @@ from pathlib import Path
 import yaml
 
 from marius_py.bundled import bundled_space
-from marius_py.config import Config, YamlKind, coerce_key, key_type, read_yaml, with_overrides
+from marius_py.config import Config, YamlKind, coerce_key, key_type, read_yaml_text, with_overrides
 from marius_py.errors import MariusInputError
 
 SPACE_YAML = YamlKind("search space file", "a YAML mapping of config keys to ranges or choices",
@@ -100,8 +100,8 @@ def read_space(space: str | Path | Mapping) -> SearchSpace:
         path = Path(space)
         if not path.exists() and bundled_space(str(space)) is not None:
             path = bundled_space(str(space))
-        raw, lines = read_yaml(path, SPACE_YAML)
-        source, text = str(path), path.read_text(encoding="utf-8", errors="replace")
+        raw, lines, text = read_yaml_text(path, SPACE_YAML)
+        source = str(path)
     else:
         raise MariusInputError(f"space: a {type(space).__name__}", expected="a YAML file's path or a mapping of "
                                                                              "config keys to ranges or choices")

@@ -199,6 +199,15 @@ def test_a_socket_as_search_space_is_named(places, tmp_path, capsys):
 
 # ---------------------------------------------------------------- what succeeds
 
+def test_a_search_space_from_a_pipe_is_read_once(tmp_path):
+    """A space given as a FIFO (or <(...)) is read once, its text kept as written (comments included)."""
+    from marius_py.search_space import read_space
+    text = b"# lr around the default\ntraining.lr: {low: 0.01, high: 1.0, log: true}\n"
+    with fed_fifo(tmp_path / "space", text) as path:
+        space = read_space(path)
+    assert space.text == text.decode() and [d.key for d in space.dimensions] == ["training.lr"]
+
+
 def dataset_contents(folder: Path) -> dict[str, object]:
     """A dataset's names, edges and metadata, less where its inputs came from."""
     metadata = json.loads((folder / "metadata.json").read_text())
