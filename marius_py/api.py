@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import numbers
 import os
-import reprlib
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -26,7 +25,7 @@ from marius_py.bundled import BUNDLED_CONFIGS, BUNDLED_DATASETS, bundled_config,
 from marius_py.checkpoint import CONFIG_FILE, NODES, RunDirectory, RunFingerprint, check_holders, load_version
 from marius_py.config import Config, load_config, run_layout, with_split_applied
 from marius_py.dataset import Dataset
-from marius_py.errors import MariusInputError
+from marius_py.errors import PATH_TYPES, MariusInputError, check_type
 from marius_py.run_setup import claim_run_dir, not_a_run
 from marius_py.timeline import Startup
 from marius_py.evaluation import InMemoryNodes, KnownAnswers, NodeTable, StoredNodes, evaluate_split
@@ -38,17 +37,16 @@ from marius_py.trainer import Trainer
 from marius_py.storage.embedding_store import EmbeddingStore
 
 
-PATH = (str, os.PathLike)  # what path arguments take
 FLAG = (bool, np.bool_)    # what switches take (a string such as "false" would be true)
 CONFIG_EXPECTED = "a Config: mp.make_config(...), or mp.api.load_run_config(RUN_DIR) to resume"
 
 
 def load_dataset(path_or_name: str = "codex-m", progress: bool = False) -> Dataset:
     """Open a preprocessed dataset (preprocessing a raw or bundled one into the cache first)."""
-    _check_type(path_or_name, PATH, "load_dataset: path_or_name",
+    check_type(path_or_name, PATH_TYPES, "load_dataset: path_or_name",
                 "a dataset's path or a bundled dataset's name, a str or pathlib.Path (graphs held in memory, "
                 "such as NumPy arrays, are not taken yet)")
-    _check_type(progress, FLAG, "load_dataset: progress", "True or False")
+    check_type(progress, FLAG, "load_dataset: progress", "True or False")
     return Dataset(resolve_dataset(path_or_name, progress=progress))
 
 
@@ -83,15 +81,8 @@ def _override_list(overrides) -> list[str]:
     return items
 
 
-def _check_type(value, kinds: type | tuple, argument: str, expected: str) -> None:
-    """Refuse an argument that is not one of ``kinds``, naming it (a wrong type would fail deep inside, with a
-    bare TypeError, or be taken for something else)."""
-    if not isinstance(value, kinds):
-        raise MariusInputError(f"{argument} is a {type(value).__name__}: {reprlib.repr(value)}", expected=expected)
-
-
 def _check_run_dir(run_dir, argument: str) -> None:
-    _check_type(run_dir, PATH, argument, "a run directory's path, a str or pathlib.Path")
+    check_type(run_dir, PATH_TYPES, argument, "a run directory's path, a str or pathlib.Path")
 
 
 def _tracker_list(trackers) -> list:
@@ -108,7 +99,7 @@ def _tracker_list(trackers) -> list:
 
 
 def default_run_dir(config: Config) -> Path:
-    _check_type(config, Config, "default_run_dir: config", CONFIG_EXPECTED)
+    check_type(config, Config, "default_run_dir: config", CONFIG_EXPECTED)
     name = Path(config.dataset.path).name or "run"
     return Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
 
@@ -133,7 +124,7 @@ class TrainedModel:
 
     def known_answers(self, inverse: bool) -> KnownAnswers:
         """Known (train + valid + test) answers of tail queries, or of head queries when ``inverse``."""
-        _check_type(inverse, FLAG, "known_answers: inverse", "True or False")
+        check_type(inverse, FLAG, "known_answers: inverse", "True or False")
         inverse = bool(inverse)
         if inverse not in self._known:
             self._known[inverse] = KnownAnswers(self.dataset.all_known_edges(), self.dataset.num_relations,
@@ -146,7 +137,7 @@ class TrainedModel:
 
     def embedding(self, name: str) -> np.ndarray:
         """Embedding vector of a node given its original name."""
-        _check_type(name, str, "embedding: name", "a node name, a str")
+        check_type(name, str, "embedding: name", "a node name, a str")
         return self.table.gather(torch.tensor([self.dataset.node_id(name)]))[0].cpu().numpy()
 
     def embeddings(self) -> np.ndarray:
@@ -178,7 +169,7 @@ class TrainedModel:
             head, relation, tail = item if size == 3 else (item[0], None, item[1])
             names = {"head": head, "tail": tail, **({"relation": relation} if relation is not None else {})}
             for part, name in names.items():
-                _check_type(name, str, f"score: item {index}'s {part}", "names, each a str")
+                check_type(name, str, f"score: item {index}'s {part}", "names, each a str")
             rows.append((self.dataset.node_id(head), self._relation_id(relation), self.dataset.node_id(tail)))
         return torch.tensor(rows, dtype=torch.long, device=self.device).reshape(-1, 3)
 
@@ -197,7 +188,7 @@ class TrainedModel:
         command line checks before it loads a checkpoint); ``source``: where the arguments came from, as
         errors name it."""
         for argument, name in (("head", head), ("tail", tail), ("relation", relation)):
-            _check_type(name, (str, type(None)), f"predict: {argument}", "a name, a str")
+            check_type(name, (str, type(None)), f"predict: {argument}", "a name, a str")
         if (head is None) == (tail is None):
             raise MariusInputError("give exactly one of head and tail", path=source,
                                    expected="a head name or a tail name (--head NAME or --tail NAME)")
@@ -227,7 +218,7 @@ class TrainedModel:
                 k: int = 10, filter_known: bool = False) -> list[tuple[str, float]]:
         """Top-k tails for (head, relation, ?) or heads for (?, relation, tail)."""
         self.check_query(head, tail, k, relation, self.dataset)
-        _check_type(filter_known, FLAG, "predict: filter_known", "True or False")
+        check_type(filter_known, FLAG, "predict: filter_known", "True or False")
         k = int(k)
         inverse = head is None
         anchor = self.dataset.node_id(tail if inverse else head)
@@ -272,7 +263,7 @@ def open_dataset(config: Config, progress: bool) -> Dataset:
 
 def probe_machine(config: Config, run_dir: str | Path | None = None) -> Machine:
     """This machine's memory for ``config``'s run: its training GPUs' free memory, host memory, disk."""
-    _check_type(config, Config, "probe_machine: config", CONFIG_EXPECTED)
+    check_type(config, Config, "probe_machine: config", CONFIG_EXPECTED)
     if run_dir is not None:
         _check_run_dir(run_dir, "probe_machine: run_dir")
     return Machine.probe(resolve_devices(config), run_dir)
@@ -311,11 +302,11 @@ def train(config: Config, run_dir: str | Path | None = None, progress: bool = Tr
     ``trackers`` receive every metrics record (``Trainer``); one that raises stops training.
     Under torchrun (several trainers, ``marius_py.distributed``) rank 0 returns it and the others None.
     """
-    _check_type(config, Config, "train: config", CONFIG_EXPECTED)
+    check_type(config, Config, "train: config", CONFIG_EXPECTED)
     if run_dir is not None:
         _check_run_dir(run_dir, "train: run_dir")
     for argument, value in (("progress", progress), ("resume", resume), ("test", test)):
-        _check_type(value, FLAG, f"train: {argument}", "True or False")
+        check_type(value, FLAG, f"train: {argument}", "True or False")
     trackers = _tracker_list(trackers)
     if launched_by_torchrun():
         return train_distributed(config, run_dir, progress, resume,

@@ -7,6 +7,11 @@ with status 2. Programming errors stay ordinary exceptions with tracebacks.
 
 from __future__ import annotations
 
+import os
+import reprlib
+
+PATH_TYPES = (str, os.PathLike)  # what path arguments of the API take
+
 
 class MariusInputError(Exception):
     """Bad user input, reported as ``file:line: problem (expected ...)``."""
@@ -33,3 +38,10 @@ class MariusInputError(Exception):
 class DiskFullError(MariusInputError):
     """No space left on the device (or in the quota) for an output, raised once what was half-written is
     removed; the message names the directory and the space needed (``storage.durable.disk_full_error``)."""
+
+
+def check_type(value, kinds: type | tuple, argument: str, expected: str) -> None:
+    """Refuse an API argument that is not one of ``kinds``, naming it (a wrong type would fail deep inside, with
+    a bare TypeError, or be taken for something else)."""
+    if not isinstance(value, kinds):
+        raise MariusInputError(f"{argument} is a {type(value).__name__}: {reprlib.repr(value)}", expected=expected)

@@ -38,7 +38,7 @@ from marius_py import api
 from marius_py.checkpoint import CHECKPOINTS, LIVE_STORE
 from marius_py.config import Config, device_list, dump_config, load_config, with_overrides
 from marius_py.devices import resolve_device
-from marius_py.errors import MariusInputError
+from marius_py.errors import PATH_TYPES, MariusInputError, check_type
 from marius_py.run_lock import RunLock
 from marius_py.search_space import PRUNERS, SearchSpace, read_space
 from marius_py.storage import durable
@@ -99,8 +99,12 @@ def tune(config: Config, space: str | Path | Mapping, trials: int, run_dir: str 
     Everything is checked before the directory is made; ``progress`` prints a line per validation and trial.
     Sets Optuna's logging to warnings (process-wide)."""
     optuna = require_optuna()
-    if not isinstance(config, Config):
-        raise MariusInputError(f"tune: config is a {type(config).__name__}", expected="a Config: mp.make_config(...)")
+    check_type(config, Config, "tune: config", "a Config: mp.make_config(...)")
+    check_type(space, (*PATH_TYPES, Mapping), "tune: space", "a YAML file's path, a bundled space's name or a mapping "
+                                                            "of config keys to ranges or choices")
+    if run_dir is not None:
+        check_type(run_dir, PATH_TYPES, "tune: run_dir", "a search directory's path, a str or pathlib.Path")
+    check_type(pruner, str, "tune: pruner", f"one of {', '.join(PRUNERS)}")
     _check_trials(trials)
     if pruner not in PRUNERS:
         raise MariusInputError(f"pruner {pruner!r}", expected=f"one of {', '.join(PRUNERS)}")
@@ -130,6 +134,7 @@ def resume_tune(run_dir: str | Path, trials: int | None = None, devices: list[st
     """Continue the search in ``run_dir`` with its own config, space and pruner; ``trials`` sets a new total
     (trials run before count)."""
     optuna = require_optuna()
+    check_type(run_dir, PATH_TYPES, "resume_tune: run_dir", "a search directory's path, a str or pathlib.Path")
     run_dir = Path(run_dir)
     if not (run_dir / STUDY_FILE).is_file():
         raise MariusInputError(f"not a search directory (no {STUDY_FILE})", path=run_dir,

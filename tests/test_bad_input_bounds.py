@@ -115,6 +115,10 @@ CASES = {
                                                                               filter_known="no"),
                                           "predict: filter_known is a str"),
     "api_evaluate_array": ("api", lambda p: p["model"].evaluate(np.array(["valid"])), "evaluate: split"),
+    "api_tune_space_an_int": ("api", lambda p: mp.tune(p["config"], 3, 1, p["out"]), "tune: space is a int"),
+    "api_tune_run_dir_a_list": ("api", lambda p: mp.tune(p["config"], {"training.lr": [0.1]}, 1, [p["out"]]),
+                                "tune: run_dir is a list"),
+    "api_resume_tune_an_int": ("api", lambda p: mp.resume_tune(3), "resume_tune: run_dir is a int"),
     "api_known_answers_string": ("api", lambda p: p["model"].known_answers("tails"),
                                  "known_answers: inverse is a str"),
 }
