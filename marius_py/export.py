@@ -30,8 +30,8 @@ import numpy as np
 from marius_py.dataset import write_names
 from marius_py.errors import MariusInputError
 from marius_py.run_lock import DirectoryLock
-from marius_py.storage.durable import (disk_full_error, fsync_directory, fsync_tree, is_disk_full, owned_name,
-                                       remove_abandoned, require_space, staging_for)
+from marius_py.storage.durable import (fsync_directory, fsync_tree, is_disk_full, on_disk, owned_name,
+                                       remove_abandoned, reporting_full_disk, staging_for)
 from marius_py.storage.edge_store import new_hdf5
 
 FORMATS = ("npy", "tsv", "h5")
@@ -43,7 +43,6 @@ EXPORT_FILES = frozenset(name for names in FORMAT_FILES.values() for name in nam
 STAGING_PREFIX = ".export-staging-"  # an export into an existing directory is staged in it: PREFIX + HOST-PID
 LOCK_FILE = ".export-lock"  # flock'ed by the export into an existing directory, removed when it ends
 _TSV_ROWS = 4096
-_BLOCK = 4096  # a file system block: a file takes whole ones
 _NPY_HEADER = 128  # numpy's header of a 2-D array (padded to 64-byte alignment)
 _H5_NAME_BYTES = 40  # per name in HDF5: its variable-length reference and heap object header
 _H5_OVERHEAD = 8 << 10  # superblock, object headers, B-trees, heap collections
@@ -101,38 +100,37 @@ def _export(given: Path, output: Path, replaced: list[str] | None, fmt: str, nod
     else:
         remove_abandoned(output, [STAGING_PREFIX])  # (those of dead processes only)
         tmp = output / owned_name(STAGING_PREFIX)
-    what, needed = f"writing the export {given}", _export_bytes(fmt, node_names, dim, relation_names, relations)
-    if needed is not None:
-        require_space(what, tmp.parent, needed)  # (before HDF5 or numpy meet a full disk)
-    try:
-        if replaced is not None:
+    needed = _export_bytes(fmt, node_names, dim, relation_names, relations)
+    with reporting_full_disk(f"writing the export {given}", tmp.parent, needed):  # (checked before HDF5 meets it)
+        try:
+            if replaced is not None:
+                shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        except OSError as error:
+            if is_disk_full(error):
+                raise
+            raise MariusInputError(f"cannot create the output directory: {error.strerror}", path=given,
+                                   expected="a path in a writable directory") from None
+        try:
+            _write(tmp, fmt, node_names, node_blocks, dim, relation_names, relations)
+            fsync_tree(tmp)
+            if replaced is None:
+                try:
+                    os.replace(tmp, output)  # a new directory appears whole (onto nothing, or an empty directory)
+                except OSError as error:
+                    if error.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, errno.EISDIR):
+                        raise
+                    raise MariusInputError("the output appeared while export wrote (another export or program "
+                                           "created it); it is left as it is", path=given,
+                                           expected="one export into a directory at a time") from None
+                fsync_directory(output.parent)
+        except BaseException as error:
             shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-    except OSError as error:
-        raise MariusInputError(f"cannot create the output directory: {error.strerror}", path=given,
-                               expected="a path in a writable directory") from None
-    try:
-        _write(tmp, fmt, node_names, node_blocks, dim, relation_names, relations)
-        fsync_tree(tmp)
-        if replaced is None:
-            try:
-                os.replace(tmp, output)  # a new directory appears whole (onto nothing, or an empty directory)
-            except OSError as error:
-                if error.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, errno.EISDIR):
-                    raise
-                raise MariusInputError("the output appeared while export wrote (another export or program "
-                                       "created it); it is left as it is", path=given,
-                                       expected="one export into a directory at a time") from None
-            fsync_directory(output.parent)
-    except BaseException as error:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if is_disk_full(error):  # (HDF5's own errors too, which are no OSError)
-            raise disk_full_error(what, tmp.parent, needed) from None
-        if not isinstance(error, OSError) or error.filename is None:
-            raise
-        raise MariusInputError(f"cannot write the export: {error.strerror}", path=error.filename,
-                               expected="an output path that stays writable (and that nothing else creates "
-                                        "meanwhile)") from None
+            if is_disk_full(error) or not isinstance(error, OSError) or error.filename is None:
+                raise
+            raise MariusInputError(f"cannot write the export: {error.strerror}", path=error.filename,
+                                   expected="an output path that stays writable (and that nothing else creates "
+                                            "meanwhile)") from None
     if replaced is None:
         return
     try:
@@ -254,8 +252,8 @@ def _write_npy(path: Path, dtype: np.dtype, shape: tuple[int, ...], blocks) -> N
 
 def _export_bytes(fmt: str, node_names: list[str], dim: int, relation_names: list[str],
                   relations: np.ndarray) -> int | None:
-    """About the space the export's files take (whole blocks each, the marker's too); None for tsv, whose
-    length is known only once its text is written."""
+    """About the space the export's files take; None for tsv, whose length is known only once its text is
+    written."""
     nodes = len(node_names) * dim * 4
     if fmt == "npy":
         sizes = [_NPY_HEADER + nodes, _NPY_HEADER + relations.nbytes, _text_bytes(node_names),
@@ -266,7 +264,7 @@ def _export_bytes(fmt: str, node_names: list[str], dim: int, relation_names: lis
                  + _H5_OVERHEAD]
     else:
         return None
-    return sum(-(-size // _BLOCK) * _BLOCK for size in sizes + [_BLOCK])
+    return on_disk(sizes + [1])  # (+ the marker, in a block of its own)
 
 
 def _text_bytes(names: list[str]) -> int:

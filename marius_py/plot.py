@@ -11,10 +11,12 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 from marius_py.checkpoint import CONFIG_FILE, RunDirectory
 from marius_py.errors import MariusInputError
+from marius_py.storage.durable import is_disk_full, on_disk, reporting_full_disk, write_bytes_atomic
 from marius_py.timeline import EPOCH_PHASES
 
 
@@ -51,20 +53,15 @@ def plot_run(run_dir: str | Path, out_dir: str | Path | None = None, epoch: int 
     timeline = _timeline_record(epochs, epoch, run.path / "metrics.jsonl")  # (refused before anything is written)
     pyplot = _pyplot()
     out = Path(out_dir) if out_dir else run.path / "plots"
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise MariusInputError(f"cannot create the output folder ({error.strerror})", path=out,
-                               expected="-o FOLDER where this user can write") from None
-    written = [_training(pyplot, epochs, [r for r in records if r.get("split") == "valid"], out / "training.png"),
-               _throughput(pyplot, epochs, out / "throughput.png")]
+    drawn = [_training(pyplot, epochs, [r for r in records if r.get("split") == "valid"], out / "training.png"),
+             _throughput(pyplot, epochs, out / "throughput.png")]
     timed = [r for r in epochs if isinstance(r.get("time"), dict)]
     if timed:
         startups = [r for r in records if r.get("event") == "startup"]
-        written.append(_epoch_time(pyplot, timed, startups[-1] if startups else None, out / "epoch_time.png"))
+        drawn.append(_epoch_time(pyplot, timed, startups[-1] if startups else None, out / "epoch_time.png"))
     if timeline is not None:
-        written.append(_timeline(pyplot, timeline, out / "timeline.png"))
-    return written
+        drawn.append(_timeline(pyplot, timeline, out / "timeline.png"))
+    return _write_pngs(out, drawn)
 
 
 def _timeline_record(epochs: list[dict], epoch: int | None, log: Path) -> dict | None:
@@ -92,7 +89,7 @@ def _check(record, keys: tuple[str, ...], path: Path, line: int) -> None:
                                         "epoch, mrr per validation)")
 
 
-def _training(pyplot, epochs: list[dict], validations: list[dict], path: Path) -> Path:
+def _training(pyplot, epochs: list[dict], validations: list[dict], path: Path) -> tuple[Path, bytes]:
     figure, (loss_axis, mrr_axis) = pyplot.subplots(2, 1, figsize=(7, 6), sharex=True)
     loss_axis.plot([r["epoch"] for r in epochs], [r["loss"] for r in epochs], marker=".")
     loss_axis.set_ylabel("training loss")
@@ -103,7 +100,7 @@ def _training(pyplot, epochs: list[dict], validations: list[dict], path: Path) -
     return _save(pyplot, figure, path)
 
 
-def _throughput(pyplot, epochs: list[dict], path: Path) -> Path:
+def _throughput(pyplot, epochs: list[dict], path: Path) -> tuple[Path, bytes]:
     figure, axis = pyplot.subplots(figsize=(7, 3.5))
     axis.bar([r["epoch"] for r in epochs], [r["edges_per_s"] / 1e6 for r in epochs], color="C2")
     axis.set_xlabel("epoch")
@@ -111,7 +108,7 @@ def _throughput(pyplot, epochs: list[dict], path: Path) -> Path:
     return _save(pyplot, figure, path)
 
 
-def _epoch_time(pyplot, epochs: list[dict], startup: dict | None, path: Path) -> Path:
+def _epoch_time(pyplot, epochs: list[dict], startup: dict | None, path: Path) -> tuple[Path, bytes]:
     figure, axis = pyplot.subplots(figsize=(8, 4))
     numbers = [r["epoch"] for r in epochs]
     bottom = [0.0] * len(epochs)
@@ -134,7 +131,7 @@ def _seconds(value) -> float:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.0
 
 
-def _timeline(pyplot, record: dict, path: Path) -> Path:
+def _timeline(pyplot, record: dict, path: Path) -> tuple[Path, bytes]:
     states = record["states"]
     figure, (time_axis, io_axis) = pyplot.subplots(2, 1, figsize=(10, 6), sharex=True,
                                                    gridspec_kw={"height_ratios": [1, 2]})
@@ -159,8 +156,26 @@ def _timeline(pyplot, record: dict, path: Path) -> Path:
     return _save(pyplot, figure, path)
 
 
-def _save(pyplot, figure, path: Path) -> Path:
+def _save(pyplot, figure, path: Path) -> tuple[Path, bytes]:
+    """``path`` and the figure's PNG, written by ``_write_pngs`` once every figure is drawn."""
     figure.tight_layout()
-    figure.savefig(path, dpi=110)
+    png = io.BytesIO()
+    figure.savefig(png, format="png", dpi=110)
     pyplot.close(figure)
-    return path
+    return path, png.getvalue()
+
+
+def _write_pngs(out: Path, drawn: list[tuple[Path, bytes]]) -> list[Path]:
+    """Write the drawn PNGs into ``out``, each replacing its earlier copy whole; where they do not all fit,
+    none is written (``DiskFullError``); their paths."""
+    with reporting_full_disk(f"writing the plots {out}", out, on_disk(len(png) for _, png in drawn)):
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            if is_disk_full(error):
+                raise
+            raise MariusInputError(f"cannot create the output folder ({error.strerror})", path=out,
+                                   expected="-o FOLDER where this user can write") from None
+        for path, png in drawn:
+            write_bytes_atomic(path, png)
+    return [path for path, _ in drawn]

@@ -82,7 +82,7 @@ from marius_py.edge_text import PAIRS_RELATION, _EdgeBlock, _iter_blocks, pipes_
 from marius_py.errors import MariusInputError
 from marius_py.identity import compute_identity
 from marius_py.resources import available_memory
-from marius_py.storage.durable import (disk_full_error, is_disk_full, replace_directory, restore_replaced,
+from marius_py.storage.durable import (is_disk_full, replace_directory, reporting_full_disk, restore_replaced,
                                        staging_for)
 from marius_py.storage.edge_store import EDGE_FILE, SPLITS, EdgeStore, EdgeStoreWriter, close_hdf5, create_hdf5
 from marius_py.storage.partitioning import bucket_of, most_partitions_filled, partitions_filled
@@ -184,26 +184,25 @@ def _build_staged(output_dir: Path, overwrite: bool, build) -> DatasetMetadata:
         print(f"note: {output_dir} was missing: put back the dataset that a killed run replacing it had moved "
               f"to {restored.name}", file=sys.stderr)
     _check_output_dir(output_dir, overwrite)
-    try:
-        output_dir.parent.mkdir(parents=True, exist_ok=True)
-        staging = staging_for(output_dir, METADATA_FILE)  # (abandoned ones of killed runs removed)
-        staging.mkdir()
-    except OSError as error:
-        if is_disk_full(error):
-            raise disk_full_error(f"writing the dataset {output_dir}", output_dir.parent) from None
-        blocker = next((p for p in output_dir.parents if p.exists() and not p.is_dir()), None)
-        reason = f"{blocker} is a file, not a directory" if blocker else error.strerror or str(error)
-        raise MariusInputError(f"cannot create the output directory ({reason})", path=output_dir,
-                               expected="an output path whose parent is, or can be made, a writable "
-                                        "directory") from None
-    try:
-        metadata = build(staging)
-        _publish(staging, output_dir, overwrite)
-    except BaseException as error:
-        shutil.rmtree(staging, ignore_errors=True)
-        if is_disk_full(error):  # (HDF5's own errors too, which are no OSError)
-            raise disk_full_error(f"writing the dataset {output_dir}", output_dir.parent) from None
-        raise
+    with reporting_full_disk(f"writing the dataset {output_dir}", output_dir.parent):
+        try:
+            output_dir.parent.mkdir(parents=True, exist_ok=True)
+            staging = staging_for(output_dir, METADATA_FILE)  # (abandoned ones of killed runs removed)
+            staging.mkdir()
+        except OSError as error:
+            if is_disk_full(error):
+                raise
+            blocker = next((p for p in output_dir.parents if p.exists() and not p.is_dir()), None)
+            reason = f"{blocker} is a file, not a directory" if blocker else error.strerror or str(error)
+            raise MariusInputError(f"cannot create the output directory ({reason})", path=output_dir,
+                                   expected="an output path whose parent is, or can be made, a writable "
+                                            "directory") from None
+        try:
+            metadata = build(staging)
+            _publish(staging, output_dir, overwrite)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
     return metadata
 
 

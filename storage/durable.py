@@ -17,7 +17,7 @@ import re
 import shutil
 import socket
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -44,12 +44,17 @@ def fsync_tree(root: str | os.PathLike) -> None:
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:
-    """Write ``text`` to a temporary sibling, fsync it, rename it over ``path``, fsync the directory."""
+    """Write ``text`` (UTF-8) as ``write_bytes_atomic`` does."""
+    write_bytes_atomic(path, text.encode("utf-8"))
+
+
+def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
+    """Write ``data`` to a temporary sibling, fsync it, rename it over ``path``, fsync the directory."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     try:
-        with open(tmp, "w", encoding="utf-8") as handle:
-            handle.write(text)
+        with open(tmp, "wb") as handle:
+            handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
@@ -64,14 +69,17 @@ _HDF5_ERRNO = re.compile(r"\berrno = (\d+)")  # how HDF5 quotes a failed system 
 
 
 def is_disk_full(error: BaseException | None) -> bool:
-    """Whether ``error`` (or one it was raised while handling) is a full disk or quota: an ``OSError``'s errno,
-    or the errno HDF5 quotes in the text of the error h5py raises for a failed flush or close (RuntimeError)."""
+    """Whether ``error`` (or one it was raised from or while handling) is a full disk or quota: an ``OSError``'s
+    errno, SQLite's SQLITE_FULL (a study's database), or the errno HDF5 quotes in the text of the error h5py
+    raises for a failed flush or close."""
     while error is not None:
         if isinstance(error, OSError) and error.errno in DISK_FULL_ERRNOS:
             return True
+        if getattr(error, "sqlite_errorname", None) == "SQLITE_FULL":
+            return True
         if any(int(number) in DISK_FULL_ERRNOS for number in _HDF5_ERRNO.findall(str(error))):
             return True
-        error = error.__cause__ or error.__context__
+        error = error.__cause__ or (None if error.__suppress_context__ else error.__context__)
     return False
 
 
@@ -98,10 +106,27 @@ def disk_full_error(what: str, directory: Path, needed: int | None = None) -> Di
                          "left (free space or write elsewhere, then run again)")
 
 
-def require_space(what: str, directory: Path, needed: int) -> None:
-    """Refuse (``DiskFullError``) to start writing ``needed`` bytes into ``directory`` where they do not fit."""
-    if needed > free_bytes(directory):
+FILE_SYSTEM_BLOCK = 4096  # the unit a file takes space in, on the usual file systems
+
+
+def on_disk(sizes: Iterable[int]) -> int:
+    """The space files of these sizes take: whole blocks each."""
+    return sum(-(-size // FILE_SYSTEM_BLOCK) * FILE_SYSTEM_BLOCK for size in sizes)
+
+
+@contextmanager
+def reporting_full_disk(what: str, directory: Path, needed: int | None = None) -> Iterator[None]:
+    """Around the writing of ``what`` into ``directory``: refuse to start (``DiskFullError``) where its
+    ``needed`` bytes, when known, do not fit; and turn a full disk met inside (once the block has removed what
+    it half-wrote) into one ``DiskFullError``, whatever raised it (HDF5's errors are no ``OSError``)."""
+    if needed is not None and needed > free_bytes(directory):
         raise disk_full_error(what, directory, needed)
+    try:
+        yield
+    except Exception as error:
+        if isinstance(error, MariusInputError) or not is_disk_full(error):  # (a message of its own already)
+            raise
+        raise disk_full_error(what, directory, needed) from None
 
 
 STAGING_KINDS = ("tmp", "old")  # hidden siblings of an output: .NAME.tmp-HOST-PID (built), .NAME.old-HOST-PID
