@@ -22,6 +22,8 @@ import errno
 import json
 import os
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import h5py
@@ -61,6 +63,17 @@ def _export_lock(output: Path) -> DirectoryLock:
         remove_on_release=True)
 
 
+@contextmanager
+def _held(lock: DirectoryLock) -> Iterator[None]:
+    """``lock`` held for the block, and released even where acquiring it failed after its file was made (the
+    holder record unwritable on a full disk), so that no lock file stays behind."""
+    try:
+        lock.acquire()
+        yield
+    finally:
+        lock.release()
+
+
 def _write_tsv(path: Path, names: list[str], blocks) -> None:
     with open(path, "w", encoding="utf-8") as handle:
         for start, block in blocks:
@@ -79,15 +92,17 @@ def export_embeddings(output: str | Path, fmt: str, node_names: list[str], node_
         raise MariusInputError(f"unknown export format {fmt!r}", expected=" | ".join(FORMATS))
     given = Path(output)
     output = given.resolve()  # (a link to a directory: the export goes into the directory it names)
-    if check_output(given, overwrite) is None:  # a new directory: built beside it, renamed into place
-        _export(given, output, None, fmt, node_names, node_blocks, dim, relation_names, relations)
-    else:
-        with _export_lock(output):  # one export at a time into an existing directory, from check to move
-            replaced = check_output(given, overwrite)  # (again, now that no other export can change it)
-            if replaced is None:  # (removed meanwhile)
-                raise MariusInputError("output directory vanished while export started", path=given,
-                                       expected="an output directory that nothing else removes meanwhile")
-            _export(given, output, replaced, fmt, node_names, node_blocks, dim, relation_names, relations)
+    needed = _export_bytes(fmt, node_names, dim, relation_names, relations)
+    with reporting_full_disk(f"writing the export {given}", output, needed):  # (checked before even the lock)
+        if check_output(given, overwrite) is None:  # a new directory: built beside it, renamed into place
+            _export(given, output, None, fmt, node_names, node_blocks, dim, relation_names, relations)
+        else:
+            with _held(_export_lock(output)):  # one export at a time into an existing directory, check to move
+                replaced = check_output(given, overwrite)  # (again, now that no other export can change it)
+                if replaced is None:  # (removed meanwhile)
+                    raise MariusInputError("output directory vanished while export started", path=given,
+                                           expected="an output directory that nothing else removes meanwhile")
+                _export(given, output, replaced, fmt, node_names, node_blocks, dim, relation_names, relations)
     return given
 
 
@@ -100,44 +115,40 @@ def _export(given: Path, output: Path, replaced: list[str] | None, fmt: str, nod
     else:
         remove_abandoned(output, [STAGING_PREFIX])  # (those of dead processes only)
         tmp = output / owned_name(STAGING_PREFIX)
-    needed = _export_bytes(fmt, node_names, dim, relation_names, relations)
-    with reporting_full_disk(f"writing the export {given}", tmp.parent, needed):  # (checked before HDF5 meets it)
-        try:
-            if replaced is not None:
-                shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir(parents=True)
-        except OSError as error:
-            if is_disk_full(error):
-                raise
-            raise MariusInputError(f"cannot create the output directory: {error.strerror}", path=given,
-                                   expected="a path in a writable directory") from None
-        try:
-            _write(tmp, fmt, node_names, node_blocks, dim, relation_names, relations)
-            fsync_tree(tmp)
-            if replaced is None:
-                try:
-                    os.replace(tmp, output)  # a new directory appears whole (onto nothing, or an empty directory)
-                except OSError as error:
-                    if error.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, errno.EISDIR):
-                        raise
-                    raise MariusInputError("the output appeared while export wrote (another export or program "
-                                           "created it); it is left as it is", path=given,
-                                           expected="one export into a directory at a time") from None
-                fsync_directory(output.parent)
-        except BaseException as error:
+    try:
+        if replaced is not None:
             shutil.rmtree(tmp, ignore_errors=True)
-            if is_disk_full(error) or not isinstance(error, OSError) or error.filename is None:
-                raise
-            raise MariusInputError(f"cannot write the export: {error.strerror}", path=error.filename,
-                                   expected="an output path that stays writable (and that nothing else creates "
-                                            "meanwhile)") from None
+        tmp.mkdir(parents=True)
+    except OSError as error:
+        if is_disk_full(error):
+            raise
+        raise MariusInputError(f"cannot create the output directory: {error.strerror}", path=given,
+                               expected="a path in a writable directory") from None
+    try:
+        _write(tmp, fmt, node_names, node_blocks, dim, relation_names, relations)
+        fsync_tree(tmp)
+        if replaced is None:
+            try:
+                os.replace(tmp, output)  # a new directory appears whole (onto nothing, or an empty directory)
+            except OSError as error:
+                if error.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, errno.EISDIR):
+                    raise
+                raise MariusInputError("the output appeared while export wrote (another export or program "
+                                       "created it); it is left as it is", path=given,
+                                       expected="one export into a directory at a time") from None
+            fsync_directory(output.parent)
+    except BaseException as error:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if is_disk_full(error) or not isinstance(error, OSError) or error.filename is None:
+            raise
+        raise MariusInputError(f"cannot write the export: {error.strerror}", path=error.filename,
+                               expected="an output path that stays writable (and that nothing else creates "
+                                        "meanwhile)") from None
     if replaced is None:
         return
     try:
         _move_into(tmp, output, replaced)  # (interrupted, it leaves its staging folder: --overwrite recovers)
-    except OSError as error:
-        if error.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise
+    except OSError as error:  # (a full disk too: the staged export waits there, complete)
         kept = f"; the new files wait in {tmp.name} there" if tmp.is_dir() else ""
         raise MariusInputError(f"cannot move the export into place: {error.strerror or error}{kept}",
                                path=error.filename or output,

@@ -84,19 +84,24 @@ def is_disk_full(error: BaseException | None) -> bool:
 
 
 def free_bytes(directory: str | os.PathLike) -> int:
-    """Bytes this user may still write on the file system of ``directory`` (or of its nearest existing parent:
-    a full disk can stop a folder being made)."""
+    """Bytes this user may still write on the file system of ``directory`` (``nearest_existing``)."""
+    stat = os.statvfs(nearest_existing(directory))
+    return stat.f_bavail * stat.f_frsize
+
+
+def nearest_existing(directory: str | os.PathLike) -> Path:
+    """``directory``, or its nearest parent that exists (an output not made yet, or that a full disk stopped)."""
     directory = Path(directory).absolute()
     while not directory.exists() and directory != directory.parent:
         directory = directory.parent
-    stat = os.statvfs(directory)
-    return stat.f_bavail * stat.f_frsize
+    return directory
 
 
 def disk_full_error(what: str, directory: Path, needed: int | None = None) -> DiskFullError:
     """The error for ``what`` (an output, already removed) not fitting in ``directory``: "needs about
     ``needed``" where it is known and more than is free, else "needs more than the free space" (it was
     measured by failing)."""
+    directory = nearest_existing(directory)
     free = free_bytes(directory)
     if needed is not None and needed > free:
         amount = f"about {format_bytes(needed)} in {directory}, {format_bytes(free)} is free"

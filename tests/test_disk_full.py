@@ -19,18 +19,27 @@ from marius_py.storage.manifest import verify_manifest
 UMLS_RAW = Path(__file__).parent / "data" / "umls"
 
 
-@pytest.fixture
-def small_disk(tmp_path):
-    """A 4 MiB tmpfs; skipped where mounting is refused."""
-    mount_point = tmp_path / "disk"
-    mount_point.mkdir()
+def mount_small_disk(mount_point: Path) -> Path:
+    """A 4 MiB tmpfs at ``mount_point`` (made here); the test is skipped where mounting is refused."""
+    mount_point.mkdir(parents=True, exist_ok=True)
     try:
         subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount_point)], check=True,
                        capture_output=True)
     except (OSError, subprocess.CalledProcessError) as error:
         pytest.skip(f"mounting a size-limited tmpfs is refused here ({error})")
-    yield mount_point
+    return mount_point
+
+
+def unmount(mount_point: Path) -> None:
     subprocess.run(["umount", str(mount_point)], check=False)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 4 MiB tmpfs; skipped where mounting is refused."""
+    mount_point = mount_small_disk(tmp_path / "disk")
+    yield mount_point
+    unmount(mount_point)
 
 
 def fill(directory, keep_bytes: int = 16 << 10):
