@@ -279,8 +279,8 @@ def _export_bytes(fmt: str, node_names: list[str], dim: int, relation_names: lis
 
 
 def _text_bytes(names: list[str]) -> int:
-    """The bytes of ``names`` one a line in UTF-8."""
-    return sum(len(name.encode()) + 1 for name in names)
+    """About the bytes of ``names`` one a line: their characters (at C speed; exact for ASCII names)."""
+    return sum(map(len, names)) + len(names)
 
 
 def relation_rows(relation_table: np.ndarray, relation_names: list[str]) -> tuple[list[str], np.ndarray]:
