@@ -22,8 +22,6 @@ import errno
 import json
 import os
 import shutil
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import h5py
@@ -63,17 +61,6 @@ def _export_lock(output: Path) -> DirectoryLock:
         remove_on_release=True)
 
 
-@contextmanager
-def _held(lock: DirectoryLock) -> Iterator[None]:
-    """``lock`` held for the block, and released even where acquiring it failed after its file was made (the
-    holder record unwritable on a full disk), so that no lock file stays behind."""
-    try:
-        lock.acquire()
-        yield
-    finally:
-        lock.release()
-
-
 def _write_tsv(path: Path, names: list[str], blocks) -> None:
     with open(path, "w", encoding="utf-8") as handle:
         for start, block in blocks:
@@ -97,7 +84,7 @@ def export_embeddings(output: str | Path, fmt: str, node_names: list[str], node_
         if check_output(given, overwrite) is None:  # a new directory: built beside it, renamed into place
             _export(given, output, None, fmt, node_names, node_blocks, dim, relation_names, relations)
         else:
-            with _held(_export_lock(output)):  # one export at a time into an existing directory, check to move
+            with _export_lock(output):  # one export at a time into an existing directory, check to move
                 replaced = check_output(given, overwrite)  # (again, now that no other export can change it)
                 if replaced is None:  # (removed meanwhile)
                     raise MariusInputError("output directory vanished while export started", path=given,

@@ -48,8 +48,12 @@ class DirectoryLock:
                                    expected="one command at a time here")
         self._descriptor = descriptor
         record = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%d %H:%M:%S")}
-        os.ftruncate(descriptor, 0)
-        os.pwrite(descriptor, (json.dumps(record) + "\n").encode(), 0)
+        try:
+            os.ftruncate(descriptor, 0)
+            os.pwrite(descriptor, (json.dumps(record) + "\n").encode(), 0)
+        except BaseException:  # (a full disk refused the holder record: no lock is held, and none is left)
+            self.release()
+            raise
         return self
 
     def _lock(self, descriptor: int) -> bool:

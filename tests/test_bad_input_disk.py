@@ -1,5 +1,5 @@
 """A corpus of full disks through the command line: every command that writes (preprocess, export in each
-format, plot, train re-bucketing or preprocessing into the cache), each on a real 4 MiB tmpfs filled at a
+format, plot, train re-bucketing or preprocessing into the cache, tune creating its study), each on a real 4 MiB tmpfs filled at a
 level of its own. Each must exit with status 2 and one message that says there is no space, names the
 place and the space needed (no traceback); leave nothing temporary, partial or hidden on the disk; and
 change no file that was there before (a run's checkpoints and plots, an earlier export).
@@ -36,7 +36,8 @@ class DiskCase(NamedTuple):
 
 
 FILES = "--train {raw}/train.txt --valid {raw}/valid.txt --test {raw}/test.txt"
-TRAIN = "train training.device=cpu model.dim=8 training.epochs=1 --quiet"
+TRAIN_SETTINGS = "training.device=cpu model.dim=8 training.epochs=1"
+TRAIN = f"train {TRAIN_SETTINGS} --quiet"
 CACHE = "{disk}/cache/datasets"  # where train preprocesses or re-buckets a dataset ($MARIUS_PY_CACHE on the disk)
 
 CASES = {
@@ -72,6 +73,11 @@ CASES = {
                                                  "--run-dir {tmp}/run", 300_000, CACHE),
     "train_preprocessing_into_the_cache": DiskCase(f"{TRAIN} dataset.path={{raw}} --run-dir {{tmp}}/run", 8192,
                                                    CACHE),
+    # tune: its study (SQLite) and the lock of its search directory
+    "tune_creating_its_study": DiskCase(f"tune dataset.path={{dataset}} {TRAIN_SETTINGS} --space {{space}} --trials 1 "
+                                        "--run-dir {disk}/search", 50_000, "{disk}/search"),
+    "tune_with_no_byte_free": DiskCase(f"tune dataset.path={{dataset}} {TRAIN_SETTINGS} --space {{space}} --trials 1 "
+                                       "--run-dir {disk}/search", 0, "{disk}/search"),
 }
 NEW_ON_DISK = {"cache", "cache/datasets"}  # the only entries a failed command may add: the cache's folders
 # Export with its size check skipped: the full disk is met inside the HDF5 and npy writers.
@@ -99,7 +105,9 @@ def places(tmp_path_factory, umls_dataset):
     assert main(shlex.split(TRAIN) + [f"dataset.path={umls_dataset}", "--run-dir", str(run)]) == 0
     assert main(["plot", str(run)]) == 0
     assert main(["export", str(run), "--format", "npy", "-o", str(export)]) == 0
-    return {"tmp": tmp, "run": run, "export": export, "dataset": umls_dataset, "raw": UMLS_RAW}
+    space = tmp / "space.yaml"
+    space.write_text("training.lr: [0.1, 0.2]\n")
+    return {"tmp": tmp, "run": run, "export": export, "dataset": umls_dataset, "raw": UMLS_RAW, "space": space}
 
 
 @pytest.fixture(scope="module")
