@@ -55,7 +55,8 @@ whitespace of every field is stripped; names may not be empty; 2 or 3 fields a
 line (more with explicit ``columns``); a UTF-8 BOM is ignored; LF and CRLF line
 endings are read, a carriage return elsewhere, a NUL byte or a line over 1 MiB is
 an error (CR-only line endings, UTF-16 or binary files); blank lines only at the
-end of a file; a wrong field count on line 1 suggests ``--skip-header 1``.
+end of a file; a wrong field count on line 1 gets the hint the lines after it suggest (``--skip-header`` for a
+header, ``--pairs`` for two fields, ``--columns`` for more).
 """
 
 from __future__ import annotations
@@ -184,6 +185,7 @@ def _build_staged(output_dir: Path, overwrite: bool, build) -> DatasetMetadata:
         print(f"note: {output_dir} was missing: put back the dataset that a killed run replacing it had moved "
               f"to {restored.name}", file=sys.stderr)
     _check_output_dir(output_dir, overwrite)
+    made = [folder for folder in output_dir.parents if not folder.exists()]  # (removed again on failure)
     with reporting_full_disk(f"writing the dataset {output_dir}", output_dir.parent):
         try:
             output_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -202,8 +204,18 @@ def _build_staged(output_dir: Path, overwrite: bool, build) -> DatasetMetadata:
             _publish(staging, output_dir, overwrite)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
+            _remove_empty(made)
             raise
     return metadata
+
+
+def _remove_empty(folders: list[Path]) -> None:
+    """Remove ``folders`` (deepest first) where they are empty: the output's parents a failed preprocess made."""
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:
+            return
 
 
 @contextmanager

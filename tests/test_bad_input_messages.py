@@ -93,6 +93,9 @@ REFUSED_BEFORE_WRITING = {
     "plot_epoch_without_a_timeline": Case("plot {run} -o {out} --epoch 9", "epoch 9 has no buffer-state timeline"),
     "plot_epoch_of_a_run_without_buffer": Case("plot {in_memory} -o {out} --epoch 1",
                                                "no epoch of this run has buffer states"),
+    # the folders above a new output are made for it, and removed again when it is refused
+    "preprocess_refused_into_new_folders": Case("preprocess --train {pairs} -o {out}/new/deep/dataset",
+                                                "needs --pairs"),
 }
 CASES = {**INTERRUPTS, **NOT_FILES, **HINTS, **REFUSED_BEFORE_WRITING}
 
