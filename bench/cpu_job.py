@@ -2,9 +2,14 @@
 
     python bench/cpu_job.py --json bench/results/cpu-allocator.json --allocator both          # the bundled job
     python bench/cpu_job.py --code /tmp/base --code . --repeats 3 --json out.json -- training.epochs=3 evaluation.every=0
+    python bench/cpu_job.py --code /tmp/venv-base/bin/python --code /tmp/venv-new/bin/python -- training.epochs=3
 
 Each run is `marius-py train --quiet [train arguments]` in a fresh process, from a checkout given with
-``--code`` (a git worktree of another commit, say; default: this one), with the command's allocator
+``--code`` (a git worktree of another commit, say; default: this one) or a Python interpreter whose
+environment has marius-py installed (a venv holding another commit's wheel). A checkout is put first on
+``sys.path``; where an editable install of another checkout is present, its ``storage``, ``pipeline`` and
+``orderings`` subpackages still come from that install (setuptools' editable finder maps them), so compare
+commits that differ there through interpreters. Runs use the command's allocator
 settings or glibc's defaults (``--allocator``: MARIUS_PY_SYSTEM_MALLOC, marius_py/resources.py; a checkout
 without the settings always runs glibc's defaults, and its rows say so). Runs alternate (``--repeats``
 rounds of every code x allocator) so that a drifting machine hits them alike. Each row: wall, user and
@@ -34,11 +39,13 @@ def timed_run(code: Path, train_args: list[str], system_malloc: bool) -> dict:
         env[ALLOCATOR_OPT_OUT] = "1"
     with tempfile.TemporaryDirectory() as scratch:
         run_dir = Path(scratch) / "run"
-        program = (f"import sys; sys.path.insert(0, {str(code)!r}); from marius_py.cli import main; "
+        interpreter = code if code.is_file() else Path(sys.executable)
+        path = "" if code.is_file() else f"sys.path.insert(0, {str(code)!r}); "
+        program = (f"import sys; {path}from marius_py.cli import main; "
                    f"sys.exit(main(['train', '--quiet', '--run-dir', {str(run_dir)!r}, *{train_args!r}]))")
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         start = time.perf_counter()
-        done = subprocess.run([sys.executable, "-c", program], env=env, cwd=scratch, capture_output=True,
+        done = subprocess.run([str(interpreter), "-c", program], env=env, cwd=scratch, capture_output=True,
                               text=True)
         if done.returncode:
             sys.exit(f"{code}: marius-py train failed ({done.returncode}):\n{done.stderr}")
@@ -47,7 +54,7 @@ def timed_run(code: Path, train_args: list[str], system_malloc: bool) -> dict:
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     mrr = re.search(r"^test: MRR ([0-9.]+)", out, re.MULTILINE)
-    has_settings = "keep_freed_memory" in (code / "marius_py" / "resources.py").read_text()
+    has_settings = code.is_file() or "keep_freed_memory" in (code / "marius_py" / "resources.py").read_text()
     allocator = "command's" if has_settings and not system_malloc else "glibc defaults"
     return {"code": str(code), "allocator": allocator, "wall_s": wall,
             "user_s": after.ru_utime - before.ru_utime, "system_s": after.ru_stime - before.ru_stime,
@@ -58,13 +65,14 @@ def timed_run(code: Path, train_args: list[str], system_malloc: bool) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--code", action="append", type=Path, default=None,
-                        help="a checkout to run (repeatable; default: this one)")
+                        help="a checkout, or a Python with marius-py installed, to run (repeatable; default: this "
+                             "checkout)")
     parser.add_argument("--allocator", choices=sorted(ALLOCATORS), default="command")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--json", default=None)
     parser.add_argument("train_args", nargs="*", help="after --: arguments of marius-py train")
     args = parser.parse_args()
-    codes = [code.resolve() for code in args.code or [Path(__file__).resolve().parent.parent]]
+    codes = [code.absolute() for code in args.code or [Path(__file__).resolve().parent.parent]]
     rows = [timed_run(code, args.train_args, system_malloc) for _ in range(args.repeats) for code in codes
             for system_malloc in ALLOCATORS[args.allocator]]
     print(f"{'code':<24} {'allocator':<15} {'wall s':>7} {'user s':>7} {'sys s':>6} {'test MRR':>8}  epochs (s)")

@@ -348,10 +348,12 @@ def test_partitions_left_empty_are_refused(datasets, tmp_path):
 
 
 def test_buffer_larger_than_memory_is_refused(datasets, tmp_path, monkeypatch):
-    """Refused before anything is written: the split store's re-bucketed dataset included."""
-    monkeypatch.setattr(resources, "available_memory", lambda: 1024)
+    """Refused before anything is written: the split store's re-bucketed dataset included. (Memory for a batch
+    of 4 edges, which the plan checks first, and not for two partitions.)"""
+    monkeypatch.setattr(resources, "available_memory", lambda: 8192)
     monkeypatch.setenv("MARIUS_PY_CACHE", str(tmp_path / "cache"))
-    config = config_for(datasets[4], "storage.num_partitions=4", "storage.buffer_capacity=2")
+    config = config_for(datasets[4], "storage.num_partitions=4", "storage.buffer_capacity=2",
+                        "training.batch_size=4", "training.num_negatives=2")
     with pytest.raises(MariusInputError, match="storage.buffer_capacity"):
         mp.train(config, tmp_path / "run", progress=False)
     assert not (tmp_path / "cache").exists()
