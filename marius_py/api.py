@@ -25,6 +25,7 @@ from marius_py.bundled import BUNDLED_CONFIGS, BUNDLED_DATASETS, bundled_config,
 from marius_py.checkpoint import CONFIG_FILE, NODES, RunDirectory, RunFingerprint, check_holders, load_version
 from marius_py.config import Config, load_config, run_layout, with_split_applied
 from marius_py.dataset import Dataset
+from marius_py.memory_data import is_edge_data, write_triples
 from marius_py.errors import PATH_TYPES, MariusInputError, check_type
 from marius_py.run_setup import claim_run_dir, not_a_run
 from marius_py.timeline import Startup
@@ -41,12 +42,19 @@ FLAG = (bool, np.bool_)    # what switches take (a string such as "false" would 
 CONFIG_EXPECTED = "a Config: mp.make_config(...), or mp.api.load_run_config(RUN_DIR) to resume"
 
 
-def load_dataset(path_or_name: str = "codex-m", progress: bool = False) -> Dataset:
-    """Open a preprocessed dataset (preprocessing a raw or bundled one into the cache first)."""
+def load_dataset(path_or_name: str = "codex-m", progress: bool = False, **options) -> Dataset:
+    """Open a preprocessed dataset (preprocessing a raw or bundled one into the cache first), or make one from
+    edges held in memory: then ``path_or_name`` is train's and ``options`` are ``Dataset.from_triples``'s."""
+    if is_edge_data(path_or_name):
+        return Dataset(write_triples(path_or_name, progress=progress, argument="load_dataset: path_or_name",
+                                     **options))
     check_type(path_or_name, PATH_TYPES, "load_dataset: path_or_name",
-                "a dataset's path or a bundled dataset's name, a str or pathlib.Path (graphs held in memory, "
-                "such as NumPy arrays, are not taken yet)")
+               "a dataset's path or a bundled dataset's name, a str or pathlib.Path, or edges held in memory "
+               "(a NumPy array, a pandas DataFrame or a list of name triples)")
     check_type(progress, FLAG, "load_dataset: progress", "True or False")
+    if options:
+        raise MariusInputError(f"load_dataset: {', '.join(options)} given with a path",
+                               expected="options only with edges held in memory (Dataset.from_triples's)")
     return Dataset(resolve_dataset(path_or_name, progress=progress))
 
 

@@ -78,6 +78,21 @@ class _EdgeBlock:
                      for names in (self.heads, self.relations, self.tails))
 
 
+class EdgeSource:
+    """Edges that are not a file, which preprocessing reads as it reads a file (``marius_py.memory_data``: edges
+    held in memory). ``str(source)`` names it in messages where a path names a file, and a message's line is
+    the row (from 0) of its edge; ``name`` labels progress bars, ``origin`` is what a dataset's sources
+    record (a file: its absolute path)."""
+    name: str
+    origin: str
+
+    def blocks(self, block_lines: int, label: str, progress: bool) -> Iterator[tuple[int, list[Sequence[str]]]]:
+        """(first row, [heads, relations, tails]) of consecutive blocks of at most ``block_lines`` edges, as
+        ``_iter_blocks`` gives a file's (a graph without relations gets ``PAIRS_RELATION``), with a progress
+        bar ``label``."""
+        raise NotImplementedError
+
+
 class _LineParser:
     """Checks the lines of one file and picks (head, relation, tail) names."""
 
@@ -271,7 +286,7 @@ def pipes_copied(paths: Sequence[Path], within: Path) -> Iterator[list[Path]]:
     copies: dict[Path, PipeInput] = {}
     try:
         for path in paths:
-            if path not in copies and _is_pipe(path):
+            if isinstance(path, Path) and path not in copies and _is_pipe(path):  # (an EdgeSource is no pipe)
                 copies[path] = _copy_pipe(path, folder / str(len(copies)))
         yield [copies.get(path, path) for path in paths]
     finally:

@@ -79,7 +79,8 @@ from tqdm import tqdm
 
 from marius_py.dataset import (METADATA_FILE, NODES_FILE, RELATIONS_FILE, Dataset, DatasetMetadata,
                                write_metadata, write_names)
-from marius_py.edge_text import PAIRS_RELATION, _EdgeBlock, _iter_blocks, pipes_copied, refuse_special_file
+from marius_py.edge_text import (PAIRS_RELATION, EdgeSource, _EdgeBlock, _iter_blocks, pipes_copied,
+                                 refuse_special_file)
 from marius_py.errors import MariusInputError
 from marius_py.identity import compute_identity
 from marius_py.resources import available_memory
@@ -116,7 +117,7 @@ class PreprocessOptions:
 
 @dataclass(frozen=True)
 class _Input:
-    path: Path
+    path: Path | EdgeSource  # a file, or edges from elsewhere (held in memory)
     split: int | None  # split code, or None: split each edge at random
 
 
@@ -130,7 +131,8 @@ def preprocess(output_dir: str | os.PathLike, train: str | os.PathLike,
     with ``options.split_fractions``. ``progress`` shows progress bars and notes on
     stderr. An existing dataset in ``output_dir`` is replaced only with ``overwrite``.
     Bad input raises ``MariusInputError`` and leaves ``output_dir`` untouched. An input may be a
-    pipe (a FIFO, or ``<(command)``'s /dev/fd/N): it is read once into the staging directory.
+    pipe (a FIFO, or ``<(command)``'s /dev/fd/N): it is read once into the staging directory; or an
+    ``EdgeSource``, edges that are not a file (``marius_py.memory_data``: held in memory).
     """
     options = options or PreprocessOptions()
     _validate_options(options)
@@ -292,16 +294,22 @@ def _resolve_inputs(train, valid, test) -> list[_Input]:
         raise MariusInputError("got only one of valid and test",
                                expected="train, valid and test files, or a single file to split")
     if valid is None:
-        inputs = [_Input(Path(train), None)]
+        inputs = [_Input(_input_path(train), None)]
     else:
-        inputs = [_Input(Path(path), code)
+        inputs = [_Input(_input_path(path), code)
                   for path, code in ((train, TRAIN), (valid, VALID), (test, TEST))]
     for item in inputs:
+        if isinstance(item.path, EdgeSource):
+            continue  # (no file to find)
         refuse_special_file(item.path, "input", expected="an edge file: a file, a FIFO or <(command)")
         if not item.path.exists():
             raise MariusInputError("input file not found", path=item.path,
                                    expected="an existing edge file")
     return inputs
+
+
+def _input_path(value) -> Path | EdgeSource:
+    return value if isinstance(value, EdgeSource) else Path(value)
 
 
 def _check_output_dir(output_dir: Path, overwrite: bool) -> None:
@@ -357,8 +365,10 @@ def _edge_blocks(inputs: list[_Input], options: PreprocessOptions, split_seed, l
     """Blocks of edges of several inputs, each with its split codes."""
     for item in inputs:
         assigner = _SplitAssigner(tuple(options.split_fractions), split_seed)  # same per pass
-        for first_line, names in _iter_blocks(item.path, options, f"{label} {item.path.name}", progress,
-                                              min(options.chunk_lines, _BLOCK_LINES)):
+        block_lines, desc = min(options.chunk_lines, _BLOCK_LINES), f"{label} {item.path.name}"
+        blocks = (item.path.blocks(block_lines, desc, progress) if isinstance(item.path, EdgeSource)
+                  else _iter_blocks(item.path, options, desc, progress, block_lines))
+        for first_line, names in blocks:
             splits = item.split if item.split is not None else assigner.codes(len(names[0]))
             yield _EdgeBlock(item.path, first_line, *names, splits)
 
@@ -650,7 +660,8 @@ def _build_dataset(staging: Path, inputs: list[_Input], options: PreprocessOptio
 
 
 def _sources(inputs: list[_Input]) -> dict[str, str]:
-    return {SPLITS[item.split if item.split is not None else TRAIN]: os.path.abspath(item.path)
+    return {SPLITS[item.split if item.split is not None else TRAIN]:
+            item.path.origin if isinstance(item.path, EdgeSource) else os.path.abspath(item.path)
             for item in inputs}
 
 
