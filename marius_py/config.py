@@ -21,20 +21,33 @@ from pathlib import Path
 
 import yaml
 
-from marius_py import models
-from marius_py.orderings import ORDERINGS, Ordering, build_ordering, default_group_size, default_split, is_two_level
+from marius_py import orderings
+from marius_py.models import DECODERS, LOSSES, REGULARIZERS
+from marius_py.negatives import NEGATIVE_SAMPLERS
+from marius_py.orderings import Ordering, OrderingSpec, build_ordering, default_group_size, default_split, is_two_level
 from marius_py.orderings.affine import AFFINE_BUFFERS, affine_defined, affine_group_size, affine_split
 from marius_py.errors import MariusInputError
+from marius_py.registry import Registry, import_plugins, where_defined
 from marius_py.storage.partitioning import partitions_filled
 
-DECODERS = tuple(models.DECODER_CLASSES)
-LOSSES = tuple(models.LOSSES)
-REGULARIZERS = ("none", "n3", "l2")
+
+def _check_ordering(name: str, spec) -> None:
+    if not (isinstance(spec, OrderingSpec) and spec.name == name):
+        raise MariusInputError(f"ordering {name!r} ({where_defined(spec)}) is not an OrderingSpec named {name!r}",
+                               expected="mp.ORDERINGS.register(name, OrderingSpec(name, builder, ...))")
+
+
+# The orderings' own table (the orderings package imports numpy alone), as a registry.
+ORDERINGS: Registry[OrderingSpec] = Registry("ordering", "mp.ORDERINGS", check=_check_ordering,
+                                             entries=orderings.ORDERINGS, loaded_by="model.plugins")
+# Keys whose value names a plug-in, and the registry it is found in.
+PLUGIN_KEYS = {"model.decoder": DECODERS, "model.loss": LOSSES, "model.regularizer": REGULARIZERS,
+               "training.negative_sampler": NEGATIVE_SAMPLERS, "storage.ordering": ORDERINGS}
+LIST_KEYS = ("model.plugins", "training.devices")  # str keys of comma-separated items, which a YAML list may give
 ADAGRAD_VARIANTS = ("full", "rowwise")
 RELATION_OPTIMIZERS = ("adagrad", "adam")
 DEVICES = ("auto", "cpu", "cuda")
 EVAL_PROTOCOLS = ("filtered", "sampled")
-ORDERING_NAMES = tuple(ORDERINGS)
 NEGATIVE_KINDS = ("uniform", "degree", "mixed")
 PLACEMENTS = ("auto", "device", "host", "replicated", "split")
 PROCESS_MODELS = ("one", "per_device")
@@ -58,6 +71,10 @@ def _f(default, help: str, **kw):
     return field(default=default, metadata={"help": help}, **kw)
 
 
+def _plugin_help(kind: str, registry: str) -> str:
+    return f"a {kind} registered in {registry} (the built-in ones and any a module of model.plugins registers)"
+
+
 @dataclass
 class DatasetConfig:
     path: str = _f("codex-m", "preprocessed dataset directory, or the name of the bundled dataset 'codex-m'")
@@ -65,15 +82,20 @@ class DatasetConfig:
 
 @dataclass
 class ModelConfig:
-    decoder: str = _f("complex", f"scoring function, one of {DECODERS}")
+    plugins: str = _f("",
+        "modules that register plug-ins, imported before the rest of the config is checked: comma-separated "
+        "module names or .py paths (a YAML list too); a run records them, so eval, export and --resume import "
+        "them again")
+    decoder: str = _f("complex", f"scoring function, {_plugin_help('decoder', 'mp.DECODERS')}")
     dim: int = _f(256, "embedding dimension (real numbers per node; complex decoders use dim/2 complex pairs)")
     init_scale: float = _f(1e-3, "standard deviation of the normal initialisation")
     norm: int = _f(1,
         "distance norm of transe and rotate, 1 or 2 (rotate's 1 sums the complex moduli of h*r - t, as Sun et "
         "al.; 2 is scored on matmuls and wants another model.reg_weight)")
-    loss: str = _f("softmax_ce", f"training loss, one of {LOSSES}")
+    loss: str = _f("softmax_ce", f"training loss, {_plugin_help('loss', 'mp.LOSSES')}")
     margin: float = _f(1.0, "margin of the margin ranking loss")
-    regularizer: str = _f("n3", f"regulariser on the batch's embeddings, one of {REGULARIZERS}")
+    regularizer: str = _f("n3", f"regulariser on the batch's embeddings, "
+                                f"{_plugin_help('regulariser', 'mp.REGULARIZERS')}")
     reg_weight: float = _f(0.0, "weight of the regulariser (0 disables it)")
     dropout: float = _f(0.0, "dropout on the query embedding op(h, r) during training")
 
@@ -84,6 +106,10 @@ class TrainingConfig:
     batch_size: int = _f(1000, "edges per batch")
     num_chunks: int = _f(1, "a batch is split into this many chunks; each chunk shares its negatives")
     num_negatives: int = _f(1000, "negatives per chunk and direction; -1 scores against every node")
+    negative_sampler: str = _f("uniform", "how negatives are drawn, "
+                                          f"{_plugin_help('sampler', 'mp.NEGATIVE_SAMPLERS')}; uniform: "
+                                          "uniform over the nodes, training.degree_fraction of them from the "
+                                          "batch's endpoints")
     degree_fraction: float = _f(0.0, "fraction of negatives taken from the batch's own endpoints (degree-based)")
     lr: float = _f(0.1, "Adagrad learning rate of the node embeddings")
     adagrad_variant: str = _f("full", f"node Adagrad state, one of {ADAGRAD_VARIANTS} (rowwise: one accumulator per row)")
@@ -97,13 +123,16 @@ class TrainingConfig:
         "alone")
     relation_prediction: float = _f(0.0, "weight of the relation-prediction objective (Chen et al., AKBC 2021): "
                                           "each edge's relation predicted from its head and tail by a softmax over "
-                                          "all relation vectors, both directions (distmult, complex); 0: off")
+                                          "all relation vectors, both directions (decoders linear in the relation, "
+                                          "such as distmult and complex); 0: off")
     shared_negatives: bool = _f(False,
         "several devices: the batches of a step draw the same uniform negatives, so each negative row is read "
         "from the host once per step (degree-based negatives stay per device)")
     num_threads: int = _f(0, "torch CPU threads (0: leave torch's default)")
     tensorboard: bool = _f(False, "also write the metrics as TensorBoard events to RUN_DIR/tensorboard (needs the "
                                   "tensorboard package: the tensorboard extra)")
+    callbacks: str = _f("", "callbacks run while training, comma-separated names registered in "
+                            "marius_py.callbacks.CALLBACKS (tensorboard is one); looked up when training starts")
     checkpoint_interval: float = _f(0.0,
         "seconds between checkpoint commits: an epoch commits when this long has passed, validation found a "
         "new best, or it is the last epoch; out of core a commit may also fall between two buffer states. 0: "
@@ -145,9 +174,9 @@ class StorageConfig:
     memory_limit_gib: float = _f(0.0, "the most memory, in GiB, the plan may give the node tables or the "
                                       "partition buffer, in GPU or host memory (0: what the machine has free)")
     ordering: str = _f("comet",
-        f"order of buffer states and buckets, one of {ORDERING_NAMES}: beta needs the least IO, comet runs "
-        "BETA over groups of partitions regrouped every epoch, affine walks the lines of an affine plane "
-        "(P = C^2). See the out-of-core guide for their IO and accuracy")
+        f"order of buffer states and buckets, {_plugin_help('ordering', 'mp.ORDERINGS')}: beta needs the least "
+        "IO, comet runs BETA over groups of partitions regrouped every epoch, affine walks the lines of an "
+        "affine plane (P = C^2). See the out-of-core guide for their IO and accuracy")
     edge_assignment: str = _f("bucket",
         "which state trains an edge: bucket (the ordering's assignment), balanced (whole buckets, evening the "
         "edges per state at the same IO) or edge (each edge to a random state holding its bucket)")
@@ -239,12 +268,12 @@ def validate(config: Config, origins: dict | None = None) -> Config:
 
     ``origins`` maps ``section.key`` to the (file, line) that set it.
     """
-    _check = functools.partial(_check_value, origins=origins or {})
+    origins = origins or {}
+    _check = functools.partial(_check_value, origins=origins)
     _check_numbers(config, _check)
+    _check_plugins(config, origins)
     m, t, e = config.model, config.training, config.evaluation
-    choices = [("model.decoder", m.decoder, DECODERS), ("model.loss", m.loss, LOSSES),
-               ("model.regularizer", m.regularizer, REGULARIZERS),
-               ("training.adagrad_variant", t.adagrad_variant, ADAGRAD_VARIANTS),
+    choices = [("training.adagrad_variant", t.adagrad_variant, ADAGRAD_VARIANTS),
                ("training.relation_optimizer", t.relation_optimizer, RELATION_OPTIMIZERS),
                ("training.device", t.device, DEVICES), ("evaluation.protocol", e.protocol, EVAL_PROTOCOLS),
                ("evaluation.negative_sampling", e.negative_sampling, NEGATIVE_KINDS),
@@ -289,9 +318,7 @@ def validate(config: Config, origins: dict | None = None) -> Config:
            t.num_chunks)
     _check(m.norm in (1, 2), "model.norm", "expected 1 or 2", m.norm)
     _check(t.relation_prediction >= 0, "training.relation_prediction", "expected >= 0", t.relation_prediction)
-    _check(t.relation_prediction == 0 or m.decoder in ("distmult", "complex"), "training.relation_prediction",
-           f"needs a decoder linear in the relation vector (distmult, complex), not {m.decoder}",
-           t.relation_prediction)
+    _check_decoder_capabilities(config, _check)
     _check_storage(config.storage, _check)
     d = config.distributed
     _check(d.relation_sync_seconds > 0, "distributed.relation_sync_seconds", "expected > 0", d.relation_sync_seconds)
@@ -299,9 +326,33 @@ def validate(config: Config, origins: dict | None = None) -> Config:
     _check(d.partitions_per_trainer == 0 or 2 <= d.partitions_per_trainer, "distributed.partitions_per_trainer",
            "expected 0 (automatic) or >= 2",
            d.partitions_per_trainer)
-    if m.decoder in ("complex", "rotate"):
-        _check(m.dim % 2 == 0, "model.dim", f"expected even for {m.decoder}", m.dim)
     return config
+
+
+def _check_plugins(config: Config, origins: dict) -> None:
+    """Import the modules of model.plugins, then find every plug-in the config names in its live registry (an
+    unknown one is one error listing the registered names)."""
+    source, line = origins.get("model.plugins", ("config", None))
+    import_plugins(config.model.plugins, "model.plugins", source, line)
+    for path, registry in PLUGIN_KEYS.items():
+        section, key = path.split(".")
+        name = getattr(getattr(config, section), key)
+        _check_value(name in registry, path, f"expected {registry.choices()}", name, origins)
+
+
+def _check_decoder_capabilities(config: Config, _check) -> None:
+    """What the decoder declares (``models.Decoder``'s class attributes) against what the config asks of it."""
+    m = config.model
+    decoder = DECODERS.get(m.decoder)
+    step = decoder.dim_step()
+    why = "complex-valued rows" if decoder.complex_valued else f"dim_multiple = {decoder.dim_multiple}"
+    multiple = "even" if step == 2 else f"a multiple of {step}"
+    _check(m.dim % step == 0, "model.dim", f"expected {multiple} for {m.decoder} ({why}: {where_defined(decoder)})",
+           m.dim)
+    _check(config.training.relation_prediction == 0 or decoder.supports_relation_prediction,
+           "training.relation_prediction", f"needs a decoder linear in the relation vector (one declaring "
+                                           f"supports_relation_prediction, such as distmult), not {m.decoder}",
+           config.training.relation_prediction)
 
 
 def _check_numbers(config: Config, _check) -> None:
@@ -362,8 +413,6 @@ def _check_devices(devices: str, _check) -> None:
 
 def _check_storage(s: StorageConfig, _check) -> None:
     _check(s.dtype in STORAGE_DTYPES, "storage.dtype", f"expected one of {', '.join(STORAGE_DTYPES)}", s.dtype)
-    _check(s.ordering in ORDERING_NAMES, "storage.ordering", f"expected one of {', '.join(ORDERING_NAMES)}",
-           s.ordering)
     _check(s.buffer_capacity >= 0, "storage.buffer_capacity", "expected >= 0", s.buffer_capacity)
     _check(s.lookahead >= 1, "storage.lookahead", "expected >= 1", s.lookahead)
     _check(s.io_threads >= 1, "storage.io_threads", "expected >= 1", s.io_threads)
@@ -525,6 +574,8 @@ def _coerce(value, annotation, path: str, source, line: int | None = None):
             pass
     elif kind is str and isinstance(value, bool):  # (YAML's true and false, for keys that take auto/true/false)
         return str(value).lower()
+    elif kind is str and path in LIST_KEYS and isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return ",".join(value)
     elif kind is str and isinstance(value, (str, int, float)):
         return str(value)
     raise MariusInputError(f"{path}: expected {annotation}, got {value!r}", path=source, line=line)
@@ -832,10 +883,14 @@ def dump_config(config: Config) -> str:
 
 
 def describe_schema() -> str:
-    """Every key with its default and help, for ``--help-config``."""
+    """Every key with its default and help, for ``--help-config``; keys naming a plug-in list those registered
+    now."""
     lines = []
     for section in dataclasses.fields(Config):
         instance = section.default_factory()
         for f in dataclasses.fields(instance):
-            lines.append(f"{section.name}.{f.name} = {getattr(instance, f.name)!r}\n    {f.metadata['help']}")
+            path = f"{section.name}.{f.name}"
+            lines.append(f"{path} = {getattr(instance, f.name)!r}\n    {f.metadata['help']}")
+            if path in PLUGIN_KEYS:
+                lines.append(f"    registered: {', '.join(PLUGIN_KEYS[path].names())}")
     return "\n".join(lines)

@@ -1,4 +1,6 @@
-"""Decoders (operator + comparator), losses and regularisers.
+"""Decoders (operator + comparator, or a score function), losses and regularisers, each by name in a live
+registry (``DECODERS``, ``LOSSES``, ``REGULARIZERS``; ``mp.DECODERS`` and so on) that research code
+registers its own into.
 
 A decoder scores an edge (h, r, t) as ``comparator(operator(h, r), t)``. Every
 relation has two parameter vectors: one to corrupt tails (query ``op(h, r)``
@@ -6,26 +8,52 @@ against candidate tails) and an inverse one to corrupt heads (query
 ``op(t, r_inv)`` against candidate heads), so both directions are trained and
 ranked with the same code. Node embeddings are not parameters of this module:
 they live in the embedding store and arrive as plain tensors.
+
+A plug-in decoder in plain PyTorch needs no more than a score over broadcast vectors:
+
+    @mp.DECODERS.register("my_distmult")
+    class MyDistMult(mp.Decoder):
+        def score_hrt(self, h, r, t):
+            return (h * r * t).sum(-1)
+
+Both directions are scored by it: tails as ``score_hrt(h, r, t)``, heads as ``score_hrt(t, r_inv, h)``.
+A loss is ``loss(positive [B], negative [B, N], valid [B, N], margin) -> [B]`` (per edge), a regulariser
+``regularizer(tensors, complex_valued) -> scalar`` (summed over the rows of the batch's embeddings; the step
+divides by the batch and weighs it by model.reg_weight).
 """
 
 from __future__ import annotations
 
+import inspect
 import math
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
+from marius_py.errors import MariusInputError
+from marius_py.registry import Registry, check_function, where_defined
+
 # Elements of one broadcast [M, N, d] block for comparators without a matmul form.
 _BROADCAST_BLOCK = 1 << 24
 
 
 class Decoder(nn.Module):
-    """Base class; subclasses define ``operator`` and ``compare_pairs``/``compare_all``, and declare what the
-    fused step computes for them (``edge_operator`` and ``comparator``, read by ``step/edge_kernels.py``)."""
+    """Base class of every decoder. A subclass defines either ``score_hrt(h, r, t)`` alone (queries then carry
+    the node and relation vectors side by side and candidates are scored by broadcasting, in blocks), or
+    ``operator`` with ``compare_pairs`` and ``compare_all`` (a comparator base such as
+    ``DotProductComparator`` gives the last two, scoring candidates on matmuls). Its constructor takes
+    ``(num_relations, dim, init_scale)``.
+
+    What it can do is declared by class attributes, which validation, the plan and the step read (never its
+    name): ``complex_valued``, ``dim_multiple``, ``supports_relation_prediction``, ``regularize_relations``,
+    and ``edge_operator``/``comparator`` (what the fused step computes for it, read by
+    ``step/edge_kernels.py``; a plug-in leaves them, and trains on autograd)."""
 
     name = ""
-    complex_valued = False
+    complex_valued = False       # rows are [re | im] complex vectors: model.dim even, N3 on their moduli
+    dim_multiple = 1             # model.dim must be a multiple of this (SimplE: 2, its two halves)
+    supports_relation_prediction = False  # the score is linear in one relation row: relation_features gives phi
     regularize_relations = True  # False where relation parameters are not vectors (RotatE phases)
     edge_operator: str | None = None  # the fused step's operator (identity, diagonal, complex, translation,
                                       # rotation); None: no fused step
@@ -58,20 +86,38 @@ class Decoder(nn.Module):
         """
         return torch.index_select(self.relations, 0, relation_ids + (self.num_relations if inverse else 0))
 
+    @classmethod
+    def dim_step(cls) -> int:
+        """What model.dim must be a multiple of: ``dim_multiple``, and 2 for complex-valued rows."""
+        return math.lcm(cls.dim_multiple, 2 if cls.complex_valued else 1)
+
+    def score_hrt(self, heads: torch.Tensor, relations: torch.Tensor, tails: torch.Tensor) -> torch.Tensor:
+        """Scores of broadcast node and relation vectors [..., d] -> [...] (the simple form of a decoder)."""
+        raise NotImplementedError(f"{type(self).__name__} defines operator and its comparator, not score_hrt")
+
     def operator(self, nodes: torch.Tensor, relations: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError
+        """The query of ``nodes`` under ``relations``; for ``score_hrt``, both side by side."""
+        return torch.cat([nodes, relations], dim=-1)
 
     def compare_pairs(self, queries: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Score of each query against its own target: [B, d] x [B, d] -> [B]."""
-        raise NotImplementedError
+        nodes, relations = self._query_parts(queries)
+        return self.score_hrt(nodes, relations, targets)
 
     def compare_all(self, queries: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
         """Every query of a chunk against the chunk's candidates: [C, M, d] x [C, N, d] -> [C, M, N]."""
-        raise NotImplementedError
+        nodes, relations = self._query_parts(queries)
+        return _blocked_pairs(nodes, candidates, lambda block: self.score_hrt(
+            nodes[:, :, None, :], relations[:, :, None, :], block[:, None, :, :]))
+
+    def _query_parts(self, queries: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(node, relation) vectors of ``operator``'s default queries."""
+        return queries[..., :self.dim], queries[..., self.dim:]
 
     def relation_features(self, heads: torch.Tensor, tails: torch.Tensor) -> torch.Tensor:
-        """phi(h, t) with score(h, r, t) = <phi(h, t), r> for every relation vector r (decoders linear in r)."""
-        raise NotImplementedError(f"{self.name} scores are not linear in the relation vector")
+        """phi(h, t) with score(h, r, t) = <phi(h, t), r> for every relation vector r (decoders that declare
+        ``supports_relation_prediction``)."""
+        raise NotImplementedError(f"{type(self).__name__} scores are not linear in the relation vector")
 
     def query(self, nodes: torch.Tensor, relation_ids: torch.Tensor, inverse: bool) -> torch.Tensor:
         return self.operator(nodes, self.relation_vectors(relation_ids, inverse))
@@ -109,6 +155,7 @@ class DistMult(DotProductComparator):
 
     name = "distmult"
     edge_operator = "diagonal"
+    supports_relation_prediction = True
 
     def operator(self, nodes, relations):
         return nodes * relations
@@ -134,6 +181,7 @@ class ComplEx(DotProductComparator):
 
     name = "complex"
     complex_valued = True
+    supports_relation_prediction = True
     edge_operator = "complex"
 
     def operator(self, nodes, relations):
@@ -214,30 +262,96 @@ class RotatE(DistanceComparator):
         return torch.sqrt(re * re + im * im + 1e-12).sum(-1)
 
 
+class SimplE(DotProductComparator):
+    """score = 1/2 (<h_H, r, t_T> + <t_H, r', h_T>) (Kazemi & Poole 2018, as PyKEEN defines it).
+
+    Each node's vector holds its two embeddings as halves [head role | tail role]; relation k's forward row
+    is r and its inverse row r' (d/2 each). The score is linear in either node, so both directions are a
+    query against candidates on matmuls: op(x, [a | b]) = 1/2 [b * x_T | a * x_H] with [r | r'] for tail
+    queries and [r' | r] for head queries, which give the same score.
+    """
+
+    name = "simple"
+    dim_multiple = 2
+
+    def relation_dim(self, dim):
+        return dim // 2
+
+    def relation_vectors(self, relation_ids, inverse):
+        forward, backward = (torch.index_select(self.relations, 0, relation_ids + offset)
+                             for offset in (0, self.num_relations))
+        return torch.cat([backward, forward] if inverse else [forward, backward], dim=-1)
+
+    def operator(self, nodes, relations):
+        own, other = relations.chunk(2, dim=-1)
+        head_role, tail_role = nodes.chunk(2, dim=-1)
+        return 0.5 * torch.cat([other * tail_role, own * head_role], dim=-1)
+
+
 def _blocked_pairwise(queries: torch.Tensor, candidates: torch.Tensor, distance) -> torch.Tensor:
     """distance(q - c) for every (q, c) pair of each chunk, in bounded-memory blocks."""
+    return _blocked_pairs(queries, candidates, lambda block: distance(queries[:, :, None, :] - block[:, None, :, :]))
+
+
+def _blocked_pairs(queries: torch.Tensor, candidates: torch.Tensor, pair_scores) -> torch.Tensor:
+    """``pair_scores(block)`` -> [C, M, n] for blocks [C, n, d] of the candidates, sized so that one broadcast
+    [C, M, n, d] block stays within ``_BROADCAST_BLOCK`` elements, concatenated."""
     c, m, d = queries.shape
     block = max(1, _BROADCAST_BLOCK // max(1, c * m * d))
-    parts = [distance(queries[:, :, None, :] - candidates[:, None, start:start + block, :])
-             for start in range(0, candidates.shape[1], block)]
+    parts = [pair_scores(candidates[:, start:start + block, :]) for start in range(0, candidates.shape[1], block)]
     return torch.cat(parts, dim=2)
 
 
-DECODER_CLASSES = {cls.name: cls for cls in (Dot, DistMult, ComplEx, TransE, RotatE)}
+_QUERY_FORM = ("operator", "compare_pairs", "compare_all")
+
+
+def _check_decoder(name: str, cls) -> None:
+    """A plug-in decoder: a ``Decoder`` subclass giving one of the two forms, whose declarations hold."""
+    what = f"decoder {name!r} ({where_defined(cls)})"
+    forms = "score_hrt(h, r, t) alone, or operator with compare_pairs and compare_all"
+    if not (isinstance(cls, type) and issubclass(cls, Decoder)):
+        raise MariusInputError(f"{what} is not a subclass of marius_py.models.Decoder",
+                               expected=f"class MyDecoder(mp.Decoder) defining {forms}")
+    given = {method for method in (*_QUERY_FORM, "score_hrt") if getattr(cls, method) is not getattr(Decoder, method)}
+    partial = [method for method in _QUERY_FORM if method not in given]
+    if len(partial) == len(_QUERY_FORM) and "score_hrt" not in given:
+        raise MariusInputError(f"{what} defines neither score_hrt nor operator, compare_pairs and compare_all",
+                               expected=forms)
+    if 0 < len(partial) < len(_QUERY_FORM):
+        raise MariusInputError(f"{what} defines {', '.join(m for m in _QUERY_FORM if m in given)} but not "
+                               f"{', '.join(partial)}", expected=f"{forms} (a comparator base such as "
+                                                                 "DotProductComparator gives the last two)")
+    if cls.supports_relation_prediction and cls.relation_features is Decoder.relation_features:
+        raise MariusInputError(f"{what} declares supports_relation_prediction but does not define "
+                               "relation_features", expected="relation_features(heads, tails), or the "
+                                                             "declaration off")
+    if not (isinstance(cls.dim_multiple, int) and cls.dim_multiple >= 1):
+        raise MariusInputError(f"{what}: dim_multiple is {cls.dim_multiple!r}", expected="an int >= 1")
+    try:
+        inspect.signature(cls).bind(1, 2, 0.1)
+    except TypeError:
+        raise MariusInputError(f"{what}: its constructor does not take (num_relations, dim, init_scale)",
+                               expected="__init__(self, num_relations, dim, init_scale), or none of its own") \
+            from None
+
+
+DECODERS: Registry[type[Decoder]] = Registry("decoder", "mp.DECODERS", check=_check_decoder,
+                                             loaded_by="model.plugins")
+for _cls in (Dot, DistMult, ComplEx, TransE, RotatE, SimplE):
+    DECODERS.register(_cls.name, _cls)
 
 
 def build_decoder(name: str, num_relations: int, dim: int, init_scale: float, norm: int = 1) -> Decoder:
-    """The decoder ``name``; ``norm``: the distance norm of distance decoders (TransE, RotatE)."""
-    try:
-        cls = DECODER_CLASSES[name]
-    except KeyError:  # the CLI checks names in config.validate; this guards library callers
-        raise ValueError(f"unknown decoder {name!r}; known: {', '.join(DECODER_CLASSES)}") from None
+    """The registered decoder ``name``; ``norm``: the distance norm of distance decoders (TransE, RotatE)."""
+    cls = DECODERS.get(name, "model.decoder")
     if issubclass(cls, DistanceComparator):
         return cls(num_relations, dim, init_scale, norm=norm)
     return cls(num_relations, dim, init_scale)
 
 
 # ---- losses: positive scores [B], negative scores [B, N], valid mask [B, N] -> per-edge [B] ----
+# ``fused_kernel``: the engine's kernels compute this loss (the shared-negative softmax, the fused step); a
+# loss without it is computed from its scores on autograd.
 
 def softmax_cross_entropy(positive, negative, valid, margin=None):
     """-log softmax of the positive among itself and its (unmasked) negatives."""
@@ -259,23 +373,62 @@ def margin_ranking(positive, negative, valid, margin=1.0):
     return _masked_row_mean(F.relu(margin - positive[:, None] + negative), valid)
 
 
-LOSSES = {"softmax_ce": softmax_cross_entropy, "logistic": logistic, "margin": margin_ranking}
+softmax_cross_entropy.fused_kernel = "softmax_ce"
+
+_LOSS_PARAMETERS = ("positive", "negative", "valid", "margin")
+
+
+def _check_loss(name: str, loss) -> None:
+    probe = (torch.zeros(2), torch.zeros(2, 3), torch.ones(2, 3, dtype=torch.bool), 1.0)
+    check_function("loss", name, loss, _LOSS_PARAMETERS, probe,
+                   lambda out: isinstance(out, torch.Tensor) and tuple(out.shape) == (2,),
+                   "a tensor of one loss per edge, [B] for positive scores [B]")
+
+
+LOSSES: Registry = Registry("loss", "mp.LOSSES", check=_check_loss, loaded_by="model.plugins")
+LOSSES.register("softmax_ce", softmax_cross_entropy)
+LOSSES.register("logistic", logistic)
+LOSSES.register("margin", margin_ranking)
+
+
+# ---- regularisers: the batch's embeddings (nodes, and relation rows where vectors) -> their summed penalty ----
+# ``fused_kernel``: the fused step computes this regulariser under its name.
+
+def no_regularizer(tensors: list[torch.Tensor], complex_valued: bool) -> torch.Tensor:
+    return tensors[0].new_zeros(())
+
+
+def n3(tensors: list[torch.Tensor], complex_valued: bool) -> torch.Tensor:
+    """N3 (Lacroix et al. 2018): sum of |x|^3; of complex rows, the moduli of their coordinates."""
+    total = tensors[0].new_zeros(())
+    for x in tensors:
+        if complex_valued:
+            re, im = x.chunk(2, dim=-1)
+            total = total + (re * re + im * im).pow(1.5).sum()
+        else:
+            total = total + x.abs().pow(3).sum()
+    return total
+
+
+def l2(tensors: list[torch.Tensor], complex_valued: bool) -> torch.Tensor:
+    """Squared L2: sum of x^2."""
+    return sum(((x * x).sum() for x in tensors), tensors[0].new_zeros(()))
+
+
+def _check_regularizer(name: str, regularizer) -> None:
+    check_function("regulariser", name, regularizer, ("tensors", "complex_valued"), ([torch.ones(2, 4)], False),
+                   lambda out: isinstance(out, torch.Tensor) and out.dim() == 0,
+                   "a scalar tensor, the penalty summed over the rows")
+
+
+REGULARIZERS: Registry = Registry("regulariser", "mp.REGULARIZERS", check=_check_regularizer,
+                                  loaded_by="model.plugins")
+for _name, _regularizer in (("none", no_regularizer), ("n3", n3), ("l2", l2)):
+    _regularizer.fused_kernel = _name
+    REGULARIZERS.register(_name, _regularizer)
 
 
 def regularization(kind: str, tensors: list[torch.Tensor], complex_valued: bool,
                    batch_size: int) -> torch.Tensor:
-    """N3 (Lacroix et al. 2018) or squared L2 of the batch's embeddings, per edge.
-
-    For complex decoders N3 uses the modulus of each complex coordinate.
-    """
-    total = tensors[0].new_zeros(())
-    for x in tensors:
-        if kind == "n3":
-            if complex_valued:
-                re, im = x.chunk(2, dim=-1)
-                total = total + (re * re + im * im).pow(1.5).sum()
-            else:
-                total = total + x.abs().pow(3).sum()
-        elif kind == "l2":
-            total = total + (x * x).sum()
-    return total / batch_size
+    """The registered regulariser ``kind`` of the batch's embeddings, per edge."""
+    return REGULARIZERS.get(kind, "model.regularizer")(tensors, complex_valued) / batch_size

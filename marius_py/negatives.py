@@ -5,13 +5,28 @@ against the same N candidate nodes, one batched matmul per direction. A
 configurable fraction of the N is taken from the batch's own endpoints (so
 frequent nodes appear in proportion to their degree in the batch); the rest is
 uniform over all nodes. Candidates equal to a query's true answer are masked.
+
+How a batch's negatives are drawn is a plug-in (``NEGATIVE_SAMPLERS``, ``mp.NEGATIVE_SAMPLERS``; the config's
+training.negative_sampler): for each corruption direction,
+
+    sampler(num_endpoints, num_candidates, num_chunks, num_negatives, degree_fraction, generator)
+        -> (positions [C, U], picks [C, D] or None)
+
+positions index the candidate rows (every node in memory; out of core, the rows of the resident partitions),
+picks the batch's own endpoints (its heads, then its tails), U + D = num_negatives; both int64 on the
+generator's device, every random number from ``generator`` (so a run repeats, and several devices can share
+draws). The step turns them into rows (``negatives_from_draws``) and masks the true answers. A sampler that
+also takes ``out`` (two tensors to fill, for CUDA graphs) is handed them; another's draws are copied there.
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
 
 import torch
+
+from marius_py.registry import Registry, check_function
 
 
 class CandidateRows:
@@ -94,6 +109,39 @@ def negative_draws(num_endpoints: int, num_candidates: int, num_chunks: int, num
     picks = torch.randint(num_endpoints, (num_chunks, num_degree), generator=generator, device=generator.device,
                           out=None if out is None else out[1])
     return uniform, picks
+
+
+def _check_sampler(name: str, sampler) -> None:
+    def fits(draws) -> bool:
+        if not (isinstance(draws, tuple) and len(draws) == 2 and _ints_below(draws[0], 7)):
+            return False
+        positions, picks = draws
+        uniform = positions.shape[1] if positions.dim() == 2 and positions.shape[0] == 2 else -1
+        if picks is None:
+            return uniform == 4
+        return _ints_below(picks, 5) and picks.dim() == 2 and picks.shape[0] == 2 and uniform + picks.shape[1] == 4
+    check_function("negative sampler", name, sampler, SAMPLER_PARAMETERS, (5, 7, 2, 4, 0.5, torch.Generator()), fits,
+                   "(positions [C, U] in [0, num_candidates), picks [C, D] in [0, num_endpoints) or None), int64, "
+                   "U + D = num_negatives")
+
+
+def _ints_below(values, bound: int) -> bool:
+    return isinstance(values, torch.Tensor) and values.dtype == torch.int64 and \
+        (values.numel() == 0 or 0 <= int(values.min()) and int(values.max()) < bound)
+
+
+SAMPLER_PARAMETERS = ("num_endpoints", "num_candidates", "num_chunks", "num_negatives", "degree_fraction", "generator")
+NEGATIVE_SAMPLERS: Registry = Registry("negative sampler", "mp.NEGATIVE_SAMPLERS", check=_check_sampler,
+                                       loaded_by="model.plugins")
+NEGATIVE_SAMPLERS.register("uniform", negative_draws)
+
+
+def takes_out(sampler) -> bool:
+    """Whether a sampler fills ``out`` itself (the built-in one does)."""
+    try:
+        return "out" in inspect.signature(sampler).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def negatives_from_draws(draws: tuple[torch.Tensor, torch.Tensor | None], endpoints: torch.Tensor,

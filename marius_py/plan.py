@@ -207,7 +207,14 @@ def plan_run(config: Config, graph: GraphSize, machine: Machine, world_size: int
         check_threads(config, machine.cores)
     plan = _tables_plan(config, graph, machine, world_size)
     _check_batches(config, graph, plan)
-    return plan
+    return dataclasses.replace(plan, notes=plan.notes + _step_notes(config))
+
+
+def _step_notes(config: Config) -> tuple[str, ...]:
+    """Which step trains where the fused one (training.fused_step) cannot: a plug-in without its kernels."""
+    from marius_py.step.fused import fused_step_refusal  # (torch and the kernels: only once a run is planned)
+    refusal = fused_step_refusal(config) if config.training.fused_step else None
+    return (f"fused step off: {refusal}; every batch runs the autograd step",) if refusal else ()
 
 
 def _tables_plan(config: Config, graph: GraphSize, machine: Machine, world_size: int) -> Plan:

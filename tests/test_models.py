@@ -17,8 +17,8 @@ from torch.nn import functional as F
 import marius_py.models as models
 from marius_py.config import Config, validate
 from marius_py.errors import MariusInputError
-from marius_py.models import (DECODER_CLASSES, build_decoder, logistic, margin_ranking,
-                              regularization, softmax_cross_entropy)
+from marius_py.models import (DECODERS, build_decoder, logistic, margin_ranking, regularization,
+                              softmax_cross_entropy)
 from marius_py.negatives import sample_negatives
 from marius_py.step.model import Model
 
@@ -68,6 +68,15 @@ def hand_rotate_l2(h, theta, t):
     return -math.sqrt(sum(abs(a * cmath.exp(1j * th) - c) ** 2 for a, th, c in zip(hc, theta, tc)))
 
 
+def hand_simple(h, rows, t):
+    """Kazemi & Poole: 1/2 (<h_H, r, t_T> + <t_H, r', h_T>), nodes [head role | tail role]; ``rows``: the
+    direction's own row then the other (forward: r, r'; inverse: r', r, with h and t swapped)."""
+    half = len(h) // 2
+    own, other = rows[:half], rows[half:]
+    return 0.5 * (sum(a * b * c for a, b, c in zip(h[:half], own, t[half:]))
+                  + sum(a * b * c for a, b, c in zip(t[:half], other, h[half:])))
+
+
 # (decoder name, its distance norm) -> hand score; every registered decoder must appear.
 HAND_SCORES = {
     ("dot", 1): hand_dot,
@@ -77,6 +86,7 @@ HAND_SCORES = {
     ("transe", 2): hand_transe_l2,
     ("rotate", 1): hand_rotate,
     ("rotate", 2): hand_rotate_l2,
+    ("simple", 1): hand_simple,
 }
 CASES = list(HAND_SCORES)
 CASE_IDS = [f"{name}-L{norm}" if name == "transe" or norm == 2 else name for name, norm in CASES]
@@ -103,9 +113,16 @@ REL_IDS = [0, 1, 1]
 def relation_table(name):
     if name == "dot":
         return [[] for _ in range(2 * NUM_RELATIONS)]
-    if name == "rotate":
+    if name in ("rotate", "simple"):  # (SimplE: r and r', each half the dimension)
         return RELATIONS_PHASES
     return RELATIONS_DIM4
+
+
+def direction_row(name, table, r, inverse):
+    """The relation vector a direction of relation ``r`` scores with: its row (SimplE: both of the relation's
+    rows, the direction's own first)."""
+    own, other = (r + NUM_RELATIONS, r) if inverse else (r, r + NUM_RELATIONS)
+    return list(table[own]) + (list(table[other]) if name == "simple" else [])
 
 
 def make_decoder(name, norm=1, num_relations=NUM_RELATIONS, dim=DIM):
@@ -130,12 +147,12 @@ def t64(rows):
 
 def test_every_registered_decoder_has_a_hand_computation():
     covered = {name for name, _ in HAND_SCORES}
-    missing = set(DECODER_CLASSES) - covered
+    missing = set(DECODERS) - covered
     assert not missing, f"decoders without a hand-computed score test: {sorted(missing)}"
 
 
 def test_build_decoder_rejects_unknown_name():
-    with pytest.raises(ValueError, match="unknown decoder"):
+    with pytest.raises(MariusInputError, match="unknown decoder 'nope'"):
         build_decoder("nope", 2, 4, 0.1)
 
 
@@ -182,7 +199,7 @@ def test_score_matches_hand(case):
     decoder = make_decoder(name, norm)
     table = relation_table(name)
     got = decoder.score(t64(HEADS), torch.tensor(REL_IDS), t64(TAILS))
-    expected = [hand(h, table[r], t) for h, r, t in zip(HEADS, REL_IDS, TAILS)]
+    expected = [hand(h, direction_row(name, table, r, False), t) for h, r, t in zip(HEADS, REL_IDS, TAILS)]
     assert got.shape == (3,)
     assert got.tolist() == pytest.approx(expected, rel=1e-9, abs=1e-9)
 
@@ -196,11 +213,12 @@ def test_query_compare_pairs_forward_and_inverse(case):
     ids = torch.tensor(REL_IDS)
     forward = decoder.compare_pairs(decoder.query(t64(HEADS), ids, inverse=False), t64(TAILS))
     assert forward.tolist() == pytest.approx(
-        [hand(h, table[r], t) for h, r, t in zip(HEADS, REL_IDS, TAILS)], rel=1e-9, abs=1e-9)
+        [hand(h, direction_row(name, table, r, False), t) for h, r, t in zip(HEADS, REL_IDS, TAILS)],
+        rel=1e-9, abs=1e-9)
     # inverse query: op(t, r_inv) compared with h, r_inv = row r + R
     inverse = decoder.compare_pairs(decoder.query(t64(TAILS), ids, inverse=True), t64(HEADS))
     assert inverse.tolist() == pytest.approx(
-        [hand(t, table[r + NUM_RELATIONS], h) for h, r, t in zip(HEADS, REL_IDS, TAILS)],
+        [hand(t, direction_row(name, table, r, True), h) for h, r, t in zip(HEADS, REL_IDS, TAILS)],
         rel=1e-9, abs=1e-9)
 
 
@@ -209,9 +227,10 @@ def test_relation_vectors_inverse_offset(case):
     name, norm = case
     decoder = make_decoder(name, norm)
     ids = torch.tensor([1, 0, 1])
-    table = t64(relation_table(name)).reshape(2 * NUM_RELATIONS, -1)
-    assert torch.equal(decoder.relation_vectors(ids, inverse=False), table[[1, 0, 1]])
-    assert torch.equal(decoder.relation_vectors(ids, inverse=True), table[[3, 2, 3]])
+    table = relation_table(name)
+    for inverse in (False, True):
+        expected = t64([direction_row(name, table, r, inverse) for r in ids.tolist()]).reshape(3, -1)
+        assert torch.equal(decoder.relation_vectors(ids, inverse=inverse), expected)
 
 
 def _random_inputs(seed, chunks, m, n, dim=DIM):
@@ -233,7 +252,7 @@ def _pairwise_loop(decoder, queries, candidates):
 
 
 # every registered decoder (TransE with both norms), whether or not it has a hand table entry
-CONTRACT_CASES = [(name, norm) for name in sorted(DECODER_CLASSES)
+CONTRACT_CASES = [(name, norm) for name in sorted(DECODERS)
                   for norm in ((1, 2) if name == "transe" else (1,))]
 
 
@@ -399,7 +418,16 @@ def _dense_score(name, norm, anchor, rel, cand):
         rotation = torch.complex(torch.cos(rel), torch.sin(rel))
         moduli = (a * rotation - c).abs()
         return -(moduli.sum() if norm == 1 else torch.sqrt((moduli * moduli).sum()))
+    if name == "simple":  # (``rel``: the direction's own row, then the other; see hand_simple)
+        own, other = rel[:half], rel[half:]
+        return 0.5 * ((anchor[:half] * own * cand[half:]).sum() + (cand[:half] * other * anchor[half:]).sum())
     raise AssertionError(name)
+
+
+def _dense_row(name, R, r, inverse):
+    """``direction_row`` of the relation table tensor ``R``."""
+    own, other = (r + NUM_RELATIONS, r) if inverse else (r, r + NUM_RELATIONS)
+    return torch.cat([R[own], R[other]]) if name == "simple" else R[own]
 
 
 def _dense_loss(kind, pos, negs, margin=1.0):
@@ -464,12 +492,13 @@ def _expected_update(name, norm, loss_kind, nodes, relations, state, tail_neg, h
     for b, (h, r, t) in enumerate(EDGES):
         c = chunk_of(b)
         # tail corruption: op(h, r) vs candidate tails
-        pos = _dense_score(name, norm, E[h], R[r], E[t])
-        negs = [_dense_score(name, norm, E[h], R[r], E[n]) for n in tail_neg[c] if n != t]
+        forward, inverse = (_dense_row(name, R, r, direction) for direction in (False, True))
+        pos = _dense_score(name, norm, E[h], forward, E[t])
+        negs = [_dense_score(name, norm, E[h], forward, E[n]) for n in tail_neg[c] if n != t]
         total = total + _dense_loss(loss_kind, pos, negs, margin)
         # head corruption: op(t, r_inv) vs candidate heads
-        pos = _dense_score(name, norm, E[t], R[r + NUM_RELATIONS], E[h])
-        negs = [_dense_score(name, norm, E[t], R[r + NUM_RELATIONS], E[n]) for n in head_neg[c] if n != h]
+        pos = _dense_score(name, norm, E[t], inverse, E[h])
+        negs = [_dense_score(name, norm, E[t], inverse, E[n]) for n in head_neg[c] if n != h]
         total = total + _dense_loss(loss_kind, pos, negs, margin)
     loss = total / len(EDGES)
     if reg_weight:

@@ -1,5 +1,5 @@
 """The training step of Dot, DistMult, ComplEx, TransE and RotatE with softmax cross-entropy, by hand-written
-gradients.
+gradients (``fused_step_refusal`` says which configs it covers: plug-ins declare what it can compute).
 
 For these decoders every gradient is a closed form in the rows the step
 already reads, so a batch needs a handful of kernels where autograd launches
@@ -31,6 +31,7 @@ import contextlib
 
 import torch
 
+from marius_py.models import DECODERS, LOSSES, REGULARIZERS
 from marius_py.step.edge_kernels import EdgeMaths, edge_backward_, edge_queries, relation_prediction_
 from marius_py.step.fused_loss import (SCORE_DTYPES, candidate_padding, pad_candidate_ids, score_form,
                                       softmax_ce_gradients, to_16_bytes)
@@ -40,8 +41,25 @@ from marius_py.pipeline.step import rounding_seed
 
 
 def supports_fused_step(model) -> bool:
-    """Whether ``FusedStep`` computes this model's step: Dot, DistMult, ComplEx, TransE or RotatE with softmax CE."""
-    return model.decoder.edge_operator is not None and model.config.model.loss == "softmax_ce"
+    """Whether ``FusedStep`` computes this model's step (``fused_step_refusal``)."""
+    return fused_step_refusal(model.config) is None
+
+
+def fused_step_refusal(config) -> str | None:
+    """Why the fused step cannot compute this config's step, or None where it can: it has kernels for the
+    decoders that declare an ``edge_operator`` (Dot, DistMult, ComplEx, TransE, RotatE), the loss and the
+    regularisers that declare a ``fused_kernel`` (softmax_ce; none, n3, l2). Any other plug-in trains on the
+    autograd step (``model.Model``), on every placement."""
+    m = config.model
+    decoder = DECODERS.get(m.decoder, "model.decoder")
+    if decoder.edge_operator is None:
+        return f"decoder {m.decoder} has no fused kernel (no edge_operator)"
+    if getattr(LOSSES.get(m.loss, "model.loss"), "fused_kernel", None) != "softmax_ce":
+        return f"loss {m.loss} has no fused kernel (softmax_ce has)"
+    regularizer = REGULARIZERS.get(m.regularizer, "model.regularizer")
+    if m.reg_weight > 0 and getattr(regularizer, "fused_kernel", None) != m.regularizer:
+        return f"regulariser {m.regularizer} has no fused kernel (none, n3 and l2 have)"
+    return None
 
 
 class FusedStep:

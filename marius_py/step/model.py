@@ -17,8 +17,11 @@ import torch
 from torch.nn import functional as F
 
 from marius_py.config import Config
-from marius_py.models import LOSSES, Decoder, DotProductComparator, build_decoder, regularization
-from marius_py.negatives import CandidateRows, by_chunk, chunk_row_weights, negative_draws, negatives_from_draws
+from marius_py.errors import MariusInputError
+from marius_py.models import LOSSES, REGULARIZERS, Decoder, DotProductComparator, build_decoder
+from marius_py.negatives import (NEGATIVE_SAMPLERS, CandidateRows, by_chunk, chunk_row_weights, negatives_from_draws,
+                                 takes_out)
+from marius_py.registry import import_plugins, where_defined
 from marius_py.optim import SparseAdagrad, build_relation_optimizer
 from marius_py.step.fused_loss import SCORE_DTYPES, shared_negative_softmax_ce
 from marius_py.pipeline.rows import unique_rows_async
@@ -39,15 +42,20 @@ class Model:
         m, t = config.model, config.training
         self.config = config
         self.num_nodes = num_nodes
+        import_plugins(m.plugins)  # (validation imported them; a spawned worker process has not)
         self.decoder: Decoder = build_decoder(m.decoder, num_relations, m.dim, m.init_scale, m.norm).to(device)
-        self.loss_fn = LOSSES[m.loss]
+        self.loss_fn = LOSSES.get(m.loss, "model.loss")
+        self.regularizer = REGULARIZERS.get(m.regularizer, "model.regularizer")
+        self.sampler = NEGATIVE_SAMPLERS.get(t.negative_sampler, "training.negative_sampler")
+        self._sampler_fills_out = takes_out(self.sampler)
         self.node_optimizer = SparseAdagrad(t.lr, rowwise=t.adagrad_variant == "rowwise")
         params = [p for p in self.decoder.parameters() if p.numel() > 0]
         self.relation_optimizer = build_relation_optimizer(t.relation_optimizer, params, t.relation_lr) \
             if params else None
         self.device = device
-        # Dot-product scores with softmax cross-entropy: the fused loss (step/fused_loss.py).
-        self._fused_softmax = isinstance(self.decoder, DotProductComparator) and m.loss == "softmax_ce"
+        # Dot-product scores with the softmax loss: the fused loss (step/fused_loss.py).
+        self._fused_softmax = isinstance(self.decoder, DotProductComparator) and \
+            getattr(self.loss_fn, "fused_kernel", None) == "softmax_ce"
 
     def state_dict(self) -> dict:
         return {"decoder": self.decoder.state_dict(),
@@ -55,7 +63,14 @@ class Model:
                 else self.relation_optimizer.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
-        self.decoder.load_state_dict(state["decoder"])
+        try:
+            self.decoder.load_state_dict(state["decoder"])
+        except RuntimeError as error:  # (a plug-in registered under the run's name, with other parameters)
+            decoder = type(self.decoder)
+            raise MariusInputError(f"the checkpoint's decoder parameters do not fit decoder "
+                                   f"{self.config.model.decoder!r} as registered now ({where_defined(decoder)}): "
+                                   f"{' '.join(str(error).split())}",
+                                   expected="the plug-in the run was trained with") from None
         if self.relation_optimizer is not None:
             self.relation_optimizer.load_state_dict(state["relation_optimizer"])
 
@@ -72,14 +87,17 @@ class Model:
 
     def negative_draws(self, num_edges: int, candidates: CandidateRows | None, generator: torch.Generator,
                        out: list | None = None) -> list:
-        """The random draws of a batch's negatives, tail corruption then head (``negatives.negative_draws``)."""
+        """The random draws of a batch's negatives, tail corruption then head, by the config's sampler
+        (``negatives.NEGATIVE_SAMPLERS``); ``out``: where to put them (the draws of an earlier call)."""
         t = self.config.training
         if t.num_negatives == -1:
             return []
         total = self.num_nodes if candidates is None else candidates.total
-        return [negative_draws(2 * num_edges, total, min(t.num_chunks, num_edges), t.num_negatives,
-                               t.degree_fraction, generator, None if out is None else out[direction])
-                for direction in range(2)]
+        args = (2 * num_edges, total, min(t.num_chunks, num_edges), t.num_negatives, t.degree_fraction, generator)
+        if self._sampler_fills_out:
+            return [self.sampler(*args, out=None if out is None else out[direction]) for direction in range(2)]
+        draws = [self.sampler(*args) for _ in range(2)]
+        return draws if out is None else [_filled(into, drawn) for into, drawn in zip(out, draws)]
 
     def plan_batch(self, edges: torch.Tensor, generator: torch.Generator | None,
                    candidates: CandidateRows | None = None, defer_count: bool = False,
@@ -195,11 +213,10 @@ class Model:
             valid = target_ids[:, :, None] != negative_ids[:, None, :]
             negative, valid = (_per_query(x, batch) for x in (negative, valid))
             loss = self.loss_fn(positive, negative, valid, m.margin).reshape(2, batch).sum(0).mean()
-        if m.reg_weight > 0 and m.regularizer != "none":
+        if m.reg_weight > 0:
             with_relations = rel_fwd.shape[-1] and self.decoder.regularize_relations
             tensors = [h, tl] + ([rel_fwd, rel_inv] if with_relations else [])
-            loss = loss + m.reg_weight * regularization(m.regularizer, tensors,
-                                                        self.decoder.complex_valued, batch)
+            loss = loss + m.reg_weight * self.regularizer(tensors, self.decoder.complex_valued) / batch
         weight = self.config.training.relation_prediction
         if weight > 0:
             loss = loss + weight * self.relation_prediction_loss(h, tl, relations)
@@ -224,6 +241,14 @@ class Model:
         """``plan_batch`` then ``compute`` on rows gathered from ``nodes``/``state`` (one generator)."""
         plan = self.plan_batch(edges, generator, candidates)
         return self.compute(plan, nodes[plan.rows], state[plan.rows], generator)
+
+
+def _filled(into: tuple, drawn: tuple) -> tuple:
+    """A sampler's draws copied into the buffers ``into`` (a CUDA graph reads the same ones every batch)."""
+    for buffer, values in zip(into, drawn):
+        if buffer is not None:
+            buffer.copy_(values)
+    return into
 
 
 def _per_query(block: torch.Tensor, batch: int) -> torch.Tensor:
