@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import numbers
 import os
+import reprlib
+import secrets
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -29,7 +31,10 @@ from marius_py.memory_data import is_edge_data, write_triples
 from marius_py.errors import PATH_TYPES, MariusInputError, check_type
 from marius_py.run_setup import claim_run_dir, not_a_run
 from marius_py.timeline import Startup
-from marius_py.evaluation import InMemoryNodes, KnownAnswers, NodeTable, StoredNodes, evaluate_split
+from marius_py.evaluation import (InMemoryNodes, KnownAnswers, NodeTable, StoredNodes, evaluate_edges,
+                                  evaluate_split, top_answers)
+from marius_py.export import relation_rows
+from marius_py.process_settings import restored_process_settings
 from marius_py.devices import resolve_device, resolve_devices
 from marius_py.distributed import RunSteps, launched_by_torchrun, train_distributed
 from marius_py.plan import Machine, plan_dataset, plan_run
@@ -106,10 +111,28 @@ def _tracker_list(trackers) -> list:
     return items
 
 
+_GIVEN_RUN_DIRS: set[Path] = set()  # the names default_run_dir gave in this process
+
+
 def default_run_dir(config: Config) -> Path:
+    """A new run's directory, ``runs/<dataset>-<date>-<time>-<process id>-<random>``: no two runs of one
+    machine get the same, even in the same second (another machine on a shared disk would need the same
+    process id and random suffix; the run lock would refuse it). It is not made here: the run makes it, and
+    removes it when its setup fails (``run_setup.claim_run_dir``). Under torchrun every trainer must name
+    the same directory, so there it is ``runs/<dataset>-<date>-<time>``."""
     check_type(config, Config, "default_run_dir: config", CONFIG_EXPECTED)
     name = Path(config.dataset.path).name or "run"
-    return Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    started = Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    if launched_by_torchrun():
+        return started
+    while True:
+        run_dir = started.with_name(f"{started.name}-{os.getpid()}-{secrets.token_hex(2)}")
+        if run_dir not in _GIVEN_RUN_DIRS and not run_dir.exists():
+            _GIVEN_RUN_DIRS.add(run_dir)
+            return run_dir
+
+
+NAMES = (list, tuple, np.ndarray)  # what predict takes for a batch of queries
 
 
 class TrainedModel:
@@ -160,24 +183,52 @@ class TrainedModel:
         for start, block in self.table.blocks():
             yield start, block.cpu().numpy()
 
-    def _ids(self, triples) -> torch.Tensor:
-        """Node and relation ids of name triples; a graph without relations also takes (head, tail) pairs."""
+    def node_table(self) -> torch.Tensor:
+        """The node embeddings [num_nodes, dim] the model holds in memory (row i = node id i; storage.dtype,
+        where the run kept them): the tensor itself, not a copy, so writing to it changes the model."""
+        if not isinstance(self.table, InMemoryNodes):
+            raise MariusInputError("node_table: this model's embeddings are out of core, read from the "
+                                   "checkpoint's store a partition at a time",
+                                   expected="blocks() to stream them, or embeddings() to read them all into "
+                                            "one array")
+        return self.table.nodes
+
+    def relation_embeddings(self) -> tuple[list[str], np.ndarray]:
+        """(names, vectors [2R, d]) of every relation row: the forward ones by relation id, then the inverse
+        ones (what head queries apply), named ``<name>__inverse`` as export names them; none on a plain
+        graph. A copy: the model's own is ``decoder.relations``."""
+        names = self.dataset.relation_names if self.dataset.metadata.has_relations else []
+        return relation_rows(self.decoder.relations.detach().cpu().numpy().copy(), names)
+
+    def relation_embedding(self, name: str, inverse: bool = False) -> np.ndarray:
+        """The vector of relation ``name``, or of its inverse (what head queries apply) when ``inverse``."""
+        check_type(name, str, "relation_embedding: name", "a relation name, a str")
+        check_type(inverse, FLAG, "relation_embedding: inverse", "True or False")
+        if not self.dataset.metadata.has_relations:
+            raise _plain_graph_relation(self.dataset, name, "relation_embedding: ")
+        row = self.dataset.relation_id(name) + (self.dataset.num_relations if inverse else 0)
+        return self.decoder.relations[row].detach().cpu().clone().numpy()
+
+    def _ids(self, triples, argument: str = "score") -> torch.Tensor:
+        """Node and relation ids of name triples; a graph without relations also takes (head, tail) pairs.
+        ``argument``: what errors name."""
         relations = self.dataset.metadata.has_relations
         expected = ("a list of (head, relation, tail) name triples: this graph has relations" if relations else
                     "a list of (head, tail) name pairs, or of (head, relation, tail) triples with the relation "
                     "ignored: this graph has none")
         one_item = isinstance(triples, tuple) and triples and all(isinstance(name, str) for name in triples)
-        if isinstance(triples, (str, bytes, dict)) or one_item or not isinstance(triples, Iterable):
-            raise MariusInputError(f"score: {triples!r} is not a list of tuples", expected=expected)
+        scalar = isinstance(triples, np.ndarray) and triples.ndim == 0
+        if isinstance(triples, (str, bytes, dict)) or one_item or scalar or not isinstance(triples, Iterable):
+            raise MariusInputError(f"{argument}: {reprlib.repr(triples)} is not a list of tuples", expected=expected)
         rows = []
         for index, item in enumerate(triples):
             size = len(item) if isinstance(item, (tuple, list, np.ndarray)) else None
             if size != 3 and not (size == 2 and not relations):
-                raise MariusInputError(f"score: item {index} is {item!r}", expected=expected)
+                raise MariusInputError(f"{argument}: item {index} is {reprlib.repr(item)}", expected=expected)
             head, relation, tail = item if size == 3 else (item[0], None, item[1])
             names = {"head": head, "tail": tail, **({"relation": relation} if relation is not None else {})}
             for part, name in names.items():
-                check_type(name, str, f"score: item {index}'s {part}", "names, each a str")
+                check_type(name, str, f"{argument}: item {index}'s {part}", "names, each a str")
             rows.append((self.dataset.node_id(head), self._relation_id(relation), self.dataset.node_id(tail)))
         return torch.tensor(rows, dtype=torch.long, device=self.device).reshape(-1, 3)
 
@@ -211,8 +262,7 @@ class TrainedModel:
         if relation is None and dataset.metadata.has_relations:
             raise _relation_required(dataset, source)
         if relation is not None and not dataset.metadata.has_relations:
-            raise MariusInputError(f"relation {relation!r}: the dataset is a plain graph (preprocessed with "
-                                   "--pairs), without relations", path=dataset.directory, expected="no relation")
+            raise _plain_graph_relation(dataset, relation)
 
     @torch.no_grad()
     def score(self, triples) -> np.ndarray:
@@ -222,45 +272,87 @@ class TrainedModel:
         return scores.cpu().numpy()
 
     @torch.no_grad()
-    def predict(self, relation: str | None = None, head: str | None = None, tail: str | None = None,
-                k: int = 10, filter_known: bool = False) -> list[tuple[str, float]]:
-        """Top-k tails for (head, relation, ?) or heads for (?, relation, tail)."""
-        self.check_query(head, tail, k, relation, self.dataset)
-        check_type(filter_known, FLAG, "predict: filter_known", "True or False")
-        k = int(k)
-        inverse = head is None
-        anchor = self.dataset.node_id(tail if inverse else head)
-        rel = torch.tensor([self._relation_id(relation)], device=self.device)
-        query = self.decoder.query(self.table.gather(torch.tensor([anchor])), rel, inverse)
-        known = self.known_answers(inverse).lookup(torch.tensor([anchor]), rel.cpu())[1].to(self.device) \
-            if filter_known else None
-        best_scores, best_ids = torch.empty(0, device=self.device), torch.empty(0, dtype=torch.long,
-                                                                                 device=self.device)
-        for start, block in self.table.blocks():  # a running top-k over partitions
-            scores = self.decoder.compare_all(query[None], block[None])[0, 0]
-            if known is not None:
-                inside = known[(known >= start) & (known < start + len(block))]
-                scores[inside - start] = float("-inf")
-            best_scores = torch.cat([best_scores, scores])
-            best_ids = torch.cat([best_ids, torch.arange(start, start + len(block), device=self.device)])
-            top = torch.topk(best_scores, min(k, len(best_scores)))
-            best_scores, best_ids = top.values, best_ids[top.indices]
-        names = self.dataset.node_names
-        return [(names[i], float(s)) for s, i in zip(best_scores.tolist(), best_ids.tolist())
-                if s != float("-inf")]  # (known answers filtered out, when fewer than k remain)
+    def predict(self, relation=None, head=None, tail=None, k: int = 10, filter_known: bool = False):
+        """Top-k tails for (head, relation, ?) or heads for (?, relation, tail): a list of (name, score), best
+        first (fewer than k where ``filter_known`` leaves fewer).
 
-    def evaluate(self, split: str = "test") -> dict:
-        """Link-prediction metrics on a split, with the config's evaluation protocol."""
-        if not isinstance(split, str) or split not in ("valid", "test"):
-            raise MariusInputError(f"evaluate: split {split!r}", expected="'valid' or 'test'")
-        return evaluate_split(self.decoder, self.table, self.dataset, split, self.config.evaluation,
-                              seed=self.config.training.seed)
+        Given lists or 1-D arrays of names (one name standing for every query), every query at once:
+        (names, scores), [Q, k] arrays of str and float, a row ending in "" and -inf where ``filter_known``
+        leaves fewer than k answers."""
+        columns, batched = _query_columns(relation=relation, head=head, tail=tail)
+        self.check_query(columns["head"][0], columns["tail"][0], k, columns["relation"][0], self.dataset)
+        check_type(filter_known, FLAG, "predict: filter_known", "True or False")
+        inverse = head is None
+        anchors = torch.tensor([self.dataset.node_id(name) for name in columns["tail" if inverse else "head"]])
+        relations = torch.tensor([self._relation_id(name) for name in columns["relation"]])
+        queries = self.decoder.query(self.table.gather(anchors), relations.to(self.device), inverse)
+        excluded = None
+        if filter_known:
+            excluded = tuple(ids.to(self.device) for ids in self.known_answers(inverse).lookup(anchors, relations))
+        scores, ids = top_answers(self.decoder, self.table, queries, int(k), excluded)
+        names = self.dataset.node_names
+        if batched:
+            return (np.array([[names[i] if s != float("-inf") else "" for s, i in zip(row_scores, row_ids)]
+                              for row_scores, row_ids in zip(scores.tolist(), ids.tolist())], dtype=str),
+                    scores.cpu().numpy())
+        return [(names[i], s) for s, i in zip(scores[0].tolist(), ids[0].tolist()) if s != float("-inf")]
+
+    def evaluate(self, triples_or_split="test", *, filtered: bool = True) -> dict:
+        """Link-prediction metrics of a split, "valid" or "test", or of name triples (a list or array of
+        (head, relation, tail); (head, tail) pairs on a graph without relations): every edge ranked both ways
+        with the config's evaluation protocol (by default against every node, the dataset's other known
+        edges filtered out), or with ``filtered=False`` against every node with nothing filtered."""
+        check_type(filtered, FLAG, "evaluate: filtered", "True or False")
+        protocol = (self.decoder, self.table, self.dataset)
+        options = {"config": self.config.evaluation, "seed": self.config.training.seed, "filtered": bool(filtered)}
+        if not isinstance(triples_or_split, str):
+            edges = self._ids(triples_or_split, "evaluate: triples_or_split").cpu().numpy()
+            if len(edges) == 0:
+                raise MariusInputError("evaluate: triples_or_split is empty: nothing to rank",
+                                       expected="at least one (head, relation, tail) name triple")
+            return evaluate_edges(*protocol, edges, **options)
+        if triples_or_split not in ("valid", "test"):
+            raise MariusInputError(f"evaluate: split {triples_or_split!r}",
+                                   expected="'valid' or 'test', or a list of (head, relation, tail) name triples")
+        return evaluate_split(*protocol, triples_or_split, **options)
+
+
+def _query_columns(**arguments) -> tuple[dict[str, list], bool]:
+    """``predict``'s names as columns of one length, one name per query (a single name or None repeated),
+    and whether any was given as a list."""
+    lists = {argument: _name_list(value, f"predict: {argument}")
+             for argument, value in arguments.items() if isinstance(value, NAMES)}
+    counts = {argument: len(names) for argument, names in lists.items()}
+    if len(set(counts.values())) > 1:
+        raise MariusInputError("predict: " + ", ".join(f"{argument} has {count} names" for argument, count
+                                                       in counts.items()),
+                               expected="lists of one length, one name per query (or one name for every query)")
+    count = next(iter(counts.values()), 1)
+    if count == 0:
+        raise MariusInputError(f"predict: {next(iter(counts))} is empty: no queries",
+                               expected="at least one name")
+    return {argument: lists.get(argument, [value] * count) for argument, value in arguments.items()}, bool(lists)
+
+
+def _name_list(names, argument: str) -> list[str]:
+    """A list or 1-D array of names, each checked to be a str."""
+    if isinstance(names, np.ndarray) and names.ndim != 1:
+        raise MariusInputError(f"{argument} is a {names.ndim}-D array", expected="a name, or a list or 1-D "
+                                                                                  "array of names")
+    for index, name in enumerate(names):
+        check_type(name, str, f"{argument}[{index}]", "names, each a str")
+    return [str(name) for name in names]
 
 
 def _relation_required(dataset: Dataset, source: object = None) -> MariusInputError:
     return MariusInputError("a relation is required on a graph with relations", path=source,
                             expected=f"a relation name (--relation NAME), a line of "
                                      f"{dataset.directory / 'relations.txt'}")
+
+
+def _plain_graph_relation(dataset: Dataset, relation: str, argument: str = "") -> MariusInputError:
+    return MariusInputError(f"{argument}relation {relation!r}: the dataset is a plain graph (preprocessed with "
+                            "--pairs), without relations", path=dataset.directory, expected="no relation")
 
 
 def open_dataset(config: Config, progress: bool) -> Dataset:
@@ -320,8 +412,8 @@ def train(config: Config, run_dir: str | Path | None = None, progress: bool = Tr
         return train_distributed(config, run_dir, progress, resume,
                                  RunSteps(default_run_dir, open_dataset, finish_training))
     run_dir = Path(run_dir) if run_dir is not None else default_run_dir(config)
-    with claim_run_dir(run_dir, resume, lambda: _start(config, run_dir, progress, resume, trackers)) as (
-            trainer, dataset):
+    with restored_process_settings(), claim_run_dir(  # (threads, seeds, flags: the caller's again after)
+            run_dir, resume, lambda: _start(config, run_dir, progress, resume, trackers)) as (trainer, dataset):
         try:
             trainer.train()
             return finish_training(trainer, trainer.config, dataset, run_dir, test)  # (the plan's config)

@@ -26,6 +26,7 @@ PROTOCOL_FILTERED = "filtered ranking vs all nodes, both directions, realistic t
 PROTOCOL_SAMPLED = "unfiltered ranking vs {n} sampled {kind} negatives, both directions, realistic ties"
 PROTOCOL_SAMPLED_ALL = ("unfiltered ranking vs all {nodes} nodes (evaluation.num_negatives={n} is not below the "
                         "{others} other nodes: sampling would repeat them), both directions, realistic ties")
+PROTOCOL_UNFILTERED = "unfiltered ranking vs all nodes, both directions, realistic ties"
 
 
 class KnownAnswers:
@@ -241,6 +242,30 @@ def _split_by_batch(rows: torch.Tensor, cols: torch.Tensor, num_queries: int, ba
             for start, lo, hi in zip(starts.tolist(), cuts[:-1], cuts[1:])]
 
 
+@torch.no_grad()
+def top_answers(decoder: Decoder, table: NodeTable, queries: torch.Tensor, k: int,
+                excluded: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``k`` best (scores, node ids) of every query, [Q, k] each, best first: a running top-k over the
+    table's blocks, every query scored against a piece of a block at once (``SCORE_BYTES`` of scores), so
+    out of core the store is read once for all queries. ``excluded``: (query row, node id) pairs scored
+    -inf (known answers filtered out), which sort last where fewer than ``k`` others remain."""
+    device = table.device
+    best_scores = torch.empty(len(queries), 0, device=device)
+    best_ids = torch.empty(len(queries), 0, dtype=torch.long, device=device)
+    piece_rows = max(k, SCORE_BYTES // (4 * max(len(queries), 1)))
+    for start, block in _pieces(table.blocks(), piece_rows):
+        scores = decoder.compare_all(queries[None], block[None])[0]
+        if excluded is not None:
+            rows, nodes = excluded
+            inside = (nodes >= start) & (nodes < start + len(block))
+            scores[rows[inside], nodes[inside] - start] = float("-inf")
+        ids = torch.arange(start, start + len(block), device=device).expand(len(queries), -1)
+        best_scores, best_ids = torch.cat([best_scores, scores], 1), torch.cat([best_ids, ids], 1)
+        top = torch.topk(best_scores, min(k, best_scores.shape[1]), dim=1)
+        best_scores, best_ids = top.values, best_ids.gather(1, top.indices)
+    return best_scores, best_ids
+
+
 def evaluate_filtered(decoder: Decoder, nodes: torch.Tensor | NodeTable, edges: np.ndarray,
                       known: tuple[KnownAnswers, KnownAnswers], batch_size: int = 1024) -> dict:
     return summarize(filtered_ranks(decoder, nodes, edges, known, batch_size), PROTOCOL_FILTERED)
@@ -317,16 +342,28 @@ def _draw_negatives(num_batches: int, num_negatives: int, sampling: str, num_nod
 
 
 def evaluate_split(decoder: Decoder, nodes: torch.Tensor | NodeTable, dataset, split: str, config,
-                   known: tuple[KnownAnswers, KnownAnswers] | None = None, seed: int = 0) -> dict:
-    """Evaluate one split of a ``Dataset`` with an ``EvaluationConfig``'s protocol.
-
-    A split without edges is refused (``MariusInputError``): there is nothing to rank. The sampled protocol
-    with at least as many negatives as there are other nodes ranks against every node instead, unfiltered
-    (``sampled_covers_all_nodes``), and says so in its protocol string.
-    """
+                   known: tuple[KnownAnswers, KnownAnswers] | None = None, seed: int = 0,
+                   filtered: bool = True) -> dict:
+    """Evaluate one split of a ``Dataset`` (``evaluate_edges``); a split without edges is refused
+    (``MariusInputError``): there is nothing to rank."""
     edges = dataset.split(split)
     if len(edges) == 0:
         raise _no_edges(dataset, split)
+    return evaluate_edges(decoder, nodes, dataset, edges, config, known, seed, filtered)
+
+
+def evaluate_edges(decoder: Decoder, nodes: torch.Tensor | NodeTable, dataset, edges: np.ndarray, config,
+                   known: tuple[KnownAnswers, KnownAnswers] | None = None, seed: int = 0,
+                   filtered: bool = True) -> dict:
+    """Evaluate edges (id triples) of a ``Dataset`` with an ``EvaluationConfig``'s protocol, or, when not
+    ``filtered``, ranked against every node with nothing filtered.
+
+    The sampled protocol with at least as many negatives as there are other nodes ranks against every node
+    instead, unfiltered (``sampled_covers_all_nodes``), and says so in its protocol string.
+    """
+    if not filtered:
+        return evaluate_unfiltered(decoder, nodes, edges, dataset.num_relations, config.batch_size,
+                                   PROTOCOL_UNFILTERED)
     if config.protocol == "filtered":
         known = known or build_known_answers(dataset.all_known_edges(), dataset.num_relations)
         return evaluate_filtered(decoder, nodes, edges, known, config.batch_size)
