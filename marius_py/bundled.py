@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 import tempfile
 from importlib import resources
 from pathlib import Path
@@ -78,9 +79,11 @@ def raw_content_key(files: dict[str, Path]) -> str:
     """A digest of the raw split files' contents (and which split each is). Files up to ``_HASH_EVERY_TIME``
     bytes in all are read on every call; larger ones once per (path, size, modification time, inode), their
     digest kept in the cache (``raw-digests/``)."""
-    stats = {split: (path.resolve(), path.stat()) for split, path in files.items()}
-    signature = hashlib.sha256("|".join(f"{split}:{path}:{st.st_size}:{st.st_mtime_ns}:{st.st_ino}"
-                                        for split, (path, st) in sorted(stats.items())).encode()).hexdigest()
+    stats = {split: (path.resolve(), _regular_file_stat(path)) for split, path in files.items()}
+    # (the change time and device as well: a tool can set a file's modification time back, not its ctime)
+    signature = hashlib.sha256("|".join(f"{split}:{path}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}:{st.st_ino}:"
+                                        f"{st.st_dev}" for split, (path, st) in sorted(stats.items())).encode()
+                               ).hexdigest()
     large = sum(st.st_size for _, st in stats.values()) > _HASH_EVERY_TIME
     memo = cache_dir() / "raw-digests" / signature[:32]
     if large and memo.is_file():
@@ -93,6 +96,16 @@ def raw_content_key(files: dict[str, Path]) -> str:
         except OSError:
             pass  # (read again next time)
     return key
+
+
+def _regular_file_stat(path: Path) -> os.stat_result:
+    """A raw split file's stat; one that is not a regular file (a FIFO would be read up by the key) is refused."""
+    status = path.stat()
+    if not stat.S_ISREG(status.st_mode):
+        raise MariusInputError("is not a regular file", path=path,
+                               expected="regular train/valid/test files in a raw dataset directory (preprocess "
+                                        "a pipe with `marius-py preprocess`)")
+    return status
 
 
 def _contents_digest(files: dict[str, Path]) -> str:

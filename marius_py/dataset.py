@@ -70,7 +70,10 @@ def read_metadata(directory: str | os.PathLike) -> DatasetMetadata:
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
         known = {f.name for f in dataclasses.fields(DatasetMetadata)}
-        return DatasetMetadata(**{k: v for k, v in raw.items() if k in known})
+        metadata = DatasetMetadata(**{k: v for k, v in raw.items() if k in known})
+        if not (isinstance(metadata.identity, dict) and all(isinstance(v, str) for v in metadata.identity.values())):
+            raise TypeError("its identity is not a mapping of digests")
+        return metadata
     except (OSError, UnicodeDecodeError, ValueError, TypeError, AttributeError) as error:
         # (ValueError: not JSON; TypeError: required counts missing; AttributeError: not an object)
         raise MariusInputError(f"unreadable dataset metadata ({type(error).__name__}: {error})", path=path,
@@ -103,10 +106,14 @@ class Dataset:
     def __init__(self, directory: str | os.PathLike):
         self.directory = Path(directory)
         self.metadata = read_metadata(self.directory)
-        self._edges = open_edges(self.directory / EDGE_FILE)
-        if not self.metadata.identity:
-            self._record_identity()
-        self._check_names()
+        self._edges = EdgeStore(self.directory / EDGE_FILE)  # (a damaged file: one error naming it)
+        try:
+            self._check_names()  # (first: a dataset from before identities records them only of sound names)
+            if not self.metadata.identity:
+                self._record_identity()
+        except BaseException:
+            self._edges.close()
+            raise
         self._split_cache: dict[str, np.ndarray] = {}
         self._node_names: list[str] | None = None
         self._relation_names: list[str] | None = None
@@ -144,8 +151,7 @@ class Dataset:
     def _record_identity(self) -> None:
         """A dataset from before identities: compute its identity once, and keep it in its metadata where the
         directory may be written (a read-only copy computes it on every open)."""
-        self.metadata.identity = _damaged_edges_as_user_error(
-            self.directory / EDGE_FILE, lambda: compute_identity(self.directory, self._edges))
+        self.metadata.identity = compute_identity(self.directory, self._edges)
         try:
             write_metadata(self.directory, self.metadata)
         except OSError:
@@ -239,22 +245,6 @@ class Dataset:
 
     def close(self) -> None:
         self._edges.close()
-
-
-def open_edges(path: Path) -> EdgeStore:
-    """A dataset's edge file, open; a missing, truncated or damaged one is one error naming it."""
-    return _damaged_edges_as_user_error(path, lambda: EdgeStore(path))
-
-
-def _damaged_edges_as_user_error(path: Path, read):
-    """``read()``, with the errors of a missing, truncated or damaged ``edges.h5`` as one user error."""
-    try:
-        return read()
-    except (OSError, KeyError, ValueError, RuntimeError) as error:
-        problem = "missing" if not path.exists() else "damaged or truncated"
-        raise MariusInputError(f"the dataset's edge file is {problem} ({type(error).__name__}: {error})", path=path,
-                               expected="the edges.h5 `marius-py preprocess` wrote: preprocess the dataset "
-                                        "again") from None
 
 
 def _lookup(index: dict[str, int], name: str, kind: str, path: Path) -> int:

@@ -120,5 +120,5 @@ def describe_change(recorded: dict[str, str], current: dict[str, str]) -> str | 
         changes.append(f"its {' and '.join(renamed)} names changed")
     if not changes:
         edited = [split for split in EDGE_KEYS if recorded.get(split) != current.get(split)]
-        changes.append(f"its {' and '.join(edited)} edges changed")
+        changes.append(f"its {' and '.join(edited)} edges changed" if edited else "its identity differs")
     return "; ".join(changes)

@@ -15,6 +15,7 @@ import errno
 import os
 import re
 import shutil
+import tempfile
 import socket
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -51,9 +52,12 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> None:
 def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
     """Write ``data`` to a temporary sibling, fsync it, rename it over ``path``, fsync the directory."""
     path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
+    # (a name of its own: processes writing the same file at once, as readers upgrading a dataset's metadata
+    # do, must not rename each other's half-written files into place)
+    descriptor, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = Path(name)
     try:
-        with open(tmp, "wb") as handle:
+        with open(descriptor, "wb") as handle:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())

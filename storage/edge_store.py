@@ -18,6 +18,8 @@ from typing import Iterator
 import h5py
 import numpy as np
 
+from marius_py.errors import MariusInputError
+
 EDGE_FILE = "edges.h5"
 SPLITS = ("train", "valid", "test")
 _CHUNK_ROWS = 1 << 16
@@ -60,25 +62,45 @@ def new_hdf5(path: str | os.PathLike) -> Iterator[h5py.File]:
         close_hdf5(file, path)
 
 
+def damaged_edge_file(path: Path, error: BaseException) -> MariusInputError:
+    """The error of an ``edges.h5`` that is missing, truncated or damaged (a chunk failing its checksum)."""
+    problem = "missing" if not path.exists() else "damaged or truncated"
+    return MariusInputError(f"the dataset's edge file is {problem} ({type(error).__name__}: {error})", path=path,
+                            expected="the edges.h5 `marius-py preprocess` wrote: preprocess the dataset again")
+
+
+@contextmanager
+def _damage_reported(path: Path) -> Iterator[None]:
+    try:
+        yield
+    except (OSError, KeyError, ValueError, RuntimeError) as error:  # (h5py's errors of a damaged file)
+        raise damaged_edge_file(path, error) from None
+
+
 class EdgeStore:
-    """Read-only access to a dataset's ``edges.h5``."""
+    """Read-only access to a dataset's ``edges.h5``. A file that cannot be read (missing, truncated, a chunk
+    whose checksum fails) is one ``MariusInputError`` naming it, when opened or read."""
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
-        self._file = h5py.File(self.path, "r")
-        offsets = self._file["train_bucket_offsets"][:]
+        with _damage_reported(self.path):
+            self._file = h5py.File(self.path, "r")
+            offsets = self._file["train_bucket_offsets"][:]
         self.num_partitions = int(round((len(offsets) - 1) ** 0.5))
         self._offsets = offsets
 
     def split(self, name: str) -> np.ndarray:
         """All edges of one split as an int64 [E, 3] array."""
-        return self._file[name][:]
+        with _damage_reported(self.path):
+            return self._file[name][:]
 
     def chunks(self, name: str, rows: int = 1 << 22):
         """The edges of one split, ``rows`` at a time (int64 [<= rows, 3] each)."""
         data = self._file[name]
         for start in range(0, data.shape[0], rows):
-            yield data[start:start + rows]
+            with _damage_reported(self.path):
+                block = data[start:start + rows]
+            yield block
 
     def num_edges(self, name: str) -> int:
         return int(self._file[name].shape[0])
@@ -100,7 +122,8 @@ class EdgeStore:
         starts, ends = self._bucket_rows(pairs)
         parts: list[np.ndarray] = []
         for first, last in self._reads(starts, ends):
-            block = self._file["train"][starts[first]:ends[last]]
+            with _damage_reported(self.path):
+                block = self._file["train"][starts[first]:ends[last]]
             parts.extend(block[starts[k] - starts[first]:ends[k] - starts[first]] for k in range(first, last + 1))
         return parts
 
@@ -116,6 +139,10 @@ class EdgeStore:
         starts, ends = self._bucket_rows(pairs)
         total = int((ends - starts).sum())
         joined = out[:total] if out is not None and len(out) >= total else np.empty((total, 3), dtype=np.int64)
+        with _damage_reported(self.path):
+            return self._read_joined(starts, ends, joined)
+
+    def _read_joined(self, starts: np.ndarray, ends: np.ndarray, joined: np.ndarray) -> np.ndarray:
         train, row = self._file["train"], 0
         for first, last in self._reads(starts, ends):
             if np.array_equal(starts[first + 1:last + 1], ends[first:last]):  # adjacent buckets: read straight in
@@ -165,7 +192,7 @@ class EdgeStoreWriter:
         self._file = create_hdf5(self.path)  # (a full disk: an error where it happens, not a crash)
         for name in SPLITS:
             self._file.create_dataset(name, shape=(0, 3), maxshape=(None, 3), dtype="int64",
-                                      chunks=(_CHUNK_ROWS, 3))
+                                      chunks=(_CHUNK_ROWS, 3), fletcher32=True)  # (a damaged chunk: a read error)
         self.num_partitions = num_partitions
 
     def append(self, split: str, edges: np.ndarray) -> None:

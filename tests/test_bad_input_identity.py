@@ -25,7 +25,7 @@ from marius_py.dataset import Dataset, read_metadata, write_metadata
 from marius_py.errors import MariusInputError
 from marius_py.identity import OrderFreeDigest
 from marius_py.preprocess import PreprocessOptions, preprocess, rebucket
-from test_bad_input_corpus import TRAIN, UMLS_RAW, run_cli
+from test_bad_input_corpus import UMLS_RAW, run_cli
 
 RUN_SETTINGS = "training.device=cpu model.dim=8 training.epochs=1 --quiet"
 
@@ -101,6 +101,17 @@ def truncated_edges(places) -> None:
     path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
 
 
+def damaged_train_chunk(places) -> None:
+    """One byte of the train edges' chunk flipped in place: the file opens, its size unchanged."""
+    import h5py
+    path = places["data"] / "edges.h5"
+    with h5py.File(path, "r") as file:
+        offset = file["train"].id.get_chunk_info(0).byte_offset
+    data = bytearray(path.read_bytes())
+    data[offset + 100] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
 def garbage_edges(places) -> None:
     (places["data"] / "edges.h5").write_bytes(b"not an HDF5 file\n" * 100)
 
@@ -173,6 +184,8 @@ CASES = {
     "truncated_edges_new_run": (truncated_edges, f"train dataset.path={{data}} {RUN_SETTINGS} --run-dir {{out}}",
                                 DAMAGED),
     "truncated_edges_info": (truncated_edges, "info {data}", DAMAGED),
+    "damaged_chunk_eval": (damaged_train_chunk, "eval {run}", DAMAGED),
+    "damaged_chunk_resume": (damaged_train_chunk, "train --resume {run} training.epochs=2 --quiet", DAMAGED),
     "garbage_edges_predict": (garbage_edges, "predict {run} --head {head} --relation {relation}", DAMAGED),
     "edges_removed_export": (removed("edges.h5"), "export {run} -o {out}", "edge file is missing"),
     # a raw directory whose files changed after a run trained on it
@@ -236,7 +249,8 @@ def test_changed_data_is_one_clean_refusal(name, reference, tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 2, err
     assert fragment in err and "Traceback" not in err, err
-    assert len(err.strip().splitlines()) <= 3, err  # (a resume prints its plan first)
+    assert err.count("marius-py: error:") == 1, err  # (one message; eval may say first which checkpoint it took)
+    assert all(line.startswith("marius-py: ") for line in err.strip().splitlines()), err
     assert not places["out"].exists()
     assert _committed(places) == committed
 
@@ -316,3 +330,30 @@ def test_order_free_digest():
     swapped = OrderFreeDigest()
     swapped.add_rows(rows[:, [2, 1, 0]])  # (head and tail swapped: another edge)
     assert swapped.hexdigest() != digest.hexdigest()
+
+
+def test_a_dataset_from_before_identities_records_one_only_of_sound_names(reference, tmp_path, monkeypatch):
+    """Its names file damaged, it is refused and records nothing; put back, it opens and records the identity;
+    where its metadata cannot be written (a read-only directory), it opens with the identity computed anew."""
+    places = _copy_places(reference, tmp_path)
+    identity = read_metadata(places["data"]).identity
+    metadata = read_metadata(places["data"])
+    metadata.identity = {}
+    write_metadata(places["data"], metadata)
+    nodes = places["data"] / "nodes.txt"
+    sound = nodes.read_bytes()
+    _write_lines(nodes, line_deleted(_lines(nodes)))
+    with pytest.raises(MariusInputError, match="134 names"):
+        Dataset(places["data"])
+    assert read_metadata(places["data"]).identity == {}
+    nodes.write_bytes(sound)
+
+    def read_only(*args):
+        raise PermissionError(13, "Permission denied")
+    with monkeypatch.context() as patch:
+        patch.setattr("marius_py.dataset.write_metadata", read_only)
+        dataset = Dataset(places["data"])
+        assert dataset.identity == identity and read_metadata(places["data"]).identity == {}
+        dataset.close()
+    Dataset(places["data"]).close()
+    assert read_metadata(places["data"]).identity == identity
