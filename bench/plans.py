@@ -33,24 +33,20 @@ MANUAL = ["storage.num_partitions=1",
           "storage.num_partitions=16 storage.buffer_capacity=8 storage.dtype=float32 storage.ordering=beta"]
 
 
-class EpochsDone(Exception):
-    """Raised by the tracker once the epochs wanted are logged: the run stops before validating."""
-
-
 class StopAfterEpochs:
-    """A trainer's tracker keeping the plan and the last epoch's record, stopping the run after ``epochs``."""
+    """A trainer's callback (``marius_py.callbacks``) keeping the plan and the last epoch's record, stopping
+    the run after ``epochs``: before the config's last epoch, which validates."""
 
     def __init__(self, epochs: int):
         self.epochs, self.records = epochs, {}
 
-    def log(self, record: dict) -> None:
+    def on_record(self, run, record: dict) -> None:
         if record.get("event") in ("plan", "epoch"):
             self.records[record["event"]] = record
-        if record.get("event") == "epoch" and record["epoch"] >= self.epochs:
-            raise EpochsDone
 
-    def close(self) -> None:
-        pass
+    def on_epoch_end(self, run, record: dict):
+        from marius_py.callbacks import Stop
+        return Stop(f"{self.epochs} epochs measured") if run.epoch >= self.epochs else None
 
 
 def train_one(overrides: list[str], run_dir: str, epochs: int) -> None:
@@ -60,12 +56,9 @@ def train_one(overrides: list[str], run_dir: str, epochs: int) -> None:
     from marius_py.resources import keep_freed_memory
     allocator_settings_taken = keep_freed_memory()  # (as `marius-py train` sets glibc's malloc)
     config = mp.make_config(None, overrides)
-    tracker = StopAfterEpochs(epochs)
-    try:
-        mp.train(config, run_dir, progress=False, test=False, trackers=[tracker])
-    except EpochsDone:
-        pass
-    print(json.dumps({**tracker.records, "allocator_settings_taken": allocator_settings_taken}), flush=True)
+    measured = StopAfterEpochs(epochs)
+    mp.train(config, run_dir, progress=False, test=False, callbacks=[measured])
+    print(json.dumps({**measured.records, "allocator_settings_taken": allocator_settings_taken}), flush=True)
 
 
 def run_child(overrides: list[str], run_dir: Path, epochs: int) -> dict:

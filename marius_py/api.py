@@ -24,6 +24,7 @@ import torch
 import yaml
 
 from marius_py.bundled import BUNDLED_CONFIGS, BUNDLED_DATASETS, bundled_config, resolve_dataset
+from marius_py.callbacks import as_callbacks
 from marius_py.checkpoint import CONFIG_FILE, NODES, RunDirectory, RunFingerprint, check_holders, load_version
 from marius_py.config import Config, load_config, run_layout, with_split_applied
 from marius_py.dataset import Dataset
@@ -96,19 +97,6 @@ def _override_list(overrides) -> list[str]:
 
 def _check_run_dir(run_dir, argument: str) -> None:
     check_type(run_dir, PATH_TYPES, argument, "a run directory's path, a str or pathlib.Path")
-
-
-def _tracker_list(trackers) -> list:
-    """``train``'s trackers as a list; each needs ``log(record)`` and ``close()``."""
-    expected = "a list of trackers, objects with log(record) and close() methods"
-    if isinstance(trackers, (str, bytes, dict)) or not isinstance(trackers, Iterable):
-        raise MariusInputError(f"train: trackers is a {type(trackers).__name__}", expected=expected)
-    items = list(trackers)
-    for index, item in enumerate(items):
-        if not (callable(getattr(item, "log", None)) and callable(getattr(item, "close", None))):
-            raise MariusInputError(f"train: trackers[{index}], a {type(item).__name__}, lacks log() or close()",
-                                   expected=expected)
-    return items
 
 
 _GIVEN_RUN_DIRS: set[Path] = set()  # the names default_run_dir gave in this process
@@ -372,7 +360,7 @@ def probe_machine(config: Config, run_dir: str | Path | None = None) -> Machine:
 
 
 def _start(config: Config, run_dir: Path, progress: bool, resume: bool,
-           trackers: Sequence = ()) -> tuple[Trainer, Dataset]:
+           callbacks: Sequence = ()) -> tuple[Trainer, Dataset]:
     """The trainer of a run (set up under ``run_setup.claim_run_dir``). A new run's directory and config come
     first, so a run killed while the dataset is prepared or the store initialised can be resumed."""
     startup = Startup()
@@ -387,19 +375,23 @@ def _start(config: Config, run_dir: Path, progress: bool, resume: bool,
     config = plan.applied(config)
     if not resume:  # (the plan's partitions and buffer, the split the dataset allowed and the dtype, pinned)
         RunDirectory(run_dir).write_config(with_split_applied(config, plan.layout))
-    trainer = Trainer(config, dataset, run_dir, progress=progress, startup=startup, plan=plan, trackers=trackers)
+    trainer = Trainer(config, dataset, run_dir, progress=progress, startup=startup, plan=plan,
+                      callbacks=callbacks)
     startup.mark("trainer_other")  # (its model, bucketing, runner and tables are marked apart)
     return trainer, dataset
 
 
 def train(config: Config, run_dir: str | Path | None = None, progress: bool = True,
-          resume: bool = False, test: bool = True, trackers: Sequence = ()) -> TrainedModel | None:
+          resume: bool = False, test: bool = True, callbacks: Sequence = (),
+          trackers: Sequence = ()) -> TrainedModel | None:
     """Train (or resume) a run and return its best (or last) model with test metrics (none with
     ``test=False``: a search selects on validation alone).
 
     The run directory is locked while it trains (``run_lock.RunLock``): a second
     command into it is refused, naming the process that holds it.
-    ``trackers`` receive every metrics record (``Trainer``); one that raises stops training.
+    ``callbacks`` (``marius_py.callbacks``) watch training and may stop it; they run after those the config
+    names (``training.callbacks``). ``trackers``, objects with ``log(record)`` and ``close()``, are taken as
+    callbacks too (the argument of earlier versions).
     Under torchrun (several trainers, ``marius_py.distributed``) rank 0 returns it and the others None.
     """
     check_type(config, Config, "train: config", CONFIG_EXPECTED)
@@ -407,19 +399,22 @@ def train(config: Config, run_dir: str | Path | None = None, progress: bool = Tr
         _check_run_dir(run_dir, "train: run_dir")
     for argument, value in (("progress", progress), ("resume", resume), ("test", test)):
         check_type(value, FLAG, f"train: {argument}", "True or False")
-    trackers = _tracker_list(trackers)
+    callbacks = as_callbacks(callbacks, "train: callbacks") + as_callbacks(trackers, "train: trackers")
     if launched_by_torchrun():
+        if callbacks:
+            raise MariusInputError("train: callbacks given as objects reach one process; under torchrun each "
+                                   "trainer makes its own", expected="training.callbacks=NAME,... naming "
+                                                                     "registered callbacks (marius_py.callbacks)")
         return train_distributed(config, run_dir, progress, resume,
                                  RunSteps(default_run_dir, open_dataset, finish_training))
     run_dir = Path(run_dir) if run_dir is not None else default_run_dir(config)
     with restored_process_settings(), claim_run_dir(  # (threads, seeds, flags: the caller's again after)
-            run_dir, resume, lambda: _start(config, run_dir, progress, resume, trackers)) as (trainer, dataset):
+            run_dir, resume, lambda: _start(config, run_dir, progress, resume, callbacks)) as (trainer, dataset):
         try:
             trainer.train()
             return finish_training(trainer, trainer.config, dataset, run_dir, test)  # (the plan's config)
         finally:
-            trainer.close()
-            trainer.run.close()
+            trainer.close()  # (its callbacks' on_train_end too)
 
 
 def finish_training(trainer: Trainer, config: Config, dataset: Dataset, run_dir: Path,
@@ -431,7 +426,7 @@ def finish_training(trainer: Trainer, config: Config, dataset: Dataset, run_dir:
     trained.run_dir = run_dir
     if test and dataset.metadata.num_test > 0:
         metrics = trainer.evaluate("test")
-        trainer.run.log(metrics)
+        trainer.log(metrics)
         trained.test_metrics = metrics
     return trained
 

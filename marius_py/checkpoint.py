@@ -172,7 +172,6 @@ class RunDirectory:
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
         self.checkpoints = self.path / CHECKPOINTS
-        self.trackers: list = []  # objects with log(record), e.g. marius_py.trackers.TensorBoardTracker
         self._recovered: dict | None = None  # pointers recovered from the versions (the pointer file was not sound)
         self.recovery_note: str | None = None
 
@@ -185,15 +184,9 @@ class RunDirectory:
         durable.write_text_atomic(self.path / CONFIG_FILE, dump_config(config))
 
     def log(self, record: dict) -> None:
+        """Append ``record`` to the metrics log (opened per record: a kill loses at most the line being written)."""
         with open(self.path / METRICS_FILE, "a", encoding="utf-8") as handle:
             handle.write(json.dumps(record, sort_keys=True) + "\n")
-        for tracker in self.trackers:
-            tracker.log(record)
-
-    def close(self) -> None:
-        """Close the trackers (the metrics log itself is opened per record)."""
-        for tracker in self.trackers:
-            tracker.close()
 
     def read_metrics(self) -> list[dict]:
         """The metrics log's records (``metric_lines`` without line numbers)."""
@@ -426,6 +419,17 @@ class RunDirectory:
             if child.name not in keep and child.is_dir() and (_VERSION.fullmatch(child.name)
                                                               or TEMPORARY_VERSION.fullmatch(child.name)):
                 shutil.rmtree(child, ignore_errors=True)
+
+
+class MetricsLog:
+    """The metrics log as the run's first callback (``marius_py.callbacks``): every record, appended to
+    metrics.jsonl before any other callback sees it."""
+
+    def __init__(self, run: RunDirectory):
+        self.run = run
+
+    def on_record(self, view, record: dict) -> None:
+        self.run.log(record)
 
 
 def version_name(epoch: int, states_done: int = 0) -> str:

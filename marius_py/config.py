@@ -43,7 +43,8 @@ ORDERINGS: Registry[OrderingSpec] = Registry("ordering", "mp.ORDERINGS", check=_
 # Keys whose value names a plug-in, and the registry it is found in.
 PLUGIN_KEYS = {"model.decoder": DECODERS, "model.loss": LOSSES, "model.regularizer": REGULARIZERS,
                "training.negative_sampler": NEGATIVE_SAMPLERS, "storage.ordering": ORDERINGS}
-LIST_KEYS = ("model.plugins", "training.devices")  # str keys of comma-separated items, which a YAML list may give
+# str keys of comma-separated items, which a YAML list may give
+LIST_KEYS = ("model.plugins", "training.devices", "training.callbacks")
 ADAGRAD_VARIANTS = ("full", "rowwise")
 RELATION_OPTIMIZERS = ("adagrad", "adam")
 DEVICES = ("auto", "cpu", "cuda")
@@ -131,8 +132,8 @@ class TrainingConfig:
     num_threads: int = _f(0, "torch CPU threads (0: leave torch's default)")
     tensorboard: bool = _f(False, "also write the metrics as TensorBoard events to RUN_DIR/tensorboard (needs the "
                                   "tensorboard package: the tensorboard extra)")
-    callbacks: str = _f("", "callbacks run while training, comma-separated names registered in "
-                            "marius_py.callbacks.CALLBACKS (tensorboard is one); looked up when training starts")
+    callbacks: str = _f("", "callbacks run while training: comma-separated names (a YAML list too) registered "
+                            "in marius_py.callbacks.CALLBACKS, tensorboard among them; looked up when training starts")
     checkpoint_interval: float = _f(0.0,
         "seconds between checkpoint commits: an epoch commits when this long has passed, validation found a "
         "new best, or it is the last epoch; out of core a commit may also fall between two buffer states. 0: "

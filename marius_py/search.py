@@ -10,12 +10,12 @@ A search directory holds:
 
 Each trial is a real training run (``api.train``), scored on the filtered validation MRR of the model
 training returns (its best-validation checkpoint); the test split is never read. The trainer's periodic
-validations reach Optuna through a tracker as they are logged, and a trial the pruner gives up on stops
-there. The first trial trains the base config itself (the searched keys whose values the space holds), so
-the best is never worse than it on validation. Trials run one after another in this process or, given
-several devices, one per device in worker processes sharing the study. A killed search resumes
-(``resume_tune``): finished trials stay as they are; trials it interrupted are marked failed and run again
-as new trials with the same values.
+validations reach Optuna through a callback (``marius_py.callbacks``), and a trial the pruner gives up on
+stops there, after its epoch is committed. The first trial trains the base config itself (the searched keys
+whose values the space holds), so the best is never worse than it on validation. Trials run one after
+another in this process or, given several devices, one per device in worker processes sharing the study. A
+killed search resumes (``resume_tune``): finished trials stay as they are; trials it interrupted are marked
+failed and run again as new trials with the same values.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from marius_py import api
+from marius_py.callbacks import Callback, RunView, Stop
 from marius_py.checkpoint import CHECKPOINTS, LIVE_STORE
 from marius_py.config import Config, device_list, dump_config, load_config, with_overrides
 from marius_py.devices import resolve_device
@@ -389,7 +390,9 @@ class _Search:
         overrides = _overrides(self.space.suggest(trial)) + _device_overrides(device)
         config = with_overrides(self.base, overrides, f"trial {trial.number}")
         reporter = _Reporter(trial, self._say, config.training.epochs)
-        model = api.train(config, trial_dir, progress=False, test=False, trackers=[reporter])
+        model = api.train(config, trial_dir, progress=False, test=False, callbacks=[reporter])
+        if reporter.pruned:
+            raise self.optuna.TrialPruned(reporter.pruned)
         return model.evaluate("valid")["mrr"]
 
     def _write_best(self, trial) -> None:
@@ -405,25 +408,24 @@ class _Search:
             print(text, flush=True)
 
 
-class _Reporter:
-    """A trial's tracker (``Trainer``): reports every validation MRR to Optuna at its epoch and stops the run
-    (``TrialPruned``) where the pruner gives the trial up, from half its epochs on: a lower learning rate starts
-    slower and may end higher (on FB15k-237 the median pruner stopped at epoch 10 a trial like the best)."""
+class _Reporter(Callback):
+    """A trial's callback: reports every validation MRR to Optuna at its epoch and stops the run where the
+    pruner gives the trial up (``pruned`` then says where), from half its epochs on: a lower learning rate
+    starts slower and may end higher (on FB15k-237 the median pruner stopped at epoch 10 a trial like the
+    best)."""
 
     def __init__(self, trial, say, epochs: int):
         self.trial, self.say, self.first_prunable_epoch = trial, say, epochs // 2
+        self.pruned: str | None = None
 
-    def log(self, record: dict) -> None:
-        if record.get("event") != "eval" or record.get("split") != "valid":
-            return
-        epoch = record["epoch"]
-        self.trial.report(record["mrr"], epoch)
-        self.say(f"trial {self.trial.number}, epoch {epoch}: valid MRR {record['mrr']:.4f}")
+    def on_validation(self, run: RunView, metrics: dict) -> Stop | None:
+        epoch = run.epoch
+        self.trial.report(metrics["mrr"], epoch)
+        self.say(f"trial {self.trial.number}, epoch {epoch}: valid MRR {metrics['mrr']:.4f}")
         if epoch >= self.first_prunable_epoch and self.trial.should_prune():
-            raise require_optuna().TrialPruned(f"pruned at epoch {epoch}")
-
-    def close(self) -> None:
-        pass
+            self.pruned = f"pruned at epoch {epoch}"
+            return Stop(f"{self.pruned} by Optuna's pruner")
+        return None
 
 
 def _pruner(optuna, name: str):

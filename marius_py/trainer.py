@@ -2,7 +2,8 @@
 
 What a batch computes is the step's (``marius_py/step/``); how batches move
 is the pipeline's (``pipeline/``). The trainer walks the epochs, hands each
-span of edges to the runner, evaluates, logs and commits checkpoints. It is
+span of edges to the runner, evaluates, logs and commits checkpoints, and
+tells the callbacks (``marius_py.callbacks``, the metrics log first). It is
 built from two parts: a *span source* (``marius_py/spans.py``: the tables in
 memory, the buffer's walk over an ordering, or a torchrun group's granted
 buckets) and the *group* of trainers it belongs to (``marius_py/group.py``:
@@ -37,8 +38,9 @@ import torch
 from tqdm import tqdm
 
 from marius_py.bundled import bucketed_for_run
-from marius_py.checkpoint import (LIVE_STORE, NODES, RunDirectory, RunFingerprint, TrainingState, check_holders,
-                                  load_position, load_version, write_version_state)
+from marius_py.callbacks import CallbackList, RunView, as_callbacks, configured_callbacks
+from marius_py.checkpoint import (LIVE_STORE, NODES, MetricsLog, RunDirectory, RunFingerprint, TrainingState,
+                                  check_holders, load_position, load_version, write_version_state)
 from marius_py.config import Config, dedup_setting, epoch_ordering, with_split_applied
 from marius_py.dataset import Dataset
 from marius_py.devices import resolve_devices
@@ -46,7 +48,6 @@ from marius_py.errors import MariusInputError
 from marius_py.group import ONE_PROCESS, TrainerGroup
 from marius_py.spans import BufferWalk, SpanSource, TrainingSpan, WholeTables
 from marius_py.timeline import EpochPhases, StateTimeline, Startup
-from marius_py.trackers import TensorBoardTracker
 from marius_py.evaluation import InMemoryNodes, NodeTable, StoredNodes, build_known_answers, evaluate_split
 from marius_py.random_streams import device_names, epoch_generators, flat
 from marius_py.resources import check_memory, check_partitioning
@@ -116,21 +117,16 @@ class Trainer:
     def __init__(self, config: Config, dataset: Dataset, run_dir: str | Path, progress: bool = True,
                  startup: Startup | None = None, group: TrainerGroup = ONE_PROCESS,
                  spans: Callable[[Trainer], SpanSource] | None = None, plan: Plan | None = None,
-                 trackers: Sequence = ()):
+                 callbacks: Sequence = ()):
         """``group``: the trainers of the run (this process alone by default); ``spans``: builds the span
         source (by default the tables in memory, or the buffer's walk when the store is partitioned);
         ``plan``: where the tables live (by default planned here; ``api.train`` plans and prints it first);
-        ``trackers`` (objects with ``log(record)`` and ``close()``, as ``marius_py.trackers``) receive every
-        metrics record as it is logged, and one that raises stops training (``marius-py tune`` prunes a
-        trial this way, from its validations)."""
+        ``callbacks`` (``marius_py.callbacks``) run after those the config names."""
         self.group = group
         self.startup = startup  # logged at the first batch this process trains
         self.dataset = dataset
         self.run = RunDirectory(run_dir)  # (a trainer of a group: its own; the leader's is the run's)
-        if config.training.tensorboard and group.is_leader:
-            self.run.trackers.append(TensorBoardTracker(self.run.path / "tensorboard"))
-        if group.is_leader:
-            self.run.trackers.extend(trackers)
+        self.callbacks = CallbackList(self._callbacks(config, callbacks), self._view)
         self.progress = progress and group.is_leader
         self.devices = resolve_devices(config)
         self.graph = GraphSize.of_dataset(config, dataset)
@@ -165,10 +161,27 @@ class Trainer:
         self._startup_mark("tables")
         # Records of epochs whose checkpoint never committed are replayed, not duplicated.
         self.run.truncate_metrics(self.state.epoch)
-        if group.is_leader:
-            self.run.log(self.plan.record())
         self._known = None
         self._last_commit = time.monotonic()
+
+    def _callbacks(self, config: Config, given: Sequence) -> list:
+        """The metrics log first; then, the leader's alone, the callbacks the config names and those ``given``."""
+        if not self.group.is_leader:
+            return [MetricsLog(self.run)]
+        t = config.training
+        return [MetricsLog(self.run), *configured_callbacks(t.callbacks, t.tensorboard),
+                *as_callbacks(given, "callbacks")]
+
+    def _view(self, stop_reason: str | None) -> RunView:
+        """What a callback's hook sees of the run now."""
+        s = self.state
+        counted = s.best_epoch > 0
+        return RunView(self.run.path, s.epoch, self.config.training.epochs, s.best_epoch if counted else None,
+                       s.best_mrr if counted else None, stop_reason)
+
+    def log(self, record: dict) -> None:
+        """A metrics record, to the metrics log and every callback."""
+        self.callbacks.record(record)
 
     def _open_run(self) -> None:
         """The run's state: restored from its latest version (a group's: the version its leader's pointers
@@ -347,6 +360,7 @@ class Trainer:
         self.group.barrier()  # the group has committed
         if not self.group.is_leader:
             self.run.point_to(version, False, keeps_best=False)
+        self.callbacks.checkpoint(version, self.state.epoch)
 
     def save_checkpoint(self, is_best: bool = False) -> None:
         if self.partitioned:
@@ -462,7 +476,7 @@ class Trainer:
         def first(count: int) -> None:
             if self.startup is not None:
                 self.startup.mark("first_batch")
-                self.run.log(self.startup.record())
+                self.log(self.startup.record())
                 self.startup = None
             on_batch(count)
         return first
@@ -546,13 +560,17 @@ class Trainer:
         split by a resume selects the same best checkpoint as one that was not.
         """
         metrics = self.evaluate("valid")
-        self.run.log(metrics)
+        self.log(metrics)
         self._say(f"epoch {self.state.epoch}: valid MRR {metrics['mrr']:.4f} "
                   f"Hits@10 {metrics['hits@10']:.4f}")
-        if not counts:
-            return
-        if metrics["mrr"] > self.state.best_mrr:
-            self.state.best_mrr, self.state.best_epoch = metrics["mrr"], self.state.epoch
+        if counts:
+            self._count_validation(metrics["mrr"])
+        self.callbacks.validation(metrics)
+
+    def _count_validation(self, mrr: float) -> None:
+        """Update the best validation and early stopping with a validation on schedule."""
+        if mrr > self.state.best_mrr:
+            self.state.best_mrr, self.state.best_epoch = mrr, self.state.epoch
             self.state.validations_without_improvement = 0
         else:
             self.state.validations_without_improvement += 1
@@ -586,7 +604,10 @@ class Trainer:
         self.run.write_config(with_split_applied(self.config, self.layout))
         if self.dataset.metadata.num_train == 0:  # (not len(train): out of core, that would read every edge)
             raise MariusInputError("dataset has no training edges", path=self.dataset.directory)
-        while self.state.epoch < t.epochs and not self.state.stopped_early:
+        self.callbacks.start()
+        if self.group.is_leader:
+            self.log(self.plan.record())
+        while self.state.epoch < t.epochs and not self.state.stopped_early and self.callbacks.stop is None:
             with tf32_matmuls(self.device.type == "cuda" and t.tf32):
                 record = self.train_epoch(self.state.epoch + 1)
             self.state.epoch += 1
@@ -620,13 +641,27 @@ class Trainer:
             seconds["validate"] = time.perf_counter() - started
         is_best = self.state.best_epoch != previous_best
         started = time.perf_counter()
-        if self.group.broadcast(self._commit_due(is_best)):
+        committed = self.group.broadcast(self._commit_due(is_best))
+        if committed:
             self.save_checkpoint(is_best=is_best)
             seconds["commit"] = seconds.get("commit", 0.0) + time.perf_counter() - started  # (+ between states)
         if "io" in record:  # (resident partitions written for the evaluation and the commit)
             record["io"]["checkpoint_bytes_written"] += self._checkpoint_bytes() - written_before
         if self.group.is_leader:
-            self.run.log(record)
+            self.log(record)
+            self.callbacks.epoch_end(record)
+        self._stop_if_asked(committed)
+
+    def _stop_if_asked(self, committed: bool) -> None:
+        """Where a hook asked to stop (the leader's callbacks; every trainer learns it): commit the epoch if
+        it was not, then log the stop. The stop is not checkpointed: a resume trains on."""
+        self.callbacks.stop = self.group.broadcast(self.callbacks.stop)
+        if self.callbacks.stop is None:
+            return
+        if not committed:
+            self.save_checkpoint()
+        if self.group.is_leader:
+            self.log(self.callbacks.stop_record(self.state.epoch))
 
     def _checkpoint_bytes(self) -> int:
         """Bytes the buffer has written of resident partitions (for commits and evaluations), so far."""
@@ -636,7 +671,7 @@ class Trainer:
         """Whether this epoch commits: every epoch, or per ``training.checkpoint_interval`` (a new best and the
         last epoch always commit: the best version is what testing loads)."""
         t = self.config.training
-        last = self.state.epoch >= t.epochs or self.state.stopped_early
+        last = self.state.epoch >= t.epochs or self.state.stopped_early or self.callbacks.stop is not None
         now = time.monotonic()
         if is_best or last or now - self._last_commit >= t.checkpoint_interval:
             self._last_commit = now
@@ -657,6 +692,7 @@ class Trainer:
         close_runner = getattr(self.runner, "close", None)
         if close_runner is not None:
             close_runner()
+        self.callbacks.end()  # (last: a callback's failure here leaves nothing unreleased)
 
     def _say(self, text: str) -> None:
         if self.progress:

@@ -75,8 +75,7 @@ def train_distributed(config: Config, run_dir, progress: bool, resume: bool, api
                 group.barrier()
                 return api.finish_training(trainer, trainer.config, dataset, run_dir) if group.is_leader else None
             finally:
-                trainer.close()
-                trainer.run.close()
+                trainer.close()  # (its callbacks' on_train_end too)
     finally:
         group.close()
 
