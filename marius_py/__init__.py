@@ -18,7 +18,7 @@ IMPORTED_AT = timeline.IMPORTED_AT
 
 from marius_py.api import TrainedModel, load_checkpoint, load_dataset, make_config, train  # noqa: E402
 from marius_py.config import ORDERINGS, Config  # noqa: E402
-from marius_py.dataset import Dataset  # noqa: E402
+from marius_py.memory_data import Dataset  # noqa: E402
 from marius_py.errors import MariusInputError  # noqa: E402
 from marius_py.models import DECODERS, LOSSES, REGULARIZERS, Decoder, DotProductComparator  # noqa: E402
 from marius_py.negatives import NEGATIVE_SAMPLERS  # noqa: E402

@@ -27,8 +27,7 @@ from marius_py.bundled import BUNDLED_CONFIGS, BUNDLED_DATASETS, bundled_config,
 from marius_py.callbacks import as_callbacks
 from marius_py.checkpoint import CONFIG_FILE, NODES, RunDirectory, RunFingerprint, check_holders, load_version
 from marius_py.config import Config, load_config, run_layout, with_split_applied
-from marius_py.dataset import Dataset
-from marius_py.memory_data import is_edge_data, write_triples
+from marius_py.memory_data import Dataset, is_edge_data, write_triples
 from marius_py.errors import PATH_TYPES, MariusInputError, check_type
 from marius_py.run_setup import claim_run_dir, not_a_run
 from marius_py.timeline import Startup

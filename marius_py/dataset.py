@@ -125,20 +125,6 @@ class Dataset:
     def load(cls, directory: str | os.PathLike) -> "Dataset":
         return cls(directory)
 
-    @classmethod
-    def from_triples(cls, train, valid=None, test=None, *, directory: str | os.PathLike | None = None,
-                     split: tuple[float, float] | None = None, seed: int = 0, pairs: bool | None = None,
-                     num_partitions: int = 1, unseen_policy: str = "drop", progress: bool = False) -> "Dataset":
-        """A dataset preprocessed from edges held in memory (``marius_py.memory_data``): a NumPy array [E, 3] of
-        str names (head, relation, tail) or [E, 2] (head, tail; ``pairs`` None tells them by width), a pandas
-        DataFrame, or a list of name tuples, for ``train`` (split at random with ``split``, the (valid, test)
-        fractions, default (0.05, 0.05)) or for ``train``, ``valid`` and ``test``. Written into ``directory``
-        (new or empty), else into the dataset cache under a key of the content, where the same edges are found
-        again. ``seed``, ``num_partitions`` and ``unseen_policy`` are preprocess's options."""
-        from marius_py.memory_data import write_triples  # (it imports preprocessing, which imports this module)
-        return cls(write_triples(train, valid, test, directory=directory, split=split, seed=seed, pairs=pairs,
-                                 num_partitions=num_partitions, unseen_policy=unseen_policy, progress=progress))
-
     @property
     def num_nodes(self) -> int:
         return self.metadata.num_nodes

@@ -45,12 +45,13 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from marius_py import dataset
 from marius_py.bundled import _build_once, cache_dir
 from marius_py.edge_text import PAIRS_RELATION, EdgeSource
 from marius_py.errors import PATH_TYPES, MariusInputError, check_type
 from marius_py.preprocess import PreprocessOptions, _valid_fractions, _validate_options, preprocess
 
-__all__ = ["MemoryEdges", "is_edge_data", "write_triples"]
+__all__ = ["Dataset", "MemoryEdges", "is_edge_data", "write_triples"]
 
 DEFAULT_SPLIT = (0.05, 0.05)  # (valid, test) fractions of a random split
 _BLOCK_ROWS = 1 << 15  # rows made into names at a time (as preprocessing parses lines)
@@ -346,3 +347,21 @@ class _IterableRows:
             raise MariusInputError(f"{self._argument}, row {index}: {len(row)} items", expected=expected)
         raise MariusInputError(f"{self._argument}, row {index}: a {type(row).__name__} ({_snippet(str(row))})",
                                expected=expected)
+
+
+class Dataset(dataset.Dataset):
+    """The preprocessed dataset as the package exports it (``mp.Dataset``): ``marius_py.dataset.Dataset``, which
+    the layers below preprocessing use, and ``from_triples``, which preprocesses (so it lives above it)."""
+
+    @classmethod
+    def from_triples(cls, train, valid=None, test=None, *, directory: str | os.PathLike | None = None,
+                     split: tuple[float, float] | None = None, seed: int = 0, pairs: bool | None = None,
+                     num_partitions: int = 1, unseen_policy: str = "drop", progress: bool = False) -> "Dataset":
+        """A dataset preprocessed from edges held in memory (``marius_py.memory_data``): a NumPy array [E, 3] of
+        str names (head, relation, tail) or [E, 2] (head, tail; ``pairs`` None tells them by width), a pandas
+        DataFrame, or a list of name tuples, for ``train`` (split at random with ``split``, the (valid, test)
+        fractions, default (0.05, 0.05)) or for ``train``, ``valid`` and ``test``. Written into ``directory``
+        (new or empty), else into the dataset cache under a key of the content, where the same edges are found
+        again. ``seed``, ``num_partitions`` and ``unseen_policy`` are preprocess's options."""
+        return cls(write_triples(train, valid, test, directory=directory, split=split, seed=seed, pairs=pairs,
+                                 num_partitions=num_partitions, unseen_policy=unseen_policy, progress=progress))
