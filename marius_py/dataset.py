@@ -20,16 +20,17 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import numbers
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from marius_py.errors import MariusInputError
+from marius_py.errors import PATH_TYPES, MariusInputError, check_type
 from marius_py.identity import NAME_KEYS, compute_identity, file_digest
 from marius_py.storage.durable import write_text_atomic
-from marius_py.storage.edge_store import EDGE_FILE, EdgeStore
+from marius_py.storage.edge_store import EDGE_FILE, SPLITS, EdgeStore
 
 METADATA_FILE = "metadata.json"
 NODES_FILE = "nodes.txt"
@@ -104,6 +105,9 @@ class Dataset:
     """
 
     def __init__(self, directory: str | os.PathLike):
+        check_type(directory, PATH_TYPES, "Dataset: directory", "a preprocessed dataset's directory, a str or "
+                                                                "pathlib.Path (mp.load_dataset also takes edges "
+                                                                "held in memory)")
         self.directory = Path(directory)
         self.metadata = read_metadata(self.directory)
         self._edges = EdgeStore(self.directory / EDGE_FILE)  # (a damaged file: one error naming it)
@@ -176,6 +180,8 @@ class Dataset:
 
     def split(self, name: str) -> np.ndarray:
         """Edges of ``train``, ``valid`` or ``test`` as int64 [E, 3] (head, relation, tail)."""
+        if not isinstance(name, str) or name not in SPLITS:  # (the edge file would be blamed as damaged)
+            raise MariusInputError(f"split: {name!r}", expected=" or ".join(map(repr, SPLITS)))
         if name not in self._split_cache:
             self._split_cache[name] = self._edges.split(name)
         return self._split_cache[name]
@@ -221,6 +227,8 @@ class Dataset:
     def degrees(self, chunk_rows: int = 1 << 22) -> np.ndarray:
         """Train degree of every node (head + tail occurrences), read ``chunk_rows`` edges at a time: memory
         O(nodes). Counted once per dataset (each validation would read every edge again)."""
+        if not isinstance(chunk_rows, numbers.Integral) or isinstance(chunk_rows, bool) or chunk_rows < 1:
+            raise MariusInputError(f"degrees: chunk_rows {chunk_rows!r}", expected="a whole number of at least 1")
         if self._degrees is None:
             degrees = np.zeros(self.num_nodes, dtype=np.int64)
             for chunk in self._edges.chunks("train", chunk_rows):
@@ -234,6 +242,7 @@ class Dataset:
 
 
 def _lookup(index: dict[str, int], name: str, kind: str, path: Path) -> int:
+    check_type(name, str, f"{kind}_id: name", f"a {kind} name, a str")
     try:
         return index[name]
     except KeyError:

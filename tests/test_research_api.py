@@ -217,6 +217,12 @@ MISTAKES = {
     "relation_embedding_unknown": (lambda m: m.relation_embedding("eats"), "eats"),
     "relation_embedding_inverse_a_string": (lambda m: m.relation_embedding("isa", inverse="yes"),
                                             "relation_embedding: inverse is a str"),
+    "evaluate_a_0d_array": (lambda m: m.evaluate(np.array("test")), "evaluate: triples_or_split: array("),
+    "dataset_split_unknown": (lambda m: m.dataset.split("tests"), "split: 'tests'"),
+    "dataset_node_id_a_number": (lambda m: m.dataset.node_id(3), "node_id: name is a int"),
+    "dataset_relation_id_a_list": (lambda m: m.dataset.relation_id(["isa"]), "relation_id: name is a list"),
+    "dataset_degrees_in_chunks_of_none": (lambda m: m.dataset.degrees(0), "degrees: chunk_rows 0"),
+    "dataset_of_a_number": (lambda m: mp.Dataset(3), "Dataset: directory is a int"),
 }
 
 
