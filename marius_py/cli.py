@@ -27,8 +27,8 @@ INTERRUPT_MESSAGES = {
              "after it are trained again)",
     "tune": "tune interrupted; the finished trials are kept (--resume continues the search and runs the "
             "interrupted trials again)",
-    "plot": "plot interrupted: the PNGs written before it stay, the one being written may be cut short (plot "
-            "again to rewrite them); the run is unchanged",
+    "plot": "plot interrupted: PNGs written before it stay, each whole (plot again to rewrite them); the run is "
+            "unchanged",
 }
 
 

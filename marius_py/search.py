@@ -122,18 +122,18 @@ def tune(config: Config, space: str | Path | Mapping, trials: int, run_dir: str 
         raise MariusInputError(f"cannot create the search directory ({error.strerror})", path=run_dir,
                                expected="a --run-dir where this user can create a directory") from None
     lock = RunLock(run_dir)
-    with durable.reporting_full_disk(f"writing the search {run_dir}", run_dir):
-        try:
+    try:  # (a full disk while trials train is the trial's run's error, which says to resume)
+        with durable.reporting_full_disk(f"creating the search {run_dir}", run_dir):
             lock.acquire()
             _create(optuna, run_dir, config, space, trials, pruner)
-        except BaseException:
-            lock.release()
-            _discard(run_dir, created)
-            raise
-        try:
-            return _search(run_dir, devices, progress)
-        finally:
-            lock.release()
+    except BaseException:
+        lock.release()
+        _discard(run_dir, created)
+        raise
+    try:
+        return _search(run_dir, devices, progress)
+    finally:
+        lock.release()
 
 
 def resume_tune(run_dir: str | Path, trials: int | None = None, devices: list[str] | None = None,
@@ -147,12 +147,13 @@ def resume_tune(run_dir: str | Path, trials: int | None = None, devices: list[st
         raise MariusInputError(f"not a search directory (no {STUDY_FILE})", path=run_dir,
                                expected="a directory written by `marius-py tune`")
     devices = _check_devices(load_config(run_dir / BASE_FILE), devices)
-    with durable.reporting_full_disk(f"writing the search {run_dir}", run_dir), RunLock(run_dir):
-        study = optuna.load_study(study_name=STUDY_NAME, storage=_storage(optuna, run_dir))
-        if trials is not None:
-            _check_trials(trials)
-            study.set_user_attr("trials", trials)
-        _recover_interrupted(optuna, study, run_dir)
+    with RunLock(run_dir):
+        with durable.reporting_full_disk(f"resuming the search {run_dir}", run_dir):
+            study = optuna.load_study(study_name=STUDY_NAME, storage=_storage(optuna, run_dir))
+            if trials is not None:
+                _check_trials(trials)
+                study.set_user_attr("trials", trials)
+            _recover_interrupted(optuna, study, run_dir)
         return _search(run_dir, devices, progress)
 
 

@@ -277,6 +277,10 @@ class Trainer:
         """Make ``version`` the live state: store files, model parameters, position."""
         self._check_stored_dtype(version)
         _, _, model_state, state = load_version(version, self.fingerprint, with_nodes=False)
+        if state.dataset_identity is None and self.group.is_leader:
+            print(f"marius-py: note: {version.name} predates dataset identities, so only the dataset's counts were "
+                  f"compared; if {self.dataset.directory} was preprocessed again since (same counts, other ids), "
+                  "stop now: the next commit records its identity and replaces this version", file=sys.stderr)
         self.state = self.fingerprint.stamp(state)  # (a version from before identities: later ones record it)
         check_holders(self.state, self.group.world_size, version)
         self._position = load_position(version)
