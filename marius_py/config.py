@@ -142,9 +142,10 @@ class TrainingConfig:
                                      "with softmax_ce: float32 or bfloat16 (half the memory traffic; reductions "
                                      "stay float32); TransE and RotatE blocks stay float32")
     tf32: bool = _f(True, "CUDA: TF32 matmuls while training (scores; evaluation stays float32)")
-    fused_step: bool = _f(True, "on CUDA, every decoder with softmax_ce (N3/L2 and dropout included): a "
+    fused_step: bool = _f(True, "on CUDA, the built-in decoders with softmax_ce (N3/L2 and dropout included): a "
                                 "step with hand-written gradients (marius_py/step/fused.py, edge_kernels.py) "
-                                "instead of autograd; same results, several times fewer kernels")
+                                "instead of autograd; same results, several times fewer kernels. Plug-ins "
+                                "without its kernels train on autograd, as the plan says")
     cuda_graphs: bool = _f(True, "with the fused step on CUDA: replay each full batch as one CUDA graph "
                                  "(same results; removes the host's kernel-launch time)")
 

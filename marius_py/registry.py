@@ -23,6 +23,7 @@ import importlib
 import importlib.util
 import inspect
 import os
+import reprlib
 import sys
 import weakref
 from pathlib import Path
@@ -109,7 +110,8 @@ class Registry(Generic[Plugin]):
 
     def origin(self, name: str) -> str:
         """Where plug-in ``name`` was registered from: its module, or "the engine" for the built-in ones."""
-        return self._origins.get(name, "the engine")
+        module = self._origins.get(name)
+        return "the engine" if module is None or module.split(".")[0] == "marius_py" else module
 
     def names(self) -> tuple[str, ...]:
         return tuple(self._entries)
@@ -160,8 +162,13 @@ def check_function(kind: str, name: str, plugin, parameters: tuple[str, ...], pr
 
 
 def _describe(value) -> str:
+    """What a probe returned, briefly: tensors by dtype and shape, tuples item by item."""
+    if isinstance(value, tuple):
+        return f"({', '.join(_describe(item) for item in value)})"
     shape = getattr(value, "shape", None)
-    return f"a {type(value).__name__} of shape {tuple(shape)}" if shape is not None else f"a {type(value).__name__}"
+    if shape is not None:
+        return f"a {str(getattr(value, 'dtype', '')).replace('torch.', '')} tensor of shape {tuple(shape)}"
+    return "None" if value is None else f"{type(value).__name__} {reprlib.repr(value)}"
 
 
 # ---- modules that register plug-ins, named by a config (model.plugins) ----
@@ -189,14 +196,11 @@ def _import_plugin(item: str, setting: str, path: object, line: int | None) -> M
     saved = [(registry, dict(registry._entries), dict(registry._origins)) for registry in list(_REGISTRIES)]
     try:
         return _module_from_path(Path(item).expanduser().resolve()) if by_path else _module_by_name(item)
-    except ModuleNotFoundError as error:
-        _restore(saved)
-        if error.name is not None and (item == error.name or item.startswith(error.name + ".")):
-            raise MariusInputError(f"{failure} not found", path=path, line=line, expected=expected) from None
-        raise MariusInputError(f"{failure} failed to import: {type(error).__name__}: {error}", path=path,
-                               line=line, expected="a module that imports without error") from None
     except Exception as error:  # (user code: whatever it raises, it is named and nothing it registered stays)
         _restore(saved)
+        missing = getattr(error, "name", None) if isinstance(error, ModuleNotFoundError) else None
+        if missing is not None and (item == missing or item.startswith(missing + ".")):
+            raise MariusInputError(f"{failure} not found", path=path, line=line, expected=expected) from None
         raise MariusInputError(f"{failure} failed to import: {type(error).__name__}: {error}", path=path,
                                line=line, expected="a module that imports without error") from None
 

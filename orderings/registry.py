@@ -1,5 +1,8 @@
 """Orderings by name: ``ORDERINGS`` and ``build_ordering``.
 
+``ORDERINGS`` is the table of the registry research code registers its own orderings in, ``mp.ORDERINGS``
+(``marius_py.config``: this package imports numpy alone), so an ordering registered there is built here.
+
 Randomness: ``SeedSequence([seed, epoch])`` is split into two streams, one for
 the per-epoch relabelling of partitions and one for the builder (random bucket
 assignment, COMET's groups). So ``beta`` and ``beta_random`` built with the same

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from marius_py.errors import MariusInputError
-from marius_py.registry import Registry
+from marius_py.registry import Registry, check_function
 
 
 def test_register_by_decorator_or_call_and_resolve():
@@ -49,3 +49,23 @@ def test_an_unfit_plugin_or_name_is_refused():
     with pytest.raises(MariusInputError, match="thing name ' x'"):
         things.register(" x", len)
     assert "x" not in things
+
+
+def test_a_registration_for_a_block_only_and_where_each_came_from():
+    things = Registry("thing", "my.THINGS", entries={"builtin": len}, loaded_by="model.plugins")
+    with things.registered("temporary", sum):
+        assert things.get("temporary") is sum and things.origin("temporary") == "builtins"
+    assert "temporary" not in things and things.origin("builtin") == "the engine"
+    assert things.choices().endswith("or by a module the config names in model.plugins")
+
+
+def test_a_function_plugin_is_probed_when_it_registers():
+    def check(name, plugin):
+        check_function("thing", name, plugin, ("a", "b"), (2, 3), lambda out: out == 5, "a + b")
+    things = Registry("thing", "my.THINGS", check=check)
+    things.register("add", lambda a, b: a + b)
+    with pytest.raises(MariusInputError, match=r"thing 'one' \(.*<lambda>\) does not take \(a, b\)"):
+        things.register("one", lambda a: a)
+    with pytest.raises(MariusInputError, match=r"thing 'mul' .* returned int 6 on a small probe \(expected a \+ b\)"):
+        things.register("mul", lambda a, b: a * b)
+    assert things.names() == ("add",)
