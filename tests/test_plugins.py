@@ -200,6 +200,21 @@ def test_negative_sampler_contract(name):
     EXERCISED[NEGATIVE_SAMPLERS.kind].add(name)
 
 
+@pytest.mark.parametrize("sampler", ["uniform", "endpoints_only"])
+def test_a_sampler_fills_the_buffers_a_cuda_graph_reads(sampler):
+    """Draws into the buffers of an earlier call (``out``, as graphed steps ask) equal fresh draws of the same
+    seed: the built-in sampler fills them itself, another's draws are copied there."""
+    model = Model(config_of(f"training.negative_sampler={sampler}", "training.degree_fraction=0.5"), 12, 3,
+                  torch.device("cpu"))
+    buffers = model.negative_draws(8, None, torch.Generator().manual_seed(0))
+    held = [tuple(t.data_ptr() if t is not None else None for t in direction) for direction in buffers]
+    filled = model.negative_draws(8, None, torch.Generator().manual_seed(5), out=buffers)
+    fresh = model.negative_draws(8, None, torch.Generator().manual_seed(5))
+    assert [tuple(t.data_ptr() if t is not None else None for t in direction) for direction in filled] == held
+    for got, expected in zip(filled, fresh):
+        assert all((a is None and b is None) or torch.equal(a, b) for a, b in zip(got, expected))
+
+
 def uncovered(exercised: dict[str, set[str]]) -> list[str]:
     return [f"{registry.kind} {name}" for registry in CONTRACT_REGISTRIES for name in registry.names()
             if name not in exercised[registry.kind]]
@@ -235,6 +250,19 @@ def test_the_plan_says_the_fused_step_is_off_and_why():
     assert "fused step off: loss squared_error" in plan_run(config_of("model.loss=squared_error"), graph,
                                                             Machine()).describe()
     assert "fused step" not in plan_run(config_of("model.decoder=distmult"), graph, Machine()).describe()
+
+
+def test_help_names_the_registries_and_lists_what_is_registered_now():
+    """Help strings name where plug-ins register, not a list frozen at import; --help-config lists them live."""
+    import dataclasses
+    from marius_py.config import PLUGIN_KEYS, Config, describe_schema
+    helps = {f"{section.name}.{key.name}": key.metadata["help"] for section in dataclasses.fields(Config)
+             for key in dataclasses.fields(section.default_factory())}
+    for key, registry in PLUGIN_KEYS.items():
+        assert registry.home in helps[key] and ", ".join(registry.names()[:2]) not in helps[key], key
+    listing = describe_schema()
+    assert "    registered: dot, distmult, complex, transe, rotate, simple, score_distmult, score_complex" in listing
+    assert "    registered: uniform, endpoints_only" in listing
 
 
 def test_the_example_trains_simple_as_a_plugin_beside_the_built_in(umls_dataset):
@@ -289,6 +317,23 @@ def test_a_run_with_a_plugin_module_reopens_in_every_command_and_is_refused_with
                                                "found"):
         mp.load_checkpoint(run)
     capsys.readouterr()
+
+
+@pytest.mark.slow
+def test_a_plugin_module_by_name_from_the_current_directory_reaches_worker_processes(umls_dataset, tmp_path,
+                                                                                     monkeypatch):
+    """model.plugins=my_plugins from the directory it is in (as a console script finds no module there by
+    itself), with a worker process per device, which imports it again."""
+    (tmp_path / "my_plugins.py").write_text(PLUGIN_MODULE)
+    monkeypatch.chdir(tmp_path)
+    try:
+        assert cli_main(["train", f"dataset.path={umls_dataset}", "model.plugins=my_plugins",
+                         "model.decoder=file_distmult", "model.dim=16", "training.epochs=1", "training.device=cpu",
+                         "training.devices=cpu,cpu", "pipeline.placement=replicated", "pipeline.processes=per_device",
+                         "training.batch_size=256", "evaluation.every=0", "--run-dir", "run", "--quiet"]) == 0
+    finally:
+        DECODERS.unregister("file_distmult")
+        sys.modules.pop("my_plugins", None)
 
 
 class NarrowRelations(ScoreDistMult):
