@@ -335,6 +335,8 @@ def _check_plugins(config: Config, origins: dict) -> None:
     """Import the modules of model.plugins, then find every plug-in the config names in its live registry (an
     unknown one is one error listing the registered names)."""
     source, line = origins.get("model.plugins", ("config", None))
+    _check_value(isinstance(config.model.plugins, str), "model.plugins",
+                 "expected comma-separated module names or .py paths", config.model.plugins, origins)
     import_plugins(config.model.plugins, "model.plugins", source, line)
     for path, registry in PLUGIN_KEYS.items():
         section, key = path.split(".")

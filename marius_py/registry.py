@@ -120,7 +120,10 @@ class Registry(Generic[Plugin]):
         return iter(list(self._entries.items()))
 
     def __contains__(self, name: object) -> bool:
-        return name in self._entries
+        try:
+            return name in self._entries
+        except TypeError:  # (unhashable: a config value set in code)
+            return False
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.names())
