@@ -221,7 +221,10 @@ def uncovered(exercised: dict[str, set[str]]) -> list[str]:
 
 
 def test_every_registered_plugin_passed_its_contract():
-    """(After the contract tests, which record what they ran: a plug-in registered without running them fails.)"""
+    """(After the contract tests, which record what they ran: a plug-in registered without running them fails.
+    Where a selection (-k) ran none of them, there is nothing to judge.)"""
+    if not any(EXERCISED.values()):
+        pytest.skip("no contract test ran in this session (deselected)")
     assert uncovered(EXERCISED) == []
 
 
