@@ -339,12 +339,6 @@ class RunDirectory:
         tmp.mkdir(parents=True)
         return tmp
 
-    def commit_version(self, tmp: Path, epoch: int, is_best: bool, states_done: int = 0) -> Path:
-        """Checksum and fsync ``tmp``, rename it to its final name, then replace the pointer file atomically."""
-        final = self.prepare_version(tmp, epoch, states_done)
-        self.point_to(final, is_best)
-        return final
-
     def prepare_version(self, tmp: Path, epoch: int, states_done: int = 0) -> Path:
         """Checksum and fsync ``tmp`` and rename it to its final name, which no pointer names yet (``point_to``
         commits it; a group's trainers each prepare theirs before the leader's pointer commits the group's)."""
@@ -473,7 +467,7 @@ def write_version_state(directory: Path, model_state: dict, training_state: Trai
     """The non-embedding files of a version: model parameters, training position and, mid-epoch, where in
     the epoch (the walk it belongs to, the generators' devices and states)."""
     torch.save(model_state, directory / MODEL_FILE)
-    state = {**training_state.__dict__, CHECKSUMMED: True}  # (commit_version writes its manifest)
+    state = {**training_state.__dict__, CHECKSUMMED: True}  # (prepare_version writes its manifest)
     (directory / STATE_FILE).write_text(json.dumps(state, indent=2), encoding="utf-8")
     if position is not None:
         torch.save(position, directory / POSITION_FILE)

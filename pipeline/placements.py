@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterable
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
@@ -40,19 +40,6 @@ PLACEMENT_CPU, PLACEMENT_DEVICE, PLACEMENT_HOST = "cpu", "device", "host"
 PLACEMENT_REPLICATED, PLACEMENT_SPLIT = "replicated", "split"  # several devices, tables in GPU memory
 CUDA_STALENESS_DEFAULT = 16  # host: batches in flight; device: batches planned ahead
 DEVICE_MEMORY_FRACTION = 0.6  # of free GPU memory the tables may take; the rest is batch workspace
-
-
-class Transferable(Protocol):
-    """A batch in flight: moves its compute inputs to the device and its results back."""
-
-    def inputs_to(self, device: torch.device) -> list[torch.Tensor]:
-        """Replace the compute inputs by asynchronous copies on ``device``; return the copies."""
-
-    def outputs(self) -> list[torch.Tensor]:
-        """The results of compute (on the device)."""
-
-    def outputs_to_host(self) -> None:
-        """Replace the results by asynchronous copies in pinned host memory."""
 
 
 def choose_plan_device(zero_copy: bool, device: torch.device, table_device: torch.device,

@@ -43,21 +43,6 @@ class BatchStep(Protocol):
         """Step the relation parameters once per gradient list, in order."""
 
 
-class GraphableBatchStep(BatchStep, Protocol):
-    """A step whose relation update is device work only, so a CUDA graph can hold it
-    (``marius_py.step.runners.FusedGradients``)."""
-
-    graphable: bool
-
-    def apply_relation_gradients(self, gradients: list[list[torch.Tensor]]) -> None:
-        """``step_relations`` without its host-side bookkeeping (``count_relation_step``)."""
-
-    def count_relation_step(self) -> None: ...
-
-    def relation_tensors(self) -> list[torch.Tensor]:
-        """The tensors the relation update writes (a captured graph holds their addresses)."""
-
-
 class FusedBatchStep(Protocol):
     """A step that updates the node tables in place (``marius_py.step.fused.FusedStep``)."""
 

@@ -102,11 +102,6 @@ class ChunkFiles:
         direct = self._direct(out)
         return self._read(chunk, out, 0, self.chunk_bytes, aligned(self.chunk_bytes) if direct else None, direct)
 
-    def read_rows(self, chunk: int, first: int, count: int, out: np.ndarray) -> int:
-        """Rows ``[first, first + count)`` of chunk ``chunk`` into ``out`` (through the page cache)."""
-        row_bytes = self.cols * self.itemsize
-        return self._read(chunk, out, first * row_bytes, count * row_bytes, None, False)
-
     def _read(self, chunk: int, out: np.ndarray, offset: int, nbytes: int, length: int | None, direct: bool) -> int:
         """``nbytes`` of chunk ``chunk`` from byte ``offset`` into ``out``; O_DIRECT transfers ``length``
         (whole pages) into a buffer that has room for them."""
