@@ -190,7 +190,7 @@ def test_without_optuna_tune_names_the_install_command(umls_dataset, tmp_path, m
     ("# a comment\ntraining.lr: [0.1]\nmodel.dmi: [8]\n", 3, "unknown config key 'model.dmi'"),
     ("model.dim: 16\n", 1, "neither a range nor choices"),
     ("model.dim: {low: 8, high: 32.5}\n", 1, "model.dim: expected int, got 32.5"),
-    ("model.dim: {low: 7, high: 32}\n", 1, "model.dim: expected even for complex, got 7"),
+    ("model.dim: {low: 7, high: 32}\n", 1, "model.dim: expected even for complex (complex-valued rows: marius_py.models.ComplEx), got 7"),
     ("model.decoder: {low: 1, high: 2}\n", 1, "a range, but the key takes a str"),
     ("model.decoder: [complex, nope]\n", 1, "model.decoder: expected one of"),
     ("training.lr: {low: -1, high: 1}\n", 1, "training.lr: expected > 0, got -1.0"),
