@@ -56,7 +56,7 @@ from marius_py.step.runners import build_multi_device_runner, build_span_runner
 from marius_py.orderings import Ordering, balanced_buckets
 from marius_py.plan import GraphSize, Machine, Plan, plan_run
 from marius_py.pipeline.placements import PLACEMENT_DEVICE, PLACEMENT_REPLICATED, PLACEMENT_SPLIT, choose_plan_device
-from marius_py.pipeline.row_kernels import zero_copy_available
+from marius_py.pipeline.runner import Runner
 from marius_py.storage.buffer import PartitionBuffer
 from marius_py.storage.durable import fsync_tree
 from marius_py.storage.embedding_store import EmbeddingStore, initial_tables, link_tree
@@ -225,8 +225,8 @@ class Trainer:
             self.placement = self.plan.placement
             # Replicas start from device 0's tables; split and host tables live in (pinned) host memory.
             self.table_device = self.device if self.placement == PLACEMENT_REPLICATED else torch.device("cpu")
-            self.runner = build_multi_device_runner(self.replicas, self.placement, config, self.devices,
-                                                    self._row_bytes())
+            self.runner: Runner = build_multi_device_runner(self.replicas, self.placement, config, self.devices,
+                                                            self._row_bytes())
             self.plan_device = choose_plan_device(True, self.device, self.table_device, self._edge_bytes())
             return
         self.placement = self.plan.placement
@@ -324,8 +324,7 @@ class Trainer:
             self.nodes, self.node_state = (table if pinned else table.to(self.table_device) for table in tables)
 
     def zero_copy_tables(self) -> bool:
-        if self.multi_device:  # every device's kernels read and write the pinned host tables in place
-            return self.placement != PLACEMENT_REPLICATED and self.device.type == "cuda" and zero_copy_available()
+        """Whether the runner's GPU kernels train host tables in place (they are then pinned)."""
         return self.runner.zero_copy
 
     def _row_bytes(self) -> int:
@@ -409,7 +408,7 @@ class Trainer:
         self.runner.max_in_flight = 0  # per epoch
         if self.multi_device:
             self.runner.counters.reset()
-        enqueued_before = getattr(self.runner, "host_seconds", None)  # (replicated runners time their host)
+        enqueued_before = self.runner.host_seconds  # (None where the runner does not time its host)
         io_before = self.partition_buffer().counters.snapshot() if self.partitioned else {}
         started = time.perf_counter()
         bar = tqdm(total=-(-num_edges // t.batch_size), desc=f"epoch {epoch}/{t.epochs}", unit="batch",
@@ -463,9 +462,9 @@ class Trainer:
         """Several devices' part of an epoch record: the transfers, dedup (with auto's timings in the epoch
         that chose), and the host's seconds spent enqueuing the steps where the runner times them."""
         runner = self.runner
-        record = {"names": [str(d) for d in self.devices], "dedup": getattr(runner, "dedup", None),
+        record = {"names": [str(d) for d in self.devices], "dedup": runner.dedup,
                   **runner.counters.snapshot(self.config.model.dim * 4, self._row_bytes())}
-        trial = getattr(runner, "dedup_trial", None)
+        trial = runner.dedup_trial
         if trial is not None and not getattr(self, "_dedup_trial_logged", False):
             record["dedup_trial"], self._dedup_trial_logged = trial, True
         if enqueued_before is not None:
@@ -693,9 +692,7 @@ class Trainer:
         group's workers). Dirty resident partitions are dropped, not written: the live store may then hold
         older rows than training had, which is safe because every resume rebuilds it from a committed version."""
         self.spans.close()
-        close_runner = getattr(self.runner, "close", None)
-        if close_runner is not None:
-            close_runner()
+        self.runner.close()
         self.callbacks.end()  # (last: a callback's failure here leaves nothing unreleased)
 
     def _say(self, text: str) -> None:

@@ -53,7 +53,7 @@ from marius_py.pipeline.lanes import Lanes, StepState, enable_peer_access, on, p
 from marius_py.pipeline.phase_graphs import GRAPH_STALENESS, PhaseGraphs
 from marius_py.pipeline.routing import (CACHE_HITS, UNION_ROWS, TransferCounters, group_by_owner,
                                         group_steps_by_head, union_of_requests)
-from marius_py.pipeline.row_kernels import gather_rows, move_rows, triton_available
+from marius_py.pipeline.row_kernels import gather_rows, move_rows, triton_available, zero_copy_available
 from marius_py.pipeline.step import BatchStep
 
 DEFAULT_STALENESS = 2  # steps in flight: the next step's reads overlap this one's compute
@@ -88,6 +88,7 @@ class MultiDeviceRunner:
         self._cached_tables = None  # (nodes, state) whose rows the caches hold across spans (cache_all)
         self.graphs = PhaseGraphs(self) if graphs and PhaseGraphs.supported(self) else None
         self.max_in_flight = 0
+        self.host_seconds = None  # (not measured here)
 
     @property
     def num_devices(self) -> int:
@@ -99,8 +100,16 @@ class MultiDeviceRunner:
         return min(self.staleness_bound, GRAPH_STALENESS) if self.graphs is not None else self.staleness_bound
 
     @property
+    def zero_copy(self) -> bool:
+        """Whether GPU kernels read and write the (pinned) host tables in place: on GPUs with Triton."""
+        return self.devices[0].type == "cuda" and zero_copy_available()
+
+    @property
     def caching(self) -> bool:
         return self.dedup and (self.cache_all or self.cache_rows > 0)
+
+    def close(self) -> None:
+        """Nothing to release: the lanes' streams and the caches go with the runner."""
 
     # ---- a span ----
     def run(self, edges: torch.Tensor, nodes: torch.Tensor, state: torch.Tensor, candidates,

@@ -200,6 +200,8 @@ class ReplicatedRunner:
         self.graphs = ReplicaGraphs(self) if graphs and ReplicaGraphs.supported(self) else None
         self.max_in_flight = 0
         self.host_seconds = 0.0  # spent enqueuing steps (a host-bound run spends all its time here)
+        self.dedup = self.dedup_trial = None  # (every device holds every row: nothing to deduplicate)
+        self.zero_copy = False  # (the tables live in the devices' memory)
 
     @property
     def num_devices(self) -> int:
@@ -208,6 +210,9 @@ class ReplicatedRunner:
     @property
     def effective_staleness(self) -> int:
         return min(self.staleness_bound, GRAPH_STALENESS)
+
+    def close(self) -> None:
+        """Nothing to release: the replicas and streams go with the runner."""
 
     def replicate(self, nodes: torch.Tensor, state: torch.Tensor) -> None:
         """Copy the tables to every further device, unless they hold these tables already (the caller's

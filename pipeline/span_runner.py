@@ -78,6 +78,8 @@ class SpanRunner:
         self.max_in_flight = 0
         self.fused_step = fused_step
         self.graphed_step = graphed_step
+        # (runner.Runner's members of several devices: one device has no transfers, dedup or host timing)
+        self.counters = self.host_seconds = self.dedup = self.dedup_trial = None
 
     @property
     def zero_copy(self) -> bool:
@@ -88,6 +90,9 @@ class SpanRunner:
     def effective_staleness(self) -> int:
         """The bound on missed updates: 1 in GPU memory, where the bound only sets how far planning runs ahead."""
         return 1 if self.placement == PLACEMENT_DEVICE else self.staleness_bound
+
+    def close(self) -> None:
+        """Nothing to release: the pipeline's threads end with each span."""
 
     def run(self, edges: torch.Tensor, nodes: torch.Tensor, state: torch.Tensor,
             candidates, sampling: torch.Generator, dropout: torch.Generator,

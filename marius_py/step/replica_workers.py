@@ -91,6 +91,8 @@ class ReplicaGroupRunner:
         self.tables = None
         self.counters = _GroupCounters(self)
         self.max_in_flight = 0
+        self.dedup = self.dedup_trial = None  # (every process holds every row: nothing to deduplicate)
+        self.zero_copy = False  # (the tables live in the devices' memory)
 
     @property
     def effective_staleness(self) -> int:

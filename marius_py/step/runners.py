@@ -19,6 +19,7 @@ from marius_py.pipeline.multi_device import DEFAULT_STALENESS, MultiDeviceRunner
 from marius_py.pipeline.placements import PLACEMENT_DEVICE, PLACEMENT_HOST, PLACEMENT_REPLICATED, PLACEMENT_SPLIT
 from marius_py.pipeline.replicated import ReplicatedRunner
 from marius_py.pipeline.row_kernels import sparse_adagrad_, zero_copy_available
+from marius_py.pipeline.runner import Runner
 from marius_py.pipeline.span_runner import SpanRunner
 
 CACHE_MEMORY_FRACTION = 0.25  # of a device's free memory the automatic row cache may take
@@ -42,7 +43,7 @@ def build_span_runner(model, placement: str, config: Config, device: torch.devic
 
 
 def build_multi_device_runner(replicas: list, placement: str, config: Config, devices: list[torch.device],
-                              row_bytes: int):
+                              row_bytes: int) -> Runner:
     """Several devices training one model; ``replicas[g]``: the model on device g; ``placement``: replicated
     (``ReplicatedRunner``), split or host (``MultiDeviceRunner``); ``row_bytes``: a row's embedding and
     optimizer state."""
