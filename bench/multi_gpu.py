@@ -59,7 +59,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from throughput import STEP_SETTINGS, UtilisationSampler, measure_step, power_law_edges, row_recorder  # noqa: E402
 
-from marius_py.config import load_config  # noqa: E402
+from marius_py.config_loading import load_config  # noqa: E402
 from marius_py.pipeline import row_kernels  # noqa: E402
 from marius_py.random_streams import epoch_generator  # noqa: E402
 from marius_py.step.model import Model  # noqa: E402

@@ -58,10 +58,9 @@ from rank_split import group_of_nodes, rank_split  # noqa: E402
 from storage_precision import PRECISIONS, emulated_storage, emulation_overrides, share_representable  # noqa: E402
 
 import marius_py as mp  # noqa: E402
-from marius_py.config import StorageLayout, run_layout, storage_layout  # noqa: E402
+from marius_py.layout import StorageLayout, epoch_ordering, run_layout, storage_layout  # noqa: E402
 from marius_py.negatives import CandidateRows  # noqa: E402
 from marius_py.plan import GiB, GraphSize, buffer_bytes  # noqa: E402
-from marius_py.config import epoch_ordering  # noqa: E402
 from marius_py.trainer import Trainer, TrainingSpan  # noqa: E402
 from marius_py.orderings import is_two_level  # noqa: E402
 from marius_py.orderings.simulator import walk_io  # noqa: E402

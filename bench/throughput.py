@@ -43,7 +43,7 @@ import torch
 
 
 from marius_py.step.runners import build_span_runner
-from marius_py.config import load_config
+from marius_py.config_loading import load_config
 from marius_py.step.model import Model
 from marius_py.random_streams import epoch_generator
 from marius_py.trainer import tf32_matmuls

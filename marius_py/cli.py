@@ -146,6 +146,7 @@ def cmd_plan(args) -> None:
     """The plan ``train`` would follow, without training: on this machine, or on one described by options."""
     from dataclasses import replace
     from marius_py import api
+    from marius_py.distributed.group import launched_by_torchrun
     from marius_py.plan import GiB, GraphSize, Machine
     config_path, overrides = _run_config_overrides(args)
     config = api.make_config(config_path or "codex-m", overrides, source="command line")
@@ -168,7 +169,8 @@ def cmd_plan(args) -> None:
         machine = replace(machine, host_available=int(args.host_memory * GiB))
     if args.disk is not None:
         machine = replace(machine, disk_free=int(args.disk * GiB))
-    plan = api.plan_run(config, graph, machine)
+    torchrun = launched_by_torchrun()  # (under torchrun: the plan of its trainers, who share the tables)
+    plan = api.plan_run(config, graph, machine, int(os.environ.get("WORLD_SIZE", "1")) if torchrun else 1, torchrun)
     print(json.dumps(plan.record()) if args.json else plan.describe())
 
 def cmd_tune(args) -> None:
@@ -337,13 +339,15 @@ def as_trained(args, name: str, num_nodes: int, row_bytes: int):
     """Two-level ordering ``name`` at the store layout training resolves from ``--partitions/--buffer`` (split,
     group size, lowered until the nodes fill every partition): (its storage config, its IO row). Raises
     ``MariusInputError`` where training would refuse these counts."""
-    from marius_py.config import load_config, storage_layout
+    from marius_py.config_loading import load_config
+    from marius_py.distributed.group import launched_by_torchrun
+    from marius_py.layout import storage_layout
     from marius_py.orderings import build_ordering, simulate
     from marius_py.storage.partitioning import partition_size
     given = load_config(None, [f"storage.ordering={name}", f"storage.num_partitions={args.partitions}",
                                f"storage.buffer_capacity={args.buffer}",
                                f"storage.group_size={args.group_size}"], source="command line").storage
-    s = storage_layout(given, num_nodes or None)
+    s = storage_layout(given, num_nodes or None, torchrun=launched_by_torchrun())
     k = s.group_size
     ordering = build_ordering(name, s.num_partitions // k, s.buffer_capacity // k, seed=args.seed, group_size=k)
     return s, simulate(ordering, (partition_size(num_nodes, s.num_partitions) if num_nodes else 0) * row_bytes)

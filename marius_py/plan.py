@@ -26,9 +26,10 @@ from pathlib import Path
 
 from marius_py import evaluation
 from marius_py.checkpoint import LIVE_STORE
-from marius_py.config import (MOST_STORED_PARTITIONS, Config, StorageConfig, StorageLayout, check_threads,
-                              dedup_setting, device_list, epoch_ordering, run_layout)
+from marius_py.config import Config, StorageConfig, dedup_setting, device_list
+from marius_py.config_validation import MOST_STORED_PARTITIONS, check_threads
 from marius_py.errors import MariusInputError
+from marius_py.layout import StorageLayout, epoch_ordering, run_layout
 from marius_py.optim import adagrad_state_dim
 from marius_py.orderings import Ordering, is_two_level, simulate
 from marius_py.orderings.simulator import format_bytes
@@ -201,11 +202,16 @@ def _size(num_bytes: float) -> str:
     return format_bytes(num_bytes)
 
 
-def plan_run(config: Config, graph: GraphSize, machine: Machine, world_size: int = 1) -> Plan:
-    """The plan of ``config``'s run on ``machine`` (``world_size``: torchrun trainers sharing the tables)."""
+def plan_run(config: Config, graph: GraphSize, machine: Machine, world_size: int = 1,
+             torchrun: bool | None = None) -> Plan:
+    """The plan of ``config``'s run on ``machine`` (``world_size``: torchrun trainers sharing the tables;
+    ``torchrun``: whether the run's trainers are a torchrun group, a group of one included, as the entry point
+    that started the run knows; None: this process's environment says, read here once)."""
     if machine.cores:
         check_threads(config, machine.cores)
-    plan = _tables_plan(config, graph, machine, world_size)
+    if torchrun is None:
+        torchrun = _under_torchrun()
+    plan = _tables_plan(config, graph, machine, world_size, torchrun)
     _check_batches(config, graph, plan)
     return dataclasses.replace(plan, notes=plan.notes + _step_notes(config))
 
@@ -217,10 +223,10 @@ def _step_notes(config: Config) -> tuple[str, ...]:
     return (f"fused step off: {refusal}; every batch runs the autograd step",) if refusal else ()
 
 
-def _tables_plan(config: Config, graph: GraphSize, machine: Machine, world_size: int) -> Plan:
+def _tables_plan(config: Config, graph: GraphSize, machine: Machine, world_size: int, torchrun: bool) -> Plan:
     s = config.storage
     check_nodes_fill(s.num_partitions, graph.num_nodes, "storage.num_partitions")
-    if world_size > 1 or _under_torchrun():
+    if world_size > 1 or torchrun:
         return _trainers_plan(config, graph, machine, world_size)
     if s.num_partitions == 0:
         return _memory_plan(config, graph, machine, required=False) or _disk_plan(config, graph, machine)
@@ -229,12 +235,13 @@ def _tables_plan(config: Config, graph: GraphSize, machine: Machine, world_size:
     return _disk_plan(config, graph, machine)
 
 
-def plan_dataset(config: Config, dataset, run_dir=None, world_size: int = 1, machine: Machine | None = None) -> Plan:
+def plan_dataset(config: Config, dataset, run_dir=None, world_size: int = 1, machine: Machine | None = None,
+                 torchrun: bool | None = None) -> Plan:
     """The plan of ``config``'s run on ``dataset`` (``machine``: this one's memory for the run's devices, and the
-    disk of ``run_dir``, by default)."""
+    disk of ``run_dir``, by default; ``world_size`` and ``torchrun`` as ``plan_run`` takes them)."""
     from marius_py.devices import resolve_devices
     graph = GraphSize.of_dataset(config, dataset)
-    return plan_run(config, graph, machine or Machine.probe(resolve_devices(config), run_dir), world_size)
+    return plan_run(config, graph, machine or Machine.probe(resolve_devices(config), run_dir), world_size, torchrun)
 
 
 def _under_torchrun() -> bool:
@@ -521,10 +528,10 @@ def _trainers_plan(config: Config, graph: GraphSize, machine: Machine, world_siz
     trainer, so that trainers seldom wait for one another's partitions, each holding
     ``partitions_per_trainer``."""
     s = config.storage
-    world = max(world_size if world_size > 1 else int(os.environ.get("WORLD_SIZE", "1")), 1)
+    world = max(world_size, 1)
     p = s.num_partitions or BUSY_PARTITIONS * world
     check_nodes_fill(p, graph.num_nodes, "storage.num_partitions")
-    layout = run_layout(_with_storage(config, num_partitions=p), graph.num_nodes)
+    layout = run_layout(_with_storage(config, num_partitions=p), graph.num_nodes, torchrun=True)
     held = partitions_per_trainer(config, layout.num_partitions, world)
     buffer = trainer_buffer_bytes(layout, graph, held)
     placement = choose_placement(config.pipeline.placement, machine.device_type, buffer, _first(machine.gpu_free))

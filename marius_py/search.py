@@ -37,7 +37,8 @@ import torch
 from marius_py import api
 from marius_py.callbacks import Callback, RunView, Stop
 from marius_py.checkpoint import CHECKPOINTS, LIVE_STORE
-from marius_py.config import Config, device_list, dump_config, load_config, with_overrides
+from marius_py.config import Config, device_list, dump_config
+from marius_py.config_loading import load_config, with_overrides
 from marius_py.devices import resolve_device
 from marius_py.errors import PATH_TYPES, MariusInputError, check_type
 from marius_py.run_lock import RunLock

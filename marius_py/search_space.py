@@ -19,7 +19,8 @@ from pathlib import Path
 import yaml
 
 from marius_py.bundled import bundled_space
-from marius_py.config import Config, YamlKind, coerce_key, key_type, read_yaml_text, with_overrides
+from marius_py.config import Config, YamlKind, coerce_key, key_type, read_yaml_text
+from marius_py.config_loading import with_overrides
 from marius_py.errors import MariusInputError
 
 SPACE_YAML = YamlKind("search space file", "a YAML mapping of config keys to ranges or choices",

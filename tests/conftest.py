@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from marius_py.config import load_config
+from marius_py.config_loading import load_config
 from marius_py.preprocess import PreprocessOptions, preprocess
 
 UMLS_RAW = Path(__file__).parent / "data" / "umls"

@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 
 import marius_py as mp
-from marius_py.config import SEED_MAX, THREADS_PER_CORE, check_threads, load_config
+from marius_py.config_loading import load_config
+from marius_py.config_validation import SEED_MAX, THREADS_PER_CORE, check_threads
 from marius_py.plan import GiB, GraphSize, Machine, plan_run
 from test_bad_input_corpus import TRAIN, UMLS_RAW, run_cli
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from marius_py.config import load_config
+from marius_py.config_loading import load_config
 from marius_py.dataset import Dataset
 from test_bad_input_corpus import UMLS_RAW, run_cli
 

@@ -545,7 +545,7 @@ def test_relation_exchange_keeps_every_trainers_updates(tmp_path):
 
 def test_trainers_refuse_tables_in_one_partition(tmp_path):
     """torchrun trainers hand partitions to each other: one partition is refused by name, not a traceback."""
-    from marius_py.config import load_config
+    from marius_py.config_loading import load_config
     from marius_py.distributed.granted_spans import check_group_config
     from marius_py.errors import MariusInputError
     config = load_config(None, ["storage.num_partitions=1"])
@@ -677,7 +677,7 @@ def test_trainers_that_opened_another_dataset_are_refused_by_rank(tmp_path):
 @pytest.mark.parametrize("trainers, partitions, held, warned", [(1, 2, 2, False), (2, 4, 2, True), (2, 8, 2, False),
                                                                (4, 32, 4, False), (2, 16, 4, False)])
 def test_partitions_per_trainer_leave_half_free_and_too_few_partitions_warn(trainers, partitions, held, warned):
-    from marius_py.config import load_config
+    from marius_py.config_loading import load_config
     from marius_py.distributed.granted_spans import partitions_per_trainer, too_few_partitions
     assert partitions_per_trainer(load_config(None, []), partitions, trainers) == held
     assert partitions_per_trainer(load_config(None, ["distributed.partitions_per_trainer=3"]), partitions,

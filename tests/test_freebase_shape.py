@@ -9,7 +9,7 @@ import h5py
 import numpy as np
 
 import marius_py as mp
-from marius_py.config import load_config
+from marius_py.config_loading import load_config
 from marius_py.dataset import Dataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))

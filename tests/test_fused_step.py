@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from marius_py.config import load_config
+from marius_py.config_loading import load_config
 from marius_py.models import build_decoder
 from marius_py.step.edge_kernels import EdgeMaths, edge_backward_, edge_queries
 from marius_py.step.fused import FusedStep, supports_fused_step

@@ -15,7 +15,8 @@ import torch
 from torch.nn import functional as F
 
 import marius_py.models as models
-from marius_py.config import Config, validate
+from marius_py.config import Config
+from marius_py.config_validation import validate
 from marius_py.errors import MariusInputError
 from marius_py.models import (DECODERS, build_decoder, logistic, margin_ranking, regularization,
                               softmax_cross_entropy)
@@ -581,7 +582,7 @@ def test_compute_batch_n3_regularization_matches_dense_autograd():
 
 @pytest.mark.parametrize("dim", [2, 4, 6])
 def test_compute_batch_rotate_with_n3_runs_for_every_valid_dim(dim):
-    """config.validate accepts any even dim for rotate; N3 must not crash on the phase table.
+    """config_validation.validate accepts any even dim for rotate; N3 must not crash on the phase table.
 
     RotatE relations are dim/2 phases. compute_batch passes them to regularization()
     with complex_valued=True, which splits them into [re | im] halves: dim=2 gives a
@@ -671,7 +672,8 @@ def test_a_config_written_before_model_norm_keeps_its_decoders_norm(tmp_path, de
                                                                     norm):
     """Runs wrote model.transe_norm and model.rotate_norm in their config.yaml: a resume reads the decoder's
     own as model.norm (the other never applied), warning that the names go."""
-    from marius_py.config import dump_config, load_config
+    from marius_py.config import dump_config
+    from marius_py.config_loading import load_config
     path = tmp_path / "config.yaml"
     path.write_text(f"model:\n  decoder: {decoder}\n  transe_norm: {transe_norm}\n  rotate_norm: {rotate_norm}\n")
     with pytest.warns(FutureWarning, match="model.rotate_norm and model.transe_norm are now model.norm"):
@@ -689,7 +691,7 @@ def test_a_config_written_before_model_norm_keeps_its_decoders_norm(tmp_path, de
     ("decoder: transe", ["model.rotate_norm=2"], 1),                        # another decoder's: never applied
 ])
 def test_the_final_decoders_old_norm_counts_unless_model_norm_comes_later(tmp_path, yaml_model, overrides, norm):
-    from marius_py.config import load_config
+    from marius_py.config_loading import load_config
     path = tmp_path / "config.yaml"
     path.write_text(f"model:\n  {yaml_model}\n")
     with pytest.warns(FutureWarning, match="now model.norm"):
@@ -697,7 +699,7 @@ def test_the_final_decoders_old_norm_counts_unless_model_norm_comes_later(tmp_pa
 
 
 def test_an_old_norm_out_of_range_is_named_as_model_norm():
-    from marius_py.config import load_config
+    from marius_py.config_loading import load_config
     with pytest.raises(MariusInputError, match="model.norm: expected 1 or 2, got 3"), \
             pytest.warns(FutureWarning, match="model.transe_norm is now model.norm"):
         load_config(None, ["model.decoder=transe", "model.transe_norm=3"])

@@ -14,7 +14,8 @@ from marius_py.api import TrainedModel, load_checkpoint
 from marius_py.checkpoint import LIVE_STORE, NODES, RunDirectory, load_version
 from marius_py.cli import main
 from marius_py.api import load_run_config
-from marius_py.config import load_config, storage_layout
+from marius_py.config_loading import load_config
+from marius_py.layout import storage_layout
 from marius_py.dataset import Dataset
 from marius_py.errors import MariusInputError
 from marius_py.evaluation import InMemoryNodes, StoredNodes, build_known_answers, filtered_ranks
@@ -458,7 +459,7 @@ def test_default_ordering_is_comet_and_accepts_every_partitions_buffer_pair(data
     """The default is the two-level ordering over a store split finer (default_split) so that groups of 8 are
     regrouped; its group size follows, so no pair 2 <= C <= P is refused, and the epoch ordering covers
     every physical partition with the buffer's slots."""
-    from marius_py.config import epoch_ordering
+    from marius_py.layout import epoch_ordering
     assert config_for(datasets[8]).storage.ordering == "comet"
     for partitions in range(2, 17):
         for capacity in range(2, partitions + 1):
@@ -508,7 +509,7 @@ def test_validation_changes_no_value_and_the_layout_is_resolved_apart(datasets):
     """validate() only checks: a config keeps the values it was given, validating it again changes nothing,
     and the physical store (split, buffer, group size) comes from storage_layout."""
     import copy
-    from marius_py.config import validate
+    from marius_py.config_validation import validate
     config = config_for(datasets[8], "storage.num_partitions=16", "storage.buffer_capacity=0")
     given = copy.deepcopy(config)
     assert validate(validate(config)) == given and config == given
@@ -547,12 +548,12 @@ def test_the_comet_names_of_the_group_keys_still_read_with_a_warning(datasets, t
     assert error.value.path == "overrides"
 
 
-def test_partition_split_given_or_off(datasets, monkeypatch):
+def test_partition_split_given_or_off(datasets):
     """An explicit split is applied as given; 1, beta or an explicit group size keep the store as given;
     torchrun trainers (whose scheduler follows no ordering) are not split."""
-    def storage(*overrides):
+    def storage(*overrides, torchrun=False):
         s = storage_layout(config_for(datasets[8], "storage.num_partitions=16", "storage.buffer_capacity=4",
-                                      *overrides).storage)
+                                      *overrides).storage, torchrun=torchrun)
         return s.num_partitions, s.buffer_capacity, s.group_size, s.partition_split
     assert storage() == (64, 16, 8, 4)
     assert storage("storage.partition_split=2") == (32, 8, 4, 2)
@@ -561,8 +562,7 @@ def test_partition_split_given_or_off(datasets, monkeypatch):
     assert storage("storage.group_size=2") == (16, 4, 2, 1)
     with pytest.raises(MariusInputError, match="storage.partition_split"):
         storage("storage.group_size=2", "storage.partition_split=2")
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    assert storage() == (16, 4, 2, 1)
+    assert storage(torchrun=True) == (16, 4, 2, 1)
 
 
 def test_partition_split_is_lowered_until_the_nodes_fill_every_partition(datasets, tmp_path):

@@ -9,7 +9,7 @@ import yaml
 
 from marius_py import api
 from marius_py.cli import main as cli_main
-from marius_py.config import load_config
+from marius_py.config_loading import load_config
 from marius_py.errors import MariusInputError
 from marius_py.plan import (GiB, HOST_FRACTION, MIN_GROUP_SIZE, TIER_DISK, TIER_GPU, TIER_HOST, GraphSize,
                             Machine, buffer_bytes, plan_run)
@@ -88,7 +88,7 @@ def test_the_memory_limit_bounds_the_buffer_and_more_memory_buys_a_larger_one():
 def test_the_plan_trains_each_partition_in_the_fewest_states_that_fit():
     """Accuracy first: no buffer that fits trains a partition in fewer states (mean) than the plan's."""
     from marius_py.plan import _fitting_buffers, _states_per_partition
-    from marius_py.config import epoch_ordering
+    from marius_py.layout import epoch_ordering
     machine = Machine(host_available=48 * GiB, disk_free=500 * GiB)
     plan = freebase_plan(machine, "storage.num_partitions=16")
     config = load_config(None, [*MARIUS, "storage.num_partitions=16"])
@@ -109,9 +109,14 @@ def test_a_disk_too_small_for_the_store_is_refused():
 
 
 def test_torchrun_trainers_get_partitions_for_each(monkeypatch):
-    monkeypatch.setenv("WORLD_SIZE", "4")
-    plan = freebase_plan(Machine(host_available=128 * GiB, disk_free=500 * GiB))
+    config = load_config(None, MARIUS)
+    machine = Machine(host_available=128 * GiB, disk_free=500 * GiB)
+    plan = plan_run(config, GraphSize.of(config, *FREEBASE), machine, world_size=4, torchrun=True)
     assert plan.num_partitions == 4 * 2 * 2 and plan.layout.dtype == "float32"
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "1")  # (torchrun's environment, read when no caller says)
+    alone = plan_run(config, GraphSize.of(config, *FREEBASE), machine)
+    assert alone.trainers == 1 and alone.num_partitions == 4 and alone.layout.dtype == "float32"
+    assert plan_run(config, GraphSize.of(config, *FREEBASE), machine, torchrun=False).tier != TIER_DISK
 
 
 # ---- through training and the command line (UMLS, a CPU) ----

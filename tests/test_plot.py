@@ -10,7 +10,7 @@ import pytest
 
 import marius_py as mp
 from marius_py.cli import main
-from marius_py.config import load_config
+from marius_py.config_loading import load_config
 from marius_py.preprocess import PreprocessOptions, preprocess
 from marius_py.orderings import build_ordering
 

@@ -17,7 +17,7 @@ import torch
 
 import marius_py as mp
 from marius_py.cli import main as cli_main
-from marius_py.config import load_config
+from marius_py.config_loading import load_config
 from marius_py.errors import MariusInputError
 from marius_py.models import DECODERS, LOSSES, REGULARIZERS, build_decoder
 from marius_py.negatives import NEGATIVE_SAMPLERS
@@ -440,7 +440,7 @@ def test_a_plugin_module_that_fails_leaves_nothing_registered(tmp_path):
 
 
 def test_an_ordering_registered_by_research_code_is_validated_and_built():
-    from marius_py.config import epoch_ordering, storage_layout
+    from marius_py.layout import epoch_ordering, storage_layout
     from marius_py.orderings import OrderingSpec
     from marius_py.orderings.visits import build_sequential
     spec = OrderingSpec("rows_again", build_sequential, "row-major buckets", randomized=False, permute_labels=False)

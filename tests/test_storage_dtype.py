@@ -12,7 +12,7 @@ import zarr
 import marius_py as mp
 from marius_py.checkpoint import NODES, RunDirectory
 from marius_py.cli import main
-from marius_py.config import load_config
+from marius_py.config_loading import load_config
 from marius_py.errors import MariusInputError
 from marius_py.storage.chunk_files import ChunkFiles
 from marius_py.storage.embedding_store import EMBEDDINGS, STATE, EmbeddingStore

@@ -24,8 +24,9 @@ from pathlib import Path
 import torch
 
 from marius_py.checkpoint import CONFIG_FILE, RunDirectory
-from marius_py.config import Config, dump_config, with_split_applied
+from marius_py.config import Config, dump_config
 from marius_py.errors import MariusInputError
+from marius_py.layout import with_split_applied
 from marius_py.plan import plan_dataset
 from marius_py.run_setup import claim_run_dir
 from marius_py.storage import durable
