@@ -95,7 +95,7 @@ def _machine(device: str) -> str:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dataset", required=True, help="CoDEx-S: a raw directory of train/valid/test.txt")
+    parser.add_argument("--dataset", required=True, help="a raw directory of train/valid/test.txt (CoDEx-S; on a GPU, FB15k-237 too)")
     parser.add_argument("--epochs", type=int, default=30)
     parser.add_argument("--device", default="cpu", help="cpu, or cuda: one GPU")
     parser.add_argument("--json", help="write the results here")
@@ -108,7 +108,7 @@ def main(argv=None) -> int:
                           **train(dataset, decoder, args.epochs, args.device, Path(root) / name)}
     gap = abs(rows["plugin distmult"]["test_mrr"] - rows["distmult"]["test_mrr"])
     where = "one GPU" if args.device.startswith("cuda") else "the CPU"
-    print(f"CoDEx-S on {where}, {args.epochs} epochs, {' '.join(SETTINGS)}")
+    print(f"{Path(dataset).name} on {where}, {args.epochs} epochs, {' '.join(SETTINGS)}")
     print(f"{'run':<27}{'form':<38}{'test MRR':>10}{'Hits@10':>9}{'edges/s':>11}{'wall s':>8}")
     for name, row in rows.items():
         print(f"{name:<27}{row['form']:<38}{row['test_mrr']:>10.4f}{row['test_hits@10']:>9.4f}"
