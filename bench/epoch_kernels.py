@@ -47,7 +47,7 @@ def measure(dataset_dir: Path, config_name: str, overrides: list[str], epochs: i
     config = mp.make_config(config_name, [f"dataset.path={dataset_dir}", f"training.epochs={epochs}",
                                           "evaluation.every=0", *overrides])
     with tempfile.TemporaryDirectory() as run_dir:
-        trainer = Trainer(config, Dataset(resolve_dataset(config.dataset.path)), run_dir, progress=False)
+        trainer = Trainer.of(config, Dataset(resolve_dataset(config.dataset.path)), run_dir, progress=False)
         seconds = []
         with tf32_matmuls(config.training.tf32):
             for epoch in range(1, epochs):

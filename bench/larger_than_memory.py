@@ -124,7 +124,7 @@ def measure(args) -> None:
     allocator_settings_taken = args.allocator == "command" and keep_freed_memory()
     config = mp.make_config(None, config_overrides(Path(args.dataset), args))
     started = time.perf_counter()
-    trainer = Trainer(config, Dataset(args.dataset), args.run_dir, progress=False)
+    trainer = Trainer.of(config, Dataset(args.dataset), args.run_dir, progress=False)
     setup_seconds = time.perf_counter() - started
     timed_epoch = args.warmup_epochs + 1
     ordering = trainer.ordering(timed_epoch)
@@ -163,7 +163,7 @@ def measure(args) -> None:
         evaluation = {"eval_seconds": time.perf_counter() - started, "test_mrr": metrics["mrr"],
                       "test_edges": trainer.dataset.metadata.num_test,
                       "peak_rss_through_eval_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
-    chunk_bytes = sum(f.chunk_bytes for f in trainer.store.chunk_files())
+    chunk_bytes = sum(f.chunk_bytes for f in trainer.tables.store.chunk_files())
     predicted = simulate(ordering, chunk_bytes) if args.mode == "io" else \
         walk_io(ordering, chunk_bytes, carried, carried_dirty=True)  # (the buffer stays filled between epochs)
     predicted_counts = ({"partitions_read": predicted.physical_partitions_read,
@@ -179,8 +179,8 @@ def measure(args) -> None:
         "settings": args.set, "phases": record.get("time"), "states": record.get("states"),
         "num_edges": trainer.dataset.metadata.num_train, "num_nodes": trainer.dataset.num_nodes,
         "peak_rss_bytes": peak_rss, "allocator_settings_taken": allocator_settings_taken,
-        "buffer_bytes": trainer.spans.buffer_bytes(), "max_state_edges": max(state_edges), "plan": trainer.plan.record(),
-        "store_bytes": chunk_bytes * trainer.store.num_partitions,
+        "buffer_bytes": trainer.plan.buffer_bytes, "max_state_edges": max(state_edges), "plan": trainer.plan.record(),
+        "store_bytes": chunk_bytes * trainer.tables.store.num_partitions,
         "timed_epoch": timed_epoch,
         "counters": ({key: value - before[key] for key, value in counters.snapshot().items()} if before
                      else {"bytes_read": 0, "bytes_written": 0}),

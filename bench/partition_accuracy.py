@@ -61,7 +61,8 @@ import marius_py as mp  # noqa: E402
 from marius_py.layout import StorageLayout, epoch_ordering, run_layout, storage_layout  # noqa: E402
 from marius_py.negatives import CandidateRows  # noqa: E402
 from marius_py.plan import GiB, GraphSize, buffer_bytes  # noqa: E402
-from marius_py.trainer import Trainer, TrainingSpan  # noqa: E402
+import marius_py.trainer as trainer_module  # noqa: E402
+from marius_py.spans import TrainingSpan, WholeTables  # noqa: E402
 from marius_py.orderings import is_two_level  # noqa: E402
 from marius_py.orderings.simulator import walk_io  # noqa: E402
 from marius_py.orderings.simulator import format_bytes  # noqa: E402
@@ -87,34 +88,39 @@ def variant_overrides(spec: str, group_size: int) -> list[str]:
 
 
 def state_ordered_spans(partitioned, resident_candidates: bool = False, shuffled_edges: bool = False):
-    """A ``Trainer._spans`` for an in-memory run: each state of ``partitioned``'s ordering in turn, with the edges
-    of the buckets it trains in the order a buffer reads them (bucket after bucket; the trainer shuffles each
-    span, so the order only makes a ``resident:`` run bitwise equal to the buffer's). Candidates: every node, or
+    """A span source for an in-memory run (``marius_py.spans``): each state of ``partitioned``'s ordering in turn,
+    with the edges of the buckets it trains in the order a buffer reads them (bucket after bucket; the trainer
+    shuffles each span, so the order only makes a ``resident:`` run bitwise equal to the buffer's). Candidates: every node, or
     with ``resident_candidates`` the nodes of the state's resident partitions, as in the buffer.
     ``shuffled_edges``: each state trains as many edges, drawn from the whole epoch's instead of its buckets'."""
-    def spans(trainer, epoch, first_state=0, ordering=None):
-        ordering = partitioned.ordering(epoch)
-        p = ordering.num_physical_partitions
-        state_of_bucket = np.full((p, p), -1)
-        for k, buckets in enumerate(ordering.buckets):
-            for i, j in buckets:
-                state_of_bucket[i, j] = k
-        train, num_nodes = trainer.dataset.train, trainer.dataset.num_nodes
-        ends = partition_of(train[:, [0, 2]], num_nodes, p)
-        states = state_of_bucket[ends[:, 0], ends[:, 1]]
-        assert (states >= 0).all(), "a bucket without a state"
-        order = np.lexsort((ends[:, 0] * p + ends[:, 1], states))  # stable: file order inside a bucket
-        bounds = np.searchsorted(states[order], np.arange(ordering.num_states + 1))
-        if shuffled_edges:
-            order = np.random.default_rng([partitioned.config.training.seed, epoch]).permutation(len(train))
-        for k in range(ordering.num_states):
-            edges = torch.from_numpy(train[order[bounds[k]:bounds[k + 1]]])
-            candidates = None
-            if resident_candidates:
-                ranges = [partition_bounds(num_nodes, p, q) for q in ordering.resident(k)]
-                candidates = CandidateRows([(start, end - start) for start, end in ranges], trainer.table_device)
-            yield TrainingSpan(edges, candidates), trainer.nodes, trainer.node_state
-    return spans
+    class StateOrderedSpans(WholeTables):
+        def spans(self, epoch, first_state=0, ordering=None):
+            return _state_spans(self.inputs, partitioned, epoch, resident_candidates, shuffled_edges)
+    return StateOrderedSpans
+
+
+def _state_spans(inputs, partitioned, epoch: int, resident_candidates: bool, shuffled_edges: bool):
+    ordering = partitioned.ordering(epoch)
+    p = ordering.num_physical_partitions
+    state_of_bucket = np.full((p, p), -1)
+    for k, buckets in enumerate(ordering.buckets):
+        for i, j in buckets:
+            state_of_bucket[i, j] = k
+    train, num_nodes = inputs.dataset.train, inputs.dataset.num_nodes
+    ends = partition_of(train[:, [0, 2]], num_nodes, p)
+    states = state_of_bucket[ends[:, 0], ends[:, 1]]
+    assert (states >= 0).all(), "a bucket without a state"
+    order = np.lexsort((ends[:, 0] * p + ends[:, 1], states))  # stable: file order inside a bucket
+    bounds = np.searchsorted(states[order], np.arange(ordering.num_states + 1))
+    if shuffled_edges:
+        order = np.random.default_rng([partitioned.config.training.seed, epoch]).permutation(len(train))
+    for k in range(ordering.num_states):
+        edges = torch.from_numpy(train[order[bounds[k]:bounds[k + 1]]])
+        candidates = None
+        if resident_candidates:
+            ranges = [partition_bounds(num_nodes, p, q) for q in ordering.resident(k)]
+            candidates = CandidateRows([(start, end - start) for start, end in ranges], inputs.table_device)
+        yield TrainingSpan(edges, candidates), inputs.tables.nodes, inputs.tables.node_state
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,13 +159,13 @@ def ordered_in_memory(spec: str, dataset: Path, config_name: str, overrides: lis
     if prefix not in IN_MEMORY_VARIANTS:
         yield
         return
-    original = Trainer._spans
-    Trainer._spans = state_ordered_spans(order_config(spec, dataset, config_name, overrides, group_size),
-                                         **IN_MEMORY_VARIANTS[prefix])
+    original = trainer_module.WholeTables  # (the span source a trainer of tables in memory builds)
+    trainer_module.WholeTables = state_ordered_spans(order_config(spec, dataset, config_name, overrides, group_size),
+                                                     **IN_MEMORY_VARIANTS[prefix])
     try:
         yield
     finally:
-        Trainer._spans = original
+        trainer_module.WholeTables = original
 
 
 def memory_overrides(spec: str, dataset: Path, config_name: str, overrides: list[str]) -> list[str]:

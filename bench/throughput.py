@@ -230,7 +230,7 @@ def train_for_budget(name: str, args, extra: list[str], budget: float, eval_ever
     dataset = load_dataset(config.dataset.path)
     run_dir = Path(args.workdir) / f"fb15k-{name}-{'-'.join(extra) or 'default'}"
     subprocess.run(["rm", "-rf", str(run_dir)], check=True)
-    trainer = Trainer(config, dataset, run_dir, progress=False)
+    trainer = Trainer.of(config, dataset, run_dir, progress=False)
     curve, elapsed, epoch, reached = [], 0.0, 0, None
     with UtilisationSampler(torch.device("cuda")) as utilisation:
         while elapsed < budget and epoch < args.max_epochs:

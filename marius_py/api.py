@@ -21,12 +21,15 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import yaml
 
 from marius_py.bundled import BUNDLED_CONFIGS, BUNDLED_DATASETS, bundled_config, resolve_dataset
 from marius_py.callbacks import as_callbacks
-from marius_py.checkpoint import CONFIG_FILE, NODES, RunDirectory, RunFingerprint, check_holders, load_version
-from marius_py.config import Config, load_config, run_layout, with_split_applied
+from marius_py.checkpoint import CONFIG_FILE, NODES, RunDirectory, RunFingerprint
+from marius_py.checkpointer import read_version
+from marius_py.config import Config
+from marius_py.config_loading import load_config
+from marius_py.config_migration import run_config_migrations
+from marius_py.layout import run_layout, with_split_applied
 from marius_py.memory_data import Dataset, is_edge_data, write_triples
 from marius_py.errors import PATH_TYPES, MariusInputError, check_type
 from marius_py.run_setup import claim_run_dir, not_a_run
@@ -37,9 +40,9 @@ from marius_py.export import relation_rows
 from marius_py.process_settings import restored_process_settings
 from marius_py.devices import resolve_device, resolve_devices
 from marius_py.distributed import RunSteps, launched_by_torchrun, train_distributed
-from marius_py.plan import Machine, plan_dataset, plan_run
+from marius_py.plan import Machine
 from marius_py.step.model import Model
-from marius_py.trainer import Trainer
+from marius_py.trainer import Trainer, prepare_run
 from marius_py.storage.embedding_store import EmbeddingStore
 
 
@@ -368,14 +371,15 @@ def _start(config: Config, run_dir: Path, progress: bool, resume: bool,
         RunDirectory(run_dir).create(config)
     dataset = open_dataset(config, progress)
     startup.mark("dataset")
-    plan = plan_dataset(config, dataset, run_dir)
-    if progress:
-        print(plan.describe())
-    config = plan.applied(config)
-    if not resume:  # (the plan's partitions and buffer, the split the dataset allowed and the dtype, pinned)
-        RunDirectory(run_dir).write_config(with_split_applied(config, plan.layout))
-    trainer = Trainer(config, dataset, run_dir, progress=progress, startup=startup, plan=plan,
-                      callbacks=callbacks)
+    run = prepare_run(config, dataset, run_dir, progress, startup=startup)
+    trainer = Trainer(run, run_dir, progress=progress, startup=startup, callbacks=callbacks)
+    # The plan's partitions and buffer, the split the dataset allowed and the dtype pinned, and the epochs a
+    # resume may have extended: written once, by this owner, once the trainer accepted the run's state.
+    try:
+        RunDirectory(run_dir).write_config(with_split_applied(run.config, run.plan.layout))
+    except BaseException:
+        trainer.close()
+        raise
     startup.mark("trainer_other")  # (its model, bucketing, runner and tables are marked apart)
     return trainer, dataset
 
@@ -438,32 +442,8 @@ def load_run_config(run_dir: str | Path, overrides: list[str] | str | None = Non
     path = Path(run_dir) / CONFIG_FILE
     if not path.is_file():
         raise not_a_run(run_dir)
-    if not _saved_key(path, "storage", "dtype"):  # (written before storage.dtype existed: every run was float32)
-        overrides = ["storage.dtype=float32", *overrides]
-    partitions = _saved_value(path, "storage", "num_partitions")
-    if isinstance(partitions, int) and partitions > 1 and _saved_value(path, "storage", "buffer_capacity") == 0:
-        # (written before the plan: a buffer of 0 meant every partition, which the plan would choose anew)
-        overrides = [f"storage.buffer_capacity={partitions}", *overrides]
+    overrides = [*run_config_migrations(path), *overrides]  # (keys a run written by an older version lacks)
     return load_config(path, overrides, source)
-
-
-def _saved_section(path: Path, section: str) -> dict | None:
-    """A section of a run's config.yaml as written (None where it cannot be read: load_config refuses it)."""
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
-        return None
-    return raw.get(section) if isinstance(raw, dict) and isinstance(raw.get(section), dict) else {}
-
-
-def _saved_key(path: Path, section: str, key: str) -> bool:
-    """Whether a run's config.yaml sets ``section.key`` (a damaged file is left to load_config to refuse)."""
-    saved = _saved_section(path, section)
-    return saved is None or key in saved
-
-
-def _saved_value(path: Path, section: str, key: str):
-    return (_saved_section(path, section) or {}).get(key)
 
 
 def load_checkpoint(run_dir: str | Path, which: str = "best", device: str | None = None,
@@ -486,10 +466,8 @@ def load_checkpoint(run_dir: str | Path, which: str = "best", device: str | None
     dataset = open_dataset(config, progress=False)
     model = Model(config, dataset.num_nodes, dataset.num_relations, target)
     out_of_core = config.storage.num_partitions > 1
-    layout = run_layout(config, dataset.num_nodes)
-    _, _, model_state, training_state = load_version(version, RunFingerprint.of(config, dataset.metadata, layout),
-                                                     with_nodes=not out_of_core)
-    check_holders(training_state, 1, version)
+    layout = run_layout(config, dataset.num_nodes, torchrun=launched_by_torchrun())
+    model_state, _ = read_version(version, RunFingerprint.of(config, dataset.metadata, layout), layout.dtype, 1)
     model.load_state_dict(model_state)
     store = EmbeddingStore(version / NODES, mode="r")
     table = StoredNodes(store, target) if out_of_core else InMemoryNodes(

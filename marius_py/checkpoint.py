@@ -49,10 +49,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from marius_py.config import Config, StorageLayout, dump_config
+from marius_py.config import Config, dump_config
 from marius_py.dataset import DatasetMetadata
 from marius_py.errors import MariusInputError
 from marius_py.identity import describe_change
+from marius_py.layout import StorageLayout
 from marius_py.run_log import read_json_lines
 from marius_py.storage import durable
 from marius_py.storage.durable import fsync_directory, fsync_tree

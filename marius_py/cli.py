@@ -147,7 +147,7 @@ def cmd_plan(args) -> None:
     from dataclasses import replace
     from marius_py import api
     from marius_py.distributed.group import launched_by_torchrun
-    from marius_py.plan import GiB, GraphSize, Machine
+    from marius_py.plan import GiB, GraphSize, Machine, plan_run
     config_path, overrides = _run_config_overrides(args)
     config = api.make_config(config_path or "codex-m", overrides, source="command line")
     if (args.nodes is None) != (args.edges is None):
@@ -170,7 +170,7 @@ def cmd_plan(args) -> None:
     if args.disk is not None:
         machine = replace(machine, disk_free=int(args.disk * GiB))
     torchrun = launched_by_torchrun()  # (under torchrun: the plan of its trainers, who share the tables)
-    plan = api.plan_run(config, graph, machine, int(os.environ.get("WORLD_SIZE", "1")) if torchrun else 1, torchrun)
+    plan = plan_run(config, graph, machine, int(os.environ.get("WORLD_SIZE", "1")) if torchrun else 1, torchrun)
     print(json.dumps(plan.record()) if args.json else plan.describe())
 
 def cmd_tune(args) -> None:

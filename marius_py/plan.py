@@ -203,14 +203,12 @@ def _size(num_bytes: float) -> str:
 
 
 def plan_run(config: Config, graph: GraphSize, machine: Machine, world_size: int = 1,
-             torchrun: bool | None = None) -> Plan:
+             torchrun: bool = False) -> Plan:
     """The plan of ``config``'s run on ``machine`` (``world_size``: torchrun trainers sharing the tables;
     ``torchrun``: whether the run's trainers are a torchrun group, a group of one included, as the entry point
-    that started the run knows; None: this process's environment says, read here once)."""
+    that started the run knows)."""
     if machine.cores:
         check_threads(config, machine.cores)
-    if torchrun is None:
-        torchrun = _under_torchrun()
     plan = _tables_plan(config, graph, machine, world_size, torchrun)
     _check_batches(config, graph, plan)
     return dataclasses.replace(plan, notes=plan.notes + _step_notes(config))
@@ -233,20 +231,6 @@ def _tables_plan(config: Config, graph: GraphSize, machine: Machine, world_size:
     if s.num_partitions == 1:
         return _memory_plan(config, graph, machine, required=True)
     return _disk_plan(config, graph, machine)
-
-
-def plan_dataset(config: Config, dataset, run_dir=None, world_size: int = 1, machine: Machine | None = None,
-                 torchrun: bool | None = None) -> Plan:
-    """The plan of ``config``'s run on ``dataset`` (``machine``: this one's memory for the run's devices, and the
-    disk of ``run_dir``, by default; ``world_size`` and ``torchrun`` as ``plan_run`` takes them)."""
-    from marius_py.devices import resolve_devices
-    graph = GraphSize.of_dataset(config, dataset)
-    return plan_run(config, graph, machine or Machine.probe(resolve_devices(config), run_dir), world_size, torchrun)
-
-
-def _under_torchrun() -> bool:
-    from marius_py.distributed.group import launched_by_torchrun  # (the package imports the trainer)
-    return launched_by_torchrun()
 
 
 def _with_storage(config: Config, **values) -> Config:

@@ -15,12 +15,15 @@ store, checkpoints, evaluation):
 A source also says which partitions of the store this process initialises and
 holds (one process: all of them), gathers them where the run is evaluated,
 and combines the trainers' epoch records; for one process those are the
-identity.
+identity. It is handed values (``SpanInputs``: the dataset, the live tables,
+the layout, the devices), never the trainer.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Iterator, Protocol
 
 import numpy as np
@@ -28,11 +31,14 @@ import torch
 
 from marius_py.negatives import CandidateRows
 from marius_py.orderings import Ordering
-from marius_py.plan import buffer_bytes
 from marius_py.storage.buffer import BufferView, PartitionBuffer
+from marius_py.storage.embedding_store import EmbeddingStore
 
 if TYPE_CHECKING:
-    from marius_py.trainer import Trainer
+    from marius_py.checkpoint import RunFingerprint
+    from marius_py.config import StorageConfig
+    from marius_py.dataset import Dataset
+    from marius_py.layout import StorageLayout
 
 Span = tuple["TrainingSpan", torch.Tensor, torch.Tensor]  # (edges, embedding table, state table)
 
@@ -45,23 +51,63 @@ class TrainingSpan:
     candidates: CandidateRows | None
 
 
+@dataclass
+class LiveTables:
+    """The run's live node tables: its store on disk and, when they are held in memory, the tables themselves.
+    The trainer replaces them when it restores a version; span sources read them as they are now."""
+
+    store: EmbeddingStore | None = None
+    nodes: torch.Tensor | None = None
+    node_state: torch.Tensor | None = None
+
+
+@dataclass(frozen=True)
+class SpanInputs:
+    """What a span source is handed by the trainer (values, not the trainer)."""
+
+    dataset: Dataset               # its edges (re-bucketed for the run's partitions when partitioned)
+    tables: LiveTables
+    layout: StorageLayout
+    storage: StorageConfig         # lookahead, direct IO, IO threads, edge assignment
+    seed: int
+    plan_device: torch.device      # where batches are planned (a span's edges are mapped there)
+    table_device: torch.device     # where the tables (or the buffer's slots) live
+    pin_tables: bool               # the runner trains host tables in place: a buffer's slots are pinned
+    run_path: Path
+    fingerprint: RunFingerprint
+    relation_parameters: list = field(default_factory=list)
+    synchronize: Callable[[], None] = lambda: None  # wait for the devices' queued work
+
+    def partition_buffer(self, capacity: int, swap_size: int, lookahead: int) -> PartitionBuffer:
+        """A partition buffer over the live store, as the storage settings ask."""
+        s = self.storage
+        return PartitionBuffer(self.tables.store, capacity, self.table_device, swap_size=swap_size,
+                               lookahead=lookahead, pin_memory=self.pin_tables, direct_io=s.direct_io != "false",
+                               io_threads=s.io_threads)
+
+
 class SpanSource(Protocol):
     buffer: PartitionBuffer | None      # allocated on first use (evaluation and export never need it)
     commits_between_states: bool        # spans are an ordering's states, so a version may be committed between
 
-    def buffer_bytes(self) -> int:
-        """Memory of the partition buffer it will allocate (checked before anything is written)."""
-
-    def partition_buffer(self) -> PartitionBuffer: ...
+    def partition_buffer(self) -> PartitionBuffer:
+        """Its buffer, allocated on first use (the plan sized it: ``Plan.buffer_bytes``)."""
 
     def spans(self, epoch: int, first_state: int = 0, ordering: Ordering | None = None) -> Iterator[Span]:
-        """An epoch's spans, from ``first_state`` on (``ordering``: the epoch's, if already built)."""
+        """An epoch's spans, from ``first_state`` on (``ordering``: the epoch's, which a buffer walks)."""
 
     def epoch_record(self) -> dict:
         """What the source adds to this process's epoch record."""
 
     def combine(self, records: list[dict]) -> dict:
         """The run's epoch record from every trainer's (by rank)."""
+
+    def resumed(self, epoch: int, holders: list[int] | None) -> None:
+        """The run's state is a committed version's (or a new run's): its last epoch, and which trainer held
+        each partition (``TrainingState.holders``; None: one process holds them all)."""
+
+    def holders(self) -> list[int] | None:
+        """Which trainer holds each partition now, which a commit records (None: one process holds them all)."""
 
     def initial_partitions(self) -> list[int] | None:
         """Partitions a new run initialises in this process's store (None: all)."""
@@ -84,17 +130,18 @@ class SpanSource(Protocol):
         """Release everything the source holds (after training, or when it failed)."""
 
 
+SpanSourceFactory = Callable[[SpanInputs], SpanSource]
+
+
 class OneProcessSpans:
     """What the sources of a run trained by one process share: it holds every partition."""
 
     buffer: PartitionBuffer | None = None
     commits_between_states = False
 
-    def __init__(self, trainer: Trainer):
-        self.trainer = trainer
-
-    def buffer_bytes(self) -> int:
-        return 0
+    def __init__(self, inputs: SpanInputs):
+        self.inputs = inputs
+        self._holders: list[int] | None = None
 
     def epoch_record(self) -> dict:
         return {}
@@ -102,6 +149,12 @@ class OneProcessSpans:
     def combine(self, records: list[dict]) -> dict:
         (record,) = records
         return record
+
+    def resumed(self, epoch: int, holders: list[int] | None) -> None:
+        self._holders = holders  # (a group's run resumed by one process: check_holders saw them all at rank 0)
+
+    def holders(self) -> list[int] | None:
+        return self._holders
 
     def initial_partitions(self) -> list[int] | None:
         return None
@@ -127,24 +180,24 @@ class OneProcessSpans:
 class WholeTables(OneProcessSpans):
     """Tables in memory: every train edge in one span."""
 
-    def __init__(self, trainer: Trainer):
-        super().__init__(trainer)
+    def __init__(self, inputs: SpanInputs):
+        super().__init__(inputs)
         self._planned_edges: torch.Tensor | None = None
 
     def partition_buffer(self) -> PartitionBuffer:
         raise AssertionError("tables in memory have no partition buffer")
 
     def spans(self, epoch: int, first_state: int = 0, ordering: Ordering | None = None) -> Iterator[Span]:
-        trainer = self.trainer
-        yield TrainingSpan(self._train_edges(), None), trainer.nodes, trainer.node_state
+        tables = self.inputs.tables
+        yield TrainingSpan(self._train_edges(), None), tables.nodes, tables.node_state
 
     def _train_edges(self) -> torch.Tensor:
         """All train edges, kept in pinned host memory for every epoch when batches are planned on a GPU: each
         epoch's copy then runs at ~50 GB/s (from pageable memory it cost ~5% of a GPU epoch), and the GPU holds
         the edges only while an epoch shuffles them, not all run long beside its tables."""
         if self._planned_edges is None:
-            edges = torch.from_numpy(self.trainer.dataset.train)
-            self._planned_edges = edges.pin_memory() if self.trainer.plan_device.type == "cuda" else edges
+            edges = torch.from_numpy(self.inputs.dataset.train)
+            self._planned_edges = edges.pin_memory() if self.inputs.plan_device.type == "cuda" else edges
         return self._planned_edges
 
 
@@ -154,33 +207,28 @@ class BufferWalk(OneProcessSpans):
     commits_between_states = True
     _staged: np.ndarray | None = None  # (``_staging``)
 
-    def buffer_bytes(self) -> int:
-        t = self.trainer
-        return buffer_bytes(t.layout, t.graph, t.config.storage.lookahead)
-
     def partition_buffer(self) -> PartitionBuffer:
         if self.buffer is None:
-            t, s = self.trainer, self.trainer.config.storage
-            self.buffer = PartitionBuffer(t.store, t.layout.buffer_capacity, t.table_device,
-                                          swap_size=t.layout.swap_size, lookahead=s.lookahead,
-                                          pin_memory=t.zero_copy_tables(), direct_io=s.direct_io != "false",
-                                          io_threads=s.io_threads)
+            layout = self.inputs.layout
+            self.buffer = self.inputs.partition_buffer(layout.buffer_capacity, layout.swap_size,
+                                                       self.inputs.storage.lookahead)
         return self.buffer
 
     def spans(self, epoch: int, first_state: int = 0, ordering: Ordering | None = None) -> Iterator[Span]:
-        t = self.trainer
-        ordering = ordering or t.ordering(epoch)
+        assert ordering is not None, "a buffer walks the epoch's ordering"
+        i = self.inputs
         states = [ordering.resident(k) for k in range(ordering.num_states)]
         if first_state >= len(states):  # resumed after the epoch's last state: its work is in the store
             return
-        if t.config.storage.edge_assignment == "edge":
+        if i.storage.edge_assignment == "edge":
             state_edges = self._edges_by_edge(states, epoch)
         else:
-            staging = self._staging(max(t.dataset.edges.count(buckets) for buckets in ordering.buckets))
-            state_edges = lambda k: t.dataset.edges.read_buckets(ordering.buckets[k], staging)  # noqa: E731
+            staging = self._staging(max(i.dataset.edges.count(buckets) for buckets in ordering.buckets))
+            state_edges = lambda k: i.dataset.edges.read_buckets(ordering.buckets[k], staging)  # noqa: E731
         buffer = self.partition_buffer()
         for view in buffer.walk(states[first_state:]):
-            yield buffer_span(t, view, state_edges(first_state + view.index)), buffer.embeddings, buffer.state
+            yield (buffer_span(view, state_edges(first_state + view.index), i.plan_device), buffer.embeddings,
+                   buffer.state)
         # (the last state's partitions stay resident for the next epoch's walk: write_back() when the store
         # must be current)
 
@@ -194,8 +242,7 @@ class BufferWalk(OneProcessSpans):
         before the next state reads in."""
         if self._staged is None or len(self._staged) < rows:
             self._staged = None  # (the old one freed first)
-            staged = torch.empty((rows, 3), dtype=torch.int64,
-                                 pin_memory=self.trainer.plan_device.type == "cuda")
+            staged = torch.empty((rows, 3), dtype=torch.int64, pin_memory=self.inputs.plan_device.type == "cuda")
             self._staged = staged.numpy()
         return self._staged
 
@@ -206,16 +253,15 @@ class BufferWalk(OneProcessSpans):
         instead of the whole buckets the ordering assigned to it. The draw is
         seeded by (seed, epoch, i, j), so each edge lands in exactly one state.
         """
-        t = self.trainer
-        member = np.zeros((len(states), t.layout.num_partitions), dtype=bool)
+        member = np.zeros((len(states), self.inputs.layout.num_partitions), dtype=bool)
         for k, state in enumerate(states):
             member[k, list(state)] = True
-        seed = t.config.training.seed
+        seed, edge_store = self.inputs.seed, self.inputs.dataset.edges
 
         def state_edges(k: int) -> np.ndarray:
             pairs = sorted((i, j) for i in states[k] for j in states[k])
             parts = []
-            for (i, j), edges in zip(pairs, t.dataset.edges.buckets(pairs)):
+            for (i, j), edges in zip(pairs, edge_store.buckets(pairs)):
                 eligible = np.flatnonzero(member[:, i] & member[:, j])
                 draws = np.random.default_rng([seed, epoch, i, j]).integers(len(eligible), size=len(edges))
                 parts.append(edges[eligible[draws] == k])
@@ -223,10 +269,10 @@ class BufferWalk(OneProcessSpans):
         return state_edges
 
 
-def buffer_span(trainer: Trainer, view: BufferView, edges: np.ndarray) -> TrainingSpan:
+def buffer_span(view: BufferView, edges: np.ndarray, plan_device: torch.device) -> TrainingSpan:
     """``edges`` (buckets read from the edge store, int64 [E, 3]; a staging array's rows, free again once this
     returns) in the buffer's rows, with the resident rows as negatives."""
     # Mapped where the runner plans them (the GPU: no idle host work); the mapped copy is the span's own.
-    edges = torch.from_numpy(edges).to(trainer.plan_device)
+    edges = torch.from_numpy(edges).to(plan_device)
     local = torch.stack([view.local_ids(edges[:, 0]), edges[:, 1], view.local_ids(edges[:, 2])], dim=1)
-    return TrainingSpan(local, CandidateRows(view.candidate_ranges, trainer.plan_device))
+    return TrainingSpan(local, CandidateRows(view.candidate_ranges, plan_device))

@@ -8,7 +8,9 @@ built from two parts: a *span source* (``marius_py/spans.py``: the tables in
 memory, the buffer's walk over an ordering, or a torchrun group's granted
 buckets) and the *group* of trainers it belongs to (``marius_py/group.py``:
 this process alone, or torchrun's), which decides who validates, logs and
-holds the commit marker.
+holds the commit marker. Its ``Checkpointer`` (``marius_py/checkpointer.py``)
+owns the commits: which version a run continues from, when one is due, what
+it holds, and positions inside an epoch.
 
 Randomness: every draw of epoch ``e`` comes from generators seeded with
 ``(seed, e)``, so resuming at an epoch boundary replays training exactly when
@@ -23,15 +25,13 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import json
 import os
 import shutil
-import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import torch
@@ -39,17 +39,18 @@ from tqdm import tqdm
 
 from marius_py.bundled import bucketed_for_run
 from marius_py.callbacks import CallbackList, RunView, as_callbacks, configured_callbacks
-from marius_py.checkpoint import (LIVE_STORE, NODES, MetricsLog, RunDirectory, RunFingerprint, TrainingState,
-                                  check_holders, load_position, load_version, write_version_state)
-from marius_py.config import Config, dedup_setting, epoch_ordering, with_split_applied
+from marius_py.checkpoint import MetricsLog, RunDirectory, RunFingerprint, TrainingState
+from marius_py.checkpointer import Checkpointer, Walk
+from marius_py.config import Config, dedup_setting
+from marius_py.layout import epoch_ordering
 from marius_py.dataset import Dataset
 from marius_py.devices import resolve_devices
 from marius_py.errors import MariusInputError
 from marius_py.group import ONE_PROCESS, TrainerGroup
-from marius_py.spans import BufferWalk, SpanSource, TrainingSpan, WholeTables
+from marius_py.spans import BufferWalk, LiveTables, SpanInputs, SpanSource, SpanSourceFactory, WholeTables
 from marius_py.timeline import EpochPhases, StateTimeline, Startup
 from marius_py.evaluation import InMemoryNodes, NodeTable, StoredNodes, build_known_answers, evaluate_split
-from marius_py.random_streams import device_names, epoch_generators, flat
+from marius_py.random_streams import epoch_generators, flat
 from marius_py.resources import check_memory, check_partitioning
 from marius_py.step.model import Model
 from marius_py.step.runners import build_multi_device_runner, build_span_runner
@@ -58,8 +59,7 @@ from marius_py.plan import GraphSize, Machine, Plan, plan_run
 from marius_py.pipeline.placements import PLACEMENT_DEVICE, PLACEMENT_REPLICATED, PLACEMENT_SPLIT, choose_plan_device
 from marius_py.pipeline.runner import Runner
 from marius_py.storage.buffer import PartitionBuffer
-from marius_py.storage.durable import fsync_tree
-from marius_py.storage.embedding_store import EmbeddingStore, initial_tables, link_tree
+from marius_py.storage.embedding_store import EmbeddingStore, initial_tables
 
 
 @contextlib.contextmanager
@@ -101,6 +101,39 @@ def init_rows(seed: int, init_scale: float, dim: int):
     return init
 
 
+@dataclass(frozen=True)
+class PreparedRun:
+    """A run as planned before its trainer is built: the plan, the config it applies, the dataset bucketed for
+    the plan's partitions, the devices and the graph's size (each found once, by ``prepare_run``)."""
+
+    plan: Plan
+    config: Config
+    dataset: Dataset
+    devices: list[torch.device]
+    graph: GraphSize
+
+
+def prepare_run(config: Config, dataset: Dataset, run_dir: str | Path | None = None, progress: bool = False,
+                world_size: int = 1, torchrun: bool = False, startup: Startup | None = None) -> PreparedRun:
+    """Plan ``config``'s run on ``dataset`` for this machine (the disk of ``run_dir``; ``world_size``: torchrun
+    trainers sharing the tables; ``torchrun``: they are a torchrun group, of one included; with ``progress`` the
+    plan is printed), refuse a buffer that does not fit in memory now, and, out of core, bucket
+    the dataset for the plan's partitions (a copy in the cache where the dataset's own buckets differ)."""
+    devices = resolve_devices(config)
+    graph = GraphSize.of_dataset(config, dataset)
+    plan = plan_run(config, graph, Machine.probe(devices, run_dir), world_size, torchrun)
+    if progress:
+        print(plan.describe())
+    partitions = plan.layout.num_partitions
+    if partitions > 1:  # before anything is written (a re-bucketed copy of the dataset included)
+        check_memory(plan.buffer_bytes, "storage.buffer_capacity")  # (a GPU buffer stages through as many)
+        dataset = bucketed_for_run(partitions, dataset, progress)
+        check_partitioning(partitions, dataset)
+        if startup is not None:
+            startup.mark("bucketing")
+    return PreparedRun(plan, plan.applied(config), dataset, devices, graph)
+
+
 class Trainer:
     """Trains one run directory; ``train()`` runs the remaining epochs.
 
@@ -114,24 +147,21 @@ class Trainer:
     store from a committed version).
     """
 
-    def __init__(self, config: Config, dataset: Dataset, run_dir: str | Path, progress: bool = True,
+    def __init__(self, run: PreparedRun, run_dir: str | Path, progress: bool = True,
                  startup: Startup | None = None, group: TrainerGroup = ONE_PROCESS,
-                 spans: Callable[[Trainer], SpanSource] | None = None, plan: Plan | None = None,
-                 callbacks: Sequence = ()):
-        """``group``: the trainers of the run (this process alone by default); ``spans``: builds the span
-        source (by default the tables in memory, or the buffer's walk when the store is partitioned);
-        ``plan``: where the tables live (by default planned here; ``api.train`` plans and prints it first);
-        ``callbacks`` (``marius_py.callbacks``) run after those the config names."""
+                 spans: SpanSourceFactory | None = None, callbacks: Sequence = ()):
+        """``run``: the planned run (``prepare_run``; ``Trainer.of`` plans it); ``group``: the trainers of the
+        run (this process alone by default); ``spans``: builds the span source from its inputs (by default the
+        tables in memory, or the buffer's walk when the store is partitioned); ``callbacks``
+        (``marius_py.callbacks``) run after those the config names."""
         self.group = group
         self.startup = startup  # logged at the first batch this process trains
-        self.dataset = dataset
+        self.plan, self.config, self.dataset = run.plan, run.config, run.dataset
+        self.devices, self.graph = run.devices, run.graph
         self.run = RunDirectory(run_dir)  # (a trainer of a group: its own; the leader's is the run's)
-        self.callbacks = CallbackList(self._callbacks(config, callbacks), self._view)
+        self.callbacks = CallbackList(self._callbacks(run.config, callbacks), self._view)
         self.progress = progress and group.is_leader
-        self.devices = resolve_devices(config)
-        self.graph = GraphSize.of_dataset(config, dataset)
-        self.plan = plan or plan_run(config, self.graph, Machine.probe(self.devices, run_dir), group.world_size)
-        self.config = config = self.plan.applied(config)
+        config, dataset = self.config, self.dataset
         self.layout = self.plan.layout  # (the physical store, resolved once)
         self.device = self.devices[0]  # the model of record (checkpoints, evaluation) lives here
         self.partitioned = self.layout.num_partitions > 1
@@ -145,16 +175,18 @@ class Trainer:
         self._startup_mark("model")
         self.fingerprint = RunFingerprint.of(config, dataset.metadata, self.layout)
         self.state = self.fingerprint.stamp(TrainingState())
-        self.spans = (spans or (BufferWalk if self.partitioned else WholeTables))(self)
-        if self.partitioned:  # before anything is written (a re-bucketed copy of the dataset included)
-            check_memory(self.spans.buffer_bytes(), "storage.buffer_capacity")  # (a GPU buffer stages through as many)
-            self.dataset = dataset = bucketed_for_run(self.layout.num_partitions, dataset, progress)
-            check_partitioning(self.layout.num_partitions, dataset)
-            self._startup_mark("bucketing")
+        t, s = config.training, config.storage
+        self.checkpoints = Checkpointer(self.run, group, self.fingerprint, self.layout.dtype, t.checkpoint_interval,
+                                        Walk(t.seed, self.layout.ordering, self.layout.num_partitions,
+                                             self.layout.buffer_capacity, self.layout.group_size, s.edge_assignment))
+        self.tables = LiveTables()
+        self.spans: SpanSource | None = None  # (built once the runner says where tables live)
         self._build_runner()
         self._startup_mark("runner")
         try:
+            self.spans = (spans or (BufferWalk if self.partitioned else WholeTables))(self._span_inputs())
             self._open_run()
+            self._check_position()
         except BaseException:
             self.close()  # (a runner's worker processes, a buffer: nobody else will release them)
             raise
@@ -162,7 +194,17 @@ class Trainer:
         # Records of epochs whose checkpoint never committed are replayed, not duplicated.
         self.run.truncate_metrics(self.state.epoch)
         self._known = None
-        self._last_commit = time.monotonic()
+
+    @classmethod
+    def of(cls, config: Config, dataset: Dataset, run_dir: str | Path, progress: bool = True, **kw) -> Trainer:
+        """The trainer of ``config``'s run on ``dataset``, planned here (``prepare_run``)."""
+        return cls(prepare_run(config, dataset, run_dir, progress), run_dir, progress=progress, **kw)
+
+    def _span_inputs(self) -> SpanInputs:
+        c = self.config
+        return SpanInputs(self.dataset, self.tables, self.layout, c.storage, c.training.seed,
+                          self.plan_device, self.table_device, self.runner.zero_copy, self.run.path,
+                          self.fingerprint, self.model.relation_parameters(), self.synchronize)
 
     def _callbacks(self, config: Config, given: Sequence) -> list:
         """The metrics log first; then, the leader's alone, the callbacks the config names and those ``given``."""
@@ -184,22 +226,12 @@ class Trainer:
         self.callbacks.record(record)
 
     def _open_run(self) -> None:
-        """The run's state: restored from its latest version (a group's: the version its leader's pointers
-        name, which every trainer restores), or a new run's."""
-        latest = None
-        if self.group.is_leader:
-            repaired = self.run.repair_pointers()  # a lost or damaged pointer file, recovered from the versions
-            if repaired:
-                print(f"marius-py: {repaired}", file=sys.stderr)
-            self.run.metric_lines()  # a damaged log line is refused (file:line) before the live store is rebuilt
-            latest = self.run.latest_version().name if self.run.has_checkpoint() else None
-        latest = self.group.broadcast(latest)
-        if latest is not None:
-            self.restore(self.run.adopt_version(latest))
-            return
-        if not self.group.is_leader:  # (versions written for a commit the leader never made)
-            self.run.drop_versions()
-        self._start_new_run()
+        """The run's state: restored from the version it continues from, or a new run's."""
+        version = self.checkpoints.latest()
+        if version is not None:
+            self.restore(version)
+        else:
+            self._start_new_run()
 
     def _startup_mark(self, phase: str) -> None:
         if self.startup is not None:
@@ -239,16 +271,12 @@ class Trainer:
         return self.dataset.metadata.num_train * 3 * torch.long.itemsize
 
     # ---- the live store and checkpoints ----
-    @property
-    def live_store_path(self) -> Path:
-        return self.run.path / LIVE_STORE
-
     def _create_store(self) -> None:
         """The live store: initial embeddings written partition by partition, zero optimizer state. Tables held
         in memory are initialised there (``_open_live``); their store is written by the first commit."""
-        c = self.config
-        shutil.rmtree(self.live_store_path, ignore_errors=True)
-        EmbeddingStore.create(self.live_store_path, self.dataset.num_nodes, c.model.dim, self.state_dim(),
+        c, path = self.config, self.checkpoints.live_store_path
+        shutil.rmtree(path, ignore_errors=True)
+        EmbeddingStore.create(path, self.dataset.num_nodes, c.model.dim, self.state_dim(),
                               self.layout.num_partitions, init=self._init_rows() if self.partitioned else None,
                               threads=self._init_threads(), dtype=self.table_dtype,
                               partitions=self.spans.initial_partitions())
@@ -268,60 +296,36 @@ class Trainer:
         """A new run (or one killed before its first commit): the seeded initial state, recreated identically
         by a resume, so it is not committed as a version: the first epoch's rewrites then need no second
         copy of the store on disk."""
-        self.run.create(with_split_applied(self.config, self.layout))
+        self.state = self.checkpoints.start_new()
+        self.spans.resumed(0, None)
         self._create_store()
-        self.state, self._position = self.fingerprint.stamp(TrainingState()), None
         self._open_live(self.model.state_dict(), new=True)
 
     def restore(self, version: Path) -> None:
         """Make ``version`` the live state: store files, model parameters, position."""
-        self._check_stored_dtype(version)
-        _, _, model_state, state = load_version(version, self.fingerprint, with_nodes=False)
-        if state.dataset_identity is None and self.group.is_leader:
-            print(f"marius-py: note: {version.name} predates dataset identities, so only the dataset's counts were "
-                  f"compared; if {self.dataset.directory} was preprocessed again since (same counts, other ids), "
-                  "stop now: the next commit records its identity and replaces this version", file=sys.stderr)
-        self.state = self.fingerprint.stamp(state)  # (a version from before identities: later ones record it)
-        check_holders(self.state, self.group.world_size, version)
-        self._position = load_position(version)
-        self._link_live_store(version)
+        model_state, self.state = self.checkpoints.restore(version, self.dataset.directory)
+        self.spans.resumed(self.state.epoch, self.state.holders)
         self._open_live(model_state)
-
-    def _check_stored_dtype(self, version: Path) -> None:
-        """Refuse, by name, a ``storage.dtype`` other than the run's (the fingerprint would refuse it unnamed)."""
-        try:
-            stored = EmbeddingStore(version / NODES, mode="r").dtype
-        except (OSError, ValueError, KeyError):
-            return  # a damaged version: load_version reports it
-        if stored != self.table_dtype:
-            name = str(stored).removeprefix("torch.")
-            raise MariusInputError(f"the run stores {name} embeddings; this config has storage.dtype="
-                                   f"{self.layout.dtype}", path=version,
-                                   expected=f"storage.dtype={name} (a run keeps the dtype it started with)")
-
-    def _link_live_store(self, version: Path) -> None:
-        """The version's store files become the live store (hard links: no copy)."""
-        shutil.rmtree(self.live_store_path, ignore_errors=True)
-        link_tree(version / NODES, self.live_store_path)
 
     def _open_live(self, model_state: dict, new: bool = False) -> None:
         """Load ``model_state`` into the model and its replicas, and open the live store (in memory: load it,
         or with ``new`` initialise the tables)."""
         for replica in self.replicas:  # each its own copy: same-device tensors would alias the optimizer state
             replica.load_state_dict(model_state if replica is self.model else copy.deepcopy(model_state))
-        self.store = EmbeddingStore(self.live_store_path)
         self.spans.close_buffer()  # a buffer over the old files must not write them back
+        store = self.tables.store = EmbeddingStore(self.checkpoints.live_store_path)
         if not self.partitioned:
             # Host tables are pinned only for the fused step, whose GPU kernels read and write them in place;
             # otherwise they stay pageable and each batch's rows are gathered into pinned staging memory.
             pinned = self.zero_copy_tables()
             if new:
                 where = torch.device("cpu") if pinned else self.table_device
-                tables = initial_tables(self.store.num_nodes, self.store.dim, self.store.state_dim, self._init_rows(),
+                tables = initial_tables(store.num_nodes, store.dim, store.state_dim, self._init_rows(),
                                         self._init_threads(), pinned, self.table_dtype, where)
             else:
-                tables = self.store.read_tables(pin_memory=pinned)
-            self.nodes, self.node_state = (table if pinned else table.to(self.table_device) for table in tables)
+                tables = store.read_tables(pin_memory=pinned)
+            self.tables.nodes, self.tables.node_state = (table if pinned else table.to(self.table_device)
+                                                         for table in tables)
 
     def zero_copy_tables(self) -> bool:
         """Whether the runner's GPU kernels train host tables in place (they are then pinned)."""
@@ -345,24 +349,10 @@ class Trainer:
         return self.spans.partition_buffer()
 
     def _commit(self, is_best: bool, position: dict | None = None) -> None:
-        """Snapshot the (flushed) live store and the model into a new committed version (``position``: where
-        inside an epoch, for versions committed between buffer states).
-
-        A group commits together: every trainer writes its version (the partitions its store holds) under
-        the version's final name; once all have, the leader's pointer file names it, which is the group's
-        commit; then the others' pointers follow (a resume adopts a version a trainer wrote but had not
-        pointed to yet: ``RunDirectory.adopt_version``)."""
-        fsync_tree(self.live_store_path)
-        tmp = self.run.begin_version(self.state.epoch, self.state.states_done)
-        link_tree(self.live_store_path, tmp / NODES, partitions=self.spans.held_partitions())
-        write_version_state(tmp, self.model.state_dict(), self.state, position)
-        version = self.run.prepare_version(tmp, self.state.epoch, self.state.states_done)
-        self.group.barrier()  # every trainer's version is on its disk
-        if self.group.is_leader:
-            self.run.point_to(version, is_best)
-        self.group.barrier()  # the group has committed
-        if not self.group.is_leader:
-            self.run.point_to(version, False, keeps_best=False)
+        """Commit a version of the (flushed) live store and the model (``position``: where inside an epoch)."""
+        self.state.holders = self.spans.holders()
+        version = self.checkpoints.commit(self.model.state_dict(), self.state, is_best,
+                                          self.spans.held_partitions(), position)
         self.callbacks.checkpoint(version, self.state.epoch)
 
     def save_checkpoint(self, is_best: bool = False) -> None:
@@ -370,23 +360,18 @@ class Trainer:
             self.synchronize()  # (the GPU's last updates of the resident partitions are done)
             self.spans.write_back()  # (the buffer's resident partitions, kept for the next epoch)
         else:
-            self.store.write_all(self.nodes, self.node_state)  # (streamed from where they live)
+            self.tables.store.write_all(self.tables.nodes, self.tables.node_state)  # (streamed from where they live)
         self._commit(is_best)
 
     def node_table(self) -> NodeTable:
         """The current embeddings for evaluation: in memory, or streamed from the live store (made current)."""
         if not self.partitioned:
-            return InMemoryNodes(self.nodes, self.device)
+            return InMemoryNodes(self.tables.nodes, self.device)
         self.synchronize()  # (the GPU's last updates of the resident partitions are done)
         self.spans.write_back()
-        return StoredNodes(self.store, self.device)
+        return StoredNodes(self.tables.store, self.device)
 
     # ---- training ----
-    def _spans(self, epoch: int, first_state: int = 0, ordering: Ordering | None = None,
-               ) -> Iterator[tuple[TrainingSpan, torch.Tensor, torch.Tensor]]:
-        """(edges, embedding table, state table) of each span of an epoch, from the span source."""
-        return self.spans.spans(epoch, first_state, ordering)
-
     def ordering(self, epoch: int) -> Ordering:
         ordering = epoch_ordering(self.layout, self.config.training.seed, epoch)
         if self.config.storage.edge_assignment == "balanced":
@@ -399,10 +384,10 @@ class Trainer:
         shuffling, sampling, dropout = self._epoch_generators(epoch)
         generators = flat([shuffling, sampling, dropout])
         first_state = self.state.states_done  # > 0: resuming inside this epoch
-        if first_state:
-            self._restore_position(epoch, generators)
         ordering = self.ordering(epoch) if self.partitioned else None  # built once: spans and commits use it
         num_states = ordering.num_states if ordering else 1
+        if first_state:
+            self.checkpoints.restore_position(epoch, num_states, generators)
         num_edges = self.dataset.metadata.num_train
         total_loss = torch.full((), self.state.partial_loss_sum, device=self.device)
         self.runner.max_in_flight = 0  # per epoch
@@ -417,7 +402,7 @@ class Trainer:
         phases = EpochPhases()
         on_batch = self._first_batch_logger(bar.update)
         trained_edges = 0
-        for states_done, (span, nodes, node_state) in enumerate(self._spans(epoch, first_state, ordering),
+        for states_done, (span, nodes, node_state) in enumerate(self.spans.spans(epoch, first_state, ordering),
                                                                  first_state + 1):
             phases.add("wait")
             if timeline:
@@ -493,8 +478,7 @@ class Trainer:
     def _state_commit_due(self) -> bool:
         """Whether to commit between two buffer states: out of core, once ``training.checkpoint_interval``
         seconds have passed."""
-        interval = self.config.training.checkpoint_interval
-        return self.spans.commits_between_states and interval > 0 and time.monotonic() - self._last_commit >= interval
+        return self.spans.commits_between_states and self.checkpoints.due_between_states()
 
     def _commit_between_states(self, epoch: int, num_states: int, states_done: int, total_loss: torch.Tensor,
                                generators: list[torch.Generator]) -> None:
@@ -503,46 +487,15 @@ class Trainer:
         self.synchronize()
         self.partition_buffer().write_resident()
         self.state.states_done, self.state.partial_loss_sum = states_done, float(total_loss)
-        self._commit(is_best=False, position={"walk": self._walk(epoch, num_states),
-                                              "devices": device_names(g.device for g in generators),
-                                              "generators": [g.get_state() for g in generators]})
-        self._last_commit = time.monotonic()
-
-    def _walk(self, epoch: int, num_states: int) -> str:
-        """What decides which edges buffer state k of ``epoch`` trains: a resume inside the epoch must match."""
-        layout = self.layout
-        return json.dumps({"epoch": epoch, "seed": self.config.training.seed, "ordering": layout.ordering,
-                           "partitions": layout.num_partitions, "buffer": layout.buffer_capacity,
-                           "group_size": layout.group_size, "edge_assignment": self.config.storage.edge_assignment,
-                           "states": num_states}, sort_keys=True)
+        self._commit(is_best=False, position=self.checkpoints.position_of(epoch, num_states, generators))
 
     def _check_position(self) -> None:
         """A mid-epoch version resumes only with the walk and devices it was committed with (checked before
         anything of the run is rewritten)."""
         if self.state.states_done:
             epoch = self.state.epoch + 1
-            self._restore_position(epoch, flat(self._epoch_generators(epoch)))
-
-    def _restore_position(self, epoch: int, generators: list[torch.Generator]) -> None:
-        """Set the epoch's generators to a mid-epoch version's, refusing a walk or devices that differ."""
-        position = self._position
-        where = self.run.checkpoints
-        if position is None:
-            raise MariusInputError("a mid-epoch checkpoint lacks its position (position.pt)", path=where,
-                                   expected="a version committed by `marius-py train`")
-        if position["walk"] != self._walk(epoch, self.ordering(epoch).num_states):
-            raise MariusInputError(f"the run was checkpointed inside epoch {epoch} with other storage settings "
-                                   f"({position['walk']})", path=where,
-                                   expected="--resume with the run's storage.* settings and seed")
-        if device_names(position["devices"]) != device_names(g.device for g in generators):
-            raise MariusInputError(f"the run was checkpointed inside epoch {epoch} with its random draws on "
-                                   f"{position['devices']}; this run draws them on "
-                                   f"{[str(g.device) for g in generators]}", path=where,
-                                   expected="--resume on the same devices (training.device/devices); a "
-                                            "mid-epoch version of a GPU run made before shuffles were drawn "
-                                            "on the GPU (cpu first) resumes with the marius-py that made it")
-        for generator, saved in zip(generators, position["generators"]):
-            generator.set_state(saved)
+            self.checkpoints.restore_position(epoch, self.ordering(epoch).num_states,
+                                              flat(self._epoch_generators(epoch)))
 
     def _epoch_generators(self, epoch: int) -> tuple:
         """(shuffles, negatives, dropout) generators of an epoch (``random_streams.epoch_generators``)."""
@@ -602,9 +555,6 @@ class Trainer:
 
     def _train(self) -> TrainingState:
         t = self.config.training
-        self._check_position()
-        # A resumed run may have extended training.epochs: record what actually runs.
-        self.run.write_config(with_split_applied(self.config, self.layout))
         if self.dataset.metadata.num_train == 0:  # (not len(train): out of core, that would read every edge)
             raise MariusInputError("dataset has no training edges", path=self.dataset.directory)
         self.callbacks.start()
@@ -671,15 +621,11 @@ class Trainer:
         return self.buffer.counters.snapshot()["checkpoint_bytes_written"] if self.buffer is not None else 0
 
     def _commit_due(self, is_best: bool) -> bool:
-        """Whether this epoch commits: every epoch, or per ``training.checkpoint_interval`` (a new best and the
-        last epoch always commit: the best version is what testing loads)."""
-        t = self.config.training
-        last = self.state.epoch >= t.epochs or self.state.stopped_early or self.callbacks.stop is not None
-        now = time.monotonic()
-        if is_best or last or now - self._last_commit >= t.checkpoint_interval:
-            self._last_commit = now
-            return True
-        return False
+        """Whether this epoch commits (``Checkpointer.due``; the last epoch, an early stop and a callback's
+        stop always do)."""
+        last = (self.state.epoch >= self.config.training.epochs or self.state.stopped_early
+                or self.callbacks.stop is not None)
+        return self.checkpoints.due(is_best, last)
 
     def load_best(self) -> None:
         """Make the best-validation checkpoint the live state, if there is one."""
@@ -691,7 +637,8 @@ class Trainer:
         """Release the span source (its buffer, a group's threads) and the runner's processes (a replica
         group's workers). Dirty resident partitions are dropped, not written: the live store may then hold
         older rows than training had, which is safe because every resume rebuilds it from a committed version."""
-        self.spans.close()
+        if self.spans is not None:
+            self.spans.close()
         self.runner.close()
         self.callbacks.end()  # (last: a callback's failure here leaves nothing unreleased)
 

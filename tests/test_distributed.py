@@ -678,7 +678,8 @@ def test_trainers_that_opened_another_dataset_are_refused_by_rank(tmp_path):
                                                                (4, 32, 4, False), (2, 16, 4, False)])
 def test_partitions_per_trainer_leave_half_free_and_too_few_partitions_warn(trainers, partitions, held, warned):
     from marius_py.config_loading import load_config
-    from marius_py.distributed.granted_spans import partitions_per_trainer, too_few_partitions
+    from marius_py.distributed.granted_spans import too_few_partitions
+    from marius_py.plan import partitions_per_trainer
     assert partitions_per_trainer(load_config(None, []), partitions, trainers) == held
     assert partitions_per_trainer(load_config(None, ["distributed.partitions_per_trainer=3"]), partitions,
                                   trainers) == min(3, partitions)

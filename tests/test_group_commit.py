@@ -125,10 +125,10 @@ def test_a_commit_cut_before_the_leaders_pointer_leaves_the_last_version_and_res
     from marius_py.dataset import Dataset
     from marius_py.trainer import Trainer
     config = small_config("storage.num_partitions=2", "training.epochs=1")
-    trainer = Trainer(config, Dataset(config.dataset.path), tmp_path / "run", progress=False)
+    trainer = Trainer.of(config, Dataset(config.dataset.path), tmp_path / "run", progress=False)
     try:
         trainer.train()
-        trainer.group = GroupKilledAtItsBarrier()
+        trainer.checkpoints.group = GroupKilledAtItsBarrier()  # (the group the commit runs in)
         trainer.state.epoch = 2
         with pytest.raises(KilledAt):
             trainer.save_checkpoint()
@@ -136,7 +136,7 @@ def test_a_commit_cut_before_the_leaders_pointer_leaves_the_last_version_and_res
         trainer.close()
     run = RunDirectory(tmp_path / "run")
     assert run.latest_version().name == "v000001" and (run.checkpoints / "v000002").is_dir()
-    resumed = Trainer(config, Dataset(config.dataset.path), tmp_path / "run", progress=False)
+    resumed = Trainer.of(config, Dataset(config.dataset.path), tmp_path / "run", progress=False)
     try:
         assert resumed.state.epoch == 1
     finally:

@@ -544,12 +544,12 @@ def test_a_process_per_device_trains_as_one_process(small_config, tmp_path, devi
         config = small_config(f"training.devices={devices}", "pipeline.placement=replicated",
                               f"pipeline.staleness_bound={bound}", f"pipeline.processes={processes}",
                               "training.batch_size=256", "evaluation.every=0")
-        trainer = Trainer(config, Dataset(config.dataset.path), tmp_path / processes, progress=False)
+        trainer = Trainer.of(config, Dataset(config.dataset.path), tmp_path / processes, progress=False)
         try:
             trainer.train()
             records = [json.loads(line) for line in (tmp_path / processes / "metrics.jsonl").read_text().splitlines()]
             losses = [r["loss"] for r in records if r["event"] == "epoch"]
-            results[processes] = (trainer.nodes.clone(), trainer.node_state.clone(),
+            results[processes] = (trainer.tables.nodes.clone(), trainer.tables.node_state.clone(),
                                   trainer.model.decoder.relations.detach().clone(), losses)
         finally:
             trainer.close()
@@ -645,7 +645,7 @@ def _bucketed(config, tmp_path, partitions: int) -> str:
 @pytest.mark.parametrize("devices", ["cpu,cpu,cpu", "cpu,cpu,cpu,cpu"])
 def test_replicas_leave_training_equal(small_config, tmp_path, devices):
     config = small_config(f"training.devices={devices}", "training.epochs=2")
-    trainer = Trainer(config, Dataset(config.dataset.path), tmp_path / "run", progress=False)
+    trainer = Trainer.of(config, Dataset(config.dataset.path), tmp_path / "run", progress=False)
     try:
         initial = trainer.replicas[0].decoder.relations.detach().clone()
         trainer.train()
@@ -670,7 +670,7 @@ def test_split_tables_with_partitions_or_without_dedup_are_refused(small_config,
         if "storage.num_partitions=4" in extra:
             config.dataset.path = _bucketed(config, tmp_path, 4)
         with pytest.raises(mp.MariusInputError, match="pipeline.placement: split shares"):
-            Trainer(config, Dataset(config.dataset.path), tmp_path / f"run{len(extra)}", progress=False)
+            Trainer.of(config, Dataset(config.dataset.path), tmp_path / f"run{len(extra)}", progress=False)
 
 
 def test_gpus_one_overrides_devices_of_a_config(tmp_path, monkeypatch):

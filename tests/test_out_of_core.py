@@ -123,7 +123,7 @@ def test_io_counters_equal_simulator_every_epoch(beta_p8_run):
 
 def test_trainer_ordering_is_the_seeded_registry_ordering(beta_p8_run, datasets):
     config, run, _ = beta_p8_run
-    trainer = mp.trainer.Trainer(config, mp.load_dataset(str(datasets[8])), run, progress=False)
+    trainer = mp.trainer.Trainer.of(config, mp.load_dataset(str(datasets[8])), run, progress=False)
     try:
         for epoch in (1, 2, 3):
             assert trainer.ordering(epoch) == build_ordering("beta", 8, 3, seed=config.training.seed, epoch=epoch)
@@ -427,9 +427,9 @@ def test_every_edge_trained_once_per_epoch(datasets, tmp_path, monkeypatch, assi
     config = config_for(datasets[4], "storage.num_partitions=4", "storage.buffer_capacity=2",
                         f"storage.edge_assignment={assignment}")
     dataset = Dataset(config.dataset.path)
-    trainer = Trainer(config, dataset, tmp_path / "run", progress=False)
+    trainer = Trainer.of(config, dataset, tmp_path / "run", progress=False)
     # Node ids are buffer-local inside a span; relation ids are not, so compare their multiset.
-    relations = torch.cat([span.edges[:, 1] for span, _, _ in trainer._spans(1)])
+    relations = torch.cat([span.edges[:, 1] for span, _, _ in trainer.spans.spans(1, ordering=trainer.ordering(1))])
     assert len(relations) == dataset.metadata.num_train
     assert torch.equal(torch.bincount(relations, minlength=dataset.num_relations),
                        torch.bincount(torch.from_numpy(dataset.train[:, 1]), minlength=dataset.num_relations))
@@ -446,9 +446,9 @@ def test_gpu_buffer_spans_map_ids_as_on_the_host(datasets, tmp_path):
     for device in ("cpu", "cuda"):
         config = config_for(datasets[8], "storage.num_partitions=8", "storage.buffer_capacity=3",
                             "storage.ordering=beta", f"training.device={device}")
-        trainer = Trainer(config, Dataset(config.dataset.path), tmp_path / device, progress=False)
+        trainer = Trainer.of(config, Dataset(config.dataset.path), tmp_path / device, progress=False)
         assert trainer.table_device.type == device
-        spans[device] = [(span.edges, span.candidates.total) for span, _, _ in trainer._spans(1)]
+        spans[device] = [(span.edges, span.candidates.total) for span, _, _ in trainer.spans.spans(1, ordering=trainer.ordering(1))]
         trainer.close()
     assert len(spans["cpu"]) == len(spans["cuda"]) > 1
     for (host, host_total), (gpu, gpu_total) in zip(spans["cpu"], spans["cuda"]):

@@ -14,6 +14,7 @@ import marius_py as mp
 from marius_py.checkpoint import RunDirectory, load_version
 from marius_py.dataset import Dataset
 from marius_py.evaluation import KnownAnswers
+import marius_py.trainer as trainer_module
 from marius_py.trainer import Trainer
 from marius_py.storage.partitioning import partition_of
 
@@ -29,7 +30,7 @@ def test_order_runs_follow_the_ordering_a_partitioned_trainer_trains(umls_datase
     135 nodes), so both build the same buffer states and bucket assignment."""
     followed = order_config("order:4:2", umls_dataset, None, [], 8)
     partitioned = mp.make_config(None, [f"dataset.path={umls_dataset}", *variant_overrides("default:4:2", 8)])
-    trainer = Trainer(partitioned, Dataset(str(umls_dataset)), tmp_path / "run", progress=False)
+    trainer = Trainer.of(partitioned, Dataset(str(umls_dataset)), tmp_path / "run", progress=False)
     assert followed.layout == trainer.layout and followed.config.storage == trainer.config.storage
     assert followed.ordering(3) == trainer.ordering(3)
 
@@ -37,9 +38,9 @@ def test_order_runs_follow_the_ordering_a_partitioned_trainer_trains(umls_datase
 def test_state_ordered_spans_train_every_edge_once_in_its_states_order(umls_dataset):
     partitioned = order_config("order:4:2", umls_dataset, None, [], 8)
     dataset = Dataset(str(umls_dataset))
-    trainer = SimpleNamespace(dataset=dataset, nodes="nodes", node_state="state")
+    inputs = SimpleNamespace(dataset=dataset, tables=SimpleNamespace(nodes="nodes", node_state="state"))
     ordering = partitioned.ordering(3)
-    spans = list(state_ordered_spans(partitioned)(trainer, 3))
+    spans = list(state_ordered_spans(partitioned)(inputs).spans(3))
     assert len(spans) == ordering.num_states > 1
     trained = []
     for k, (span, nodes, state) in enumerate(spans):
@@ -57,11 +58,12 @@ def test_resident_and_shuffled_spans_share_the_states_candidates_and_sizes(umls_
     nodes and as many edges, drawn from the whole epoch (each edge still once)."""
     partitioned = order_config("resident:4:2", umls_dataset, None, [], 8)
     dataset = Dataset(str(umls_dataset))
-    trainer = SimpleNamespace(dataset=dataset, nodes="nodes", node_state="state", table_device="cpu")
+    inputs = SimpleNamespace(dataset=dataset, tables=SimpleNamespace(nodes="nodes", node_state="state"),
+                             table_device="cpu")
     ordering = partitioned.ordering(3)
     p = ordering.num_physical_partitions
-    resident = list(state_ordered_spans(partitioned, resident_candidates=True)(trainer, 3))
-    shuffled = list(state_ordered_spans(partitioned, resident_candidates=True, shuffled_edges=True)(trainer, 3))
+    resident = list(state_ordered_spans(partitioned, resident_candidates=True)(inputs).spans(3))
+    shuffled = list(state_ordered_spans(partitioned, resident_candidates=True, shuffled_edges=True)(inputs).spans(3))
     outside_buckets = 0
     for k, ((kept, _, _), (drawn, _, _)) in enumerate(zip(resident, shuffled)):
         rows = kept.candidates.all(torch.device("cpu")).numpy()
@@ -77,15 +79,15 @@ def test_resident_and_shuffled_spans_share_the_states_candidates_and_sizes(umls_
 
 
 def test_order_runs_patch_the_trainer_only_while_they_run(umls_dataset):
-    original = Trainer._spans
+    original = trainer_module.WholeTables
     with ordered_in_memory("order:4:2", umls_dataset, None, [], 8):
-        assert Trainer._spans is not original
-    assert Trainer._spans is original
+        assert trainer_module.WholeTables is not original
+    assert trainer_module.WholeTables is original
     with pytest.raises(RuntimeError), ordered_in_memory("order:4:2", umls_dataset, None, [], 8):
         raise RuntimeError("a failed run")
-    assert Trainer._spans is original
+    assert trainer_module.WholeTables is original
     with ordered_in_memory("default:4:2", umls_dataset, None, [], 8):
-        assert Trainer._spans is original
+        assert trainer_module.WholeTables is original
     assert run_overrides("order:4:2+training.lr=0.2", 8) == ["training.lr=0.2"]
     with pytest.raises(ValueError, match="in-memory"):
         run_overrides("order:4:2+storage.num_partitions=8", 8)

@@ -246,7 +246,7 @@ def test_an_error_in_compute_stops_training(small_config, tmp_path, monkeypatch)
 
     original = Model.compute
     monkeypatch.setattr(Model, "compute", failing)
-    trainer = Trainer(config, Dataset(config.dataset.path), tmp_path / "run", progress=False)
+    trainer = Trainer.of(config, Dataset(config.dataset.path), tmp_path / "run", progress=False)
     with pytest.raises(RuntimeError, match="compute exploded"):
         trainer.train()
     assert not pipeline_threads()

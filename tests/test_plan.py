@@ -113,8 +113,9 @@ def test_torchrun_trainers_get_partitions_for_each(monkeypatch):
     machine = Machine(host_available=128 * GiB, disk_free=500 * GiB)
     plan = plan_run(config, GraphSize.of(config, *FREEBASE), machine, world_size=4, torchrun=True)
     assert plan.num_partitions == 4 * 2 * 2 and plan.layout.dtype == "float32"
-    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "1")  # (torchrun's environment, read when no caller says)
-    alone = plan_run(config, GraphSize.of(config, *FREEBASE), machine)
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "1")  # (torchrun's environment: the caller says, the plan never reads it)
+    assert plan_run(config, GraphSize.of(config, *FREEBASE), machine).tier != TIER_DISK
+    alone = plan_run(config, GraphSize.of(config, *FREEBASE), machine, torchrun=True)  # (a torchrun group of one)
     assert alone.trainers == 1 and alone.num_partitions == 4 and alone.layout.dtype == "float32"
     assert plan_run(config, GraphSize.of(config, *FREEBASE), machine, torchrun=False).tier != TIER_DISK
 

@@ -24,7 +24,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator
+from typing import Iterator
 
 from marius_py.checkpoint import RunFingerprint
 from marius_py.config import Config
@@ -37,13 +37,10 @@ from marius_py.distributed.write_backs import WriteBacks
 from marius_py.errors import MariusInputError
 from marius_py.orderings import Ordering
 from marius_py.orderings.scheduler import Grant
-from marius_py.plan import BUSY_PARTITIONS, partitions_per_trainer, trainer_buffer_bytes
+from marius_py.plan import BUSY_PARTITIONS
 from marius_py.run_log import read_json_lines
-from marius_py.spans import Span, buffer_span
+from marius_py.spans import Span, SpanInputs, buffer_span
 from marius_py.storage.buffer import Fetch, PartitionBuffer
-
-if TYPE_CHECKING:
-    from marius_py.trainer import Trainer
 
 DISTRIBUTED_DIR = "distributed"  # in each trainer's run directory: its holds log (and the leader's, the scheduler's)
 HOLDS_LOG = "holds.jsonl"
@@ -91,48 +88,45 @@ class GrantedSpans:
 
     commits_between_states = False  # the group commits at epoch ends only
 
-    def __init__(self, trainer: Trainer, group: Group):
-        self.trainer, self.group = trainer, group
-        config = trainer.config
-        refuse_other_datasets(group.all_gather(trainer.fingerprint), trainer.dataset.directory)
-        self.num_partitions = trainer.layout.num_partitions
-        self.capacity = partitions_per_trainer(config, self.num_partitions, group.world_size)
+    def __init__(self, inputs: SpanInputs, group: Group, held: int, relation_sync_seconds: float):
+        """``held``: the partitions a trainer holds at once (``Plan.held_per_trainer``); ``relation_sync_seconds``:
+        how often the relations are exchanged (``distributed.relation_sync_seconds``)."""
+        self.inputs, self.group = inputs, group
+        refuse_other_datasets(group.all_gather(inputs.fingerprint), inputs.dataset.directory)
+        self.num_partitions = inputs.layout.num_partitions
+        self.capacity = held
         self.buffer: PartitionBuffer | None = None
-        self.logs = trainer.run.path / DISTRIBUTED_DIR
+        self._state_holders: list[int] | None = None  # (``resumed``; then as each epoch's end gathers them)
+        self._committed_epoch = 0
+        self.logs = inputs.run_path / DISTRIBUTED_DIR
         self.logs.mkdir(parents=True, exist_ok=True)
         self.holdings = Holdings()
-        self.server = SchedulerServer(group.store_connection(), self.num_partitions, config.training.seed,
+        self.server = SchedulerServer(group.store_connection(), self.num_partitions, inputs.seed,
                                       self.logs / SCHEDULER_LOG, self.capacity, group.world_size) \
             if group.is_leader else None
         alive = self.server.check if self.server else None
         self.client = SchedulerClient(group.store_connection(), group.rank, alive=alive)
         self.ahead_client = SchedulerClient(group.store_connection(), group.rank, alive=alive, channel="ahead")
         self._asking_ahead = ThreadPoolExecutor(1, thread_name_prefix="grant-ahead")
-        self.transfer = PartitionTransfer(group, lambda: trainer.store, lambda: trainer.table_device)
+        self.transfer = PartitionTransfer(group, lambda: inputs.tables.store, lambda: inputs.table_device)
         self.sender = PartitionSender(SchedulerClient(group.store_connection(), group.rank, alive=alive,
                                                       channel="send"), self.transfer, self.holdings)
         self.write_backs = WriteBacks(SchedulerClient(group.store_connection(), group.rank, alive=alive,
                                                       channel="write-back"), self.logs / HOLDS_LOG, self.holdings)
-        self.relations = RelationExchange(trainer.model.relation_parameters(), group.control, group.world_size,
-                                         config.distributed.relation_sync_seconds)
+        self.relations = RelationExchange(inputs.relation_parameters, group.control, group.world_size,
+                                         relation_sync_seconds)
         self.waits = dict.fromkeys(WAITS, 0.0)  # seconds this epoch, by what the trainer waited for
         self.buckets_trained = 0
         self._sent_before = self.transfer.counters.snapshot()
         self._logs_trimmed = False
 
     # ---- what the trainer asks of a span source ----
-    def buffer_bytes(self) -> int:
-        """As many spare slots as held ones: the next grant is filled while the last one's are written back."""
-        return trainer_buffer_bytes(self.trainer.layout, self.trainer.graph, self.capacity)
-
     def partition_buffer(self) -> PartitionBuffer:
-        """``capacity`` slots, and as many spare (``lookahead=1`` only sizes the spares; the trainer fills the
+        """``capacity`` slots, and as many spare: the next grant is filled while the last one's are written back
+        (``plan.trainer_buffer_bytes``; ``lookahead=1`` only sizes the spares; the trainer fills the
         next grant's partitions itself)."""
         if self.buffer is None:
-            t, s = self.trainer, self.trainer.config.storage
-            self.buffer = PartitionBuffer(t.store, self.capacity, t.table_device, swap_size=self.capacity,
-                                          lookahead=1, pin_memory=t.zero_copy_tables(),
-                                          direct_io=s.direct_io != "false", io_threads=s.io_threads)
+            self.buffer = self.inputs.partition_buffer(self.capacity, swap_size=self.capacity, lookahead=1)
         return self.buffer
 
     def close_buffer(self) -> None:
@@ -154,14 +148,20 @@ class GrantedSpans:
         return [p % self.group.world_size for p in range(self.num_partitions)]
 
     def _holders(self) -> list[int]:
-        return self.trainer.state.holders or self._round_robin()
+        return self._state_holders or self._round_robin()
+
+    def resumed(self, epoch: int, holders: list[int] | None) -> None:
+        self._committed_epoch, self._state_holders = epoch, holders
+
+    def holders(self) -> list[int] | None:
+        return self._state_holders
 
     # ---- an epoch ----
     def spans(self, epoch: int, first_state: int = 0, ordering: Ordering | None = None) -> Iterator[Span]:
         if first_state:
             raise MariusInputError("the last checkpoint stopped inside an epoch (one process with "
                                    "training.checkpoint_interval); trainers of a group resume at epoch ends",
-                                   path=self.trainer.run.path, expected="resume it with one process to the "
+                                   path=self.inputs.run_path, expected="resume it with one process to the "
                                                                         "epoch's end")
         self._begin_epoch(epoch)
         buffer = self.partition_buffer()
@@ -187,7 +187,7 @@ class GrantedSpans:
             with self._waiting("read"):  # the bucket's partitions and those kept: negatives from all
                 view = buffer.hold(sorted(held_since), self._fetches(grant))
             self.buckets_trained += len(grant.buckets)
-            span = buffer_span(self.trainer, view, self.trainer.dataset.edges.read_buckets(grant.buckets))
+            span = buffer_span(view, self.inputs.dataset.edges.read_buckets(grant.buckets), self.inputs.plan_device)
             ahead = self._asking_ahead.submit(self._ask_ahead, epoch, buffer, held_since)
             yield span, buffer.embeddings, buffer.state
         if held_since:  # (the finishing grant wrote everything back)
@@ -198,7 +198,7 @@ class GrantedSpans:
         """Holdings as the last commit (or a new run) left them; the leader starts the epoch's scheduler from
         them before any trainer asks."""
         if not self._logs_trimmed:
-            self._forget_epochs_after(self.trainer.state.epoch)
+            self._forget_epochs_after(self._committed_epoch)
         holders = self._holders()
         self.holdings.reset(p for p, rank in enumerate(holders) if rank == self.group.rank)
         if self.server is not None:
@@ -221,7 +221,7 @@ class GrantedSpans:
         with self._waiting("others"):  # (both wait for the slowest trainer)
             self.relations.finish_epoch()
             holdings = self.group.all_gather(self.holdings.snapshot())
-        self.trainer.state.holders = holders_of(holdings, self.num_partitions)
+        self._state_holders = holders_of(holdings, self.num_partitions)
 
     def _fetches(self, grant: Grant) -> dict[int, Fetch]:
         """The grant's partitions that another trainer hands over."""
@@ -257,7 +257,7 @@ class GrantedSpans:
 
     def _release(self, epoch: int, buffer: PartitionBuffer, partitions, held_since: dict) -> None:
         """Write ``partitions`` back behind training; the scheduler hears of them once they are written."""
-        self.trainer.synchronize()  # (the GPU's last updates of their rows are done before they are copied out)
+        self.inputs.synchronize()  # (the GPU's last updates of their rows are done before they are copied out)
         writes = buffer.release(partitions)
         self.write_backs.submit(epoch, {p: held_since.pop(p) for p in partitions}, writes)
 
@@ -279,7 +279,7 @@ class GrantedSpans:
         return {"buckets": self.buckets_trained, "partitions_per_trainer": self.capacity,
                 "waits": {f"{what}_seconds": seconds for what, seconds in self.waits.items()},
                 "idle_seconds": idle, "sent": {key: sent[key] - self._sent_before[key] for key in sent},
-                "holders": self.trainer.state.holders,
+                "holders": self._state_holders,
                 "relation_rounds": self.relations.rounds - self._rounds_before + 1}
 
     def combine(self, records: list[dict]) -> dict:
@@ -308,7 +308,7 @@ class GrantedSpans:
         holders = self._holders()
         moved = gather_to_leader(self.group, self.transfer, holders)
         self.holdings.reset(range(self.num_partitions) if self.group.is_leader else ())
-        self.trainer.state.holders = [LEADER] * self.num_partitions
+        self._state_holders = [LEADER] * self.num_partitions
         return {"partitions": sum(1 for rank in holders if rank != LEADER), "bytes": moved,
                 "seconds": time.perf_counter() - started}
 

@@ -27,10 +27,9 @@ from marius_py.checkpoint import CONFIG_FILE, RunDirectory
 from marius_py.config import Config, dump_config
 from marius_py.errors import MariusInputError
 from marius_py.layout import with_split_applied
-from marius_py.plan import plan_dataset
 from marius_py.run_setup import claim_run_dir
 from marius_py.storage import durable
-from marius_py.trainer import Trainer
+from marius_py.trainer import Trainer, prepare_run
 from marius_py.distributed.granted_spans import (DISTRIBUTED_DIR, GrantedSpans, check_group_config,
                                                  too_few_partitions)
 from marius_py.distributed.group import Group, join_group, launch_id, local_rank, node_rank, restart_count
@@ -105,18 +104,21 @@ def _start(api: RunSteps, config: Config, run_dir: Path, progress: bool, resume:
     if group.is_leader:
         setup.set("leader_claimed", "1")
     dataset = _open_dataset_on_this_machine(api, config, progress and group.is_leader, setup)
-    plan = plan_dataset(config, dataset, own, group.world_size)  # (P alike on every trainer: not by memory)
-    if group.is_leader and progress:
-        print(plan.describe())
+    # (P alike on every trainer: not by memory)
+    run = prepare_run(config, dataset, own, progress and group.is_leader, group.world_size, torchrun=True)
+    plan = run.plan
     if group.is_leader:
         warning = too_few_partitions(plan.num_partitions, group.world_size)
         if warning:
             print(f"marius-py: warning: {warning}", file=sys.stderr)
+    trainer = Trainer(run, own, progress=progress, group=group,
+                      spans=lambda inputs: GrantedSpans(inputs, group, plan.held_per_trainer,
+                                                        config.distributed.relation_sync_seconds))
+    # Written once the trainer accepted the run's state (a resume may have extended the epochs).
+    pinned = dump_config(with_split_applied(run.config, plan.layout))
+    durable.write_text_atomic(own / CONFIG_FILE, pinned)
     if local_rank() == 0 and not group.is_leader:  # (the same --resume RUN_DIR runs on every machine)
-        durable.write_text_atomic(run_dir / CONFIG_FILE, dump_config(with_split_applied(plan.applied(config),
-                                                                                        plan.layout)))
-    trainer = Trainer(config, dataset, own, progress=progress, group=group,
-                      spans=lambda t: GrantedSpans(t, group), plan=plan)
+        durable.write_text_atomic(run_dir / CONFIG_FILE, pinned)
     return trainer, dataset
 
 

@@ -1,0 +1,187 @@
+"""The run's commits: which version a run continues from, when the next is due, what one holds, and
+making one the live state again (``marius_py/checkpoint.py`` holds the files and their protocol).
+
+The trainer hands the checkpointer values (its run directory, its group, its fingerprint, the stored dtype,
+what decides an epoch's walk) and asks it four things: the version to continue from, whether a commit is
+due, to commit, and to restore a version or a position inside an epoch.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from marius_py.checkpoint import (LIVE_STORE, NODES, RunDirectory, RunFingerprint, TrainingState, check_holders,
+                                  load_position, load_version, write_version_state)
+from marius_py.errors import MariusInputError
+from marius_py.group import TrainerGroup
+from marius_py.random_streams import device_names
+from marius_py.storage.durable import fsync_tree
+from marius_py.storage.embedding_store import EmbeddingStore, link_tree
+
+
+@dataclass(frozen=True)
+class Walk:
+    """What decides which edges buffer state k of an epoch trains: a resume inside the epoch must match."""
+
+    seed: int
+    ordering: str
+    num_partitions: int
+    buffer_capacity: int
+    group_size: int
+    edge_assignment: str
+
+    def key(self, epoch: int, num_states: int) -> str:
+        return json.dumps({"epoch": epoch, "seed": self.seed, "ordering": self.ordering,
+                           "partitions": self.num_partitions, "buffer": self.buffer_capacity,
+                           "group_size": self.group_size, "edge_assignment": self.edge_assignment,
+                           "states": num_states}, sort_keys=True)
+
+
+def read_version(version: Path, fingerprint: RunFingerprint, stored_dtype: str, num_trainers: int,
+                 ) -> tuple[dict, TrainingState]:
+    """A committed version's model state and training state (its node tables stay in its store), refused
+    before anything is read when it was written for another model, dataset or storage dtype, or spread over
+    more trainers' directories than ``num_trainers``: what a resume and ``load_checkpoint`` share."""
+    _check_stored_dtype(version, stored_dtype)
+    _, _, model_state, state = load_version(version, fingerprint, with_nodes=False)
+    check_holders(state, num_trainers, version)
+    return model_state, state
+
+
+def _check_stored_dtype(version: Path, stored_dtype: str) -> None:
+    """Refuse, by name, a ``storage.dtype`` other than the run's (the fingerprint would refuse it unnamed)."""
+    try:
+        stored = EmbeddingStore(version / NODES, mode="r").dtype
+    except (OSError, ValueError, KeyError):
+        return  # a damaged version: load_version reports it
+    if stored != getattr(torch, stored_dtype):
+        name = str(stored).removeprefix("torch.")
+        raise MariusInputError(f"the run stores {name} embeddings; this config has storage.dtype={stored_dtype}",
+                               path=version, expected=f"storage.dtype={name} (a run keeps the dtype it started with)")
+
+
+class Checkpointer:
+    """Commits, restores and positions of one trainer's run directory (a group's trainers commit together)."""
+
+    def __init__(self, run: RunDirectory, group: TrainerGroup, fingerprint: RunFingerprint, stored_dtype: str,
+                 interval: float, walk: Walk):
+        """``interval``: ``training.checkpoint_interval`` seconds (0: every epoch); ``walk``: the epoch walk's
+        settings, which a version committed inside an epoch records."""
+        self.run, self.group, self.fingerprint = run, group, fingerprint
+        self.stored_dtype, self.interval, self.walk = stored_dtype, interval, walk
+        self.position: dict | None = None  # where inside an epoch the restored version was committed
+        self._last_commit = time.monotonic()
+
+    @property
+    def live_store_path(self) -> Path:
+        return self.run.path / LIVE_STORE
+
+    # ---- opening ----
+    def latest(self) -> Path | None:
+        """The version the run continues from (a group's: the one its leader's pointers name, which every
+        trainer restores), or None for a new run; the leader first repairs lost pointers and checks the log."""
+        latest = None
+        if self.group.is_leader:
+            repaired = self.run.repair_pointers()  # a lost or damaged pointer file, recovered from the versions
+            if repaired:
+                print(f"marius-py: {repaired}", file=sys.stderr)
+            self.run.metric_lines()  # a damaged log line is refused (file:line) before the live store is rebuilt
+            latest = self.run.latest_version().name if self.run.has_checkpoint() else None
+        latest = self.group.broadcast(latest)
+        if latest is not None:
+            return self.run.adopt_version(latest)
+        if not self.group.is_leader:  # (versions written for a commit the leader never made)
+            self.run.drop_versions()
+        return None
+
+    def start_new(self) -> TrainingState:
+        """A new run's (or one killed before its first commit): nothing committed, no position."""
+        self.run.checkpoints.mkdir(parents=True, exist_ok=True)
+        self.position = None
+        return self.fingerprint.stamp(TrainingState())
+
+    def restore(self, version: Path, dataset_directory: Path) -> tuple[dict, TrainingState]:
+        """Make ``version``'s store files the live store (hard links: no copy); its model state and training
+        state, and its position inside an epoch (``position``)."""
+        model_state, state = read_version(version, self.fingerprint, self.stored_dtype, self.group.world_size)
+        if state.dataset_identity is None and self.group.is_leader:
+            print(f"marius-py: note: {version.name} predates dataset identities, so only the dataset's counts were "
+                  f"compared; if {dataset_directory} was preprocessed again since (same counts, other ids), "
+                  "stop now: the next commit records its identity and replaces this version", file=sys.stderr)
+        self.position = load_position(version)
+        shutil.rmtree(self.live_store_path, ignore_errors=True)
+        link_tree(version / NODES, self.live_store_path)
+        return model_state, self.fingerprint.stamp(state)  # (a version from before identities: later ones record it)
+
+    # ---- when ----
+    def due(self, is_best: bool, last: bool) -> bool:
+        """Whether an epoch's end commits: every epoch, or per the interval (a new best and the last epoch
+        always commit: the best version is what testing loads)."""
+        now = time.monotonic()
+        if is_best or last or now - self._last_commit >= self.interval:
+            self._last_commit = now
+            return True
+        return False
+
+    def due_between_states(self) -> bool:
+        """Whether to commit between two buffer states: once the interval has passed (0: never)."""
+        return self.interval > 0 and time.monotonic() - self._last_commit >= self.interval
+
+    # ---- committing ----
+    def commit(self, model_state: dict, state: TrainingState, is_best: bool, held_partitions: list[int] | None,
+               position: dict | None = None) -> Path:
+        """Snapshot the (flushed) live store and ``model_state`` into a new committed version (``position``:
+        where inside an epoch, for versions committed between buffer states); the version.
+
+        A group commits together: every trainer writes its version (the partitions its store holds) under
+        the version's final name; once all have, the leader's pointer file names it, which is the group's
+        commit; then the others' pointers follow (a resume adopts a version a trainer wrote but had not
+        pointed to yet: ``RunDirectory.adopt_version``)."""
+        fsync_tree(self.live_store_path)
+        tmp = self.run.begin_version(state.epoch, state.states_done)
+        link_tree(self.live_store_path, tmp / NODES, partitions=held_partitions)
+        write_version_state(tmp, model_state, state, position)
+        version = self.run.prepare_version(tmp, state.epoch, state.states_done)
+        self.group.barrier()  # every trainer's version is on its disk
+        if self.group.is_leader:
+            self.run.point_to(version, is_best)
+        self.group.barrier()  # the group has committed
+        if not self.group.is_leader:
+            self.run.point_to(version, False, keeps_best=False)
+        if position is not None:
+            self._last_commit = time.monotonic()
+        return version
+
+    # ---- inside an epoch ----
+    def position_of(self, epoch: int, num_states: int, generators: list[torch.Generator]) -> dict:
+        """Where the running epoch is, for a version committed between its buffer states."""
+        return {"walk": self.walk.key(epoch, num_states), "devices": device_names(g.device for g in generators),
+                "generators": [g.get_state() for g in generators]}
+
+    def restore_position(self, epoch: int, num_states: int, generators: list[torch.Generator]) -> None:
+        """Set the epoch's generators to a mid-epoch version's, refusing a walk or devices that differ."""
+        position = self.position
+        where = self.run.checkpoints
+        if position is None:
+            raise MariusInputError("a mid-epoch checkpoint lacks its position (position.pt)", path=where,
+                                   expected="a version committed by `marius-py train`")
+        if position["walk"] != self.walk.key(epoch, num_states):
+            raise MariusInputError(f"the run was checkpointed inside epoch {epoch} with other storage settings "
+                                   f"({position['walk']})", path=where,
+                                   expected="--resume with the run's storage.* settings and seed")
+        if device_names(position["devices"]) != device_names(g.device for g in generators):
+            raise MariusInputError(f"the run was checkpointed inside epoch {epoch} with its random draws on "
+                                   f"{position['devices']}; this run draws them on "
+                                   f"{[str(g.device) for g in generators]}", path=where,
+                                   expected="--resume on the same devices (training.device/devices); a "
+                                            "mid-epoch version of a GPU run made before shuffles were drawn "
+                                            "on the GPU (cpu first) resumes with the marius-py that made it")
+        for generator, saved in zip(generators, position["generators"]):
+            generator.set_state(saved)
