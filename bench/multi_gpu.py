@@ -62,7 +62,7 @@ from throughput import STEP_SETTINGS, UtilisationSampler, measure_step, power_la
 from marius_py.config_loading import load_config  # noqa: E402
 from marius_py.pipeline import row_kernels  # noqa: E402
 from marius_py.random_streams import epoch_generator  # noqa: E402
-from marius_py.step.model import Model  # noqa: E402
+from marius_py.step.model import StepModel  # noqa: E402
 from marius_py.step.runners import build_multi_device_runner  # noqa: E402
 from marius_py.trainer import tf32_matmuls  # noqa: E402
 
@@ -111,9 +111,9 @@ def make_runner(settings: list[str], devices: list[torch.device], num_nodes: int
         f"training.device={devices[0].type}"
     config = load_config(None, [*settings, placed])
     torch.manual_seed(0)
-    replicas = [Model(config, num_nodes, num_relations, devices[0])]
+    replicas = [StepModel(config, num_nodes, num_relations, devices[0])]
     for device in devices[1:]:
-        replica = Model(config, num_nodes, num_relations, device)
+        replica = StepModel(config, num_nodes, num_relations, device)
         replica.load_state_dict(copy.deepcopy(replicas[0].state_dict()))
         replicas.append(replica)
     placement = config.pipeline.placement if config.pipeline.placement in ("split", "replicated") else "host"
@@ -122,7 +122,7 @@ def make_runner(settings: list[str], devices: list[torch.device], num_nodes: int
     return config, placement, replicas, build_multi_device_runner(replicas, placement, config, devices, row_bytes)
 
 
-def state_dim(replicas: list[Model]) -> int:
+def state_dim(replicas: list[StepModel]) -> int:
     """Columns of the node optimizer's state (row-wise Adagrad: 1)."""
     return replicas[0].node_optimizer.state_dim(replicas[0].config.model.dim)
 

@@ -44,7 +44,7 @@ import torch
 
 from marius_py.step.runners import build_span_runner
 from marius_py.config_loading import load_config
-from marius_py.step.model import Model
+from marius_py.step.model import StepModel
 from marius_py.random_streams import epoch_generator
 from marius_py.trainer import tf32_matmuls
 
@@ -119,7 +119,7 @@ def measure_step(dim: int, placement: str, score_dtype: str, args, step: str = "
                                 f"pipeline.placement={placement}", "training.device=cuda",
                                 f"training.score_dtype={score_dtype}", f"pipeline.load_threads={args.load_threads}",
                                 *extra])
-    model = Model(config, args.nodes, args.relations, device)
+    model = StepModel(config, args.nodes, args.relations, device)
     table_device = device if placement == "device" else torch.device("cpu")
     dtype = getattr(torch, table_dtype)  # storage.dtype
     nodes = (torch.randn(args.nodes, dim) * 1e-3).to(table_device, dtype)

@@ -41,7 +41,7 @@ from marius_py.process_settings import restored_process_settings
 from marius_py.devices import resolve_device, resolve_devices
 from marius_py.distributed import RunSteps, launched_by_torchrun, train_distributed
 from marius_py.plan import Machine
-from marius_py.step.model import Model
+from marius_py.step.model import StepModel
 from marius_py.trainer import Trainer, prepare_run
 from marius_py.storage.embedding_store import EmbeddingStore
 
@@ -132,7 +132,7 @@ class TrainedModel:
     partition from the checkpoint's store when the run was out of core.
     """
 
-    def __init__(self, config: Config, dataset: Dataset, model: Model, table: NodeTable):
+    def __init__(self, config: Config, dataset: Dataset, model: StepModel, table: NodeTable):
         self.config = config
         self.dataset = dataset
         self.model = model
@@ -464,7 +464,7 @@ def load_checkpoint(run_dir: str | Path, which: str = "best", device: str | None
     target = _checkpoint_device(config, device, source, Path(run_dir))
     version = (run.best_version() if which == "best" else None) or latest
     dataset = open_dataset(config, progress=False)
-    model = Model(config, dataset.num_nodes, dataset.num_relations, target)
+    model = StepModel(config, dataset.num_nodes, dataset.num_relations, target)
     out_of_core = config.storage.num_partitions > 1
     layout = run_layout(config, dataset.num_nodes, torchrun=launched_by_torchrun())
     model_state, _ = read_version(version, RunFingerprint.of(config, dataset.metadata, layout), layout.dtype, 1)

@@ -52,7 +52,7 @@ from marius_py.timeline import EpochPhases, StateTimeline, Startup
 from marius_py.evaluation import InMemoryNodes, NodeTable, StoredNodes, build_known_answers, evaluate_split
 from marius_py.random_streams import epoch_generators, flat
 from marius_py.resources import check_memory, check_partitioning
-from marius_py.step.model import Model
+from marius_py.step.model import StepModel
 from marius_py.step.runners import build_multi_device_runner, build_span_runner
 from marius_py.orderings import Ordering, balanced_buckets
 from marius_py.plan import GraphSize, Machine, Plan, plan_run
@@ -168,9 +168,9 @@ class Trainer:
         if config.training.num_threads:
             torch.set_num_threads(config.training.num_threads)
         torch.manual_seed(config.training.seed)  # relation initialisation
-        self.model = Model(config, dataset.num_nodes, dataset.num_relations, self.device)
+        self.model = StepModel(config, dataset.num_nodes, dataset.num_relations, self.device)
         # One relation replica per further device; restore() keeps them equal to the model.
-        self.replicas = [self.model] + [Model(config, dataset.num_nodes, dataset.num_relations, device)
+        self.replicas = [self.model] + [StepModel(config, dataset.num_nodes, dataset.num_relations, device)
                                         for device in self.devices[1:]]
         self._startup_mark("model")
         self.fingerprint = RunFingerprint.of(config, dataset.metadata, self.layout)

@@ -3,7 +3,7 @@
 A runner trains a span of edges into the node tables it is handed. One device
 takes ``SpanRunner``; several take ``MultiDeviceRunner`` (host or split tables),
 ``ReplicatedRunner`` (a replica of the tables per device) or, with a process per
-device, ``marius_py.step.replica_workers.ReplicaGroupRunner``
+device, ``marius_py.step.replica_workers.ReplicaProcessesRunner``
 (``marius_py.step.runners`` builds them). Each implements the whole of
 ``Runner``: a runner without a measure answers None for it, and one that holds
 nothing to release closes as a no-op, so the trainer never asks whether a

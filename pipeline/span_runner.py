@@ -27,7 +27,7 @@ from marius_py.pipeline.step import (BatchStep, FusedBatchStep, GraphedBatchStep
 class BatchInFlight:
     """A batch between stages; the host placement moves it with ``inputs_to``/``outputs_to_host``."""
 
-    plan: object                   # the step's plan (marius_py.step.model.BatchPlan; rows index the tables)
+    plan: object                   # the step's plan (marius_py.step.model.DrawnBatch; rows index the tables)
     table_rows: torch.Tensor       # plan.rows where the tables live (the update's index)
     embeddings: torch.Tensor       # the rows' embeddings and optimizer state
     state: torch.Tensor

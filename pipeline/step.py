@@ -22,7 +22,7 @@ class PipelineSettings(Protocol):
 
 
 class BatchStep(Protocol):
-    """One batch's maths on one device (``marius_py.step.model.Model``)."""
+    """One batch's maths on one device (``marius_py.step.model.StepModel``)."""
 
     def negative_draws(self, num_edges: int, candidates, generator: torch.Generator, out: list | None = None) -> list:
         """The random draws of a batch's negatives."""

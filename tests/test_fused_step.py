@@ -1,4 +1,4 @@
-"""The fused step of every decoder against the autograd step (Model.compute + SparseAdagrad.apply)."""
+"""The fused step of every decoder against the autograd step (StepModel.compute + SparseAdagrad.apply)."""
 
 from __future__ import annotations
 
@@ -13,18 +13,18 @@ from marius_py.step.edge_kernels import EdgeMaths, edge_backward_, edge_queries
 from marius_py.step.fused import FusedStep, supports_fused_step
 from marius_py.pipeline.row_kernels import gather_rows, scatter_add_rows_, sparse_adagrad_
 from marius_py.optim import SparseAdagrad
-from marius_py.step.model import Model
+from marius_py.step.model import StepModel
 
 NODES, RELATIONS, DIM = 60, 5, 12
 
 
-def make_model(decoder: str, variant: str, device: str, double: bool, extra=()) -> Model:
+def make_model(decoder: str, variant: str, device: str, double: bool, extra=()) -> StepModel:
     config = load_config(None, [f"model.decoder={decoder}", "model.loss=softmax_ce", f"model.dim={DIM}",
                                 "training.batch_size=23", "training.num_chunks=3", "training.num_negatives=7",
                                 "training.degree_fraction=0.4", f"training.adagrad_variant={variant}",
                                 "model.reg_weight=0", "model.init_scale=0.5", *extra])
     torch.manual_seed(3)
-    model = Model(config, NODES, RELATIONS, torch.device(device))
+    model = StepModel(config, NODES, RELATIONS, torch.device(device))
     if double:
         model.decoder.double()  # in place: the relation optimizer keeps its parameters
     return model

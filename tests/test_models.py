@@ -1,4 +1,4 @@
-"""Decoders, losses, regularisers and Model.compute_batch against hand computations.
+"""Decoders, losses, regularisers and StepModel.compute_batch against hand computations.
 
 Every expected value here is computed independently of marius_py: plain Python
 (``math``/``cmath``) on explicit numbers for the scores, and plain autograd on a
@@ -21,7 +21,7 @@ from marius_py.errors import MariusInputError
 from marius_py.models import (DECODERS, build_decoder, logistic, margin_ranking, regularization,
                               softmax_cross_entropy)
 from marius_py.negatives import sample_negatives
-from marius_py.step.model import Model
+from marius_py.step.model import StepModel
 
 NUM_RELATIONS = 2
 DIM = 4
@@ -391,7 +391,7 @@ def test_regularization_none_is_zero():
 
 
 # ---------------------------------------------------------------------------
-# Model.compute_batch against dense autograd + textbook Adagrad
+# StepModel.compute_batch against dense autograd + textbook Adagrad
 # ---------------------------------------------------------------------------
 
 EDGES = [[0, 0, 1], [1, 1, 2], [2, 0, 3], [3, 1, 5], [0, 1, 4]]
@@ -466,7 +466,7 @@ def _make_model(name, norm, loss="softmax_ce", num_negatives=-1, num_chunks=1, d
     previous = torch.get_default_dtype()
     torch.set_default_dtype(torch.float64)
     try:
-        model = Model(config, NUM_NODES, NUM_RELATIONS, torch.device("cpu"))
+        model = StepModel(config, NUM_NODES, NUM_RELATIONS, torch.device("cpu"))
     finally:
         torch.set_default_dtype(previous)
     assert model.decoder.relations.dtype == torch.float64
@@ -617,7 +617,7 @@ def test_relation_prediction_is_a_softmax_over_all_relation_rows():
     config = validate(Config())
     config.model.decoder, config.model.dim, config.training.relation_prediction = "complex", 6, 0.5
     torch.manual_seed(1)
-    model = Model(config, 10, 4, torch.device("cpu"))
+    model = StepModel(config, 10, 4, torch.device("cpu"))
     model.decoder.double()
     heads, tails = torch.randn(7, 6, dtype=torch.float64), torch.randn(7, 6, dtype=torch.float64)
     relation_ids = torch.tensor([0, 3, 1, 1, 2, 0, 3])

@@ -18,7 +18,7 @@ import marius_py as mp
 from marius_py.config import dedup_setting
 from marius_py.dataset import Dataset
 from marius_py.step.runners import build_multi_device_runner
-from marius_py.step.model import Model
+from marius_py.step.model import StepModel
 from marius_py.random_streams import epoch_generator
 from marius_py.trainer import Trainer
 from marius_py.pipeline.device_cache import RowCache, endpoint_degree, hot_rows
@@ -41,10 +41,10 @@ def setup(small_config, devices: list[str], *overrides: str):
     config = small_config("model.dropout=0", *overrides)
     dataset = Dataset(config.dataset.path)
     torch.manual_seed(0)
-    first = Model(config, dataset.num_nodes, dataset.num_relations, torch.device(devices[0]))
+    first = StepModel(config, dataset.num_nodes, dataset.num_relations, torch.device(devices[0]))
     replicas = [first]
     for name in devices[1:]:
-        replica = Model(config, dataset.num_nodes, dataset.num_relations, torch.device(name))
+        replica = StepModel(config, dataset.num_nodes, dataset.num_relations, torch.device(name))
         replica.load_state_dict(copy.deepcopy(first.state_dict()))
         replicas.append(replica)
     generator = torch.Generator().manual_seed(1)
@@ -603,14 +603,14 @@ def test_closing_a_group_whose_worker_died_does_not_raise():
     """Stopping the workers tolerates one that already died (its pipe is closed), and forgets them."""
     import multiprocessing
     import os
-    from marius_py.step.replica_workers import ReplicaGroupRunner
+    from marius_py.step.replica_workers import ReplicaProcessesRunner
     context = multiprocessing.get_context("spawn")
     ours, theirs = context.Pipe()
     worker = context.Process(target=os._exit, args=(1,))
     worker.start()
     worker.join()
     theirs.close()
-    runner = ReplicaGroupRunner.__new__(ReplicaGroupRunner)
+    runner = ReplicaProcessesRunner.__new__(ReplicaProcessesRunner)
     runner.pipes, runner.workers = [ours], [worker]
     runner.close()
     assert runner.workers == []
@@ -621,13 +621,13 @@ def test_a_worker_that_dies_before_joining_is_reported_not_waited_for():
     process with its exit code, instead of a rendezvous waiting out its timeout."""
     import multiprocessing
     import os
-    from marius_py.step.replica_workers import ReplicaGroupRunner, WorkerFailed
+    from marius_py.step.replica_workers import ReplicaProcessesRunner, WorkerFailed
     context = multiprocessing.get_context("spawn")
     ours, _ = context.Pipe()
     worker = context.Process(target=os._exit, args=(3,))
     worker.start()
     worker.join()
-    runner = ReplicaGroupRunner.__new__(ReplicaGroupRunner)
+    runner = ReplicaProcessesRunner.__new__(ReplicaProcessesRunner)
     runner.pipes, runner.workers = [ours], [worker]
     with pytest.raises(WorkerFailed, match="replica worker 1 exited with code 3 before joining"):
         runner._await_joining()

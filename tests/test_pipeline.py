@@ -16,7 +16,7 @@ from marius_py.step.runners import build_span_runner
 from marius_py.checkpoint import RunDirectory
 from marius_py.dataset import Dataset
 from marius_py.optim import SparseAdagrad
-from marius_py.step.model import Model
+from marius_py.step.model import StepModel
 from marius_py.random_streams import epoch_generator
 from marius_py.trainer import Trainer
 from marius_py.pipeline.placements import PLACEMENT_CPU
@@ -164,7 +164,7 @@ def tiny_setup(small_config, overrides=()):
     config = small_config("model.dim=8", "training.batch_size=64", "training.num_negatives=32",
                           "model.dropout=0.1", *overrides)
     dataset = Dataset(config.dataset.path)
-    model = Model(config, dataset.num_nodes, dataset.num_relations, torch.device("cpu"))
+    model = StepModel(config, dataset.num_nodes, dataset.num_relations, torch.device("cpu"))
     torch.manual_seed(0)
     nodes = torch.randn(dataset.num_nodes, 8) * 0.1
     state = torch.zeros(dataset.num_nodes, 8)
@@ -183,7 +183,7 @@ def run_pipeline(config, model, nodes, state, edges, bound):
 
 def test_bound_one_reproduces_the_synchronous_loop_exactly(small_config):
     config, model, nodes, state, edges = tiny_setup(small_config)
-    reference = Model(config, model.num_nodes, model.decoder.num_relations, torch.device("cpu"))
+    reference = StepModel(config, model.num_nodes, model.decoder.num_relations, torch.device("cpu"))
     reference.load_state_dict(copy.deepcopy(model.state_dict()))  # optimizer state is not copied otherwise
     ref_nodes, ref_state = nodes.clone(), state.clone()
     sampling, dropout = epoch_generator(0, 1), epoch_generator(0, 1, stream=1)
@@ -244,8 +244,8 @@ def test_an_error_in_compute_stops_training(small_config, tmp_path, monkeypatch)
             raise RuntimeError("compute exploded")
         return original(self, *args)
 
-    original = Model.compute
-    monkeypatch.setattr(Model, "compute", failing)
+    original = StepModel.compute
+    monkeypatch.setattr(StepModel, "compute", failing)
     trainer = Trainer.of(config, Dataset(config.dataset.path), tmp_path / "run", progress=False)
     with pytest.raises(RuntimeError, match="compute exploded"):
         trainer.train()
@@ -279,7 +279,7 @@ def test_cuda_placements_match_the_cpu_pipeline(small_config, placement, bound):
     applied equal the deltas computed (nothing lost or doubled).
     """
     config, model, nodes, state, edges = tiny_setup(small_config, ["model.dropout=0", "training.fused_step=false"])
-    cuda_model = Model(config, model.num_nodes, model.decoder.num_relations, torch.device("cuda"))
+    cuda_model = StepModel(config, model.num_nodes, model.decoder.num_relations, torch.device("cuda"))
     cuda_model.load_state_dict(copy.deepcopy(model.state_dict()))
     if placement == "host":
         tables = nodes.clone().pin_memory(), state.clone().pin_memory()
@@ -319,7 +319,7 @@ def test_fused_device_step_matches_the_cpu_pipeline(small_config, graphs):
     config, model, nodes, state, edges = tiny_setup(small_config, [
         "model.dropout=0", "model.decoder=distmult", "model.reg_weight=0", f"training.cuda_graphs={graphs}",
         "training.num_chunks=3", "training.degree_fraction=0.5"])  # chunks padded, degree picks
-    cuda_model = Model(config, model.num_nodes, model.decoder.num_relations, torch.device("cuda"))
+    cuda_model = StepModel(config, model.num_nodes, model.decoder.num_relations, torch.device("cuda"))
     cuda_model.load_state_dict(copy.deepcopy(model.state_dict()))
     runner = build_span_runner(cuda_model, "device", config, torch.device("cuda"))
     assert runner.fused_step is not None and (runner.graphed_step is not None) == graphs
@@ -328,12 +328,12 @@ def test_fused_device_step_matches_the_cpu_pipeline(small_config, graphs):
                loss, lambda n: None)
     if graphs:
         assert runner.graphed_step.batches_run == len(edges) // config.training.batch_size
-    cpu_model = Model(config, model.num_nodes, model.decoder.num_relations, torch.device("cpu"))
+    cpu_model = StepModel(config, model.num_nodes, model.decoder.num_relations, torch.device("cpu"))
     cpu_model.load_state_dict(copy.deepcopy(model.state_dict()))
     cuda_draws = epoch_generator(0, 1, "cuda")  # the CPU run replays the CUDA run's negatives
     cpu_model.negative_draws = lambda n, candidates, generator, out=None: [
         tuple(None if d is None else d.cpu() for d in direction)
-        for direction in Model.negative_draws(cpu_model, n, candidates, cuda_draws)]
+        for direction in StepModel.negative_draws(cpu_model, n, candidates, cuda_draws)]
     _, cpu_loss = run_pipeline(config, cpu_model, nodes, state, edges, bound=1)
     for got, expected in [(tables[0].cpu(), nodes), (tables[1].cpu(), state),
                           (cuda_model.decoder.relations.detach().cpu(), cpu_model.decoder.relations.detach())]:
@@ -358,7 +358,7 @@ def test_graphed_distance_step_trains_as_the_eager_one(small_config, decoder):
     for graphs in (False, False, True):
         config, model, nodes, state, edges = tiny_setup(small_config, [
             "model.dropout=0", *decoder, "model.reg_weight=0", f"training.cuda_graphs={graphs}"])
-        cuda_model = Model(config, model.num_nodes, model.decoder.num_relations, torch.device("cuda"))
+        cuda_model = StepModel(config, model.num_nodes, model.decoder.num_relations, torch.device("cuda"))
         cuda_model.load_state_dict(copy.deepcopy(model.state_dict()))
         runner = build_span_runner(cuda_model, "device", config, torch.device("cuda"))
         tables, loss = (nodes.cuda(), state.cuda()), torch.zeros((), device="cuda")
@@ -395,7 +395,7 @@ def test_zero_copy_host_step_matches_the_cpu_pipeline(small_config):
     start_state = state.clone()  # run_pipeline below trains nodes and state in place
     results = {}
     for bound in (1, 8):
-        cuda_model = Model(config, model.num_nodes, model.decoder.num_relations, torch.device("cuda"))
+        cuda_model = StepModel(config, model.num_nodes, model.decoder.num_relations, torch.device("cuda"))
         cuda_model.load_state_dict(copy.deepcopy(model.state_dict()))
         runner = build_span_runner(cuda_model, "host", config, torch.device("cuda"))
         runner.staleness_bound = bound

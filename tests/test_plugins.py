@@ -23,7 +23,7 @@ from marius_py.models import DECODERS, LOSSES, REGULARIZERS, build_decoder
 from marius_py.negatives import NEGATIVE_SAMPLERS
 from marius_py.plan import GraphSize, Machine, plan_run
 from marius_py.step.fused import supports_fused_step
-from marius_py.step.model import Model
+from marius_py.step.model import StepModel
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "custom_decoder.py"
 F64 = torch.float64
@@ -94,7 +94,7 @@ def trains_one_step(*overrides: str) -> None:
     """One batch on the CPU's autograd step: a finite loss, node deltas, and the relations moved."""
     config = config_of(*overrides)
     torch.manual_seed(0)
-    model = Model(config, 12, 3, torch.device("cpu"))
+    model = StepModel(config, 12, 3, torch.device("cpu"))
     before = [p.detach().clone() for p in model.relation_parameters()]
     generator = torch.Generator().manual_seed(1)
     edges = torch.stack([torch.randint(12, (8,), generator=generator), torch.randint(3, (8,), generator=generator),
@@ -204,7 +204,7 @@ def test_negative_sampler_contract(name):
 def test_a_sampler_fills_the_buffers_a_cuda_graph_reads(sampler):
     """Draws into the buffers of an earlier call (``out``, as graphed steps ask) equal fresh draws of the same
     seed: the built-in sampler fills them itself, another's draws are copied there."""
-    model = Model(config_of(f"training.negative_sampler={sampler}", "training.degree_fraction=0.5"), 12, 3,
+    model = StepModel(config_of(f"training.negative_sampler={sampler}", "training.degree_fraction=0.5"), 12, 3,
                   torch.device("cpu"))
     buffers = model.negative_draws(8, None, torch.Generator().manual_seed(0))
     held = [tuple(t.data_ptr() if t is not None else None for t in direction) for direction in buffers]

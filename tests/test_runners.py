@@ -21,7 +21,7 @@ from marius_py.pipeline.placements import PLACEMENT_CPU, PLACEMENT_DEVICE, PLACE
 from marius_py.pipeline.row_kernels import zero_copy_available
 from marius_py.pipeline.runner import Runner, TransferCounts
 from marius_py.random_streams import epoch_generators
-from marius_py.step.model import Model
+from marius_py.step.model import StepModel
 from marius_py.step.runners import build_multi_device_runner, build_span_runner
 
 needs_cuda = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -47,7 +47,7 @@ RUNNERS = [
     case("cpus-host-cache", "MultiDeviceRunner", "cpu,cpu", "host", "pipeline.dedup=true", "pipeline.cache_rows=8"),
     case("cpus-split", "MultiDeviceRunner", "cpu,cpu", "split", "pipeline.dedup=true"),
     case("cpus-replicated", "ReplicatedRunner", "cpu,cpu", "replicated"),
-    case("cpus-replicated-per-device", "ReplicaGroupRunner", "cpu,cpu", "replicated",
+    case("cpus-replicated-per-device", "ReplicaProcessesRunner", "cpu,cpu", "replicated",
          "pipeline.processes=per_device"),  # (~4 s: two processes start)
     case("gpu-twice-host", "MultiDeviceRunner", "cuda,cuda", "host", marks=needs_zero_copy),
     case("gpu-twice-split", "MultiDeviceRunner", "cuda,cuda", "split", "pipeline.dedup=true", marks=needs_zero_copy),
@@ -55,7 +55,7 @@ RUNNERS = [
 ]
 
 # Classes with a runner's name that the builders never hand to the trainer, and why.
-NOT_THE_TRAINERS = {"GroupStepper": "one process's step in a replica group: ReplicaGroupRunner (and each of its "
+NOT_THE_TRAINERS = {"GroupStepper": "one process's step in a replica group: ReplicaProcessesRunner (and each of its "
                                     "workers) drives it with dealt batches; the trainer never sees it"}
 
 
@@ -67,9 +67,9 @@ def build(small_config, devices: str, placement: str, overrides: list[str]):
                           *overrides)
     dataset = Dataset(config.dataset.path)
     torch.manual_seed(0)
-    replicas = [Model(config, dataset.num_nodes, dataset.num_relations, torch.device(names[0]))]
+    replicas = [StepModel(config, dataset.num_nodes, dataset.num_relations, torch.device(names[0]))]
     for name in names[1:]:
-        replica = Model(config, dataset.num_nodes, dataset.num_relations, torch.device(name))
+        replica = StepModel(config, dataset.num_nodes, dataset.num_relations, torch.device(name))
         replica.load_state_dict(copy.deepcopy(replicas[0].state_dict()))
         replicas.append(replica)
     devices_ = [r.device for r in replicas]

@@ -155,7 +155,7 @@ def edge_backward_(grad_rows: torch.Tensor, grad_relations: torch.Tensor | None,
 def relation_prediction_(grad_rows: torch.Tensor, grad_relations: torch.Tensor, nodes: torch.Tensor,
                          relations: torch.Tensor, edges: torch.Tensor, local: torch.Tensor, maths: EdgeMaths,
                          weight: float, features) -> torch.Tensor:
-    """The relation-prediction objective (``Model.relation_prediction_loss``) times ``weight``: returns it and
+    """The relation-prediction objective (``StepModel.relation_prediction_loss``) times ``weight``: returns it and
     adds its gradients into ``grad_rows`` (at ``local``) and ``grad_relations``.
 
     Logits [2B, 2R] = phi @ relations^T with phi = ``features(h, t)``

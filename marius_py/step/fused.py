@@ -18,7 +18,7 @@ already reads, so a batch needs a handful of kernels where autograd launches
    softmax over relation vectors and its gradients (torch operations).
 5. ``sparse_adagrad_``: Adagrad on the touched rows, in place in the tables.
 
-It computes what ``Model.compute`` + ``SparseAdagrad.apply`` compute (tests
+It computes what ``StepModel.compute`` + ``SparseAdagrad.apply`` compute (tests
 compare them), in place in GPU memory or pinned host tables; several devices
 use its gradients alone (``gradients``). The per-edge and row functions have
 Triton kernels for float32 CUDA tables (RotatE's per-edge part excepted: torch
@@ -49,7 +49,7 @@ def fused_step_refusal(config) -> str | None:
     """Why the fused step cannot compute this config's step, or None where it can: it has kernels for the
     decoders that declare an ``edge_operator`` (Dot, DistMult, ComplEx, TransE, RotatE), the loss and the
     regularisers that declare a ``fused_kernel`` (softmax_ce; none, n3, l2). Any other plug-in trains on the
-    autograd step (``model.Model``), on every placement."""
+    autograd step (``model.StepModel``), on every placement."""
     m = config.model
     decoder = DECODERS.get(m.decoder, "model.decoder")
     if decoder.edge_operator is None:
@@ -63,7 +63,7 @@ def fused_step_refusal(config) -> str | None:
 
 
 class FusedStep:
-    """One batch of a ``Model`` (see ``supports_fused_step``) applied in place to its tables."""
+    """One batch of a ``StepModel`` (see ``supports_fused_step``) applied in place to its tables."""
 
     def __init__(self, model):
         self.model = model
@@ -87,9 +87,9 @@ class FusedStep:
 
     def run(self, plan, nodes: torch.Tensor, state: torch.Tensor, loss_sum: torch.Tensor,
             generator: torch.Generator | None = None) -> None:
-        """Train one planned batch (``Model.plan_batch``): update ``nodes``, ``state`` and relations.
+        """Train one planned batch (``StepModel.plan_batch``): update ``nodes``, ``state`` and relations.
 
-        ``generator`` draws the dropout mask (as ``Model.compute`` does)."""
+        ``generator`` draws the dropout mask (as ``StepModel.compute`` does)."""
         self.apply(plan, nodes, state, loss_sum, generator=generator)
         self.count_relation_step()
 
@@ -113,7 +113,7 @@ class FusedStep:
         ``gathered``: the embeddings of ``plan.rows`` already on the device
         (tables in pinned host memory); the step then reads rows from it and
         writes the update into the tables through ``plan.rows``. ``unique_stream``:
-        the stream still computing the plan's rows (``Model.plan_batch``); the
+        the stream still computing the plan's rows (``StepModel.plan_batch``); the
         scores are computed meanwhile, as they need only the edges and negatives.
         """
         grad_rows, grad_relations, loss = self.gradients(plan, nodes if gathered is None else gathered,

@@ -1,8 +1,8 @@
 """One batch's maths for the autograd step: planning, loss, gradients, and the relation optimizer.
 
-A batch is planned (``Model.plan_batch``: negatives and the table rows it
-touches) and computed on gathered rows (``Model.compute``: loss, relation
-step, additive Adagrad deltas; or ``Model.gradients`` without updating
+A batch is planned (``StepModel.plan_batch``: negatives and the table rows it
+touches) and computed on gathered rows (``StepModel.compute``: loss, relation
+step, additive Adagrad deltas; or ``StepModel.gradients`` without updating
 anything, for several devices). The fused step (``fused.py``) computes the
 same for dot-product decoders with hand-written gradients; tests compare them.
 """
@@ -35,7 +35,7 @@ class BatchUpdate:
     loss: torch.Tensor
 
 
-class Model:
+class StepModel:
     """Decoder + losses + optimizers: everything but the node embeddings."""
 
     def __init__(self, config: Config, num_nodes: int, num_relations: int, device: torch.device):
@@ -102,14 +102,14 @@ class Model:
     def plan_batch(self, edges: torch.Tensor, generator: torch.Generator | None,
                    candidates: CandidateRows | None = None, defer_count: bool = False,
                    draws: list | None = None, unique_stream: torch.cuda.Stream | None = None,
-                   table_rows: int | None = None) -> BatchPlan:
+                   table_rows: int | None = None) -> DrawnBatch:
         """Negatives and the table rows of one batch of (h, r, t), on the generator's device.
 
         Node ids index the node table (global ids in memory, buffer-local rows
         out of core); uniform negatives come from ``candidates`` (default: every
         row of an in-memory table of ``num_nodes``). With ``defer_count`` (CUDA),
         ``rows`` is padded and ``unique_count`` says how many are real: see
-        ``BatchPlan.trimmed``. ``draws`` (``negative_draws``, on the edges'
+        ``DrawnBatch.trimmed``. ``draws`` (``negative_draws``, on the edges'
         device) replaces the generator. With ``unique_stream`` (and
         ``defer_count``), the touched rows are found on that CUDA stream: the
         caller makes its stream wait for it before using rows, local or count.
@@ -136,10 +136,10 @@ class Model:
                 rows, local, count = unique_rows_async(ids, below_2_31=table_rows is not None and table_rows < 2**31)
             else:
                 (rows, local), count = torch.unique(ids, return_inverse=True), None
-        return BatchPlan(edges, rows, local, tail_negatives, head_negatives, count,
+        return DrawnBatch(edges, rows, local, tail_negatives, head_negatives, count,
                          candidates_are_rows=not draws and candidates.is_identity)
 
-    def compute(self, plan: "BatchPlan", embeddings: torch.Tensor, state: torch.Tensor,
+    def compute(self, plan: "DrawnBatch", embeddings: torch.Tensor, state: torch.Tensor,
                 generator: torch.Generator) -> BatchUpdate:
         """Loss, relation step and node deltas of a planned batch on the compute device.
 
@@ -152,7 +152,7 @@ class Model:
         delta, squared = self.node_optimizer.compute(grad, state)
         return BatchUpdate(plan.rows, delta, squared, loss)
 
-    def gradients(self, plan: "BatchPlan", embeddings: torch.Tensor,
+    def gradients(self, plan: "DrawnBatch", embeddings: torch.Tensor,
                   generator: torch.Generator) -> tuple[torch.Tensor, list[torch.Tensor], torch.Tensor]:
         """(d loss / d embeddings, d loss / d each relation parameter, mean loss); nothing is updated."""
         embeddings = embeddings.detach().requires_grad_(True)
@@ -179,7 +179,7 @@ class Model:
             return []
         return [p for group in self.relation_optimizer.param_groups for p in group["params"]]
 
-    def batch_loss(self, plan: "BatchPlan", embeddings: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    def batch_loss(self, plan: "DrawnBatch", embeddings: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
         """Mean loss of a batch: both corruption directions scored by one batched matmul.
 
         Tail corruption scores op(h, r) against the tail negatives, head
@@ -260,7 +260,7 @@ def _per_query(block: torch.Tensor, batch: int) -> torch.Tensor:
 
 
 @dataclass
-class BatchPlan:
+class DrawnBatch:
     """What a batch needs besides embeddings: its edges, negatives and the rows they touch."""
 
     edges: torch.Tensor            # [B, 3] (h, r, t); node ids are table rows
@@ -277,15 +277,15 @@ class BatchPlan:
         fields = [getattr(self, f.name) for f in dataclasses.fields(self)]
         return [t for t in fields if isinstance(t, torch.Tensor)]
 
-    def trimmed(self, count: int) -> "BatchPlan":
+    def trimmed(self, count: int) -> "DrawnBatch":
         """The plan with its padding rows dropped, once ``unique_count`` has been read."""
         return dataclasses.replace(self, rows=self.rows[:count], unique_count=None)
 
-    def routed(self, rows: torch.Tensor, local: torch.Tensor) -> BatchPlan:
+    def routed(self, rows: torch.Tensor, local: torch.Tensor) -> DrawnBatch:
         """The plan with its rows reordered (``local`` follows them), e.g. grouped by owner device."""
         return dataclasses.replace(self, rows=rows, local=local, candidates_are_rows=False)
 
-    def in_row_positions(self) -> BatchPlan:
+    def in_row_positions(self) -> DrawnBatch:
         """The plan with node ids replaced by positions in ``rows`` (for rows gathered into their own tensor)."""
         batch, num_chunks = len(self.edges), self.tail_negatives.shape[0]
         local = self.local
@@ -293,12 +293,12 @@ class BatchPlan:
         negatives = local[2 * batch:].reshape(2, num_chunks, -1)
         return dataclasses.replace(self, edges=edges, tail_negatives=negatives[0], head_negatives=negatives[1])
 
-    def pinned(self) -> "BatchPlan":
+    def pinned(self) -> "DrawnBatch":
         return self._mapped(lambda t: t.pin_memory())
 
-    def to(self, device: torch.device, non_blocking: bool = False) -> "BatchPlan":
+    def to(self, device: torch.device, non_blocking: bool = False) -> "DrawnBatch":
         return self._mapped(lambda t: t.to(device, non_blocking=non_blocking))
 
-    def _mapped(self, move) -> "BatchPlan":
+    def _mapped(self, move) -> "DrawnBatch":
         return dataclasses.replace(self, **{f.name: move(getattr(self, f.name)) for f in dataclasses.fields(self)
                                             if isinstance(getattr(self, f.name), torch.Tensor)})

@@ -1,7 +1,7 @@
 """Replicated tables with a process per device: the trainer's process drives device 0, workers the others.
 
 The trainer keeps its one process and its runner interface
-(``ReplicaGroupRunner.run``): it starts a worker process for every further
+(``ReplicaProcessesRunner.run``): it starts a worker process for every further
 device, each holding a copy of the tables and of the model, and all of them
 form a torch.distributed group (NCCL on GPUs, gloo on CPU) whose collectives
 move the tables, each span's edges and every step's gradients
@@ -31,7 +31,7 @@ from marius_py.config import Config
 from marius_py.pipeline.replica_group import GroupStepper, dealt_batches
 from marius_py.pipeline.row_kernels import sparse_adagrad_
 from marius_py.step.fused import gradient_step
-from marius_py.step.model import Model
+from marius_py.step.model import StepModel
 
 GROUP_TIMEOUT = timedelta(minutes=5)  # a collective waits this long for a rank before failing
 TRACE = os.environ.get("MARIUS_TRACE_GROUP") == "1"  # each process prints where it is (diagnosing a stall)
@@ -42,7 +42,7 @@ def _trace(rank: int, what: str) -> None:
         print(f"[marius group {time.strftime('%H:%M:%S')} rank {rank}] {what}", file=sys.stderr, flush=True)
 
 
-def group_step(model: Model, config: Config, device: torch.device) -> GroupStepper:
+def group_step(model: StepModel, config: Config, device: torch.device) -> GroupStepper:
     """This process's stepper: the fused step's gradients where the model has them (as one process does)."""
     step = gradient_step(model)
     adagrad = model.node_optimizer
@@ -55,10 +55,10 @@ class WorkerFailed(RuntimeError):
     """A worker process of the group failed; the message carries its traceback."""
 
 
-class ReplicaGroupRunner:
+class ReplicaProcessesRunner:
     """The trainer's runner for replicated tables with a process per device (see the module docstring)."""
 
-    def __init__(self, model: Model, config: Config, devices: list[torch.device]):
+    def __init__(self, model: StepModel, config: Config, devices: list[torch.device]):
         self.devices, self.model = devices, model
         self.world = len(devices)
         backend = "nccl" if devices[0].type == "cuda" else "gloo"
@@ -201,7 +201,7 @@ class _GroupCounters:
     """The epoch record's transfer counts: the bytes the all-gathers moved, from the steps taken; per pair
     of processes, what each receives from each other (a collective may route them through others)."""
 
-    def __init__(self, runner: ReplicaGroupRunner):
+    def __init__(self, runner: ReplicaProcessesRunner):
         self.runner, self.base = runner, 0
 
     def reset(self) -> None:
@@ -237,7 +237,7 @@ def _worker(rank: int, world: int, backend: str, rendezvous: str, config: Config
         dist.init_process_group(backend, init_method=f"file://{rendezvous}", rank=rank, world_size=world,
                                 timeout=GROUP_TIMEOUT)
         torch.manual_seed(config.training.seed)
-        model = Model(config, num_nodes, num_relations, device)
+        model = StepModel(config, num_nodes, num_relations, device)
         stepper = group_step(model, config, device)
         nodes = state = None
         while True:

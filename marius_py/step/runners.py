@@ -3,7 +3,7 @@
 The pipeline (``pipeline/``) moves batches and rows; this module decides what a
 batch computes there: the fused step with hand-written gradients (every decoder with softmax CE)
 (``fused.py``), replayed as a CUDA graph (``graph.py``) where it can, or the
-autograd step of ``model.Model``.
+autograd step of ``model.StepModel``.
 """
 
 from __future__ import annotations
@@ -53,8 +53,8 @@ def build_multi_device_runner(replicas: list, placement: str, config: Config, de
     p = config.pipeline
     staleness = p.staleness_bound or DEFAULT_STALENESS
     if placement == PLACEMENT_REPLICATED and p.processes == "per_device":
-        from marius_py.step.replica_workers import ReplicaGroupRunner  # (starts processes: only when asked)
-        return ReplicaGroupRunner(replicas[0], config, devices)
+        from marius_py.step.replica_workers import ReplicaProcessesRunner  # (starts processes: only when asked)
+        return ReplicaProcessesRunner(replicas[0], config, devices)
     if placement == PLACEMENT_REPLICATED:
         return ReplicatedRunner(steps, update, devices, config.training.batch_size, staleness,
                                 graphs=config.training.cuda_graphs)
