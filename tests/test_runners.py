@@ -26,6 +26,7 @@ from marius_py.step.runners import build_multi_device_runner, build_span_runner
 
 needs_cuda = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 needs_zero_copy = [pytest.mark.gpu, pytest.mark.skipif(not zero_copy_available(), reason="needs CUDA and Triton")]
+two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs (each GPU is given once)")
 
 
 def case(case_id: str, runner_class: str, devices: str, placement: str, *overrides: str, marks=()):
@@ -49,9 +50,10 @@ RUNNERS = [
     case("cpus-replicated", "ReplicatedRunner", "cpu,cpu", "replicated"),
     case("cpus-replicated-per-device", "ReplicaProcessesRunner", "cpu,cpu", "replicated",
          "pipeline.processes=per_device"),  # (~4 s: two processes start)
-    case("gpu-twice-host", "MultiDeviceRunner", "cuda,cuda", "host", marks=needs_zero_copy),
-    case("gpu-twice-split", "MultiDeviceRunner", "cuda,cuda", "split", "pipeline.dedup=true", marks=needs_zero_copy),
-    case("gpu-twice-replicated", "ReplicatedRunner", "cuda,cuda", "replicated", marks=needs_cuda),
+    case("gpus-host", "MultiDeviceRunner", "cuda:0,cuda:1", "host", marks=[*needs_zero_copy, two_gpus]),
+    case("gpus-split", "MultiDeviceRunner", "cuda:0,cuda:1", "split", "pipeline.dedup=true",
+         marks=[*needs_zero_copy, two_gpus]),
+    case("gpus-replicated", "ReplicatedRunner", "cuda:0,cuda:1", "replicated", marks=[*needs_cuda, two_gpus]),
 ]
 
 # Classes with a runner's name that the builders never hand to the trainer, and why.
