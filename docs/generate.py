@@ -52,7 +52,8 @@ def results_page() -> str:
     """The benchmark suite's newest figures: the shipped configs' quality (bench/quality.py), one GPU end to
     end against the step (bench/e2e.py), several GPUs (bench/scaling.py), a disk epoch against its IO and
     compute bounds (bench/larger_than_memory.py), a commit against the disk (bench/commit_digest.py), what
-    knowing a dataset by its content costs (bench/dataset_identity.py) and the network several machines need
+    knowing a dataset by its content costs (bench/dataset_identity.py), research code's decoders against the
+    built-ins (bench/plugins.py) and the network several machines need
     (bench/distributed.py), each with the file it comes from."""
     lines = ["# Results", "",
              "Figures measured by the benchmark suite (`bench/README.md` lists it), read from the JSON the "
@@ -60,7 +61,8 @@ def results_page() -> str:
              "the command that remeasures it. The [design notes](design.md) say what they decided. (Generated "
              "by `docs/generate.py`.)", ""]
     for section in (_quality_table, _search_table, _e2e_table, _scaling_table, _disk_table, _plan_disk_table,
-                    _plan_accuracy_table, _plans_table, _commit_table, _identity_table, _network_table):
+                    _plan_accuracy_table, _plans_table, _commit_table, _identity_table, _plugins_table,
+                    _network_table):
         try:
             lines += section()
         except (KeyError, TypeError, ValueError, AttributeError, IndexError) as error:
@@ -434,6 +436,27 @@ def _identity_table() -> list[str]:
         [[f"{seconds['open without checks']:.3f} s", f"{seconds['open, raw directory']:.3f} s",
           f"{seconds['open, preprocessed']:.3f} s", f"{data['added_seconds']:.3f} s",
           f"{seconds['identity, once']:.3f} s", f"`{_relative(path)}`"]])
+
+
+def _plugins_table() -> list[str]:
+    """Every bench/plugins.py file (a CPU's and a GPU's): plug-in DistMult against the built-in, and SimplE."""
+    found = [(path, data) for path, data in _json_files() if isinstance(data, dict) and data.get("bench") == "plugins"]
+
+    def cell(row: dict) -> str:
+        return f"{row['edges_per_s']:,.0f} edges/s, MRR {row['test_mrr']:.4f}"
+    return _table(
+        "Research code's decoders: plug-ins against the built-ins",
+        "`python bench/plugins.py --dataset DIR [--device cuda] --epochs N`: DistMult written as a plug-in (a score "
+        "function of broadcast h, r, t, or an operator on the dot comparator) against the built-in at the same "
+        "settings and seed, and the built-in SimplE, each a `marius-py train` of its own. On a GPU a plug-in "
+        "trains on the autograd step, the built-in DistMult on the fused one.",
+        ["machine", "dataset", "epochs", "plug-in, score function", "plug-in, operator", "built-in DistMult",
+         "SimplE", "MRR gap", "file"],
+        [[data["machine"], Path(str(data["dataset"]).split(" ")[0]).name, data["epochs"],
+          cell(data["rows"]["plugin distmult"]),
+          cell(data["rows"]["plugin distmult, operator"]) if "plugin distmult, operator" in data["rows"] else "",
+          cell(data["rows"]["distmult"]), cell(data["rows"]["simple"]), f"{data['plugin_distmult_mrr_gap']:.4f}",
+          f"`{_relative(path)}`"] for path, data in found])
 
 
 def _network_table() -> list[str]:
