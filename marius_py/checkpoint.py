@@ -531,8 +531,8 @@ def check_holders(state: TrainingState, num_trainers: int, version: Path) -> Non
     if state.holders and max(state.holders) >= num_trainers:
         raise MariusInputError(f"the version's partitions are spread over the run directories of "
                                f"{max(state.holders) + 1} torchrun trainers", path=version,
-                               expected=f"--resume with torchrun and as many trainers, or a version that "
-                                        f"holds every partition (the best one, or the last of a finished run)")
+                               expected="--resume with torchrun and as many trainers, or a version that "
+                                        "holds every partition (the best one, or the last of a finished run)")
 
 
 def check_version(directory: Path) -> None:

@@ -4,6 +4,14 @@ making one the live state again (``marius_py/checkpoint.py`` holds the files and
 The trainer hands the checkpointer values (its run directory, its group, its fingerprint, the stored dtype,
 what decides an epoch's walk) and asks it four things: the version to continue from, whether a commit is
 due, to commit, and to restore a version or a position inside an epoch.
+
+Commits are written behind training where one process trains (``commit_behind``): at a commit point the
+trainer takes a snapshot of what the version holds (tables in memory: a copy of them; out of core: the
+live store's files hard-linked into the version, which later write-backs replace by rename, never
+rewrite), and a thread writes it, digests and fsyncs it and swaps the pointer while the next epoch trains.
+At most one commit is in flight: a commit point that comes while one is writing is folded into the next.
+The pointer swap comes last, so a kill at any instant leaves the last committed version intact. A failure
+of the thread is raised on the training thread at its next check (``finished``), never swallowed.
 """
 
 from __future__ import annotations
@@ -12,7 +20,9 @@ import json
 import shutil
 import sys
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -22,7 +32,7 @@ from marius_py.checkpoint import (LIVE_STORE, NODES, RunDirectory, RunFingerprin
 from marius_py.errors import MariusInputError
 from marius_py.group import TrainerGroup
 from marius_py.random_streams import device_names
-from marius_py.storage.durable import fsync_tree
+from marius_py.storage.durable import fsync_tree, reporting_full_disk
 from marius_py.storage.embedding_store import EmbeddingStore, link_tree
 
 
@@ -67,6 +77,32 @@ def _check_stored_dtype(version: Path, stored_dtype: str) -> None:
                                path=version, expected=f"storage.dtype={name} (a run keeps the dtype it started with)")
 
 
+@dataclass
+class Snapshot:
+    """What a version holds, taken at a commit point on the training thread: the model's and the training
+    state's copies, and the tables in memory (copies the thread writes into the live store first; None:
+    the live store is current, out of core)."""
+
+    model_state: dict
+    state: TrainingState
+    is_best: bool
+    held_partitions: list[int] | None
+    tables: tuple[torch.Tensor, torch.Tensor] | None = None
+    position: dict | None = None
+    taken: float = field(default_factory=time.perf_counter)
+
+
+@dataclass
+class Finished:
+    """A commit the thread completed: the version, the epoch it holds, its seconds off the training
+    thread, and the commit points folded into it."""
+
+    version: Path
+    epoch: int
+    seconds: float
+    folded: list[int]
+
+
 class Checkpointer:
     """Commits, restores and positions of one trainer's run directory (a group's trainers commit together)."""
 
@@ -78,6 +114,10 @@ class Checkpointer:
         self.stored_dtype, self.interval, self.walk = stored_dtype, interval, walk
         self.position: dict | None = None  # where inside an epoch the restored version was committed
         self._last_commit = time.monotonic()
+        self._writer: ThreadPoolExecutor | None = None  # (one thread, made at the first commit behind)
+        self._in_flight: Future | None = None
+        self._done: list[Finished] = []  # completed on the thread, not yet asked for (``finished``)
+        self._folded: list[int] = []  # commit points folded into the commit after the one in flight
 
     @property
     def live_store_path(self) -> Path:
@@ -134,6 +174,68 @@ class Checkpointer:
         """Whether to commit between two buffer states: once the interval has passed (0: never)."""
         return self.interval > 0 and time.monotonic() - self._last_commit >= self.interval
 
+    # ---- committing behind training ----
+    @property
+    def writing(self) -> bool:
+        """Whether a commit is in flight."""
+        return self._in_flight is not None and not self._in_flight.done()
+
+    def fold(self, epoch: int) -> None:
+        """Skip this commit point: the one in flight still writes (the next commit holds this epoch's work)."""
+        self._folded.append(epoch)
+
+    def commit_behind(self, take_snapshot: Callable[[], Snapshot], store: EmbeddingStore) -> None:
+        """Write the snapshot ``take_snapshot`` takes as the next version on the writer thread, once the commit
+        in flight, if any, is done (a snapshot may reuse its memory). ``store``: the live store the tables
+        of a snapshot in memory are written into; out of core, its files are linked into the version now,
+        on the training thread: the snapshot."""
+        self.wait()
+        snapshot = take_snapshot()
+        tmp = None
+        if snapshot.tables is None:
+            tmp = self.run.begin_version(snapshot.state.epoch, snapshot.state.states_done)
+            link_tree(self.live_store_path, tmp / NODES, partitions=snapshot.held_partitions)
+        folded, self._folded = self._folded, []
+        if self._writer is None:
+            self._writer = ThreadPoolExecutor(1, thread_name_prefix="commit")
+        self._in_flight = self._writer.submit(self._write_behind, snapshot, store, tmp, folded)
+
+    def _write_behind(self, snapshot: Snapshot, store: EmbeddingStore, tmp: Path | None,
+                      folded: list[int]) -> Finished:
+        """On the writer thread. A full disk is one ``DiskFullError`` naming the run directory and the bytes
+        the tables need (the hidden version it half-wrote is removed by the next commit or start)."""
+        needed = sum(table.nbytes for table in snapshot.tables) if snapshot.tables is not None else None
+        with reporting_full_disk(f"committing epoch {snapshot.state.epoch} behind training", self.run.path, needed):
+            if snapshot.tables is not None:
+                store.write_all(*snapshot.tables)
+            version = self._write_version(snapshot.model_state, snapshot.state, snapshot.is_best,
+                                          snapshot.held_partitions, snapshot.position, tmp)
+        return Finished(version, snapshot.state.epoch, time.perf_counter() - snapshot.taken, folded)
+
+    def finished(self) -> list[Finished]:
+        """The commits the writer thread completed since the last call (a failure of the thread raised here)."""
+        self._collect()
+        done, self._done = self._done, []
+        return done
+
+    def wait(self) -> None:
+        """Wait for the commit in flight (its failure raised here; ``finished`` then gives it)."""
+        if self._in_flight is not None:
+            self._in_flight.exception()  # (waits)
+        self._collect()
+
+    def _collect(self) -> None:
+        if self._in_flight is not None and self._in_flight.done():
+            future, self._in_flight = self._in_flight, None
+            self._done.append(future.result())
+
+    def close(self) -> None:
+        """Let the commit in flight finish (a version fully written commits; a failure is left to the error
+        already being raised) and stop the thread."""
+        if self._writer is not None:
+            self._writer.shutdown(wait=True)
+            self._writer = None
+
     # ---- committing ----
     def commit(self, model_state: dict, state: TrainingState, is_best: bool, held_partitions: list[int] | None,
                position: dict | None = None) -> Path:
@@ -144,9 +246,19 @@ class Checkpointer:
         the version's final name; once all have, the leader's pointer file names it, which is the group's
         commit; then the others' pointers follow (a resume adopts a version a trainer wrote but had not
         pointed to yet: ``RunDirectory.adopt_version``)."""
-        fsync_tree(self.live_store_path)
-        tmp = self.run.begin_version(state.epoch, state.states_done)
-        link_tree(self.live_store_path, tmp / NODES, partitions=held_partitions)
+        self.wait()
+        version = self._write_version(model_state, state, is_best, held_partitions, position)
+        if position is not None:
+            self._last_commit = time.monotonic()
+        return version
+
+    def _write_version(self, model_state: dict, state: TrainingState, is_best: bool,
+                       held_partitions: list[int] | None, position: dict | None, tmp: Path | None = None) -> Path:
+        """Snapshot the live store (unless ``tmp`` already links it) and the model into a committed version."""
+        if tmp is None:
+            fsync_tree(self.live_store_path)
+            tmp = self.run.begin_version(state.epoch, state.states_done)
+            link_tree(self.live_store_path, tmp / NODES, partitions=held_partitions)
         write_version_state(tmp, model_state, state, position)
         version = self.run.prepare_version(tmp, state.epoch, state.states_done)
         self.group.barrier()  # every trainer's version is on its disk
@@ -155,8 +267,6 @@ class Checkpointer:
         self.group.barrier()  # the group has committed
         if not self.group.is_leader:
             self.run.point_to(version, False, keeps_best=False)
-        if position is not None:
-            self._last_commit = time.monotonic()
         return version
 
     # ---- inside an epoch ----

@@ -125,6 +125,10 @@ class TrainingConfig:
         "seconds between checkpoint commits: an epoch commits when this long has passed, validation found a "
         "new best, or it is the last epoch; out of core a commit may also fall between two buffer states. 0: "
         "every epoch, never inside one")
+    commits_behind: str = _f("auto", "write each commit on a thread while the next epoch trains (auto: where one "
+                                     "process trains and host memory holds a snapshot of in-memory tables, as the "
+                                     "plan says; true or false). A commit point that comes while one is written "
+                                     "folds into the next; the last epoch's commit is waited for")
     score_dtype: str = _f("float32", "precision of the [batch x negatives] score block of dot-product decoders "
                                      "with softmax_ce: float32 or bfloat16 (half the memory traffic; reductions "
                                      "stay float32); TransE and RotatE blocks stay float32")

@@ -60,6 +60,7 @@ def validate(config: Config, origins: dict | None = None) -> Config:
                ("pipeline.placement", config.pipeline.placement, PLACEMENTS),
                ("pipeline.processes", config.pipeline.processes, PROCESS_MODELS),
                ("pipeline.dedup", config.pipeline.dedup, AUTO_OR_BOOL),
+               ("training.commits_behind", config.training.commits_behind, AUTO_OR_BOOL),
                ("training.score_dtype", t.score_dtype, ("float32", "bfloat16"))]
     _check_devices(t.devices, _check)
     _check(config.storage.dtype != "bfloat16" or len(device_list(t.devices)) <= 1, "storage.dtype",

@@ -153,6 +153,8 @@ class Plan:
     notes: tuple[str, ...] = field(default=())
     trainers: int = 1           # torchrun trainers sharing the store
     held_per_trainer: int = 0   # (several trainers: the partitions each holds at once)
+    commits_behind: bool = False  # commits written on a thread while training goes on (host_bytes holds a
+                                  # snapshot of in-memory tables)
 
     def applied(self, config: Config) -> Config:
         """``config`` with the plan's partitions and buffer (what config.yaml pins for a resume)."""
@@ -168,6 +170,7 @@ class Plan:
                 "ordering": self.layout.ordering, "dtype": self.layout.dtype, "table_bytes": self.table_bytes,
                 "buffer_bytes": self.buffer_bytes, "gpu_bytes": self.gpu_bytes, "host_bytes": self.host_bytes,
                 "disk_bytes": self.disk_bytes, "chosen": list(self.chosen), "trainers": self.trainers,
+                "commits_behind": self.commits_behind,
                 "machine": {"gpu_free": list(self.machine.gpu_free), "host_available": self.machine.host_available,
                             "disk_free": self.machine.disk_free}}
 
@@ -191,7 +194,9 @@ class Plan:
                   f"host at most {_size(self.host_bytes)}",
                   f"disk {_size(self.disk_bytes)}" + (f" of {_size(self.machine.disk_free)} free"
                                                       if self.machine.disk_free is not None else "")]
-        lines = [head, f"  tables {_size(self.table_bytes)}; memory: " + ", ".join(m for m in memory if m)]
+        commits = "written behind training" if self.commits_behind else "synchronous"
+        lines = [head, f"  tables {_size(self.table_bytes)}; memory: " + ", ".join(m for m in memory if m)
+                 + f"; commits {commits}"]
         if self.chosen:
             lines.append("  chosen by the plan: " + ", ".join(self.chosen) + " (set them to override)")
         lines += [f"  note: {note}" for note in self.notes]
@@ -335,9 +340,26 @@ def _memory_plan(config: Config, graph: GraphSize, machine: Machine, required: b
         return None
     on_gpu = placement in (PLACEMENT_DEVICE, PLACEMENT_REPLICATED, PLACEMENT_SPLIT)
     gpu = table // max(len(machine.gpu_free), 1) if placement == PLACEMENT_SPLIT else table if on_gpu else 0
+    # A commit behind training writes a copy of the tables: a GPU's into the host memory its resume reads
+    # through (counted above), host tables into as much again.
+    snapshot = 0 if on_gpu else table
+    behind, notes = _commits_behind(config, machine, host, snapshot)
+    host += snapshot if behind else 0
     return Plan(TIER_GPU if on_gpu else TIER_HOST, placement, 1, 0, layout, table, 0, gpu, host, table, machine,
                 _chosen(config, ("storage.num_partitions", "pipeline.placement"), machine),
-                _notes(config, graph, machine, table, host))
+                _notes(config, graph, machine, table, host) + notes, commits_behind=behind)
+
+
+def _commits_behind(config: Config, machine: Machine, host: int, snapshot: int) -> tuple[bool, tuple[str, ...]]:
+    """Whether commits are written behind training (``training.commits_behind``; auto: where host memory holds
+    the ``snapshot`` bytes beside ``host``), with the note that says why not where auto chose synchronous."""
+    setting = config.training.commits_behind
+    if setting != "auto":
+        return setting == "true", ()
+    if host + snapshot <= machine.host_room:
+        return True, ()
+    return False, (f"commits are synchronous: a snapshot of the tables behind training needs {_size(snapshot)} "
+                   "more host memory than there is",)
 
 
 def _memory_placement(config: Config, machine: Machine, table_bytes: float) -> str:
@@ -389,7 +411,8 @@ def _disk_plan(config: Config, graph: GraphSize, machine: Machine) -> Plan:
                 best.buffer_bytes, best.buffer_bytes if on_gpu else 0, best.host_bytes, table, machine,
                 _chosen(config, ("storage.num_partitions", "storage.buffer_capacity", "storage.dtype",
                                  "pipeline.placement"), machine),
-                _notes(config, graph, machine, table, best.host_bytes))
+                _notes(config, graph, machine, table, best.host_bytes),
+                commits_behind=config.training.commits_behind != "false")  # (its snapshot links files: no memory)
 
 
 def _partition_counts(config: Config, graph: GraphSize) -> list[list[int]]:

@@ -3,7 +3,9 @@
 - ``training.png``: loss and validation MRR per epoch;
 - ``throughput.png``: edges/s per epoch;
 - ``epoch_time.png``: where each epoch's time went (waiting for the buffer, preparing edges, training,
-  synchronising, validating, committing) and the start-up before the first batch;
+  synchronising, validating, committing on the critical path), each commit written behind training
+  (hatched, off the critical path, at the epoch it holds; a folded commit point marked) and the start-up
+  before the first batch;
 - ``timeline.png`` (out of core): one epoch buffer state by buffer state, as Marius' utilisation
   figure: time waiting for the buffer against time training, and the partition bytes read per state
   (``marius_py.timeline`` records them).
@@ -58,7 +60,9 @@ def plot_run(run_dir: str | Path, out_dir: str | Path | None = None, epoch: int 
     timed = [r for r in epochs if isinstance(r.get("time"), dict)]
     if timed:
         startups = [r for r in records if r.get("event") == "startup"]
-        drawn.append(_epoch_time(pyplot, timed, startups[-1] if startups else None, out / "epoch_time.png"))
+        commits = [r for r in records if r.get("event") == "commit"]
+        drawn.append(_epoch_time(pyplot, timed, commits, startups[-1] if startups else None,
+                                 out / "epoch_time.png"))
     if timeline is not None:
         drawn.append(_timeline(pyplot, timeline, out / "timeline.png"))
     return _write_pngs(out, drawn)
@@ -108,7 +112,8 @@ def _throughput(pyplot, epochs: list[dict], path: Path) -> tuple[Path, bytes]:
     return _save(pyplot, figure, path)
 
 
-def _epoch_time(pyplot, epochs: list[dict], startup: dict | None, path: Path) -> tuple[Path, bytes]:
+def _epoch_time(pyplot, epochs: list[dict], commits: list[dict], startup: dict | None,
+                path: Path) -> tuple[Path, bytes]:
     figure, axis = pyplot.subplots(figsize=(8, 4))
     numbers = [r["epoch"] for r in epochs]
     bottom = [0.0] * len(epochs)
@@ -116,6 +121,14 @@ def _epoch_time(pyplot, epochs: list[dict], startup: dict | None, path: Path) ->
         heights = [_seconds(r["time"].get(phase)) for r in epochs]
         axis.bar(numbers, heights, bottom=bottom, color=f"C{index}", label=phase)
         bottom = [b + h for b, h in zip(bottom, heights)]
+    behind = {r.get("epoch"): _seconds(r.get("seconds")) for r in commits}
+    if behind:  # (written while the next epoch trained)
+        axis.bar(numbers, [behind.get(n, 0.0) for n in numbers], bottom=bottom, fill=False, hatch="//",
+                 edgecolor="gray", label="commit behind training")
+    folded = [(n, b) for n, b, r in zip(numbers, bottom, epochs) if r.get("commit_folded")]
+    if folded:
+        axis.scatter([n for n, _ in folded], [b for _, b in folded], marker="x", color="black",
+                     label="commit point folded into the next")
     title = "where each epoch's time went"
     if startup is not None:
         title += f"; start-up to the first batch {_seconds(startup.get('seconds_to_first_batch')):.1f} s"

@@ -40,7 +40,7 @@ from tqdm import tqdm
 from marius_py.bundled import bucketed_for_run
 from marius_py.callbacks import CallbackList, RunView, as_callbacks, configured_callbacks
 from marius_py.checkpoint import MetricsLog, RunDirectory, RunFingerprint, TrainingState
-from marius_py.checkpointer import Checkpointer, Walk
+from marius_py.checkpointer import Checkpointer, Finished, Snapshot, Walk
 from marius_py.config import Config, dedup_setting
 from marius_py.layout import epoch_ordering
 from marius_py.dataset import Dataset
@@ -59,6 +59,7 @@ from marius_py.plan import GraphSize, Machine, Plan, plan_run
 from marius_py.pipeline.placements import PLACEMENT_DEVICE, PLACEMENT_REPLICATED, PLACEMENT_SPLIT, choose_plan_device
 from marius_py.pipeline.runner import Runner
 from marius_py.storage.buffer import PartitionBuffer
+from marius_py.storage.chunk_files import page_aligned_empty
 from marius_py.storage.embedding_store import EmbeddingStore, initial_tables
 
 
@@ -180,6 +181,9 @@ class Trainer:
                                         Walk(t.seed, self.layout.ordering, self.layout.num_partitions,
                                              self.layout.buffer_capacity, self.layout.group_size, s.edge_assignment))
         self.tables = LiveTables()
+        # Commits written on a thread (the plan's choice; a group's commits are collective, so synchronous).
+        self.commits_behind = self.plan.commits_behind and group.world_size == 1
+        self._snapshot_tables: tuple[torch.Tensor, torch.Tensor] | None = None  # (reused from commit to commit)
         self.spans: SpanSource | None = None  # (built once the runner says where tables live)
         self._build_runner()
         self._startup_mark("runner")
@@ -303,6 +307,8 @@ class Trainer:
 
     def restore(self, version: Path) -> None:
         """Make ``version`` the live state: store files, model parameters, position."""
+        self.checkpoints.wait()  # (a commit in flight writes the live store)
+        self._report_commits()
         model_state, self.state = self.checkpoints.restore(version, self.dataset.directory)
         self.spans.resumed(self.state.epoch, self.state.holders)
         self._open_live(model_state)
@@ -350,18 +356,53 @@ class Trainer:
 
     def _commit(self, is_best: bool, position: dict | None = None) -> None:
         """Commit a version of the (flushed) live store and the model (``position``: where inside an epoch)."""
+        self.checkpoints.wait()  # (one in flight is reported first)
+        self._report_commits()
         self.state.holders = self.spans.holders()
         version = self.checkpoints.commit(self.model.state_dict(), self.state, is_best,
                                           self.spans.held_partitions(), position)
         self.callbacks.checkpoint(version, self.state.epoch)
 
-    def save_checkpoint(self, is_best: bool = False) -> None:
+    def save_checkpoint(self, is_best: bool = False, behind: bool = False) -> None:
+        """Commit the state now; ``behind``: write it on the checkpointer's thread while training goes on."""
         if self.partitioned:
             self.synchronize()  # (the GPU's last updates of the resident partitions are done)
             self.spans.write_back()  # (the buffer's resident partitions, kept for the next epoch)
-        else:
+        if behind:
+            self.checkpoints.commit_behind(lambda: self._snapshot(is_best), self.tables.store)
+            return
+        if not self.partitioned:
+            self.checkpoints.wait()  # (a commit in flight writes the live store)
             self.tables.store.write_all(self.tables.nodes, self.tables.node_state)  # (streamed from where they live)
         self._commit(is_best)
+
+    def _snapshot(self, is_best: bool) -> Snapshot:
+        """What the version committed behind training holds, copied now (tables in memory included)."""
+        self.state.holders = self.spans.holders()
+        tables = None if self.partitioned else self._copy_tables()
+        return Snapshot(_cpu_copy(self.model.state_dict()), copy.deepcopy(self.state), is_best,
+                        self.spans.held_partitions(), tables)
+
+    def _copy_tables(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The in-memory tables copied into host memory kept for snapshots (pinned for a GPU's)."""
+        if self._snapshot_tables is None:
+            pin = self.table_device.type == "cuda"
+            self._snapshot_tables = tuple(page_aligned_empty(*table.shape, pin_memory=pin, dtype=table.dtype)
+                                          for table in (self.tables.nodes, self.tables.node_state))
+        for copied, table in zip(self._snapshot_tables, (self.tables.nodes, self.tables.node_state)):
+            copied.copy_(table)
+        return self._snapshot_tables
+
+    def _report_commits(self) -> None:
+        """Log the commits the checkpointer's thread completed, and tell the callbacks."""
+        for done in self.checkpoints.finished():
+            self._log_commit(done)
+            self.callbacks.checkpoint(done.version, done.epoch)
+
+    def _log_commit(self, done: Finished) -> None:
+        if self.group.is_leader:
+            self.log({"event": "commit", "epoch": done.epoch, "version": done.version.name,
+                      "seconds": done.seconds, "folded": done.folded})
 
     def node_table(self) -> NodeTable:
         """The current embeddings for evaluation: in memory, or streamed from the live store (made current)."""
@@ -405,6 +446,7 @@ class Trainer:
         for states_done, (span, nodes, node_state) in enumerate(self.spans.spans(epoch, first_state, ordering),
                                                                  first_state + 1):
             phases.add("wait")
+            self._report_commits()  # (a commit behind training that failed stops training here)
             if timeline:
                 timeline.ready()
             edges, span.edges = span.edges.to(shuffling.device), None  # only the shuffled copy stays
@@ -594,9 +636,14 @@ class Trainer:
             seconds["validate"] = time.perf_counter() - started
         is_best = self.state.best_epoch != previous_best
         started = time.perf_counter()
+        self._report_commits()
         committed = self.group.broadcast(self._commit_due(is_best))
-        if committed:
-            self.save_checkpoint(is_best=is_best)
+        behind = self.commits_behind and not self._ending()  # (the last commit is waited for)
+        if committed and behind and self.checkpoints.writing and not is_best:  # (a best version must exist)
+            self.checkpoints.fold(self.state.epoch)
+            record["commit_folded"], committed = True, False
+        elif committed:
+            self.save_checkpoint(is_best=is_best, behind=behind)
             seconds["commit"] = seconds.get("commit", 0.0) + time.perf_counter() - started  # (+ between states)
         if "io" in record:  # (resident partitions written for the evaluation and the commit)
             record["io"]["checkpoint_bytes_written"] += self._checkpoint_bytes() - written_before
@@ -623,9 +670,12 @@ class Trainer:
     def _commit_due(self, is_best: bool) -> bool:
         """Whether this epoch commits (``Checkpointer.due``; the last epoch, an early stop and a callback's
         stop always do)."""
-        last = (self.state.epoch >= self.config.training.epochs or self.state.stopped_early
+        return self.checkpoints.due(is_best, self._ending())
+
+    def _ending(self) -> bool:
+        """Whether training ends after this epoch: the last, an early stop, or a callback's stop."""
+        return (self.state.epoch >= self.config.training.epochs or self.state.stopped_early
                 or self.callbacks.stop is not None)
-        return self.checkpoints.due(is_best, last)
 
     def load_best(self) -> None:
         """Make the best-validation checkpoint the live state, if there is one."""
@@ -637,6 +687,7 @@ class Trainer:
         """Release the span source (its buffer, a group's threads) and the runner's processes (a replica
         group's workers). Dirty resident partitions are dropped, not written: the live store may then hold
         older rows than training had, which is safe because every resume rebuilds it from a committed version."""
+        self.checkpoints.close()  # (a commit in flight finishes: it writes the live store)
         if self.spans is not None:
             self.spans.close()
         self.runner.close()
@@ -646,3 +697,14 @@ class Trainer:
         if self.progress:
             tqdm.write(text)
 
+
+def _cpu_copy(value):
+    """``value`` (a state dict: nested dicts and lists of tensors and numbers) with every tensor copied to the
+    host."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, dict):
+        return {key: _cpu_copy(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_cpu_copy(item) for item in value)
+    return value

@@ -261,19 +261,20 @@ def test_versions_of_a_partitioned_run_stay_intact_while_the_live_store_is_overw
     from pathlib import Path
 
     from marius_py.preprocess import PreprocessOptions, preprocess
-    from marius_py.trainer import Trainer
+    from marius_py.checkpointer import Checkpointer
     raw = Path(__file__).parent / "data" / "umls"
     dataset = tmp_path / "umls-p4"
     preprocess(dataset, raw / "train.txt", raw / "valid.txt", raw / "test.txt",
                PreprocessOptions(num_partitions=4), progress=False)
-    original, checked = Trainer._commit, []
+    original, checked = Checkpointer._write_version, []
 
-    def commit_then_verify(self, *args, **kwargs):
-        original(self, *args, **kwargs)
+    def commit_then_verify(self, *args, **kwargs):  # (every commit, behind training or not)
+        version = original(self, *args, **kwargs)
         for version in self.run.committed_versions():
             assert verify_manifest(version) == [], version.name
             checked.append(version.name)
-    monkeypatch.setattr(Trainer, "_commit", commit_then_verify)
+        return version
+    monkeypatch.setattr(Checkpointer, "_write_version", commit_then_verify)
     config = small_config(f"dataset.path={dataset}", "storage.num_partitions=4", "storage.buffer_capacity=2",
                           "storage.ordering=beta", "training.epochs=4", "training.checkpoint_interval=1e-9")
     mp.train(config, tmp_path / "run", progress=False)

@@ -100,3 +100,24 @@ def test_tensorboard_without_the_package_says_how_to_get_it(tmp_path, monkeypatc
     with pytest.raises(MariusInputError, match="tensorboard"):
         mp.train(config, tmp_path / "run", progress=False)
     assert not (tmp_path / "run").exists()  # a user error before the first commit leaves nothing behind
+
+
+def test_epoch_time_draws_commits_behind_training_and_folded_points(tmp_path):
+    """A commit written behind training (its record) and a folded commit point change the epoch-time plot."""
+    pytest.importorskip("matplotlib")
+    from marius_py.plot import plot_run
+    epochs = [{"event": "epoch", "epoch": e, "loss": 1.0, "edges_per_s": 1e6, "seconds": 1.0,
+               "time": {"train": 1.0, "commit": 0.05}} for e in (1, 2, 3)]
+    commit = {"event": "commit", "epoch": 1, "version": "v000001", "seconds": 1.5, "folded": []}
+
+    def drawn(records, name):
+        run = tmp_path / name
+        run.mkdir()
+        (run / "config.yaml").write_text("{}\n")
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+        plot_run(run)
+        return (run / "plots" / "epoch_time.png").read_bytes()
+    plain = drawn(epochs, "plain")
+    with_commit = drawn([*epochs, commit], "commit")
+    folded = drawn([epochs[0], {**epochs[1], "commit_folded": True}, epochs[2], commit], "folded")
+    assert len({plain, with_commit, folded}) == 3

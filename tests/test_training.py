@@ -108,9 +108,10 @@ def test_checkpoint_interval_commits_new_bests_and_the_last_epoch(small_config, 
     """With a long interval only epochs with a new best validation and the last epoch commit; a run killed
     between commits resumes from the last one and ends with the uninterrupted model."""
     commits = []
-    original_commit = mp.trainer.Trainer._commit
-    monkeypatch.setattr(mp.trainer.Trainer, "_commit",
-                        lambda self, is_best: (commits.append(self.state.epoch), original_commit(self, is_best))[1])
+    original_write = mp.checkpointer.Checkpointer._write_version  # (every commit, behind training or not)
+    monkeypatch.setattr(mp.checkpointer.Checkpointer, "_write_version",
+                        lambda self, model_state, state, *args: (commits.append(state.epoch),
+                                                                 original_write(self, model_state, state, *args))[1])
     interval = ("training.checkpoint_interval=1e9", "evaluation.every=2")
     mp.train(small_config("training.epochs=5", *interval), tmp_path / "full", progress=False)
     validations = [r for r in RunDirectory(tmp_path / "full").read_metrics()
