@@ -29,7 +29,7 @@ from marius_py.checkpointer import read_version
 from marius_py.config import Config
 from marius_py.config_loading import load_config
 from marius_py.config_migration import run_config_migrations
-from marius_py.layout import run_layout, with_split_applied
+from marius_py.layout import run_layout
 from marius_py.memory_data import Dataset, is_edge_data, write_triples
 from marius_py.errors import PATH_TYPES, MariusInputError, check_type
 from marius_py.run_setup import claim_run_dir, not_a_run
@@ -42,7 +42,7 @@ from marius_py.devices import resolve_device, resolve_devices
 from marius_py.distributed import RunSteps, launched_by_torchrun, train_distributed
 from marius_py.plan import Machine
 from marius_py.step.model import StepModel
-from marius_py.trainer import Trainer, prepare_run
+from marius_py.trainer import Trainer, closing_on_failure, prepare_run
 from marius_py.storage.embedding_store import EmbeddingStore
 
 
@@ -347,7 +347,7 @@ def _plain_graph_relation(dataset: Dataset, relation: str, argument: str = "") -
 
 def open_dataset(config: Config, progress: bool) -> Dataset:
     """The run's dataset as given (a raw or bundled one preprocessed once, unpartitioned). Training re-buckets
-    it for a partitioned store (``Trainer``)."""
+    it for a partitioned store (``trainer.prepare_run``)."""
     return Dataset(resolve_dataset(config.dataset.path, 1, progress))  # (one copy, whatever the plan chooses)
 
 
@@ -363,23 +363,22 @@ def probe_machine(config: Config, run_dir: str | Path | None = None) -> Machine:
 
 def _start(config: Config, run_dir: Path, progress: bool, resume: bool,
            callbacks: Sequence = ()) -> tuple[Trainer, Dataset]:
-    """The trainer of a run (set up under ``run_setup.claim_run_dir``). A new run's directory and config come
-    first, so a run killed while the dataset is prepared or the store initialised can be resumed."""
+    """The trainer of a run (set up under ``run_setup.claim_run_dir``). config.yaml has one owner, this setup:
+    a new run's directory and config come first (a run killed while its dataset is prepared resumes), then its
+    planned config (``PreparedRun.pinned_config``; one killed while its store is made resumes as planned); a
+    resume writes the planned config once the trainer accepted the run's state (a refused resume leaves it)."""
     startup = Startup()
     startup.mark("imports_and_config")
     if not resume:
         RunDirectory(run_dir).create(config)
     dataset = open_dataset(config, progress)
     startup.mark("dataset")
-    run = prepare_run(config, dataset, run_dir, progress, startup=startup)
-    trainer = Trainer(run, run_dir, progress=progress, startup=startup, callbacks=callbacks)
-    # The plan's partitions and buffer, the split the dataset allowed and the dtype pinned, and the epochs a
-    # resume may have extended: written once, by this owner, once the trainer accepted the run's state.
-    try:
-        RunDirectory(run_dir).write_config(with_split_applied(run.config, run.plan.layout))
-    except BaseException:
-        trainer.close()
-        raise
+    prepared = prepare_run(config, dataset, run_dir, progress, startup=startup)
+    if not resume:
+        RunDirectory(run_dir).write_config(prepared.pinned_config())
+    trainer = Trainer(prepared, run_dir, progress=progress, startup=startup, callbacks=callbacks)
+    if resume:  # (it may have extended training.epochs: record what runs)
+        closing_on_failure(trainer, lambda: RunDirectory(run_dir).write_config(prepared.pinned_config()))
     startup.mark("trainer_other")  # (its model, bucketing, runner and tables are marked apart)
     return trainer, dataset
 
@@ -469,9 +468,13 @@ def load_checkpoint(run_dir: str | Path, which: str = "best", device: str | None
     layout = run_layout(config, dataset.num_nodes, torchrun=launched_by_torchrun())
     model_state, _ = read_version(version, RunFingerprint.of(config, dataset.metadata, layout), layout.dtype, 1)
     model.load_state_dict(model_state)
-    store = EmbeddingStore(version / NODES, mode="r")
-    table = StoredNodes(store, target) if out_of_core else InMemoryNodes(
-        store.embedding_rows(0, store.num_nodes).to(target))
+    try:
+        store = EmbeddingStore(version / NODES, mode="r")
+        table = StoredNodes(store, target) if out_of_core else InMemoryNodes(
+            store.embedding_rows(0, store.num_nodes).to(target))
+    except (OSError, ValueError, KeyError, TypeError, RuntimeError) as error:  # (as load_version words it)
+        raise MariusInputError(f"checkpoint version is missing or damaged ({type(error).__name__}: {error})",
+                               path=version, expected="a version committed by `marius-py train`") from None
     trained = TrainedModel(config, dataset, model, table)
     trained.run_dir, trained.version = Path(run_dir), version
     return trained

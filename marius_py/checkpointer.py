@@ -2,8 +2,8 @@
 making one the live state again (``marius_py/checkpoint.py`` holds the files and their protocol).
 
 The trainer hands the checkpointer values (its run directory, its group, its fingerprint, the stored dtype,
-what decides an epoch's walk) and asks it four things: the version to continue from, whether a commit is
-due, to commit, and to restore a version or a position inside an epoch.
+what decides an epoch's walk) and asks it: the version to continue from (or to start a new run), whether a
+commit is due, to commit (now or behind training), and to restore a version or a position inside an epoch.
 
 Commits are written behind training where one process trains (``commit_behind``): at a commit point the
 trainer takes a snapshot of what the version holds (tables in memory: a copy of them; out of core: the
@@ -124,7 +124,7 @@ class Checkpointer:
         return self.run.path / LIVE_STORE
 
     # ---- opening ----
-    def latest(self) -> Path | None:
+    def version_to_continue(self) -> Path | None:
         """The version the run continues from (a group's: the one its leader's pointers name, which every
         trainer restores), or None for a new run; the leader first repairs lost pointers and checks the log."""
         latest = None
@@ -145,6 +145,7 @@ class Checkpointer:
         """A new run's (or one killed before its first commit): nothing committed, no position."""
         self.run.checkpoints.mkdir(parents=True, exist_ok=True)
         self.position = None
+        self._last_commit = time.monotonic()  # (the interval counts from the start of training)
         return self.fingerprint.stamp(TrainingState())
 
     def restore(self, version: Path, dataset_directory: Path) -> tuple[dict, TrainingState]:
@@ -156,6 +157,7 @@ class Checkpointer:
                   f"compared; if {dataset_directory} was preprocessed again since (same counts, other ids), "
                   "stop now: the next commit records its identity and replaces this version", file=sys.stderr)
         self.position = load_position(version)
+        self._last_commit = time.monotonic()
         shutil.rmtree(self.live_store_path, ignore_errors=True)
         link_tree(version / NODES, self.live_store_path)
         return model_state, self.fingerprint.stamp(state)  # (a version from before identities: later ones record it)

@@ -22,7 +22,7 @@ the layout, the devices), never the trainer.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator, Protocol
 
@@ -63,7 +63,8 @@ class LiveTables:
 
 @dataclass(frozen=True)
 class SpanInputs:
-    """What a span source is handed by the trainer (values, not the trainer)."""
+    """What a span source is handed by the trainer, instead of the trainer: its values, the live tables
+    (which a restore replaces in place) and the one action it needs of the devices (``synchronize``)."""
 
     dataset: Dataset               # its edges (re-bucketed for the run's partitions when partitioned)
     tables: LiveTables
@@ -75,8 +76,8 @@ class SpanInputs:
     pin_tables: bool               # the runner trains host tables in place: a buffer's slots are pinned
     run_path: Path
     fingerprint: RunFingerprint
-    relation_parameters: list = field(default_factory=list)
-    synchronize: Callable[[], None] = lambda: None  # wait for the devices' queued work
+    relation_parameters: list          # (a torchrun trainer exchanges them)
+    synchronize: Callable[[], None]    # waits for the devices' queued work (before rows are copied out)
 
     def partition_buffer(self, capacity: int, swap_size: int, lookahead: int) -> PartitionBuffer:
         """A partition buffer over the live store, as the storage settings ask."""
@@ -93,8 +94,9 @@ class SpanSource(Protocol):
     def partition_buffer(self) -> PartitionBuffer:
         """Its buffer, allocated on first use (the plan sized it: ``Plan.buffer_bytes``)."""
 
-    def spans(self, epoch: int, first_state: int = 0, ordering: Ordering | None = None) -> Iterator[Span]:
-        """An epoch's spans, from ``first_state`` on (``ordering``: the epoch's, which a buffer walks)."""
+    def spans(self, epoch: int, first_state: int, ordering: Ordering | None) -> Iterator[Span]:
+        """An epoch's spans, from ``first_state`` on (``ordering``: the epoch's, which a buffer walks; None in
+        memory)."""
 
     def epoch_record(self) -> dict:
         """What the source adds to this process's epoch record."""
@@ -215,7 +217,8 @@ class BufferWalk(OneProcessSpans):
         return self.buffer
 
     def spans(self, epoch: int, first_state: int = 0, ordering: Ordering | None = None) -> Iterator[Span]:
-        assert ordering is not None, "a buffer walks the epoch's ordering"
+        if ordering is None:
+            raise ValueError("a buffer walks the epoch's ordering: pass it")
         i = self.inputs
         states = [ordering.resident(k) for k in range(ordering.num_states)]
         if first_state >= len(states):  # resumed after the epoch's last state: its work is in the store

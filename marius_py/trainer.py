@@ -42,7 +42,7 @@ from marius_py.callbacks import CallbackList, RunView, as_callbacks, configured_
 from marius_py.checkpoint import MetricsLog, RunDirectory, RunFingerprint, TrainingState
 from marius_py.checkpointer import Checkpointer, Finished, Snapshot, Walk
 from marius_py.config import Config, dedup_setting
-from marius_py.layout import epoch_ordering
+from marius_py.layout import epoch_ordering, with_split_applied
 from marius_py.dataset import Dataset
 from marius_py.devices import resolve_devices
 from marius_py.errors import MariusInputError
@@ -113,6 +113,11 @@ class PreparedRun:
     devices: list[torch.device]
     graph: GraphSize
 
+    def pinned_config(self) -> Config:
+        """What the run directory's config.yaml records: the config with the plan's partitions and buffer, the
+        split the dataset allowed and the dtype pinned (a resume plans nothing anew)."""
+        return with_split_applied(self.config, self.plan.layout)
+
 
 def prepare_run(config: Config, dataset: Dataset, run_dir: str | Path | None = None, progress: bool = False,
                 world_size: int = 1, torchrun: bool = False, startup: Startup | None = None) -> PreparedRun:
@@ -135,6 +140,15 @@ def prepare_run(config: Config, dataset: Dataset, run_dir: str | Path | None = N
     return PreparedRun(plan, plan.applied(config), dataset, devices, graph)
 
 
+def closing_on_failure(trainer: Trainer, step: Callable[[], None]) -> None:
+    """Run ``step`` (a setup step after the trainer is built); when it fails, release the trainer first."""
+    try:
+        step()
+    except BaseException:
+        trainer.close()
+        raise
+
+
 class Trainer:
     """Trains one run directory; ``train()`` runs the remaining epochs.
 
@@ -148,19 +162,21 @@ class Trainer:
     store from a committed version).
     """
 
-    def __init__(self, run: PreparedRun, run_dir: str | Path, progress: bool = True,
+    def __init__(self, prepared: PreparedRun, run_dir: str | Path, progress: bool = True,
                  startup: Startup | None = None, group: TrainerGroup = ONE_PROCESS,
                  spans: SpanSourceFactory | None = None, callbacks: Sequence = ()):
-        """``run``: the planned run (``prepare_run``; ``Trainer.of`` plans it); ``group``: the trainers of the
-        run (this process alone by default); ``spans``: builds the span source from its inputs (by default the
-        tables in memory, or the buffer's walk when the store is partitioned); ``callbacks``
-        (``marius_py.callbacks``) run after those the config names."""
+        """``prepared``: the planned run (``prepare_run``; ``Trainer.of`` plans it); ``group``: the trainers of
+        the run (this process alone by default); ``spans``: builds the span source from its inputs (by default
+        the tables in memory, or the buffer's walk when the store is partitioned); ``callbacks``
+        (``marius_py.callbacks``) run after those the config names. The trainer writes no config.yaml: the
+        run's setup does (``api.train``), so a directory trained by ``Trainer.of`` alone is no run that
+        ``--resume`` or ``load_checkpoint`` open."""
         self.group = group
         self.startup = startup  # logged at the first batch this process trains
-        self.plan, self.config, self.dataset = run.plan, run.config, run.dataset
-        self.devices, self.graph = run.devices, run.graph
+        self.plan, self.config, self.dataset = prepared.plan, prepared.config, prepared.dataset
+        self.devices, self.graph = prepared.devices, prepared.graph
         self.run = RunDirectory(run_dir)  # (a trainer of a group: its own; the leader's is the run's)
-        self.callbacks = CallbackList(self._callbacks(run.config, callbacks), self._view)
+        self.callbacks = CallbackList(self._callbacks(prepared.config, callbacks), self._view)
         self.progress = progress and group.is_leader
         config, dataset = self.config, self.dataset
         self.layout = self.plan.layout  # (the physical store, resolved once)
@@ -177,7 +193,7 @@ class Trainer:
         self.fingerprint = RunFingerprint.of(config, dataset.metadata, self.layout)
         self.state = self.fingerprint.stamp(TrainingState())
         t, s = config.training, config.storage
-        self.checkpoints = Checkpointer(self.run, group, self.fingerprint, self.layout.dtype, t.checkpoint_interval,
+        self.checkpointer = Checkpointer(self.run, group, self.fingerprint, self.layout.dtype, t.checkpoint_interval,
                                         Walk(t.seed, self.layout.ordering, self.layout.num_partitions,
                                              self.layout.buffer_capacity, self.layout.group_size, s.edge_assignment))
         self.tables = LiveTables()
@@ -231,7 +247,7 @@ class Trainer:
 
     def _open_run(self) -> None:
         """The run's state: restored from the version it continues from, or a new run's."""
-        version = self.checkpoints.latest()
+        version = self.checkpointer.version_to_continue()
         if version is not None:
             self.restore(version)
         else:
@@ -278,7 +294,7 @@ class Trainer:
     def _create_store(self) -> None:
         """The live store: initial embeddings written partition by partition, zero optimizer state. Tables held
         in memory are initialised there (``_open_live``); their store is written by the first commit."""
-        c, path = self.config, self.checkpoints.live_store_path
+        c, path = self.config, self.checkpointer.live_store_path
         shutil.rmtree(path, ignore_errors=True)
         EmbeddingStore.create(path, self.dataset.num_nodes, c.model.dim, self.state_dim(),
                               self.layout.num_partitions, init=self._init_rows() if self.partitioned else None,
@@ -300,16 +316,16 @@ class Trainer:
         """A new run (or one killed before its first commit): the seeded initial state, recreated identically
         by a resume, so it is not committed as a version: the first epoch's rewrites then need no second
         copy of the store on disk."""
-        self.state = self.checkpoints.start_new()
+        self.state = self.checkpointer.start_new()
         self.spans.resumed(0, None)
         self._create_store()
         self._open_live(self.model.state_dict(), new=True)
 
     def restore(self, version: Path) -> None:
         """Make ``version`` the live state: store files, model parameters, position."""
-        self.checkpoints.wait()  # (a commit in flight writes the live store)
+        self.checkpointer.wait()  # (a commit in flight writes the live store)
         self._report_commits()
-        model_state, self.state = self.checkpoints.restore(version, self.dataset.directory)
+        model_state, self.state = self.checkpointer.restore(version, self.dataset.directory)
         self.spans.resumed(self.state.epoch, self.state.holders)
         self._open_live(model_state)
 
@@ -319,7 +335,7 @@ class Trainer:
         for replica in self.replicas:  # each its own copy: same-device tensors would alias the optimizer state
             replica.load_state_dict(model_state if replica is self.model else copy.deepcopy(model_state))
         self.spans.close_buffer()  # a buffer over the old files must not write them back
-        store = self.tables.store = EmbeddingStore(self.checkpoints.live_store_path)
+        store = self.tables.store = EmbeddingStore(self.checkpointer.live_store_path)
         if not self.partitioned:
             # Host tables are pinned only for the fused step, whose GPU kernels read and write them in place;
             # otherwise they stay pageable and each batch's rows are gathered into pinned staging memory.
@@ -356,10 +372,10 @@ class Trainer:
 
     def _commit(self, is_best: bool, position: dict | None = None) -> None:
         """Commit a version of the (flushed) live store and the model (``position``: where inside an epoch)."""
-        self.checkpoints.wait()  # (one in flight is reported first)
+        self.checkpointer.wait()  # (one in flight is reported first)
         self._report_commits()
         self.state.holders = self.spans.holders()
-        version = self.checkpoints.commit(self.model.state_dict(), self.state, is_best,
+        version = self.checkpointer.commit(self.model.state_dict(), self.state, is_best,
                                           self.spans.held_partitions(), position)
         self.callbacks.checkpoint(version, self.state.epoch)
 
@@ -369,10 +385,10 @@ class Trainer:
             self.synchronize()  # (the GPU's last updates of the resident partitions are done)
             self.spans.write_back()  # (the buffer's resident partitions, kept for the next epoch)
         if behind:
-            self.checkpoints.commit_behind(lambda: self._snapshot(is_best), self.tables.store)
+            self.checkpointer.commit_behind(lambda: self._snapshot(is_best), self.tables.store)
             return
         if not self.partitioned:
-            self.checkpoints.wait()  # (a commit in flight writes the live store)
+            self.checkpointer.wait()  # (a commit in flight writes the live store)
             self.tables.store.write_all(self.tables.nodes, self.tables.node_state)  # (streamed from where they live)
         self._commit(is_best)
 
@@ -395,7 +411,7 @@ class Trainer:
 
     def _report_commits(self) -> None:
         """Log the commits the checkpointer's thread completed, and tell the callbacks."""
-        for done in self.checkpoints.finished():
+        for done in self.checkpointer.finished():
             self._log_commit(done)
             self.callbacks.checkpoint(done.version, done.epoch)
 
@@ -428,7 +444,7 @@ class Trainer:
         ordering = self.ordering(epoch) if self.partitioned else None  # built once: spans and commits use it
         num_states = ordering.num_states if ordering else 1
         if first_state:
-            self.checkpoints.restore_position(epoch, num_states, generators)
+            self.checkpointer.restore_position(epoch, num_states, generators)
         num_edges = self.dataset.metadata.num_train
         total_loss = torch.full((), self.state.partial_loss_sum, device=self.device)
         self.runner.max_in_flight = 0  # per epoch
@@ -520,7 +536,7 @@ class Trainer:
     def _state_commit_due(self) -> bool:
         """Whether to commit between two buffer states: out of core, once ``training.checkpoint_interval``
         seconds have passed."""
-        return self.spans.commits_between_states and self.checkpoints.due_between_states()
+        return self.spans.commits_between_states and self.checkpointer.due_between_states()
 
     def _commit_between_states(self, epoch: int, num_states: int, states_done: int, total_loss: torch.Tensor,
                                generators: list[torch.Generator]) -> None:
@@ -529,14 +545,14 @@ class Trainer:
         self.synchronize()
         self.partition_buffer().write_resident()
         self.state.states_done, self.state.partial_loss_sum = states_done, float(total_loss)
-        self._commit(is_best=False, position=self.checkpoints.position_of(epoch, num_states, generators))
+        self._commit(is_best=False, position=self.checkpointer.position_of(epoch, num_states, generators))
 
     def _check_position(self) -> None:
         """A mid-epoch version resumes only with the walk and devices it was committed with (checked before
         anything of the run is rewritten)."""
         if self.state.states_done:
             epoch = self.state.epoch + 1
-            self.checkpoints.restore_position(epoch, self.ordering(epoch).num_states,
+            self.checkpointer.restore_position(epoch, self.ordering(epoch).num_states,
                                               flat(self._epoch_generators(epoch)))
 
     def _epoch_generators(self, epoch: int) -> tuple:
@@ -639,8 +655,8 @@ class Trainer:
         self._report_commits()
         committed = self.group.broadcast(self._commit_due(is_best))
         behind = self.commits_behind and not self._ending()  # (the last commit is waited for)
-        if committed and behind and self.checkpoints.writing and not is_best:  # (a best version must exist)
-            self.checkpoints.fold(self.state.epoch)
+        if committed and behind and self.checkpointer.writing and not is_best:  # (a best version must exist)
+            self.checkpointer.fold(self.state.epoch)
             record["commit_folded"], committed = True, False
         elif committed:
             self.save_checkpoint(is_best=is_best, behind=behind)
@@ -670,7 +686,7 @@ class Trainer:
     def _commit_due(self, is_best: bool) -> bool:
         """Whether this epoch commits (``Checkpointer.due``; the last epoch, an early stop and a callback's
         stop always do)."""
-        return self.checkpoints.due(is_best, self._ending())
+        return self.checkpointer.due(is_best, self._ending())
 
     def _ending(self) -> bool:
         """Whether training ends after this epoch: the last, an early stop, or a callback's stop."""
@@ -687,7 +703,7 @@ class Trainer:
         """Release the span source (its buffer, a group's threads) and the runner's processes (a replica
         group's workers). Dirty resident partitions are dropped, not written: the live store may then hold
         older rows than training had, which is safe because every resume rebuilds it from a committed version."""
-        self.checkpoints.close()  # (a commit in flight finishes: it writes the live store)
+        self.checkpointer.close()  # (a commit in flight finishes: it writes the live store)
         if self.spans is not None:
             self.spans.close()
         self.runner.close()

@@ -110,7 +110,7 @@ def test_a_full_disk_on_the_writer_thread_stops_training_with_the_last_version_i
     original_epoch = mp.trainer.Trainer.train_epoch
 
     def epoch_after_the_last_commit(self, epoch):
-        self.checkpoints.wait()  # (so that epoch 2's commit point is not folded into a later one)
+        self.checkpointer.wait()  # (so that epoch 2's commit point is not folded into a later one)
         return original_epoch(self, epoch)
     monkeypatch.setattr(mp.trainer.Trainer, "train_epoch", epoch_after_the_last_commit)
     with pytest.raises(DiskFullError, match=rf"committing epoch 2 behind training needs .* {tmp_path / 'run'}"):

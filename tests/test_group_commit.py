@@ -128,7 +128,7 @@ def test_a_commit_cut_before_the_leaders_pointer_leaves_the_last_version_and_res
     trainer = Trainer.of(config, Dataset(config.dataset.path), tmp_path / "run", progress=False)
     try:
         trainer.train()
-        trainer.checkpoints.group = GroupKilledAtItsBarrier()  # (the group the commit runs in)
+        trainer.checkpointer.group = GroupKilledAtItsBarrier()  # (the group the commit runs in)
         trainer.state.epoch = 2
         with pytest.raises(KilledAt):
             trainer.save_checkpoint()

@@ -88,11 +88,13 @@ class GrantedSpans:
 
     commits_between_states = False  # the group commits at epoch ends only
 
-    def __init__(self, inputs: SpanInputs, group: Group, held: int, relation_sync_seconds: float):
+    def __init__(self, inputs: SpanInputs, group: Group, held: int, relation_sync_seconds: float,
+                 dataset_directory: Path):
         """``held``: the partitions a trainer holds at once (``Plan.held_per_trainer``); ``relation_sync_seconds``:
-        how often the relations are exchanged (``distributed.relation_sync_seconds``)."""
+        how often the relations are exchanged (``distributed.relation_sync_seconds``); ``dataset_directory``:
+        the dataset as the user gave it (errors name it, not a copy bucketed for the run)."""
         self.inputs, self.group = inputs, group
-        refuse_other_datasets(group.all_gather(inputs.fingerprint), inputs.dataset.directory)
+        refuse_other_datasets(group.all_gather(inputs.fingerprint), dataset_directory)
         self.num_partitions = inputs.layout.num_partitions
         self.capacity = held
         self.buffer: PartitionBuffer | None = None
@@ -154,7 +156,7 @@ class GrantedSpans:
         self._committed_epoch, self._state_holders = epoch, holders
 
     def holders(self) -> list[int] | None:
-        return self._state_holders
+        return self._holders()  # (before the first epoch ends: round robin, as a new run starts them)
 
     # ---- an epoch ----
     def spans(self, epoch: int, first_state: int = 0, ordering: Ordering | None = None) -> Iterator[Span]:

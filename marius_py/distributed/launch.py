@@ -24,11 +24,9 @@ from pathlib import Path
 import torch
 
 from marius_py.checkpoint import CONFIG_FILE, RunDirectory
-from marius_py.config import Config, dump_config
+from marius_py.config import Config
 from marius_py.errors import MariusInputError
-from marius_py.layout import with_split_applied
 from marius_py.run_setup import claim_run_dir
-from marius_py.storage import durable
 from marius_py.trainer import Trainer, prepare_run
 from marius_py.distributed.granted_spans import (DISTRIBUTED_DIR, GrantedSpans, check_group_config,
                                                  too_few_partitions)
@@ -67,10 +65,12 @@ def train_distributed(config: Config, run_dir, progress: bool, resume: bool, api
     group = join_group(config.distributed.timeout_seconds, cuda)
     try:
         resume = group.broadcast(resume or _restarted_launch_of(run_dir))  # (the leader's run decides)
-        with _set_up(api, config, run_dir, progress, resume, group) as (trainer, dataset):
+        with _set_up(api, config, run_dir, progress, resume, group) as (trainer, dataset, pinned):
             try:
                 _write_pid(trainer.run.path)
                 group.barrier()  # every trainer is set up: the first epoch's buckets are shared from its start
+                if resume:  # (every trainer accepted the run's state; it may have extended training.epochs)
+                    _save_config(pinned, run_dir, group)
                 trainer.train()
                 group.barrier()
                 return api.finish_training(trainer, trainer.config, dataset, run_dir) if group.is_leader else None
@@ -82,7 +82,7 @@ def train_distributed(config: Config, run_dir, progress: bool, resume: bool, api
 
 @contextmanager
 def _set_up(api: RunSteps, config: Config, run_dir: Path, progress: bool, resume: bool, group: Group):
-    """(trainer, dataset) of this trainer, for the with-block that trains. Each trainer claims its own run
+    """(trainer, dataset, its planned config) of this trainer, for the with-block that trains. Each trainer claims its own run
     directory (``run_setup.claim_run_dir``: locked, made or checked, and what a new run wrote removed when its
     setup fails), the leader first (a new run clears what an earlier one left in RUN_DIR/distributed)."""
     setup = group.store_connection()
@@ -105,21 +105,27 @@ def _start(api: RunSteps, config: Config, run_dir: Path, progress: bool, resume:
         setup.set("leader_claimed", "1")
     dataset = _open_dataset_on_this_machine(api, config, progress and group.is_leader, setup)
     # (P alike on every trainer: not by memory)
-    run = prepare_run(config, dataset, own, progress and group.is_leader, group.world_size, torchrun=True)
-    plan = run.plan
+    prepared = prepare_run(config, dataset, own, progress and group.is_leader, group.world_size, torchrun=True)
+    plan, pinned = prepared.plan, prepared.pinned_config()
     if group.is_leader:
         warning = too_few_partitions(plan.num_partitions, group.world_size)
         if warning:
             print(f"marius-py: warning: {warning}", file=sys.stderr)
-    trainer = Trainer(run, own, progress=progress, group=group,
+    if not resume:  # (a resume writes it once every trainer accepted the run's state: train_distributed)
+        _save_config(pinned, run_dir, group)
+    trainer = Trainer(prepared, own, progress=progress, group=group,
                       spans=lambda inputs: GrantedSpans(inputs, group, plan.held_per_trainer,
-                                                        config.distributed.relation_sync_seconds))
-    # Written once the trainer accepted the run's state (a resume may have extended the epochs).
-    pinned = dump_config(with_split_applied(run.config, plan.layout))
-    durable.write_text_atomic(own / CONFIG_FILE, pinned)
-    if local_rank() == 0 and not group.is_leader:  # (the same --resume RUN_DIR runs on every machine)
-        durable.write_text_atomic(run_dir / CONFIG_FILE, pinned)
-    return trainer, dataset
+                                                        config.distributed.relation_sync_seconds,
+                                                        dataset.directory))
+    return trainer, dataset, pinned
+
+
+def _save_config(pinned: Config, run_dir: Path, group: Group) -> None:
+    """This trainer's config.yaml, and the machine's RUN_DIR's where a trainer other than the leader is the
+    machine's first (the same --resume RUN_DIR runs on every machine)."""
+    RunDirectory(trainer_run_dir(run_dir, group.rank)).write_config(pinned)
+    if local_rank() == 0 and not group.is_leader:
+        RunDirectory(run_dir).write_config(pinned)
 
 
 def _open_dataset_on_this_machine(api: RunSteps, config: Config, progress: bool, setup):
