@@ -1,13 +1,16 @@
-"""SparseAdagrad against torch.optim.Adagrad and against the row-wise hand formula."""
+"""SparseAdagrad against torch.optim.Adagrad and against the row-wise hand formula; the relation optimizers
+against torch.optim's."""
 
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 
 import pytest
 import torch
 
-from marius_py.optim import SparseAdagrad, build_relation_optimizer
+from marius_py.optim import RelationAdagrad, RelationAdam, SparseAdagrad, build_relation_optimizer
 
 NUM_ROWS = 10
 DIM = 4
@@ -118,10 +121,55 @@ def test_apply_is_additive_for_repeated_rows():
 def test_build_relation_optimizer():
     param = torch.nn.Parameter(torch.zeros(3))
     adagrad = build_relation_optimizer("adagrad", [param], 0.25)
-    assert isinstance(adagrad, torch.optim.Adagrad)
-    assert adagrad.param_groups[0]["lr"] == 0.25
+    assert isinstance(adagrad, RelationAdagrad) and adagrad.param_groups[0]["lr"] == 0.25
     adam = build_relation_optimizer("adam", [param], 0.01)
-    assert isinstance(adam, torch.optim.Adam)
-    assert adam.param_groups[0]["lr"] == 0.01
+    assert isinstance(adam, RelationAdam) and adam.param_groups[0]["lr"] == 0.01
     with pytest.raises(ValueError, match="unknown relation optimizer"):
         build_relation_optimizer("sgd", [param], 0.1)
+
+
+@pytest.mark.parametrize("kind, reference", [("adagrad", torch.optim.Adagrad), ("adam", torch.optim.Adam)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_relation_optimizers_step_as_torch_optim_does_and_share_its_checkpoints(kind, reference, dtype):
+    """Bit for bit torch.optim's single-tensor steps (what it runs on a CPU) over several steps and two
+    parameters, and each one's state dict loads in the other and continues alike."""
+    generator = torch.Generator().manual_seed(0)
+    start = [torch.randn(5, 4, generator=generator, dtype=dtype), torch.randn(3, dtype=dtype, generator=generator)]
+    grads = [[torch.randn(p.shape, generator=generator, dtype=dtype) for p in start] for _ in range(6)]
+
+    def trained(make, steps, loaded=None):
+        params = [torch.nn.Parameter(p.clone()) for p in start]
+        optimizer = make(params)
+        if loaded is not None:
+            for param, value in zip(params, loaded[0]):
+                param.data.copy_(value)
+            optimizer.load_state_dict(loaded[1])
+        for step_grads in steps:
+            for param, grad in zip(params, step_grads):
+                param.grad = grad.clone()
+            optimizer.step()
+        return [p.detach().clone() for p in params], optimizer.state_dict()
+
+    ours = lambda params: build_relation_optimizer(kind, params, 0.05)  # noqa: E731
+    theirs = lambda params: reference(params, lr=0.05, foreach=False)  # noqa: E731
+    for got, expected in zip(trained(ours, grads)[0], trained(theirs, grads)[0]):
+        assert torch.equal(got, expected)
+    # A checkpoint of either, resumed by the other, continues as the uninterrupted reference.
+    expected = trained(theirs, grads)[0]
+    for first, second in ((ours, theirs), (theirs, ours)):
+        halfway = trained(first, grads[:3])
+        for got, want in zip(trained(second, grads[3:], loaded=halfway)[0], expected):
+            assert torch.equal(got, want)
+
+
+def test_building_a_model_imports_no_torch_dynamo():
+    """torch.optim's optimizers import torch._dynamo when built (seconds of start-up); the relation
+    optimizers do not."""
+    code = ("import sys, torch; from marius_py.step.model import StepModel; "
+            "from marius_py.config_loading import load_config; "
+            "StepModel(load_config(None, ['model.dim=8']), 10, 3, torch.device('cpu')); "
+            "StepModel(load_config(None, ['model.dim=8', 'training.relation_optimizer=adam']), 10, 3, "
+            "torch.device('cpu')); "
+            "print('torch._dynamo' in sys.modules)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "False"

@@ -36,6 +36,7 @@ from marius_py.step.edge_kernels import EdgeMaths, edge_backward_, edge_queries,
 from marius_py.step.fused_loss import (SCORE_DTYPES, candidate_padding, pad_candidate_ids, score_form,
                                       softmax_ce_gradients, to_16_bytes)
 from marius_py.negatives import by_chunk, chunk_row_weights
+from marius_py.optim import RelationAdagrad
 from marius_py.pipeline.row_kernels import gather_rows, scatter_add_rows_, sparse_adagrad_
 from marius_py.pipeline.step import rounding_seed
 
@@ -82,7 +83,7 @@ class FusedStep:
         group = optimizer.param_groups[0] if optimizer is not None else {}
         # Plain Adagrad on the relations is stepped here with tensor ops only (no host reads: capturable).
         self.own_relation_step = self.relations is None or (
-            type(optimizer) is torch.optim.Adagrad and group["lr_decay"] == 0 and group["weight_decay"] == 0
+            type(optimizer) is RelationAdagrad and group["lr_decay"] == 0 and group["weight_decay"] == 0
             and not group["maximize"] and group["initial_accumulator_value"] == 0)
 
     def run(self, plan, nodes: torch.Tensor, state: torch.Tensor, loss_sum: torch.Tensor,
@@ -247,7 +248,7 @@ class FusedStep:
             self.relations.grad = None
             return
         group, accumulated = optimizer.param_groups[0], optimizer.state[self.relations]["sum"]
-        accumulated.addcmul_(grad, grad)  # torch.optim.Adagrad's arithmetic
+        accumulated.addcmul_(grad, grad)  # RelationAdagrad's arithmetic
         self.relations.data.addcdiv_(grad, accumulated.sqrt().add_(group["eps"]), value=-group["lr"])
 
 
