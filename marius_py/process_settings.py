@@ -17,6 +17,17 @@ from dataclasses import dataclass
 import torch
 
 
+def set_deterministic_algorithms(enabled: bool, warn_only: bool) -> None:
+    """``torch.use_deterministic_algorithms`` without what it imports first: ``torch._inductor.config``, whose
+    import pulls in ``torch._dynamo`` (two seconds and more of a run's start-up), to set a flag of
+    ``torch.compile``, which the engine never uses. Where a torch lacks the flag's setter, its own call."""
+    setter = getattr(torch._C, "_set_deterministic_algorithms", None)
+    if setter is None:
+        torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
+    else:
+        setter(enabled, warn_only=warn_only)
+
+
 @contextmanager
 def restored_process_settings() -> Iterator[None]:
     """The settings as they were on entry, restored however the block ends."""
@@ -54,7 +65,9 @@ class ProcessSettings:
             torch.set_num_threads(self.num_threads)
         if torch.get_float32_matmul_precision() != self.matmul_precision:
             torch.set_float32_matmul_precision(self.matmul_precision)
-        torch.use_deterministic_algorithms(self.deterministic[0], warn_only=self.deterministic[1])
+        if (torch.are_deterministic_algorithms_enabled(),
+                torch.is_deterministic_algorithms_warn_only_enabled()) != self.deterministic:
+            set_deterministic_algorithms(*self.deterministic)
         reseeded = torch.initial_seed() != self.initial_seed  # (before the CPU state, which holds the seed)
         torch.set_rng_state(self.cpu_rng)
         self._restore_cuda(reseeded)

@@ -50,6 +50,7 @@ from marius_py.group import ONE_PROCESS, TrainerGroup
 from marius_py.spans import BufferWalk, LiveTables, SpanInputs, SpanSource, SpanSourceFactory, WholeTables
 from marius_py.timeline import EpochPhases, StateTimeline, Startup
 from marius_py.evaluation import InMemoryNodes, NodeTable, StoredNodes, build_known_answers, evaluate_split
+from marius_py.process_settings import set_deterministic_algorithms
 from marius_py.random_streams import epoch_generators, flat
 from marius_py.resources import check_memory, check_partitioning
 from marius_py.step.model import StepModel
@@ -605,11 +606,11 @@ class Trainer:
         previous = (torch.are_deterministic_algorithms_enabled(),
                     torch.is_deterministic_algorithms_warn_only_enabled())
         if self.device.type == "cpu":
-            torch.use_deterministic_algorithms(True, warn_only=True)
+            set_deterministic_algorithms(True, warn_only=True)
         try:
             return self._train()
         finally:
-            torch.use_deterministic_algorithms(previous[0], warn_only=previous[1])
+            set_deterministic_algorithms(previous[0], warn_only=previous[1])
 
     def _train(self) -> TrainingState:
         t = self.config.training

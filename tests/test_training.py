@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -284,3 +286,14 @@ def test_checkpoint_of_another_dataset_is_refused(small_config, tmp_path, umls_d
                PreprocessOptions(seed=1), progress=False)
     with pytest.raises(mp.MariusInputError, match="different model or dataset"):
         mp.load_checkpoint(tmp_path / "run", overrides=[f"dataset.path={reshuffled}"])
+
+
+def test_a_run_imports_no_torch_compile_machinery(umls_dataset, tmp_path):
+    """torch._dynamo and torch._inductor cost seconds of start-up and the engine never compiles: a whole run
+    (training on the CPU with deterministic algorithms, evaluation, restored settings) imports neither."""
+    code = ("import sys, marius_py as mp; from marius_py.config_loading import load_config; "
+            f"mp.train(load_config(None, ['dataset.path={umls_dataset}', 'training.device=cpu', 'model.dim=8', "
+            f"'training.epochs=1', 'evaluation.every=1']), {str(tmp_path / 'run')!r}, progress=False); "
+            "print(sorted(m for m in ('torch._dynamo', 'torch._inductor') if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip().splitlines()[-1] == "[]"

@@ -30,6 +30,7 @@ import torch.multiprocessing as multiprocessing
 from marius_py.config import Config
 from marius_py.pipeline.replica_group import GroupStepper, dealt_batches
 from marius_py.pipeline.row_kernels import sparse_adagrad_
+from marius_py.process_settings import set_deterministic_algorithms
 from marius_py.step.fused import gradient_step
 from marius_py.step.model import StepModel
 
@@ -266,7 +267,7 @@ def _worker(rank: int, world: int, backend: str, rendezvous: str, config: Config
 def _train_span(stepper: GroupStepper, payload: dict, nodes, state, rank: int, world: int,
                 device: torch.device) -> None:
     torch.set_float32_matmul_precision(payload["precision"])  # (as the trainer's process trains)
-    torch.use_deterministic_algorithms(payload["deterministic"], warn_only=True)
+    set_deterministic_algorithms(payload["deterministic"], warn_only=True)
     edges = torch.empty(payload["edges"], 3, dtype=torch.long, device=device)
     dist.broadcast(edges, 0)
     sampling, dropout = (torch.Generator(device) for _ in range(2))
