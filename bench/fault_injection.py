@@ -12,6 +12,11 @@ existed). Kills land wherever the process is: preprocessing, batches,
 prefetch and write-back threads, checkpoint commits. Reported: kills,
 resumes that started from a checkpoint, refused (unreadable) checkpoints,
 and the final test MRR against the reference.
+
+``--commit-kills F`` aims a fraction F of the kills at commits being written (behind training, where the
+plan writes them so): the series watches the run's checkpoints/ and kills once a version is being written
+there (its hidden ``.NAME.tmp`` directory exists), after a further random delay of up to 20 ms. Every kill,
+aimed or not, counts as landing in a commit when that directory was there the instant before the signal.
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ import tempfile
 import time
 from pathlib import Path
 
+COMMIT_POLL_SECONDS = 0.001
+
 
 from marius_py.checkpoint import RunDirectory  # noqa: E402
 
@@ -43,7 +50,17 @@ def test_mrr(run_dir: Path) -> float:
     return [r for r in RunDirectory(run_dir).read_metrics() if r.get("split") == "test"][-1]["mrr"]
 
 
-def run_with_kills(settings: list[str], kills: int, workdir: Path, seed: int = 0, log=print) -> dict:
+def commit_being_written(run_dir: Path) -> bool:
+    """Whether a version is being written in the run directory now (a hidden temporary version is there)."""
+    try:
+        return any(entry.name.startswith(".v") and entry.name.endswith(".tmp")
+                   for entry in os.scandir(run_dir / "checkpoints"))
+    except OSError:
+        return False
+
+
+def run_with_kills(settings: list[str], kills: int, workdir: Path, seed: int = 0, log=print,
+                   commit_kills: float = 0.0) -> dict:
     """The reference run, then a run killed ``kills`` times and resumed until it completes."""
     environment = {**os.environ, "MARIUS_PY_CACHE": str(workdir / "cache-reference")}
     reference_dir = workdir / "reference"
@@ -55,19 +72,20 @@ def run_with_kills(settings: list[str], kills: int, workdir: Path, seed: int = 0
     log(f"reference: test MRR {reference:.4f} in {reference_seconds:.1f} s")
 
     rng = random.Random(seed)
-    counts = {"kills": 0, "resumes": 0, "resumes_mid_epoch": 0, "fresh_starts": 0, "refused": 0, "refusals": [],
-              "final_mrrs": []}
+    counts = {"kills": 0, "kills_during_commit": 0, "aimed_at_commits": 0, "resumes": 0, "resumes_mid_epoch": 0,
+              "fresh_starts": 0, "refused": 0, "refusals": [], "final_mrrs": []}
     series = 0
     while counts["kills"] < kills:  # a series: one run killed until an attempt survives to the end
         series += 1
         environment["MARIUS_PY_CACHE"] = str(workdir / f"cache-{series}")  # preprocessing is killed too
         final = _killed_series(settings, workdir / f"killed-{series}", environment, rng, reference_seconds,
-                               kills, counts)
+                               kills, counts, commit_kills)
         counts["final_mrrs"].append(final)
         log(f"series {series}: {counts['kills']} kills so far; final test MRR {final}")
     mrrs = [m for m in counts["final_mrrs"] if m is not None]
     worst = max((abs(m - reference) for m in mrrs), default=None)
-    log(f"{counts['kills']} kills, {counts['resumes']} resumes from a run directory "
+    log(f"{counts['kills']} kills ({counts['kills_during_commit']} while a commit was written), "
+        f"{counts['resumes']} resumes from a run directory "
         f"({counts['resumes_mid_epoch']} from a mid-epoch checkpoint), {counts['fresh_starts']} "
         f"fresh starts, {counts['refused']} refused checkpoints; {len(mrrs)} runs completed, largest test MRR "
         f"difference from the reference {worst}")
@@ -76,7 +94,7 @@ def run_with_kills(settings: list[str], kills: int, workdir: Path, seed: int = 0
 
 
 def _killed_series(settings, run_dir: Path, environment, rng, reference_seconds: float, kills: int,
-                   counts: dict) -> float | None:
+                   counts: dict, commit_kills: float = 0.0) -> float | None:
     """Start the run, SIGKILL it at a random instant, resume, ... until an attempt completes; its test MRR."""
     while True:
         resume = (run_dir / "config.yaml").exists()
@@ -88,12 +106,13 @@ def _killed_series(settings, run_dir: Path, environment, rng, reference_seconds:
         process = subprocess.Popen(train_command(run_dir, settings, resume), env=environment,
                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         if counts["kills"] < kills:
-            try:
-                process.wait(timeout=rng.uniform(0.05, 0.6 * reference_seconds))
-            except subprocess.TimeoutExpired:
+            aimed = rng.random() < commit_kills
+            if _wait_for_kill(process, run_dir, rng, reference_seconds, aimed):
+                counts["kills_during_commit"] += commit_being_written(run_dir)
                 process.send_signal(signal.SIGKILL)
                 process.wait()
                 counts["kills"] += 1
+                counts["aimed_at_commits"] += aimed
                 continue
         process.wait()
         error = process.stderr.read().strip()
@@ -102,6 +121,24 @@ def _killed_series(settings, run_dir: Path, environment, rng, reference_seconds:
         counts["refused"] += 1
         counts["refusals"].append(error.splitlines()[-1] if error else f"exit {process.returncode}")
         return None
+
+
+def _wait_for_kill(process: subprocess.Popen, run_dir: Path, rng, reference_seconds: float, aimed: bool) -> bool:
+    """Let the run go on until its kill instant (False: it ended first): a uniform random delay, or (``aimed``)
+    the moment a commit is being written, then up to 20 ms more."""
+    deadline = time.monotonic() + rng.uniform(0.05, 0.6 * reference_seconds)
+    while aimed and process.poll() is None and time.monotonic() < deadline + reference_seconds:
+        if commit_being_written(run_dir):
+            time.sleep(rng.uniform(0.0, 0.02))
+            return process.poll() is None
+        time.sleep(COMMIT_POLL_SECONDS)
+    if aimed:
+        return process.poll() is None
+    try:
+        process.wait(timeout=max(0.0, deadline - time.monotonic()))
+        return False
+    except subprocess.TimeoutExpired:
+        return True
 
 
 def main() -> None:
@@ -115,6 +152,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0, help="of the kill instants")
     parser.add_argument("--checkpoint-interval", type=float, default=0.0,
                         help="training.checkpoint_interval (> 0: commits between buffer states too)")
+    parser.add_argument("--commit-kills", type=float, default=0.0,
+                        help="the fraction of kills aimed at commits being written")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     settings = [f"dataset.path={Path(args.dataset).resolve()}", "training.device=cpu", f"model.dim={args.dim}",
@@ -124,7 +163,7 @@ def main() -> None:
     if args.partitions > 1:
         settings.append(f"storage.buffer_capacity={args.buffer}")
     with tempfile.TemporaryDirectory() as workdir:
-        result = run_with_kills(settings, args.kills, Path(workdir), args.seed)
+        result = run_with_kills(settings, args.kills, Path(workdir), args.seed, commit_kills=args.commit_kills)
     result.update(date=time.strftime("%Y-%m-%d"), command=" ".join(sys.argv), cpus=os.cpu_count())
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
