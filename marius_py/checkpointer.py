@@ -182,6 +182,13 @@ class Checkpointer:
         """Whether a commit is in flight."""
         return self._in_flight is not None and not self._in_flight.done()
 
+    def on_writer(self, work: Callable[[], object]) -> Future:
+        """Run ``work`` on the writer thread (before any commit asked later): preparation that may take
+        seconds, kept off the training thread."""
+        if self._writer is None:
+            self._writer = ThreadPoolExecutor(1, thread_name_prefix="commit")
+        return self._writer.submit(work)
+
     def fold(self, epoch: int) -> None:
         """Skip this commit point: the one in flight still writes (the next commit holds this epoch's work)."""
         self._folded.append(epoch)
@@ -198,9 +205,7 @@ class Checkpointer:
             tmp = self.run.begin_version(snapshot.state.epoch, snapshot.state.states_done)
             link_tree(self.live_store_path, tmp / NODES, partitions=snapshot.held_partitions)
         folded, self._folded = self._folded, []
-        if self._writer is None:
-            self._writer = ThreadPoolExecutor(1, thread_name_prefix="commit")
-        self._in_flight = self._writer.submit(self._write_behind, snapshot, store, tmp, folded)
+        self._in_flight = self.on_writer(lambda: self._write_behind(snapshot, store, tmp, folded))
 
     def _write_behind(self, snapshot: Snapshot, store: EmbeddingStore, tmp: Path | None,
                       folded: list[int]) -> Finished:

@@ -30,6 +30,7 @@ import shutil
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -200,7 +201,7 @@ class Trainer:
         self.tables = LiveTables()
         # Commits written on a thread (the plan's choice; a group's commits are collective, so synchronous).
         self.commits_behind = self.plan.commits_behind and group.world_size == 1
-        self._snapshot_tables: tuple[torch.Tensor, torch.Tensor] | None = None  # (reused from commit to commit)
+        self._snapshot_tables: Future | None = None  # host tables for snapshots, reused from commit to commit
         self.spans: SpanSource | None = None  # (built once the runner says where tables live)
         self._build_runner()
         self._startup_mark("runner")
@@ -212,6 +213,8 @@ class Trainer:
             self.close()  # (a runner's worker processes, a buffer: nobody else will release them)
             raise
         self._startup_mark("tables")
+        if self.commits_behind and not self.partitioned:  # (allocated while the first epoch trains)
+            self._snapshot_tables = self.checkpointer.on_writer(self._snapshot_memory)
         # Records of epochs whose checkpoint never committed are replayed, not duplicated.
         self.run.truncate_metrics(self.state.epoch)
         self._known = None
@@ -400,15 +403,21 @@ class Trainer:
         return Snapshot(_cpu_copy(self.model.state_dict()), copy.deepcopy(self.state), is_best,
                         self.spans.held_partitions(), tables)
 
+    def _snapshot_memory(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Host memory for snapshots of the in-memory tables (pinned for a GPU's: its copy runs at full speed;
+        allocating gigabytes of it takes seconds, so the checkpointer's thread does it while training starts)."""
+        pin = self.table_device.type == "cuda"
+        return tuple(page_aligned_empty(*table.shape, pin_memory=pin, dtype=table.dtype)
+                     for table in (self.tables.nodes, self.tables.node_state))
+
     def _copy_tables(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The in-memory tables copied into host memory kept for snapshots (pinned for a GPU's)."""
-        if self._snapshot_tables is None:
-            pin = self.table_device.type == "cuda"
-            self._snapshot_tables = tuple(page_aligned_empty(*table.shape, pin_memory=pin, dtype=table.dtype)
-                                          for table in (self.tables.nodes, self.tables.node_state))
-        for copied, table in zip(self._snapshot_tables, (self.tables.nodes, self.tables.node_state)):
+        """The in-memory tables copied into the host memory kept for snapshots."""
+        if self._snapshot_tables is None:  # (commits behind training that the trainer did not plan on)
+            self._snapshot_tables = self.checkpointer.on_writer(self._snapshot_memory)
+        copies = self._snapshot_tables.result()
+        for copied, table in zip(copies, (self.tables.nodes, self.tables.node_state)):
             copied.copy_(table)
-        return self._snapshot_tables
+        return copies
 
     def _report_commits(self) -> None:
         """Log the commits the checkpointer's thread completed, and tell the callbacks."""
