@@ -138,3 +138,14 @@ def test_the_plan_commits_synchronously_where_host_memory_has_no_room_for_a_snap
     forced = load_config(None, ["training.device=cpu", "storage.num_partitions=1", "model.dim=100",
                                 "training.commits_behind=false"])
     assert not plan_run(forced, graph, Machine(host_available=128 * GiB, disk_free=500 * GiB)).commits_behind
+
+
+def test_any_failure_of_the_writer_thread_is_raised_on_the_training_thread(small_config, tmp_path, monkeypatch):
+    """Not only a full disk: whatever the thread raises stops training at its next check, never swallowed."""
+    def broken(self, *args):
+        raise RuntimeError("the writer broke")
+    monkeypatch.setattr(Checkpointer, "_write_version", broken)
+    with pytest.raises(RuntimeError, match="the writer broke"):
+        mp.train(small_config("training.epochs=3", "evaluation.every=0", "training.commits_behind=true"),
+                 tmp_path / "run", progress=False)
+    assert not RunDirectory(tmp_path / "run").has_checkpoint()
