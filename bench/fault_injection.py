@@ -15,8 +15,9 @@ and the final test MRR against the reference.
 
 ``--commit-kills F`` aims a fraction F of the kills at commits being written (behind training, where the
 plan writes them so): the series watches the run's checkpoints/ and kills once a version is being written
-there (its hidden ``.NAME.tmp`` directory exists), after a further random delay of up to 20 ms. Every kill,
-aimed or not, counts as landing in a commit when that directory was there the instant before the signal.
+there (its hidden ``.NAME.tmp`` directory, made by this attempt), after a further random delay of up to 20
+ms. Every kill, aimed or not, counts as landing in a commit when such a directory was there the instant
+before the signal.
 """
 
 from __future__ import annotations
@@ -50,10 +51,11 @@ def test_mrr(run_dir: Path) -> float:
     return [r for r in RunDirectory(run_dir).read_metrics() if r.get("split") == "test"][-1]["mrr"]
 
 
-def commit_being_written(run_dir: Path) -> bool:
-    """Whether a version is being written in the run directory now (a hidden temporary version is there)."""
+def commit_being_written(run_dir: Path, since: float) -> bool:
+    """Whether a version is being written in the run directory now: a hidden temporary version made since
+    ``since`` (time.time() when the attempt started; one a killed attempt left stays until the next commit)."""
     try:
-        return any(entry.name.startswith(".v") and entry.name.endswith(".tmp")
+        return any(entry.name.startswith(".v") and entry.name.endswith(".tmp") and entry.stat().st_mtime >= since
                    for entry in os.scandir(run_dir / "checkpoints"))
     except OSError:
         return False
@@ -103,12 +105,13 @@ def _killed_series(settings, run_dir: Path, environment, rng, reference_seconds:
         counts["resumes" if resume else "fresh_starts"] += 1
         if resume and RunDirectory(run_dir).has_checkpoint() and ".s" in RunDirectory(run_dir).latest_version().name:
             counts["resumes_mid_epoch"] += 1  # from a version committed between two buffer states
+        started = time.time()
         process = subprocess.Popen(train_command(run_dir, settings, resume), env=environment,
                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         if counts["kills"] < kills:
             aimed = rng.random() < commit_kills
-            if _wait_for_kill(process, run_dir, rng, reference_seconds, aimed):
-                counts["kills_during_commit"] += commit_being_written(run_dir)
+            if _wait_for_kill(process, run_dir, rng, reference_seconds, aimed, started):
+                counts["kills_during_commit"] += commit_being_written(run_dir, started)
                 process.send_signal(signal.SIGKILL)
                 process.wait()
                 counts["kills"] += 1
@@ -123,12 +126,13 @@ def _killed_series(settings, run_dir: Path, environment, rng, reference_seconds:
         return None
 
 
-def _wait_for_kill(process: subprocess.Popen, run_dir: Path, rng, reference_seconds: float, aimed: bool) -> bool:
+def _wait_for_kill(process: subprocess.Popen, run_dir: Path, rng, reference_seconds: float, aimed: bool,
+                   started: float) -> bool:
     """Let the run go on until its kill instant (False: it ended first): a uniform random delay, or (``aimed``)
     the moment a commit is being written, then up to 20 ms more."""
     deadline = time.monotonic() + rng.uniform(0.05, 0.6 * reference_seconds)
     while aimed and process.poll() is None and time.monotonic() < deadline + reference_seconds:
-        if commit_being_written(run_dir):
+        if commit_being_written(run_dir, started):
             time.sleep(rng.uniform(0.0, 0.02))
             return process.poll() is None
         time.sleep(COMMIT_POLL_SECONDS)

@@ -78,10 +78,13 @@ class Callback(Protocol):
     def on_checkpoint(self, run: RunView, version: Path, epoch: int) -> Stop | None:
         """After each committed version: its directory and the epochs it holds whole. Out of core, versions
         committed between buffer states (``training.checkpoint_interval``) hold part of the next epoch
-        too: their name says how much (``v000003.s000002``: 2 buffer states of epoch 4)."""
+        too: their name says how much (``v000003.s000002``: 2 buffer states of epoch 4). A version written
+        behind training (``training.commits_behind``) is reported once committed, during a later epoch:
+        after its own epoch's ``on_epoch_end``, with the run as it stands then."""
 
     def on_epoch_end(self, run: RunView, record: dict) -> Stop | None:
-        """After each epoch is validated (on schedule), committed (when due) and logged, with its record."""
+        """After each epoch is validated (on schedule), committed when due (or, behind training, its commit
+        begun) and logged, with its record."""
 
     def on_train_end(self, run: RunView) -> None:
         """Once training ends, whatever ended it: the last epoch, a stop, or an error (which then follows).

@@ -166,11 +166,7 @@ class Checkpointer:
     def due(self, is_best: bool, last: bool) -> bool:
         """Whether an epoch's end commits: every epoch, or per the interval (a new best and the last epoch
         always commit: the best version is what testing loads)."""
-        now = time.monotonic()
-        if is_best or last or now - self._last_commit >= self.interval:
-            self._last_commit = now
-            return True
-        return False
+        return is_best or last or time.monotonic() - self._last_commit >= self.interval
 
     def due_between_states(self) -> bool:
         """Whether to commit between two buffer states: once the interval has passed (0: never)."""
@@ -199,6 +195,7 @@ class Checkpointer:
         of a snapshot in memory are written into; out of core, its files are linked into the version now,
         on the training thread: the snapshot."""
         self.wait()
+        self._last_commit = time.monotonic()  # (the interval counts from the snapshot: a folded point does not)
         snapshot = take_snapshot()
         tmp = None
         if snapshot.tables is None:
@@ -254,6 +251,9 @@ class Checkpointer:
         commit; then the others' pointers follow (a resume adopts a version a trainer wrote but had not
         pointed to yet: ``RunDirectory.adopt_version``)."""
         self.wait()
+        self._folded = []  # (points folded since the last commit behind are in this version)
+        if position is None:
+            self._last_commit = time.monotonic()
         version = self._write_version(model_state, state, is_best, held_partitions, position)
         if position is not None:
             self._last_commit = time.monotonic()

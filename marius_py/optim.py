@@ -52,8 +52,8 @@ class RelationOptimizer:
 
     Written here rather than taken from ``torch.optim``: constructing a ``torch.optim`` optimizer imports
     ``torch._dynamo`` (seconds of every run's start-up). The arithmetic is ``torch.optim``'s single-tensor
-    form, which it uses on the CPU; on a GPU it used the multi-tensor form, which rounds alike up to the
-    last bit."""
+    form, which it uses on the CPU (bit for bit with torch 2.13's; other versions may differ in a last bit
+    now and then); on a GPU torch used its multi-tensor form, which rounds differently in the last bit."""
 
     defaults: dict = {}
 

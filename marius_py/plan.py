@@ -341,8 +341,9 @@ def _memory_plan(config: Config, graph: GraphSize, machine: Machine, required: b
     on_gpu = placement in (PLACEMENT_DEVICE, PLACEMENT_REPLICATED, PLACEMENT_SPLIT)
     gpu = table // max(len(machine.gpu_free), 1) if placement == PLACEMENT_SPLIT else table if on_gpu else 0
     # A commit behind training writes a copy of the tables: a GPU's into the host memory its resume reads
-    # through (counted above), host tables into as much again.
-    snapshot = 0 if on_gpu else table
+    # through (counted above; the snapshot's is given back before a restore reads them), tables in host
+    # memory (split ones included) into as much again.
+    snapshot = 0 if placement in (PLACEMENT_DEVICE, PLACEMENT_REPLICATED) else table
     behind, notes = _commits_behind(config, machine, host, snapshot)
     host += snapshot if behind else 0
     return Plan(TIER_GPU if on_gpu else TIER_HOST, placement, 1, 0, layout, table, 0, gpu, host, table, machine,

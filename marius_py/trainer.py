@@ -209,12 +209,12 @@ class Trainer:
             self.spans = (spans or (BufferWalk if self.partitioned else WholeTables))(self._span_inputs())
             self._open_run()
             self._check_position()
+            if self.commits_behind and not self.partitioned:  # (allocated while the first epoch trains)
+                self._snapshot_tables = self.checkpointer.on_writer(self._snapshot_memory)
         except BaseException:
             self.close()  # (a runner's worker processes, a buffer: nobody else will release them)
             raise
         self._startup_mark("tables")
-        if self.commits_behind and not self.partitioned:  # (allocated while the first epoch trains)
-            self._snapshot_tables = self.checkpointer.on_writer(self._snapshot_memory)
         # Records of epochs whose checkpoint never committed are replayed, not duplicated.
         self.run.truncate_metrics(self.state.epoch)
         self._known = None
@@ -329,6 +329,7 @@ class Trainer:
         """Make ``version`` the live state: store files, model parameters, position."""
         self.checkpointer.wait()  # (a commit in flight writes the live store)
         self._report_commits()
+        self._snapshot_tables = None  # (its memory is given back before the tables are read again)
         model_state, self.state = self.checkpointer.restore(version, self.dataset.directory)
         self.spans.resumed(self.state.epoch, self.state.holders)
         self._open_live(model_state)
@@ -637,6 +638,8 @@ class Trainer:
                       + (f" over {self.group.world_size} trainers" if self.group.world_size > 1 else "")
                       + f", {record['seconds']:.1f} s")
             self._finish_epoch(record)
+        self.checkpointer.wait()  # (training ends committed: a commit behind it, e.g. before a stop, is done)
+        self._report_commits()
         return self.state
 
     def _finish_epoch(self, record: dict) -> None:
@@ -705,6 +708,8 @@ class Trainer:
 
     def load_best(self) -> None:
         """Make the best-validation checkpoint the live state, if there is one."""
+        self.checkpointer.wait()  # (a commit in flight may move the best pointer)
+        self._report_commits()
         best = self.run.best_version()
         if best is not None:
             self.restore(best)

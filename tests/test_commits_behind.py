@@ -5,6 +5,7 @@ the training thread with the last committed version intact."""
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -149,3 +150,30 @@ def test_any_failure_of_the_writer_thread_is_raised_on_the_training_thread(small
         mp.train(small_config("training.epochs=3", "evaluation.every=0", "training.commits_behind=true"),
                  tmp_path / "run", progress=False)
     assert not RunDirectory(tmp_path / "run").has_checkpoint()
+
+
+def test_a_stop_at_an_epochs_end_waits_for_the_commit_behind_it(small_config, tmp_path, monkeypatch):
+    """A callback stops training at epoch 2's end, after its commit began behind training (slowed on the
+    thread): train() returns only once that version is committed and reported, and tests it."""
+    from marius_py.callbacks import Callback, Stop
+    original_write, original_epoch = Checkpointer._write_behind, mp.trainer.Trainer.train_epoch
+
+    def slow_at_epoch_2(self, snapshot, *args):
+        if snapshot.state.epoch == 2:
+            time.sleep(0.5)
+        return original_write(self, snapshot, *args)
+
+    def epoch_after_the_last_commit(self, epoch):
+        self.checkpointer.wait()  # (so that epoch 2's commit point is not folded)
+        return original_epoch(self, epoch)
+    monkeypatch.setattr(Checkpointer, "_write_behind", slow_at_epoch_2)
+    monkeypatch.setattr(mp.trainer.Trainer, "train_epoch", epoch_after_the_last_commit)
+
+    class StopAtTwo(Callback):
+        def on_epoch_end(self, run, record):
+            return Stop("enough") if run.epoch == 2 else None
+    model = mp.train(small_config("training.epochs=4", "evaluation.every=0", "training.commits_behind=true"),
+                     tmp_path / "run", progress=False, callbacks=[StopAtTwo()])
+    assert RunDirectory(tmp_path / "run").latest_version().name == "v000002"
+    assert [r["epoch"] for r in records(tmp_path / "run", "commit")] == [1, 2]
+    assert model.test_metrics is not None and records(tmp_path / "run", "stop")
