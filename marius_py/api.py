@@ -32,7 +32,7 @@ from marius_py.config_migration import run_config_migrations
 from marius_py.layout import run_layout
 from marius_py.memory_data import Dataset, is_edge_data, write_triples
 from marius_py.errors import PATH_TYPES, MariusInputError, check_type
-from marius_py.run_setup import claim_run_dir, not_a_run
+from marius_py.run_setup import claim_run_dir, closing_on_failure, not_a_run
 from marius_py.timeline import Startup
 from marius_py.evaluation import (InMemoryNodes, KnownAnswers, NodeTable, StoredNodes, evaluate_edges,
                                   evaluate_split, top_answers)
@@ -42,7 +42,8 @@ from marius_py.devices import resolve_device, resolve_devices
 from marius_py.distributed import RunSteps, launched_by_torchrun, train_distributed
 from marius_py.plan import Machine
 from marius_py.step.model import StepModel
-from marius_py.trainer import Trainer, closing_on_failure, prepare_run
+from marius_py.prepared_run import prepare_run
+from marius_py.trainer import Trainer
 from marius_py.storage.embedding_store import EmbeddingStore
 
 
@@ -347,7 +348,7 @@ def _plain_graph_relation(dataset: Dataset, relation: str, argument: str = "") -
 
 def open_dataset(config: Config, progress: bool) -> Dataset:
     """The run's dataset as given (a raw or bundled one preprocessed once, unpartitioned). Training re-buckets
-    it for a partitioned store (``trainer.prepare_run``)."""
+    it for a partitioned store (``prepared_run.prepare_run``)."""
     return Dataset(resolve_dataset(config.dataset.path, 1, progress))  # (one copy, whatever the plan chooses)
 
 

@@ -88,7 +88,6 @@ class Snapshot:
     is_best: bool
     held_partitions: list[int] | None
     tables: tuple[torch.Tensor, torch.Tensor] | None = None
-    position: dict | None = None
     taken: float = field(default_factory=time.perf_counter)
 
 
@@ -213,7 +212,7 @@ class Checkpointer:
             if snapshot.tables is not None:
                 store.write_all(*snapshot.tables)
             version = self._write_version(snapshot.model_state, snapshot.state, snapshot.is_best,
-                                          snapshot.held_partitions, snapshot.position, tmp)
+                                          snapshot.held_partitions, None, tmp)  # (epoch ends only)
         return Finished(version, snapshot.state.epoch, time.perf_counter() - snapshot.taken, folded)
 
     def finished(self) -> list[Finished]:
@@ -302,3 +301,15 @@ class Checkpointer:
                                             "on the GPU (cpu first) resumes with the marius-py that made it")
         for generator, saved in zip(generators, position["generators"]):
             generator.set_state(saved)
+
+
+def host_copy(value):
+    """``value`` (a state dict: nested dicts and lists of tensors and numbers) with every tensor copied to the
+    host: a snapshot's model state, which training goes on changing."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, dict):
+        return {key: host_copy(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(host_copy(item) for item in value)
+    return value

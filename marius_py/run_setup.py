@@ -55,6 +55,16 @@ def claim_run_dir(run_dir: Path, resume: bool, set_up: Callable[[], Started]) ->
             yield started
 
 
+def closing_on_failure(trainer, step: Callable[[], None]) -> None:
+    """Run ``step`` (a setup step after ``trainer`` is built: anything with ``close()``); when it fails, release
+    the trainer first."""
+    try:
+        step()
+    except BaseException:
+        trainer.close()
+        raise
+
+
 def open_run_dir(run_dir: Path, resume: bool) -> bool:
     """Make a new run's directory (True: this call made it); a resumed one must be a run directory."""
     if resume:

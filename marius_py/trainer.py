@@ -31,21 +31,18 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 from tqdm import tqdm
 
-from marius_py.bundled import bucketed_for_run
 from marius_py.callbacks import CallbackList, RunView, as_callbacks, configured_callbacks
 from marius_py.checkpoint import MetricsLog, RunDirectory, RunFingerprint, TrainingState
-from marius_py.checkpointer import Checkpointer, Finished, Snapshot, Walk
+from marius_py.checkpointer import Checkpointer, Finished, Snapshot, Walk, host_copy
 from marius_py.config import Config, dedup_setting
-from marius_py.layout import epoch_ordering, with_split_applied
+from marius_py.layout import epoch_ordering
 from marius_py.dataset import Dataset
-from marius_py.devices import resolve_devices
 from marius_py.errors import MariusInputError
 from marius_py.group import ONE_PROCESS, TrainerGroup
 from marius_py.spans import BufferWalk, LiveTables, SpanInputs, SpanSource, SpanSourceFactory, WholeTables
@@ -53,11 +50,10 @@ from marius_py.timeline import EpochPhases, StateTimeline, Startup
 from marius_py.evaluation import InMemoryNodes, NodeTable, StoredNodes, build_known_answers, evaluate_split
 from marius_py.process_settings import set_deterministic_algorithms
 from marius_py.random_streams import epoch_generators, flat
-from marius_py.resources import check_memory, check_partitioning
 from marius_py.step.model import StepModel
 from marius_py.step.runners import build_multi_device_runner, build_span_runner
 from marius_py.orderings import Ordering, balanced_buckets
-from marius_py.plan import GraphSize, Machine, Plan, plan_run
+from marius_py.prepared_run import PreparedRun, prepare_run
 from marius_py.pipeline.placements import PLACEMENT_DEVICE, PLACEMENT_REPLICATED, PLACEMENT_SPLIT, choose_plan_device
 from marius_py.pipeline.runner import Runner
 from marius_py.storage.buffer import PartitionBuffer
@@ -102,53 +98,6 @@ def init_rows(seed: int, init_scale: float, dim: int):
             parts.append(block_rows(block)[max(start, first) - first:min(end, first + _INIT_BLOCK) - first])
         return torch.cat(parts).numpy()
     return init
-
-
-@dataclass(frozen=True)
-class PreparedRun:
-    """A run as planned before its trainer is built: the plan, the config it applies, the dataset bucketed for
-    the plan's partitions, the devices and the graph's size (each found once, by ``prepare_run``)."""
-
-    plan: Plan
-    config: Config
-    dataset: Dataset
-    devices: list[torch.device]
-    graph: GraphSize
-
-    def pinned_config(self) -> Config:
-        """What the run directory's config.yaml records: the config with the plan's partitions and buffer, the
-        split the dataset allowed and the dtype pinned (a resume plans nothing anew)."""
-        return with_split_applied(self.config, self.plan.layout)
-
-
-def prepare_run(config: Config, dataset: Dataset, run_dir: str | Path | None = None, progress: bool = False,
-                world_size: int = 1, torchrun: bool = False, startup: Startup | None = None) -> PreparedRun:
-    """Plan ``config``'s run on ``dataset`` for this machine (the disk of ``run_dir``; ``world_size``: torchrun
-    trainers sharing the tables; ``torchrun``: they are a torchrun group, of one included; with ``progress`` the
-    plan is printed), refuse a buffer that does not fit in memory now, and, out of core, bucket
-    the dataset for the plan's partitions (a copy in the cache where the dataset's own buckets differ)."""
-    devices = resolve_devices(config)
-    graph = GraphSize.of_dataset(config, dataset)
-    plan = plan_run(config, graph, Machine.probe(devices, run_dir), world_size, torchrun)
-    if progress:
-        print(plan.describe())
-    partitions = plan.layout.num_partitions
-    if partitions > 1:  # before anything is written (a re-bucketed copy of the dataset included)
-        check_memory(plan.buffer_bytes, "storage.buffer_capacity")  # (a GPU buffer stages through as many)
-        dataset = bucketed_for_run(partitions, dataset, progress)
-        check_partitioning(partitions, dataset)
-        if startup is not None:
-            startup.mark("bucketing")
-    return PreparedRun(plan, plan.applied(config), dataset, devices, graph)
-
-
-def closing_on_failure(trainer: Trainer, step: Callable[[], None]) -> None:
-    """Run ``step`` (a setup step after the trainer is built); when it fails, release the trainer first."""
-    try:
-        step()
-    except BaseException:
-        trainer.close()
-        raise
 
 
 class Trainer:
@@ -327,8 +276,7 @@ class Trainer:
 
     def restore(self, version: Path) -> None:
         """Make ``version`` the live state: store files, model parameters, position."""
-        self.checkpointer.wait()  # (a commit in flight writes the live store)
-        self._report_commits()
+        self._wait_for_commit()  # (a commit in flight writes the live store)
         self._snapshot_tables = None  # (its memory is given back before the tables are read again)
         model_state, self.state = self.checkpointer.restore(version, self.dataset.directory)
         self.spans.resumed(self.state.epoch, self.state.holders)
@@ -377,8 +325,7 @@ class Trainer:
 
     def _commit(self, is_best: bool, position: dict | None = None) -> None:
         """Commit a version of the (flushed) live store and the model (``position``: where inside an epoch)."""
-        self.checkpointer.wait()  # (one in flight is reported first)
-        self._report_commits()
+        self._wait_for_commit()  # (one in flight is reported first)
         self.state.holders = self.spans.holders()
         version = self.checkpointer.commit(self.model.state_dict(), self.state, is_best,
                                           self.spans.held_partitions(), position)
@@ -401,7 +348,7 @@ class Trainer:
         """What the version committed behind training holds, copied now (tables in memory included)."""
         self.state.holders = self.spans.holders()
         tables = None if self.partitioned else self._copy_tables()
-        return Snapshot(_cpu_copy(self.model.state_dict()), copy.deepcopy(self.state), is_best,
+        return Snapshot(host_copy(self.model.state_dict()), copy.deepcopy(self.state), is_best,
                         self.spans.held_partitions(), tables)
 
     def _snapshot_memory(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -419,6 +366,11 @@ class Trainer:
         for copied, table in zip(copies, (self.tables.nodes, self.tables.node_state)):
             copied.copy_(table)
         return copies
+
+    def _wait_for_commit(self) -> None:
+        """Wait for the commit written behind training, if one is in flight, and report it."""
+        self.checkpointer.wait()
+        self._report_commits()
 
     def _report_commits(self) -> None:
         """Log the commits the checkpointer's thread completed, and tell the callbacks."""
@@ -638,8 +590,7 @@ class Trainer:
                       + (f" over {self.group.world_size} trainers" if self.group.world_size > 1 else "")
                       + f", {record['seconds']:.1f} s")
             self._finish_epoch(record)
-        self.checkpointer.wait()  # (training ends committed: a commit behind it, e.g. before a stop, is done)
-        self._report_commits()
+        self._wait_for_commit()  # (training ends committed: a commit behind it, e.g. before a stop, is done)
         return self.state
 
     def _finish_epoch(self, record: dict) -> None:
@@ -708,8 +659,7 @@ class Trainer:
 
     def load_best(self) -> None:
         """Make the best-validation checkpoint the live state, if there is one."""
-        self.checkpointer.wait()  # (a commit in flight may move the best pointer)
-        self._report_commits()
+        self._wait_for_commit()  # (a commit in flight may move the best pointer)
         best = self.run.best_version()
         if best is not None:
             self.restore(best)
@@ -727,15 +677,3 @@ class Trainer:
     def _say(self, text: str) -> None:
         if self.progress:
             tqdm.write(text)
-
-
-def _cpu_copy(value):
-    """``value`` (a state dict: nested dicts and lists of tensors and numbers) with every tensor copied to the
-    host."""
-    if isinstance(value, torch.Tensor):
-        return value.detach().to("cpu", copy=True)
-    if isinstance(value, dict):
-        return {key: _cpu_copy(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(_cpu_copy(item) for item in value)
-    return value

@@ -27,7 +27,8 @@ from marius_py.checkpoint import CONFIG_FILE, RunDirectory
 from marius_py.config import Config
 from marius_py.errors import MariusInputError
 from marius_py.run_setup import claim_run_dir
-from marius_py.trainer import Trainer, prepare_run
+from marius_py.prepared_run import prepare_run
+from marius_py.trainer import Trainer
 from marius_py.distributed.granted_spans import (DISTRIBUTED_DIR, GrantedSpans, check_group_config,
                                                  too_few_partitions)
 from marius_py.distributed.group import Group, join_group, launch_id, local_rank, node_rank, restart_count
