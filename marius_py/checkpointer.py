@@ -48,10 +48,12 @@ class Walk:
     edge_assignment: str
 
     def key(self, epoch: int, num_states: int) -> str:
-        return json.dumps({"epoch": epoch, "seed": self.seed, "ordering": self.ordering,
-                           "partitions": self.num_partitions, "buffer": self.buffer_capacity,
-                           "group_size": self.group_size, "edge_assignment": self.edge_assignment,
-                           "states": num_states}, sort_keys=True)
+        walk = {"epoch": epoch, "seed": self.seed, "ordering": self.ordering, "partitions": self.num_partitions,
+                "buffer": self.buffer_capacity, "group_size": self.group_size,
+                "edge_assignment": self.edge_assignment, "states": num_states}
+        if epoch > 1:  # (epochs continue the one before: ``layout.epoch_ordering``; older versions' did not)
+            walk["continues"] = True
+        return json.dumps(walk, sort_keys=True)
 
 
 def read_version(version: Path, fingerprint: RunFingerprint, stored_dtype: str, num_trainers: int,

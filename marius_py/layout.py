@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING
 
 from marius_py.config import device_list
 from marius_py.errors import MariusInputError
-from marius_py.orderings import Ordering, build_ordering, default_group_size, default_split, is_two_level
+from marius_py.orderings import (Ordering, build_ordering, continued, default_group_size, default_split,
+                                 is_two_level)
 from marius_py.orderings.affine import affine_group_size, affine_split
 from marius_py.storage.partitioning import partitions_filled
 
@@ -41,7 +42,28 @@ class StorageLayout:
 
 
 def epoch_ordering(layout: StorageLayout, seed: int, epoch: int) -> Ordering:
-    """An epoch's ordering over a store's partitions (seeded by training.seed and the epoch)."""
+    """An epoch's ordering over a store's partitions, seeded by training.seed and the epoch. From the second
+    epoch on, it continues the epoch before (``orderings.continued``): its first state holds the storage
+    partitions the last one's ended with, which stay in the buffer, so no epoch but the first waits for a
+    state to be read before it trains."""
+    if epoch <= 1:
+        return built_ordering(layout, seed, epoch)
+    start, ordering = _chains.get((layout, seed), (epoch + 1, None))
+    if start > epoch:  # (not cached, or cached past this epoch: the chain starts again)
+        start, ordering = 1, built_ordering(layout, seed, 1)
+    for later in range(start + 1, epoch + 1):
+        ordering = continued(built_ordering(layout, seed, later), ordering.resident(ordering.num_states - 1))
+    if len(_chains) >= 8:
+        _chains.pop(next(iter(_chains)))
+    _chains[(layout, seed)] = (epoch, ordering)
+    return ordering
+
+
+_chains: dict[tuple[StorageLayout, int], tuple[int, Ordering]] = {}  # (layout, seed) -> its latest epoch's ordering
+
+
+def built_ordering(layout: StorageLayout, seed: int, epoch: int) -> Ordering:
+    """The registry's ordering for an epoch, as built (``epoch_ordering`` continues it from the one before)."""
     group = layout.swap_size
     options = {"group_size": group} if is_two_level(layout.ordering) else {}
     return build_ordering(layout.ordering, layout.num_partitions // group, layout.buffer_capacity // group,

@@ -32,7 +32,9 @@ Registered orderings (``ORDERINGS``; ``build_ordering(name, p, c, seed, epoch,
 partitions). ``beta``/``beta_random`` relabel partitions with a random
 permutation per (seed, epoch), as Marius does; ``comet`` and ``affine`` regroup
 their physical partitions per (seed, epoch); the three curve baselines are the same
-every epoch unless ``permute_labels=True``.
+every epoch unless ``permute_labels=True``. ``continued(ordering, carried)`` renames
+an ordering's storage partitions so that its first state holds ``carried``: a run
+starts each epoch's walk with the partitions the last one ended with.
 
 Bounds: ``swap_lower_bound(p, c)`` (no ordering does better) and
 ``beta_swap_count(p, c)`` (exactly what ``beta`` does). ``balanced_buckets(ordering,
@@ -46,14 +48,14 @@ Depends on numpy and the standard library only.
 from marius_py.orderings.balance import balanced_buckets
 from marius_py.orderings.bounds import beta_swap_count, swap_lower_bound
 from marius_py.orderings.comet import default_group_size, default_split
-from marius_py.orderings.ordering import Bucket, Ordering, State, Swap, relabel
+from marius_py.orderings.ordering import Bucket, Ordering, State, Swap, continued, relabel
 from marius_py.orderings.registry import ORDERINGS, OrderingSpec, build_ordering, get_spec, is_two_level, register_ordering
 from marius_py.orderings.simulator import IOStats, compare_orderings, format_table, simulate, walk_io
 
 __all__ = [
     "Bucket", "IOStats", "ORDERINGS", "Ordering", "OrderingSpec", "State", "Swap", "balanced_buckets",
     "beta_swap_count",
-    "build_ordering", "compare_orderings", "default_group_size", "default_split", "format_table", "get_spec",
+    "build_ordering", "continued", "compare_orderings", "default_group_size", "default_split", "format_table", "get_spec",
     "is_two_level", "register_ordering", "relabel",
     "simulate", "swap_lower_bound", "walk_io",
 ]

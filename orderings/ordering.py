@@ -57,7 +57,8 @@ class Ordering:
 
     ``seed``, ``epoch`` and ``options`` record how it was built:
     ``build_ordering(name, num_partitions, capacity, seed, epoch, **options)``
-    rebuilds it exactly.
+    rebuilds it exactly, then ``continued(ordering, continues)`` where
+    ``continues`` is set.
     """
 
     name: str
@@ -69,6 +70,7 @@ class Ordering:
     seed: int = 0
     epoch: int = 0
     options: tuple[tuple[str, object], ...] = ()
+    continues: tuple[int, ...] = ()  # (``continued``: the storage partitions its first state was renamed to hold)
 
     # ------------------------------------------------------------ derived views
     @property
@@ -252,3 +254,26 @@ def relabel(ordering: Ordering, permutation) -> Ordering:
     states = tuple(tuple(perm[q] for q in state) for state in ordering.states)
     buckets = tuple(tuple((perm[i], perm[j]) for i, j in bs) for bs in ordering.buckets)
     return replace(ordering, states=states, buckets=buckets)
+
+
+def continued(ordering: Ordering, carried) -> Ordering:
+    """``ordering`` with its storage partitions renamed so that its first state holds ``carried``, the storage
+    partitions a buffer holds from the walk before: the walk then starts with nothing to read.
+
+    The renaming maps the first state's partitions onto ``carried`` and the others onto the rest, each in
+    increasing order, so the result is a function of its two arguments alone. Renaming keeps every property
+    ``validate`` checks; how the states sweep the buckets is the built ordering's own. ``carried`` of another
+    size than a state leaves the ordering as built.
+    """
+    first, carried = ordering.resident(0), sorted(set(int(q) for q in carried))
+    if len(carried) != len(first):
+        return ordering
+    everything = range(ordering.num_physical_partitions)
+    renamed = dict(zip(first, carried))
+    renamed.update(zip(sorted(set(everything) - set(first)), sorted(set(everything) - set(carried))))
+    buckets = tuple(tuple((renamed[i], renamed[j]) for i, j in bs) for bs in ordering.buckets)
+    if ordering.groups is None:
+        states = tuple(tuple(renamed[q] for q in state) for state in ordering.states)
+        return replace(ordering, states=states, buckets=buckets, continues=tuple(carried))
+    groups = tuple(tuple(sorted(renamed[q] for q in group)) for group in ordering.groups)
+    return replace(ordering, groups=groups, buckets=buckets, continues=tuple(carried))

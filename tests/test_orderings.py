@@ -12,7 +12,7 @@ from dataclasses import replace
 import pytest
 
 from marius_py.orderings import (ORDERINGS, Ordering, Swap, beta_swap_count, build_ordering, compare_orderings,
-                       default_group_size,
+                       continued, default_group_size,
                        format_table, simulate, swap_lower_bound)
 from marius_py.orderings.beta import beta_states
 from marius_py.orderings.visits import hilbert_index, hilbert_visits
@@ -195,6 +195,28 @@ def test_comet_regroups_every_epoch_and_defaults_to_four():
     groups = [build_ordering("comet", 8, 2, seed=0, epoch=e).groups for e in range(5)]
     assert len(set(groups)) == 5
     assert all(len(g) == 4 for g in groups[0])
+
+
+@pytest.mark.parametrize("name, options", [("beta", {}), ("beta_random", {}), ("hilbert", {}),
+                                           ("comet", {"group_size": 3}), ("affine", {"group_size": 2})])
+def test_continued_starts_with_the_carried_partitions(name, options):
+    """A continued ordering is the built one with its storage partitions renamed: valid, starting with the
+    carried partitions, with the same swaps and the same buckets per state up to the renaming."""
+    p, c = (9, 3) if name == "affine" else (8, 3)
+    built = build_ordering(name, p, c, seed=1, epoch=2, **options)
+    before = build_ordering(name, p, c, seed=1, epoch=1, **options)
+    carried = before.resident(before.num_states - 1)
+    ordering = continued(built, carried).validate()
+    assert set(ordering.resident(0)) == set(carried) and ordering.continues == tuple(sorted(carried))
+    assert set(built.resident(0)) != set(carried)  # (the case is not trivial)
+    everything = set(range(built.num_physical_partitions))
+    renamed = dict(zip(built.resident(0), sorted(carried)))  # (the first state onto the carried, the rest in order)
+    renamed.update(zip(sorted(everything - set(built.resident(0))), sorted(everything - set(carried))))
+    for k in range(built.num_states):
+        assert ordering.resident(k) == tuple(sorted(renamed[q] for q in built.resident(k)))
+        assert ordering.buckets[k] == tuple((renamed[i], renamed[j]) for i, j in built.buckets[k])
+    assert simulate(ordering, 1).partitions_read == simulate(built, 1).partitions_read
+    assert continued(built, carried[:-1]) is built  # (another size: left as built)
 
 
 # --------------------------------------------------------------- simulator

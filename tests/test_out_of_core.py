@@ -20,7 +20,8 @@ from marius_py.dataset import Dataset
 from marius_py.errors import MariusInputError
 from marius_py.evaluation import InMemoryNodes, StoredNodes, build_known_answers, filtered_ranks
 from marius_py.preprocess import PreprocessOptions, preprocess
-from marius_py.orderings import ORDERINGS, build_ordering, default_group_size, default_split, simulate, walk_io
+from marius_py.orderings import (ORDERINGS, build_ordering, continued, default_group_size, default_split, simulate,
+                                 walk_io)
 from marius_py.storage.embedding_store import EmbeddingStore
 
 UMLS_RAW = Path(__file__).parent / "data" / "umls"
@@ -98,6 +99,15 @@ def test_full_buffer_equals_in_memory(full_buffer_runs):
     assert all("io" not in r for r in epoch_records(in_memory.run_dir))
 
 
+def chained_ordering(name: str, p: int, c: int, seed: int, epoch: int):
+    """The registry's ordering for ``epoch``, continued from the epochs before as a run walks them."""
+    ordering = build_ordering(name, p, c, seed=seed, epoch=1)
+    for later in range(2, epoch + 1):
+        ordering = continued(build_ordering(name, p, c, seed=seed, epoch=later),
+                             ordering.resident(ordering.num_states - 1))
+    return ordering
+
+
 def test_io_counters_equal_simulator_every_epoch(beta_p8_run):
     config, run, _ = beta_p8_run
     store = EmbeddingStore(Path(run) / LIVE_STORE, mode="r")
@@ -107,7 +117,7 @@ def test_io_counters_equal_simulator_every_epoch(beta_p8_run):
     assert [r["epoch"] for r in records] == [1, 2, 3]
     orderings, carried = [], ()
     for record in records:
-        ordering = build_ordering("beta", 8, 3, seed=config.training.seed, epoch=record["epoch"])
+        ordering = chained_ordering("beta", 8, 3, config.training.seed, record["epoch"])
         orderings.append(ordering)
         # the buffer starts each epoch holding the last one's last state, clean (every epoch commits)
         predicted = walk_io(ordering, partition_bytes, carried, carried_dirty=False)
@@ -116,18 +126,24 @@ def test_io_counters_equal_simulator_every_epoch(beta_p8_run):
                                 "partitions_received": 0, "bytes_received": 0}, f"epoch {record['epoch']}"
         if not carried:  # (the first epoch reads as the simulator's buffer, which starts empty)
             assert predicted["bytes_read"] == simulate(ordering, partition_bytes).bytes_read
-        assert predicted["partitions_read"] == 3 - len(set(carried) & set(ordering.resident(0))) + ordering.num_swaps
+        else:  # (a later epoch starts with the partitions the last one ended with: only its swaps read)
+            assert set(ordering.resident(0)) == set(carried)
+            assert predicted["partitions_read"] == ordering.num_swaps
         carried = last
     # the epochs walk different buffer states (as sets), so each epoch is a separate check
     assert len({tuple(frozenset(s) for s in o.states) for o in orderings}) == len(orderings)
 
 
-def test_trainer_ordering_is_the_seeded_registry_ordering(beta_p8_run, datasets):
+def test_trainer_ordering_is_the_seeded_registry_ordering_continued(beta_p8_run, datasets):
+    """Epoch 1 walks the registry's ordering as built; each later one the registry's ordering renamed to
+    start where the epoch before ended (the same chain whichever epoch a trainer asks for first)."""
     config, run, _ = beta_p8_run
     trainer = mp.trainer.Trainer.of(config, mp.load_dataset(str(datasets[8])), run, progress=False)
     try:
-        for epoch in (1, 2, 3):
-            assert trainer.ordering(epoch) == build_ordering("beta", 8, 3, seed=config.training.seed, epoch=epoch)
+        assert trainer.ordering(1) == build_ordering("beta", 8, 3, seed=config.training.seed, epoch=1)
+        for epoch in (3, 2, 4):
+            assert trainer.ordering(epoch) == chained_ordering("beta", 8, 3, config.training.seed, epoch)
+            assert trainer.ordering(epoch).continues == trainer.ordering(epoch - 1).resident(-1)
     finally:
         trainer.close()
 
@@ -184,7 +200,7 @@ def test_resume_with_partitions_equals_uninterrupted(datasets, tmp_path):
     assert split_io[:2] == full_io[:2] and split_io[3] == full_io[3]
     # epoch 3: the resumed process's buffer starts empty, the uninterrupted one's holds epoch 2's last state
     config = config_for(datasets[8], *overrides)
-    ordering = {epoch: build_ordering("beta_random", 8, 3, seed=config.training.seed, epoch=epoch) for epoch in (2, 3)}
+    ordering = {epoch: chained_ordering("beta_random", 8, 3, config.training.seed, epoch) for epoch in (2, 3)}
     partition_bytes = split_io[0]["bytes_read"] // split_io[0]["partitions_read"]
     carried = ordering[2].resident(ordering[2].num_states - 1)
     for io, held in ((split_io[2], ()), (full_io[2], carried)):
