@@ -22,6 +22,7 @@ the layout, the devices), never the trainer.
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator, Protocol
@@ -204,10 +205,12 @@ class WholeTables(OneProcessSpans):
 
 
 class BufferWalk(OneProcessSpans):
-    """Out of core: the partition buffer walks the epoch's ordering, a span per buffer state."""
+    """Out of core: the partition buffer walks the epoch's ordering, a span per buffer state. Each state's
+    edges are read while the state before it trains (h5py reads without holding the GIL)."""
 
     commits_between_states = True
-    _staged: np.ndarray | None = None  # (``_staging``)
+    _staged: tuple[np.ndarray, np.ndarray] | None = None  # (``_staging``)
+    _edge_reader: ThreadPoolExecutor | None = None
 
     def partition_buffer(self) -> PartitionBuffer:
         if self.buffer is None:
@@ -225,13 +228,22 @@ class BufferWalk(OneProcessSpans):
             return
         if i.storage.edge_assignment == "edge":
             state_edges = self._edges_by_edge(states, epoch)
-        else:
+        else:  # (two staging arrays: state k reads into one while state k - 1's span copies out of the other)
             staging = self._staging(max(i.dataset.edges.count(buckets) for buckets in ordering.buckets))
-            state_edges = lambda k: i.dataset.edges.read_buckets(ordering.buckets[k], staging)  # noqa: E731
+            state_edges = lambda k: i.dataset.edges.read_buckets(ordering.buckets[k], staging[k % 2])  # noqa: E731
+        if self._edge_reader is None:
+            self._edge_reader = ThreadPoolExecutor(1, thread_name_prefix="state-edges")
         buffer = self.partition_buffer()
-        for view in buffer.walk(states[first_state:]):
-            yield (buffer_span(view, state_edges(first_state + view.index), i.plan_device), buffer.embeddings,
-                   buffer.state)
+        upcoming = self._edge_reader.submit(state_edges, first_state)
+        try:
+            for view in buffer.walk(states[first_state:]):
+                state = first_state + view.index
+                edges = upcoming.result()
+                if state + 1 < len(states):
+                    upcoming = self._edge_reader.submit(state_edges, state + 1)
+                yield (buffer_span(view, edges, i.plan_device), buffer.embeddings, buffer.state)
+        finally:  # (a walk left early: no read may still fill a staging array the next walk reuses)
+            wait([upcoming])
         # (the last state's partitions stay resident for the next epoch's walk: write_back() when the store
         # must be current)
 
@@ -239,15 +251,21 @@ class BufferWalk(OneProcessSpans):
         if self.buffer is not None:
             self.buffer.write_resident()
 
-    def _staging(self, rows: int) -> np.ndarray:
-        """A host array for a state's edges, kept from state to state and grown when a state needs more (pinned
-        when batches are planned on a GPU: the copy then runs at full speed). A state's span copies out of it
-        before the next state reads in."""
-        if self._staged is None or len(self._staged) < rows:
-            self._staged = None  # (the old one freed first)
-            staged = torch.empty((rows, 3), dtype=torch.int64, pin_memory=self.inputs.plan_device.type == "cuda")
-            self._staged = staged.numpy()
+    def _staging(self, rows: int) -> tuple[np.ndarray, np.ndarray]:
+        """Two host arrays for states' edges, kept from state to state and grown when a state needs more
+        (pinned when batches are planned on a GPU: the copy then runs at full speed)."""
+        if self._staged is None or len(self._staged[0]) < rows:
+            self._staged = None  # (the old ones freed first)
+            pinned = self.inputs.plan_device.type == "cuda"
+            self._staged = tuple(torch.empty((rows, 3), dtype=torch.int64, pin_memory=pinned).numpy()
+                                 for _ in range(2))
         return self._staged
+
+    def close(self) -> None:
+        if self._edge_reader is not None:
+            self._edge_reader.shutdown(wait=True)
+            self._edge_reader = None
+        super().close()
 
     def _edges_by_edge(self, states: list[tuple[int, ...]], epoch: int):
         """Edge-level assignment: each edge of bucket (i, j) goes to a random state holding i and j.
