@@ -47,6 +47,7 @@ import json
 import sys
 import tempfile
 import time
+from collections.abc import Collection
 from pathlib import Path
 
 import numpy as np
@@ -195,12 +196,13 @@ def run_overrides(spec: str, group_size: int) -> list[str]:
     return suffixes
 
 
-def predicted_io(config: dict, num_nodes: int, validates: bool = True) -> dict:
+def predicted_io(config: dict, num_nodes: int, validates: bool = True, folded: Collection[int] = ()) -> dict:
     """The simulator's partition IO summed over the run's epochs, as a buffer that stays filled between epochs
     performs it: an epoch starts holding the last one's last state, clean where a commit or a validation after
-    that epoch wrote it back (a commit every epoch with training.checkpoint_interval 0, else at the validations,
-    where the dataset has validation edges (``validates``); a timed commit that falls elsewhere saves write-backs
-    the simulator counts)."""
+    that epoch wrote it back (a commit every epoch with training.checkpoint_interval 0, but for the epochs in
+    ``folded``, whose commit point came while the last commit was still written behind training; else at the
+    validations, where the dataset has validation edges (``validates``); a timed commit that falls elsewhere
+    saves write-backs the simulator counts)."""
     resolved = mp.make_config(None, [f"{section}.{key}={value}" for section, values in config.items()
                                      for key, value in values.items()])
     layout, dim = run_layout(resolved, num_nodes), resolved.model.dim
@@ -212,8 +214,8 @@ def predicted_io(config: dict, num_nodes: int, validates: bool = True) -> dict:
     carried: tuple[int, ...] = ()
     for epoch in range(1, resolved.training.epochs + 1):
         ordering = epoch_ordering(layout, resolved.training.seed, epoch)
-        written_back = resolved.training.checkpoint_interval == 0 or (
-            validates and every > 0 and (epoch - 1) % every == 0)
+        committed = resolved.training.checkpoint_interval == 0 and epoch - 1 not in folded
+        written_back = committed or (validates and every > 0 and (epoch - 1) % every == 0)
         stats = walk_io(ordering, chunk_bytes, carried, carried_dirty=not written_back)
         for key in totals:
             totals[key] += stats[key]
@@ -268,7 +270,8 @@ def main() -> None:
             if result["io"] is not None:
                 io = result["io"]
                 result["io_predicted"] = predicted_io(result["resolved_config"], result["num_nodes"],
-                                                       validates=result["best_valid"] is not None)
+                                                       validates=result["best_valid"] is not None,
+                                                       folded=result["folded_commits"])
                 io_match = (f"read {format_bytes(io['bytes_read'])}, "
                             + ("IO = simulator" if all(io[k] == v for k, v in result["io_predicted"].items())
                                else "IO MISMATCH"))

@@ -67,6 +67,7 @@ def run_one(dataset: Path, config_name: str, overrides: list[str], workdir: Path
             "best_valid": {"epoch": best_valid["epoch"], "mrr": best_valid["mrr"]} if best_valid else None,
             "wall_seconds": seconds, "train_seconds": train_seconds,
             "edges_per_s": edges / max(train_seconds, 1e-9), "device": config.training.device, "io": io,
+            "folded_commits": [r["epoch"] for r in epochs if r.get("commit_folded")],  # (commits behind training)
             "resolved_config": mp.api.load_run_config(run_dir).to_dict(),  # (as it trained: the plan's store pinned)
             **(inspect(model) if inspect else {})}
 
