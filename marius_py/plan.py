@@ -270,14 +270,16 @@ def _chosen(config: Config, keys: tuple[str, ...], machine: Machine) -> tuple[st
     return tuple(key for key in keys if not given[key])
 
 
-def _notes(config: Config, graph: GraphSize, machine: Machine, store: int, host: int) -> tuple[str, ...]:
-    """What may not fit, said before the run starts (a store the disk cannot hold is refused)."""
+def _notes(config: Config, graph: GraphSize, machine: Machine, store: int, host: int,
+           versions: int = VERSIONS) -> tuple[str, ...]:
+    """What may not fit, said before the run starts (a store the disk cannot hold is refused). ``versions``:
+    the stores the disk may hold at once."""
     free, notes = machine.disk_free, []
     if free is not None and free < store:
         raise MariusInputError(f"the store needs {_size(store)} on disk but only {_size(free)} is free where the "
                                "run directory is", expected="a run directory (--run-dir) on a disk with room")
-    if free is not None and free < VERSIONS * store:
-        notes.append(f"committed versions may need up to {_size(VERSIONS * store)} of disk, {_size(free)} is free")
+    if free is not None and free < versions * store:
+        notes.append(f"committed versions may need up to {_size(versions * store)} of disk, {_size(free)} is free")
     if host > machine.host_room:
         notes.append(f"the run may need {_size(host)} of host memory, more than "
                      f"{HOST_FRACTION:.0%} of the {_size(machine.host_available)} available")
@@ -408,12 +410,15 @@ def _disk_plan(config: Config, graph: GraphSize, machine: Machine) -> Plan:
     best = next(c for c in accurate if c.io_bytes <= IO_TOLERANCE * least)  # (ascending P, then descending C)
     on_gpu = best.placement == PLACEMENT_DEVICE
     table = graph.table_bytes(_itemsize(best.layout))
+    # A commit behind training snapshots by linking the store's files (no memory); while it is written, the
+    # buffer's write-backs replace the live files it links: one more store on disk at worst.
+    behind = config.training.commits_behind != "false"
     return Plan(TIER_DISK, best.placement, best.num_partitions, best.buffer_capacity, best.layout, table,
                 best.buffer_bytes, best.buffer_bytes if on_gpu else 0, best.host_bytes, table, machine,
                 _chosen(config, ("storage.num_partitions", "storage.buffer_capacity", "storage.dtype",
                                  "pipeline.placement"), machine),
-                _notes(config, graph, machine, table, best.host_bytes),
-                commits_behind=config.training.commits_behind != "false")  # (its snapshot links files: no memory)
+                _notes(config, graph, machine, table, best.host_bytes, versions=VERSIONS + behind),
+                commits_behind=behind)
 
 
 def _partition_counts(config: Config, graph: GraphSize) -> list[list[int]]:

@@ -336,7 +336,7 @@ class Trainer:
         if self.partitioned:
             self.synchronize()  # (the GPU's last updates of the resident partitions are done)
             self.spans.write_back()  # (the buffer's resident partitions, kept for the next epoch)
-        if behind:
+        if behind and (self.partitioned or self._snapshot_memory_allocated()):
             self.checkpointer.commit_behind(lambda: self._snapshot(is_best), self.tables.store)
             return
         if not self.partitioned:
@@ -358,10 +358,24 @@ class Trainer:
         return tuple(page_aligned_empty(*table.shape, pin_memory=pin, dtype=table.dtype)
                      for table in (self.tables.nodes, self.tables.node_state))
 
-    def _copy_tables(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The in-memory tables copied into the host memory kept for snapshots."""
+    def _snapshot_memory_allocated(self) -> bool:
+        """Whether the host memory for snapshots of the in-memory tables is there. Where it could not be
+        allocated (pinned memory can run short of what the plan saw available), this commit and the run's
+        later ones are synchronous, and the log says why."""
         if self._snapshot_tables is None:  # (commits behind training that the trainer did not plan on)
             self._snapshot_tables = self.checkpointer.on_writer(self._snapshot_memory)
+        failure = self._snapshot_tables.exception()
+        if failure is None:
+            return True
+        self.commits_behind = False
+        reason = f"host memory for a snapshot of the tables could not be allocated ({failure})"
+        self._say(f"commits are synchronous from epoch {self.state.epoch} on: {reason}")
+        if self.group.is_leader:
+            self.log({"event": "commits_synchronous", "epoch": self.state.epoch, "reason": reason})
+        return False
+
+    def _copy_tables(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The in-memory tables copied into the host memory kept for snapshots (``_snapshot_memory_allocated``)."""
         copies = self._snapshot_tables.result()
         for copied, table in zip(copies, (self.tables.nodes, self.tables.node_state)):
             copied.copy_(table)

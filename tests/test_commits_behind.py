@@ -177,3 +177,36 @@ def test_a_stop_at_an_epochs_end_waits_for_the_commit_behind_it(small_config, tm
     assert RunDirectory(tmp_path / "run").latest_version().name == "v000002"
     assert [r["epoch"] for r in records(tmp_path / "run", "commit")] == [1, 2]
     assert model.test_metrics is not None and records(tmp_path / "run", "stop")
+
+
+def test_snapshot_memory_that_cannot_be_allocated_turns_commits_synchronous(small_config, tmp_path, monkeypatch):
+    """Pinned host memory can run out below what the plan saw: the run then commits synchronously, says so
+    once in its log, and ends with the same tables as a run committing synchronously from the start."""
+    def no_memory(self):
+        raise RuntimeError("CUDA error: out of memory (pinned host allocation)")
+    monkeypatch.setattr(mp.trainer.Trainer, "_snapshot_memory", no_memory)
+    for behind in ("true", "false"):
+        mp.train(small_config("training.epochs=3", "evaluation.every=0", f"training.commits_behind={behind}"),
+                 tmp_path / behind, progress=False)
+    for got, expected in zip(final_state(tmp_path / "true"), final_state(tmp_path / "false")):
+        np.testing.assert_array_equal(got, expected)
+    (turned,) = records(tmp_path / "true", "commits_synchronous")
+    assert turned["epoch"] == 1 and "out of memory" in turned["reason"]
+    assert records(tmp_path / "true", "commit") == []  # (none was written behind)
+    assert RunDirectory(tmp_path / "true").latest_version().name == "v000003"
+
+
+def test_the_plan_counts_a_store_more_on_disk_for_commits_behind_out_of_core():
+    """Out of core a commit behind training links the store's files, which the buffer's write-backs replace
+    while it is written: the disk may hold one store more than with synchronous commits."""
+    from marius_py.config_loading import load_config
+    from marius_py.plan import GiB, GraphSize, Machine, plan_run
+    overrides = ["training.device=cpu", "storage.num_partitions=8", "storage.buffer_capacity=4", "model.dim=100"]
+    graph = GraphSize.of(load_config(None, overrides), 4_000_000, 1_000_000)
+    for behind, versions in (("true", 4), ("false", 3)):
+        config = load_config(None, overrides + [f"training.commits_behind={behind}"])
+        table = plan_run(config, graph, Machine(host_available=128 * GiB, disk_free=500 * GiB)).table_bytes
+        tight = plan_run(config, graph, Machine(host_available=128 * GiB, disk_free=int(versions * table) - 1))
+        roomy = plan_run(config, graph, Machine(host_available=128 * GiB, disk_free=int(versions * table) + 1))
+        assert any("committed versions may need" in note for note in tight.notes), behind
+        assert not any("committed versions may need" in note for note in roomy.notes), behind
