@@ -8,7 +8,7 @@ Rows (median of ``--repeats`` runs, each in this process with the page cache war
 it):
   open without checks    metadata.json read and edges.h5 opened: what opening cost before identities
   open, raw directory    ``api.open_dataset`` of a config naming the raw directory: the raw files' content key
-                         (``bundled.raw_content_key``), the cache hit, and ``Dataset`` (names files checked)
+                         (``dataset_cache.raw_content_key``), the cache hit, and ``Dataset`` (names files checked)
   open, preprocessed     ``Dataset`` of the preprocessed directory (names files checked)
   identity, once         ``identity.compute_identity``: what preprocessing adds, and what a dataset from before
                          identities pays on its first open

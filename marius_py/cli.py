@@ -213,11 +213,56 @@ def _tune_devices(args) -> list[str] | None:
 def cmd_preprocess(args) -> None:
     from marius_py.dataset import METADATA_FILE
     with _reporting_interrupt("preprocessing", Path(args.output), METADATA_FILE, "dataset"):
-        _preprocess(args)
+        if args.name is not None:
+            _preprocess_registered(args)
+        else:
+            _preprocess(args)
+
+
+def _preprocess_registered(args) -> None:
+    """``preprocess NAME -o DIR``: a registered dataset fetched and preprocessed into DIR."""
+    from marius_py.registered_data import prepare
+    given = [option for option, value in (("--train", args.train), ("--valid", args.valid), ("--test", args.test),
+                                          ("--columns", args.columns), ("--split", args.split)) if value]
+    if given:
+        raise MariusInputError(f"{args.name} is a registered dataset; {', '.join(given)} apply to files",
+                               path="command line", expected="NAME alone (its entry says how to read it), or "
+                                                             "--train FILE without NAME")
+    output = prepare(args.name, args.partitions, progress=not args.quiet, offline=args.offline,
+                     source=_from_path(args), output=Path(args.output), overwrite=args.overwrite)
+    _print_dataset(output)
+
+
+def cmd_download(args) -> None:
+    from marius_py.registered_data import prepare
+    _print_dataset(prepare(args.name, args.partitions, progress=not args.quiet, offline=args.offline,
+                           source=_from_path(args)))
+
+
+def cmd_datasets(args) -> None:
+    from marius_py.catalog import describe
+    from marius_py.catalog_entries import DATASETS
+    for name, entry in DATASETS.items():
+        print(describe(name, entry))
+
+
+def _from_path(args) -> Path | None:
+    return Path(getattr(args, "from")).expanduser() if getattr(args, "from", None) else None
+
+
+def _print_dataset(directory: Path) -> None:
+    from marius_py.dataset import read_metadata
+    m = read_metadata(directory)
+    print(f"{directory}: {m.num_nodes:,} nodes, {m.num_relations:,} relations, {m.num_train:,} / {m.num_valid:,} / "
+          f"{m.num_test:,} train / valid / test edges")
 
 
 def _preprocess(args) -> None:
     from marius_py.preprocess import PreprocessOptions, preprocess
+    if args.train is None:
+        raise MariusInputError("no input", path="command line",
+                               expected="--train FILE (with --valid and --test, or split by --split), or a "
+                                        "registered dataset's NAME (`marius-py datasets` lists them)")
     columns = _number_list(args.columns, int, "--columns", "0-based column indices like 0,1,2")
     fractions = _number_list(args.split, float, "--split", "valid,test fractions like 0.05,0.05")
     if fractions is not None and (args.valid or args.test):
@@ -513,8 +558,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no line per validation and trial")
     p.set_defaults(func=cmd_tune)
 
-    p = sub.add_parser("preprocess", help="turn delimited edge files into a dataset directory")
-    p.add_argument("--train", required=True, help="train edges (or all edges, split randomly when "
+    p = sub.add_parser("preprocess", help="turn delimited edge files, or a registered dataset, into a dataset "
+                                          "directory")
+    p.add_argument("name", nargs="?", help="a registered dataset (fetched first; `marius-py datasets` lists them) "
+                                          "instead of --train/--valid/--test")
+    p.add_argument("--train", help="train edges (or all edges, split randomly when "
                    "--valid/--test are not given); UTF-8, LF or CRLF lines; .gz accepted")
     p.add_argument("--valid")
     p.add_argument("--test")
@@ -535,7 +583,19 @@ def build_parser() -> argparse.ArgumentParser:
                    "the default) or error")
     p.add_argument("--overwrite", action="store_true")
     p.add_argument("--quiet", action="store_true")
+    _fetch_options(p)
     p.set_defaults(func=cmd_preprocess)
+
+    p = sub.add_parser("download", help="fetch a registered dataset, check it and prepare it in the cache "
+                                        "(train, preprocess and mp.load_dataset do it for a name they are given)")
+    p.add_argument("name", help="a registered dataset (`marius-py datasets` lists them)")
+    p.add_argument("--partitions", type=int, default=1, help="node partitions for bucketed training edges")
+    p.add_argument("--quiet", action="store_true")
+    _fetch_options(p)
+    p.set_defaults(func=cmd_download)
+
+    p = sub.add_parser("datasets", help="list the registered datasets: task, counts, license")
+    p.set_defaults(func=cmd_datasets)
 
     for name, func, text in (("eval", cmd_eval, "evaluate a run's checkpoint"),
                              ("export", cmd_export, "write embeddings keyed by original names"),
@@ -593,6 +653,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("path")
     p.set_defaults(func=cmd_info)
     return parser
+
+
+def _fetch_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--from", metavar="PATH", help="a registered dataset's file(s) fetched on another machine: the "
+                   "file, or a directory holding them")
+    p.add_argument("--offline", action="store_true", help="fetch nothing: use the cache and --from "
+                   "(as MARIUS_PY_OFFLINE=1)")
 
 
 # The list each verb gathers its key=value items into (verbs without one take none).

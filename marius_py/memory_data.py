@@ -46,7 +46,7 @@ import numpy as np
 from tqdm import tqdm
 
 from marius_py import dataset
-from marius_py.bundled import _build_once, cache_dir
+from marius_py.dataset_cache import build_once, cache_dir
 from marius_py.edge_text import PAIRS_RELATION, EdgeSource
 from marius_py.errors import PATH_TYPES, MariusInputError, check_type
 from marius_py.preprocess import PreprocessOptions, _valid_fractions, _validate_options, preprocess
@@ -86,7 +86,7 @@ def write_triples(train, valid=None, test=None, *, directory=None, split=None, s
         build(directory)
         return Path(directory)
     output = cache_dir() / "datasets" / f"memory-{_content_key(sources, options, progress)}-p{num_partitions}"
-    return _build_once(output, f"preprocessing edges held in memory into {output}", progress, lambda: build(output))
+    return build_once(output, f"preprocessing edges held in memory into {output}", progress, lambda: build(output))
 
 
 def is_edge_data(value) -> bool:

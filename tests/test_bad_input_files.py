@@ -346,7 +346,7 @@ def cache_is_a_file(tmp_path, monkeypatch, capsys):
 
 def cache_variable_empty_or_with_tilde(tmp_path, monkeypatch, capsys):
     """An empty $MARIUS_PY_CACHE is unset (not the working directory); a leading ~ is the home."""
-    from marius_py.bundled import cache_dir
+    from marius_py.dataset_cache import cache_dir
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.setenv("MARIUS_PY_CACHE", "")
     assert cache_dir() == tmp_path / ".cache" / "marius-py"

@@ -1,0 +1,178 @@
+"""A registered dataset (``marius_py.catalog``) made ready to train: fetched (``marius_py.download``), its split
+files taken out of their archives, preprocessed into the cache and checked against the published counts.
+
+Only the members the entry names are read out of an archive, streamed into files of the cache's own
+naming (``raw/NAME-KEY/SPLIT...``), so neither memory nor a hostile member path comes into play. The
+preprocessed dataset is keyed on the split files' contents and the entry's reading options, as a raw
+directory is (``dataset_cache.raw_content_key``): a download that changed is prepared again, never reused.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import tarfile
+import zipfile
+from pathlib import Path
+
+from marius_py.dataset_cache import build_once, cache_dir, raw_content_key
+from marius_py.catalog import DatasetSource, split_location
+from marius_py.catalog_entries import registered
+from marius_py.dataset import DatasetMetadata, read_metadata
+from marius_py.download import fetch_files, recorded_digests
+from marius_py.errors import MariusInputError
+
+_COMPRESSED_SUFFIXES = (".gz",)  # (kept on an extracted member: preprocessing reads gzip by suffix)
+
+
+def prepare(name: str, num_partitions: int = 1, progress: bool = True, offline: bool = False,
+            source: Path | None = None, output: Path | None = None, overwrite: bool = False) -> Path:
+    """The preprocessed directory of registered dataset ``name`` (bucketed for ``num_partitions``): in the
+    cache, or ``output`` where given (``overwrite``: an existing dataset there is replaced)."""
+    entry = registered(name)
+    if entry is None:
+        from marius_py.catalog import DATASETS
+        raise DATASETS.unknown(name, "dataset")
+    downloaded = fetch_files(name, entry, offline=offline, source=source, progress=progress)
+    files = split_files(name, entry, downloaded)
+    options = _options(entry, num_partitions)
+    if output is not None:
+        _preprocess(files, options, output, progress, overwrite)
+        _check_counts(name, entry, output)
+        return output
+    key = hashlib.sha256((raw_content_key(files) + json.dumps(dataclasses.asdict(options), sort_keys=True))
+                         .encode()).hexdigest()[:16]
+    output = cache_dir() / "datasets" / f"{name}-{key}-p{num_partitions}"
+    fresh = not output.exists()
+    build_once(output, f"preprocessing {name} into {output}", progress,
+                lambda: _preprocess(files, options, output, progress))
+    if fresh:
+        _check_counts(name, entry, output)
+    return output
+
+
+def _options(entry: DatasetSource, num_partitions: int):
+    from marius_py.preprocess import PreprocessOptions
+    extra = {"split_fractions": entry.split} if entry.split is not None else {}
+    return PreprocessOptions(delimiter=entry.delimiter, columns=entry.columns, pairs=entry.pairs,
+                             skip_header=entry.skip_header, num_partitions=num_partitions, **extra)
+
+
+def _preprocess(files: dict[str, Path], options, output: Path, progress: bool, overwrite: bool = False) -> None:
+    from marius_py.preprocess import preprocess
+    preprocess(output, files["train"], files.get("valid"), files.get("test"), options, progress=progress,
+               overwrite=overwrite)
+
+
+def split_files(name: str, entry: DatasetSource, downloaded: dict[str, Path]) -> dict[str, Path]:
+    """split -> a file preprocessing reads: the download itself, or its member extracted into the cache
+    (once per set of downloads)."""
+    digests = recorded_digests(name, entry)
+    key = hashlib.sha256(json.dumps([digests, entry.splits], sort_keys=True).encode()).hexdigest()[:16]
+    directory = cache_dir() / "raw" / f"{name}-{key}"
+    files = {}
+    for split, location in entry.splits.items():
+        filename, member = split_location(location)
+        if member is None:
+            files[split] = downloaded[filename]
+            continue
+        suffix = "".join(s for s in Path(member).suffixes[-1:] if s in _COMPRESSED_SUFFIXES)
+        target = directory / f"{split}.txt{suffix}"
+        if not target.is_file():
+            directory.mkdir(parents=True, exist_ok=True)
+            _extract_member(name, downloaded[filename], member, target)
+        files[split] = target
+    return files
+
+
+def _extract_member(name: str, archive: Path, member: str, target: Path) -> None:
+    """Stream ``member`` of ``archive`` (zip or tar, compressed or not) into ``target``, atomically."""
+    partial = target.with_name(target.name + ".part")
+    try:
+        with _open_member(archive, member) as stream, open(partial, "wb") as out:
+            shutil.copyfileobj(stream, out, 1 << 22)
+            out.flush()
+            os.fsync(out.fileno())
+    except MariusInputError:
+        partial.unlink(missing_ok=True)
+        raise
+    except (tarfile.TarError, zipfile.BadZipFile, EOFError, OSError) as error:
+        partial.unlink(missing_ok=True)
+        raise MariusInputError(f"dataset {name}: cannot read {member} from the archive ({error})", path=archive,
+                               expected="the archive as its source serves it (delete it from the cache to "
+                                        "fetch it again)") from None
+    os.replace(partial, target)
+
+
+def _open_member(archive: Path, member: str):
+    if zipfile.is_zipfile(archive):
+        bundle = zipfile.ZipFile(archive)
+        if member not in bundle.namelist():
+            bundle.close()
+            raise _missing(archive, member, bundle.namelist())
+        return _Closing(bundle.open(member), bundle)
+    bundle = tarfile.open(archive, "r:*")
+    try:
+        info = bundle.getmember(member)
+        stream = bundle.extractfile(info)
+    except KeyError:
+        names = bundle.getnames()
+        bundle.close()
+        raise _missing(archive, member, names) from None
+    if stream is None:
+        bundle.close()
+        raise _missing(archive, member, [])
+    return _Closing(stream, bundle)
+
+
+def _missing(archive: Path, member: str, names: list[str]) -> MariusInputError:
+    shown = ", ".join(names[:8]) + (", ..." if len(names) > 8 else "")
+    return MariusInputError(f"the archive has no file {member}", path=archive,
+                            expected=f"the member the dataset's entry names (the archive holds {shown or 'no files'})")
+
+
+class _Closing:
+    """A member's stream that closes its archive with it."""
+
+    def __init__(self, stream, bundle):
+        self.stream, self.bundle = stream, bundle
+
+    def __enter__(self):
+        return self.stream
+
+    def __exit__(self, *exc):
+        self.stream.close()
+        self.bundle.close()
+
+
+def _check_counts(name: str, entry: DatasetSource, output: Path) -> None:
+    """The prepared dataset against the published counts: the edges of each split as read (dropped ones
+    included), and no more nodes or relations than published. A mismatch removes it and is one error."""
+    metadata = read_metadata(output)
+    wrong = mismatches(entry, metadata)
+    if wrong:
+        shutil.rmtree(output, ignore_errors=True)
+        raise MariusInputError(f"dataset {name}: the prepared dataset does not have the published counts "
+                               f"({'; '.join(wrong)})", path=output,
+                               expected=f"the counts {entry.stats.where or 'its source'} publishes: the files "
+                                        "fetched may not be the dataset the entry describes")
+
+
+def mismatches(entry: DatasetSource, metadata: DatasetMetadata) -> list[str]:
+    s, found = entry.stats, []
+    read = {"train": metadata.num_train, "valid": metadata.num_valid + metadata.num_dropped_valid,
+            "test": metadata.num_test + metadata.num_dropped_test}
+    if entry.split is not None and s.edges is not None and sum(read.values()) != s.edges:
+        found.append(f"{sum(read.values()):,} edges, published {s.edges:,}")
+    for split, count in read.items():
+        published = getattr(s, split)
+        if entry.split is None and published is not None and count != published:
+            found.append(f"{count:,} {split} edges, published {published:,}")
+    if s.nodes is not None and metadata.num_nodes > s.nodes:
+        found.append(f"{metadata.num_nodes:,} nodes, published {s.nodes:,}")
+    if s.relations is not None and entry.task == "link_prediction" and metadata.num_relations > s.relations:
+        found.append(f"{metadata.num_relations:,} relations, published {s.relations:,}")
+    return found

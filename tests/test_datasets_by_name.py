@@ -1,0 +1,271 @@
+"""Datasets by name (issue 54): a registered dataset is fetched over HTTP (resumed after a cut, checked),
+its splits taken out of the archive, preprocessed into the cache and checked against the published counts;
+offline, from a copy fetched elsewhere, or through a mirror. A local HTTP server stands in for the
+internet."""
+
+from __future__ import annotations
+
+import hashlib
+import http.server
+import io
+import tarfile
+import threading
+from pathlib import Path
+
+import pytest
+
+import marius_py as mp
+from marius_py.catalog import DATASETS, DatasetSource, Download, Stats
+from marius_py.catalog_entries import registered
+from marius_py.cli import main
+from marius_py.errors import MariusInputError
+
+UMLS_RAW = Path(__file__).parent / "data" / "umls"
+UMLS_STATS = Stats(nodes=135, relations=46, train=5216, valid=652, test=661, where="the UMLS files")
+
+
+class Server:
+    """Files over HTTP on localhost, with range requests; ``cut_after``: the next response of a path stops
+    after that many bytes (a dropped connection), and with ``gone_after_cut`` the path then answers 404;
+    ``ignore_ranges``: answer every request whole."""
+
+    def __init__(self):
+        self.files: dict[str, bytes] = {}
+        self.requests: list[tuple[str, str | None]] = []
+        self.cut_after: dict[str, int] = {}
+        self.ignore_ranges = False
+        self.gone_after_cut = False
+        server = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                wanted = self.headers.get("Range")
+                server.requests.append((self.path, wanted))
+                body = server.files.get(self.path)
+                if body is None:
+                    self.send_error(404)
+                    return
+                start = 0
+                if wanted and not server.ignore_ranges:
+                    start = int(wanted.removeprefix("bytes=").split("-")[0])
+                    if start >= len(body):
+                        self.send_error(416)
+                        return
+                    self.send_response(206)
+                    self.send_header("Content-Range", f"bytes {start}-{len(body) - 1}/{len(body)}")
+                else:
+                    self.send_response(200)
+                self.send_header("Content-Length", str(len(body) - start))
+                self.end_headers()
+                cut = server.cut_after.pop(self.path, None)
+                self.wfile.write(body[start:start + cut] if cut is not None else body[start:])
+                if cut is not None and server.gone_after_cut:
+                    del server.files[self.path]
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.httpd.server_address[1]}{path}"
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def umls_archive(prefix: str = "umls/") -> bytes:
+    """The UMLS splits in a tar.gz, under ``prefix``."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
+        for split in ("train", "valid", "test"):
+            archive.add(UMLS_RAW / f"{split}.txt", arcname=f"{prefix}{split}.txt")
+    return buffer.getvalue()
+
+
+@pytest.fixture
+def server():
+    served = Server()
+    yield served
+    served.close()
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("MARIUS_PY_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("MARIUS_PY_MIRROR", raising=False)
+    monkeypatch.delenv("MARIUS_PY_OFFLINE", raising=False)
+    monkeypatch.setattr("marius_py.download.time.sleep", lambda seconds: None)
+    return tmp_path / "cache"
+
+
+def umls_entry(url: str, sha256: str | None, stats: Stats = UMLS_STATS, member: str = "umls/") -> DatasetSource:
+    return DatasetSource(task="link_prediction", downloads=(Download(url, "umls.tar.gz", sha256=sha256),),
+                         splits={split: f"umls.tar.gz!{member}{split}.txt" for split in ("train", "valid", "test")},
+                         stats=stats, license="test data")
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def test_a_registered_dataset_is_downloaded_checked_and_prepared_once(server, cache):
+    archive = umls_archive()
+    server.files["/umls.tar.gz"] = archive
+    with DATASETS.registered("umls-test", umls_entry(server.url("/umls.tar.gz"), sha256(archive))):
+        dataset = mp.load_dataset("umls-test")
+        assert (dataset.num_nodes, dataset.num_relations) == (135, 46)
+        assert (len(dataset.train), len(dataset.valid), len(dataset.test)) == (5216, 652, 661)
+        assert dataset.directory.parent == cache / "datasets"
+        assert mp.load_dataset("umls-test").directory == dataset.directory  # (prepared once)
+        assert server.requests == [("/umls.tar.gz", None)]
+        assert (cache / "downloads" / "umls-test" / "umls.tar.gz").read_bytes() == archive
+        assert not list((cache / "downloads" / "umls-test").glob("*.part"))
+
+
+@pytest.mark.parametrize("ignore_ranges", [False, True], ids=["resumed", "server-ignores-ranges"])
+def test_a_cut_download_resumes_where_it_stopped(server, cache, ignore_ranges):
+    archive = umls_archive()
+    server.files["/umls.tar.gz"] = archive
+    server.cut_after["/umls.tar.gz"] = 10_000
+    server.ignore_ranges = ignore_ranges
+    with DATASETS.registered("umls-test", umls_entry(server.url("/umls.tar.gz"), sha256(archive))):
+        assert len(mp.load_dataset("umls-test").train) == 5216
+    assert server.requests == [("/umls.tar.gz", None), ("/umls.tar.gz", "bytes=10000-")]
+    assert (cache / "downloads" / "umls-test" / "umls.tar.gz").read_bytes() == archive
+
+
+def test_a_file_whose_digest_differs_from_the_published_one_is_refused_and_removed(server, cache):
+    server.files["/umls.tar.gz"] = umls_archive()
+    with DATASETS.registered("umls-test", umls_entry(server.url("/umls.tar.gz"), "0" * 64)):
+        with pytest.raises(MariusInputError, match="umls.tar.gz has SHA-256 [0-9a-f]{64}, not the published 0{64}"):
+            mp.load_dataset("umls-test")
+    assert not (cache / "downloads" / "umls-test" / "umls.tar.gz").exists()
+    assert not (cache / "datasets").exists()
+
+
+def test_without_a_published_digest_the_first_download_records_one_that_later_ones_must_match(server, cache):
+    server.files["/umls.tar.gz"] = umls_archive()
+    with DATASETS.registered("umls-test", umls_entry(server.url("/umls.tar.gz"), None)):
+        mp.load_dataset("umls-test")
+        (cache / "downloads" / "umls-test" / "umls.tar.gz").unlink()
+        server.files["/umls.tar.gz"] = umls_archive(prefix="data/")  # (the source changed)
+        with pytest.raises(MariusInputError, match="not the recorded by its first download"):
+            mp.load_dataset("umls-test")
+
+
+def test_offline_fetches_nothing_and_from_takes_a_copy_fetched_elsewhere(server, cache, tmp_path, monkeypatch):
+    archive = umls_archive()
+    elsewhere = tmp_path / "fetched-elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "umls.tar.gz").write_bytes(archive)
+    monkeypatch.setenv("MARIUS_PY_OFFLINE", "1")
+    with DATASETS.registered("umls-test", umls_entry(server.url("/umls.tar.gz"), sha256(archive))):
+        with pytest.raises(MariusInputError, match="not in the cache and downloads are off"):
+            mp.load_dataset("umls-test")
+        assert main(["download", "umls-test", "--from", str(elsewhere), "--quiet"]) == 0
+        assert len(mp.load_dataset("umls-test").test) == 661
+    assert server.requests == []
+
+
+def test_a_mirror_is_tried_before_the_entrys_url(server, cache, monkeypatch):
+    archive = umls_archive()
+    server.files["/mirror/umls-test/umls.tar.gz"] = archive
+    monkeypatch.setenv("MARIUS_PY_MIRROR", server.url("/mirror/"))
+    with DATASETS.registered("umls-test", umls_entry(server.url("/gone/umls.tar.gz"), sha256(archive))):
+        assert len(mp.load_dataset("umls-test").valid) == 652
+    assert server.requests == [("/mirror/umls-test/umls.tar.gz", None)]
+
+
+def test_an_unreachable_source_is_one_error_and_keeps_what_was_fetched(server, cache):
+    """A source that stops serving midway: one error naming the file and the HTTP status; the bytes fetched
+    stay in FILE.part, and the next attempt asks only for the rest."""
+    archive = umls_archive()
+    server.files["/umls.tar.gz"] = archive
+    server.cut_after["/umls.tar.gz"], server.gone_after_cut = 10_000, True
+    with DATASETS.registered("umls-test", umls_entry(server.url("/umls.tar.gz"), sha256(archive))):
+        with pytest.raises(MariusInputError, match=r"cannot download umls.tar.gz \(.*/umls.tar.gz: HTTP 404"):
+            mp.load_dataset("umls-test")
+        assert (cache / "downloads" / "umls-test" / "umls.tar.gz.part").stat().st_size == 10_000
+        server.files["/umls.tar.gz"] = archive
+        assert len(mp.load_dataset("umls-test").train) == 5216
+    assert server.requests[-1] == ("/umls.tar.gz", "bytes=10000-")
+
+
+def test_counts_other_than_the_published_ones_are_refused_and_leave_no_dataset(server, cache):
+    archive = umls_archive()
+    server.files["/umls.tar.gz"] = archive
+    wrong = Stats(nodes=135, relations=46, train=5000, valid=652, test=661)
+    with DATASETS.registered("umls-test", umls_entry(server.url("/umls.tar.gz"), sha256(archive), wrong)):
+        with pytest.raises(MariusInputError, match="5,216 train edges, published 5,000"):
+            mp.load_dataset("umls-test")
+    assert not list((cache / "datasets").glob("umls-test-*"))
+
+
+def test_a_member_the_archive_lacks_is_named(server, cache):
+    archive = umls_archive()
+    server.files["/umls.tar.gz"] = archive
+    with DATASETS.registered("umls-test", umls_entry(server.url("/umls.tar.gz"), sha256(archive), member="UMLS/")):
+        with pytest.raises(MariusInputError, match="has no file UMLS/train.txt.*holds umls/train.txt"):
+            mp.load_dataset("umls-test")
+
+
+def test_download_and_datasets_commands(server, cache, capsys):
+    archive = umls_archive()
+    server.files["/umls.tar.gz"] = archive
+    with DATASETS.registered("umls-test", umls_entry(server.url("/umls.tar.gz"), sha256(archive))):
+        assert main(["download", "umls-test", "--quiet"]) == 0
+        out = capsys.readouterr().out
+        assert "135 nodes, 46 relations, 5,216 / 652 / 661 train / valid / test edges" in out
+        assert main(["datasets"]) == 0
+        listed = capsys.readouterr().out
+    assert "umls-test" in listed and "fb15k-237" in listed and "wn18rr" in listed
+    assert main(["download", "no-such-dataset"]) == 2
+    assert "unknown dataset 'no-such-dataset'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"task": "ranking"}, "task 'ranking'"),
+    ({"downloads": ()}, "has no downloads"),
+    ({"downloads": (Download("ftp://example.org/a.tar.gz"),)}, "URL 'ftp://"),
+    ({"downloads": (Download("https://example.org/umls.tar.gz", sha256="ABC"),)}, "64 lowercase hex digits"),
+    ({"splits": {"train": "umls.tar.gz!train.txt"}}, "exactly train, valid, test"),
+    ({"splits": {"train": "other.tar.gz!a", "valid": "umls.tar.gz!b", "test": "umls.tar.gz!c"}},
+     "which is no download"),
+])
+def test_an_incomplete_entry_is_refused_when_registered(change, message):
+    import dataclasses
+    entry = dataclasses.replace(umls_entry("https://example.org/umls.tar.gz", None), **change)
+    with pytest.raises(MariusInputError, match=message):
+        DATASETS.register("bad-entry", entry)
+    assert registered("bad-entry") is None
+
+
+def test_preprocess_a_registered_dataset_into_a_directory(server, cache, tmp_path, capsys):
+    archive = umls_archive()
+    server.files["/umls.tar.gz"] = archive
+    out = tmp_path / "umls-p2"
+    with DATASETS.registered("umls-test", umls_entry(server.url("/umls.tar.gz"), sha256(archive))):
+        assert main(["preprocess", "umls-test", "-o", str(out), "--partitions", "2", "--quiet"]) == 0
+        assert main(["preprocess", "umls-test", "-o", str(tmp_path / "x"), "--train", "a.txt"]) == 2
+    assert "--train apply to files" in capsys.readouterr().err
+    dataset = mp.load_dataset(str(out))
+    assert dataset.edges.num_partitions == 2 and len(dataset.train) == 5216
+    assert not (tmp_path / "x").exists()
+
+
+def test_the_built_in_entries_are_complete():
+    """Every built-in entry names its license, citation, homepage and published counts, and those that are
+    repositories' files are pinned to a commit (a published digest stays true)."""
+    names = [name for name in DATASETS if DATASETS.origin(name) == "the engine"]
+    assert {"fb15k-237", "wn18rr", "codex-s", "codex-m", "nations", "kinships", "umls"} <= set(names)
+    for name in names:
+        entry = registered(name)
+        assert entry.license and entry.citation and entry.homepage and entry.stats.where, name
+        assert entry.stats.nodes and (entry.stats.edges or entry.stats.train), name
+        for download in entry.downloads:
+            if "raw.githubusercontent.com" in download.url:
+                assert len(download.url.split("/")[5]) == 40, download.url  # (owner/repo/COMMIT/...)
