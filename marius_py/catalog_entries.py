@@ -18,7 +18,7 @@ def _in_archive(archive: str, prefix: str = "") -> dict[str, str]:
     return {split: f"{archive}!{prefix}{split}.txt" for split in _SPLITS}
 
 
-def _register_split_files(name: str, base: str, stats: Stats, digests: dict[str, str], **about) -> None:
+def _register_split_files(name: str, base: str, stats: Stats, digests: dict[str, str | None], **about) -> None:
     """A dataset served as one file per split (``base/SPLIT.txt``, named ``NAME-SPLIT.txt`` in the cache)."""
     downloads = tuple(Download(f"{base}/{split}.txt", f"{name}-{split}.txt", sha256=digests[split])
                       for split in _SPLITS)
@@ -59,6 +59,11 @@ _register_split_files("codex-s", f"{_CODEX}/codex-s", Stats(nodes=2034, relation
                       {"train": "64f93b7f314f3936a6f65739721429db3f6a7c8f5a1e1104ec3bb544f7434f59",
                        "valid": "3831c0e57daef03c3a18cdd1a72e370b496f696c5218883d35c7d2ab8a6a772c",
                        "test": "27127fcb34688c4778e88a39ef3c9b540807da846021e9d9685660ac1838aca1"}, **_CODEX_ABOUT)
+_register_split_files("codex-l", f"{_CODEX}/codex-l", Stats(nodes=77951, relations=69, train=551193, valid=30622,
+                                                             test=30622, where="Safavi and Koutra (2020), Table 2"),
+                      {"train": None,  # (too large for the copy the digests were computed from: recorded at first)
+                       "valid": "f0119a22dc663e8df4a942cde7404927935b0c42e5a8980f5fb48ac6886e416f",
+                       "test": "2d8188d6f199fc548c8e5fb97336a7ffd079240fc84c0425ed9c29d39bfdab8d"}, **_CODEX_ABOUT)
 _register_split_files("codex-m", f"{_CODEX}/codex-m", Stats(nodes=17050, relations=51, train=185584, valid=10310,
                                                              test=10311, where="Safavi and Koutra (2020), Table 2"),
                       {"train": "d99c3437ab51690391a26d96976adf6e5494dba7ef6902e77000551bfa566556",
@@ -85,6 +90,101 @@ _register_split_files("umls", f"{_PYKEEN}/umls", Stats(nodes=135, relations=46, 
                       {"train": "873ef4925516b83e7f6f8cc02b4be51d848828710a7f65a956f0ac4a9e452f35",
                        "valid": "025c98f8a4891e2a6582ec5b40ee0d904031edad9c52554522f4b7904820c98e",
                        "test": "a7eb529a3d2810fcc96341ccc97c625a5e202f8389673aa6bd317eeebbb79014"}, **_PYKEEN_ABOUT)
+
+
+_TRANSE_HOME = "https://everest.hds.utc.fr/doku.php?id=en:transe"
+DATASETS.register("fb15k", DatasetSource(
+    task="link_prediction",
+    downloads=(Download("https://everest.hds.utc.fr/lib/exe/fetch.php?media=en:fb15k.tgz", "fb15k.tgz",
+                        mirrors=("https://dl.fbaipublicfiles.com/starspace/fb15k.tgz",)),),
+    splits={split: f"fb15k.tgz!FB15k/freebase_mtr100_mte100-{split}.txt" for split in _SPLITS},
+    stats=Stats(nodes=14951, relations=1345, train=483142, valid=50000, test=59071,
+                where="Bordes et al. (2013), Table 1"),
+    license="derived from Freebase (CC BY); no license stated for the split",
+    citation="Bordes, Usunier, Garcia-Duran, Weston and Yakhnenko. Translating embeddings for modeling "
+             "multi-relational data. NeurIPS 2013",
+    homepage=_TRANSE_HOME, notes="the mirror is Marius's source; no digest is published for either"))
+
+DATASETS.register("wn18", DatasetSource(
+    task="link_prediction",
+    downloads=(Download("https://everest.hds.utc.fr/lib/exe/fetch.php?media=en:wordnet-mlj12.tar.gz",
+                        "wordnet-mlj12.tar.gz"),),
+    splits={split: f"wordnet-mlj12.tar.gz!wordnet-mlj12/wordnet-mlj12-{split}.txt" for split in _SPLITS},
+    stats=Stats(nodes=40943, relations=18, train=141442, valid=5000, test=5000,
+                where="Bordes et al. (2014); PyKEEN and DGL-KE list the same"),
+    license="WordNet 3.0 license (Princeton); no license stated for the split",
+    citation="Bordes, Glorot, Weston and Bengio. A semantic matching energy function for learning with "
+             "multi-relational data. Machine Learning 2014",
+    homepage=_TRANSE_HOME))
+
+DATASETS.register("yago3-10", DatasetSource(
+    task="link_prediction",
+    downloads=(Download(f"{_CONVE}/YAGO3-10.tar.gz"),),
+    splits=_in_archive("YAGO3-10.tar.gz"),
+    stats=Stats(nodes=123182, relations=37, train=1079040, valid=5000, test=5000,
+                where="Dettmers et al. (2018), Table 2"),
+    license="YAGO3: CC BY 3.0",
+    citation="Mahdisoltani, Biega and Suchanek. YAGO3: a knowledge base from multilingual Wikipedias. CIDR 2015 "
+             "(the YAGO3-10 split: Dettmers et al., AAAI 2018)",
+    homepage="https://github.com/TimDettmers/ConvE"))
+
+DATASETS.register("hetionet", DatasetSource(
+    task="link_prediction",
+    downloads=(Download("https://github.com/hetio/hetionet/raw/8a6cc0c5604d0e2908786e4de38af67b8e46ee4a/hetnet/tsv/"
+                        "hetionet-v1.0-edges.sif.gz",
+                        sha256="611f0411ac666be4e0270e54bbca67407e14720bfc3099311f0f5eec25c5a947", size=12401407),),
+    splits={"train": "hetionet-v1.0-edges.sif.gz"}, skip_header=1, split=(0.05, 0.05),
+    stats=Stats(nodes=47031, relations=24, edges=2250197, where="the Hetionet README (v1.0)"),
+    license="CC0 1.0 for Hetionet's own content; its sources keep their licenses",
+    citation="Himmelstein et al. Systematic integration of biomedical knowledge prioritizes drugs for "
+             "repurposing. eLife 2017",
+    homepage="https://het.io/", notes="no published split: 90/5/5 drawn with preprocessing's seed",
+    protocol="filtered (a seeded random split)"))
+
+DATASETS.register("drkg", DatasetSource(
+    task="link_prediction",
+    downloads=(Download("https://dgl-data.s3-us-west-2.amazonaws.com/dataset/DRKG/drkg.tar.gz",
+                        mirrors=("https://s3.us-west-2.amazonaws.com/dgl-data/dataset/DRKG/drkg.tar.gz",)),),
+    splits={"train": "drkg.tar.gz!drkg.tsv"}, split=(0.05, 0.05),
+    stats=Stats(nodes=97238, relations=107, edges=5874261, where="the DRKG README"),
+    license="Apache-2.0 (the project); its sources keep theirs, some non-commercial (CC BY-NC 4.0)",
+    citation="Ioannidis et al. DRKG: Drug Repurposing Knowledge Graph for Covid-19. 2020",
+    homepage="https://github.com/gnn4dr/DRKG", notes="no published split: 90/5/5 drawn with preprocessing's seed",
+    protocol="filtered (a seeded random split)"))
+
+DATASETS.register("freebase86m", DatasetSource(
+    task="link_prediction",
+    downloads=(Download("https://data.dgl.ai/dataset/Freebase.zip"),),
+    splits=_in_archive("Freebase.zip", "Freebase/"), columns=(0, 2, 1),  # (lines are head, tail, relation)
+    stats=Stats(nodes=86054151, relations=14824, train=304727650, valid=16929318, test=16929308,
+                where="DGL-KE's documentation and Marius's dataset statistics"),
+    license="derived from Freebase (CC BY); no license stated for the split",
+    citation="Zheng et al. DGL-KE: training knowledge graph embeddings at scale. SIGIR 2020 (used by Mohoney et "
+             "al., Marius, OSDI 2021)",
+    homepage="https://github.com/awslabs/dgl-ke"))
+
+DATASETS.register("livejournal", DatasetSource(
+    task="graph",
+    downloads=(Download("https://snap.stanford.edu/data/soc-LiveJournal1.txt.gz"),),
+    splits={"train": "soc-LiveJournal1.txt.gz"}, pairs=True, skip_header=4, split=(0.05, 0.05),
+    stats=Stats(nodes=4847571, edges=68993773, where="SNAP's page for soc-LiveJournal1"),
+    license="SNAP: no license stated (research use)",
+    citation="Backstrom, Huttenlocher, Kleinberg and Lan. Group formation in large social networks. KDD 2006; "
+             "Leskovec and Krevl. SNAP Datasets, 2014",
+    homepage="https://snap.stanford.edu/data/soc-LiveJournal1.html",
+    notes="no published split: 90/5/5 drawn with preprocessing's seed, as Marius does",
+    protocol="filtered (a seeded random split)"))
+
+DATASETS.register("twitter", DatasetSource(
+    task="graph",
+    downloads=(Download("https://snap.stanford.edu/data/twitter-2010.txt.gz"),),
+    splits={"train": "twitter-2010.txt.gz"}, delimiter=" ", pairs=True, split=(0.05, 0.05),
+    stats=Stats(nodes=41652230, edges=1468365182, where="the LAW twitter-2010 page"),
+    license="LAW / SNAP: no license stated (research use)",
+    citation="Kwak, Lee, Park and Moon. What is Twitter, a social network or a news media? WWW 2010",
+    homepage="https://snap.stanford.edu/data/twitter-2010.html",
+    notes="no published split: 90/5/5 drawn with preprocessing's seed, as Marius does",
+    protocol="filtered (a seeded random split)"))
 
 
 def registered(name: object) -> DatasetSource | None:

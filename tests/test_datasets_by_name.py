@@ -269,3 +269,20 @@ def test_the_built_in_entries_are_complete():
         for download in entry.downloads:
             if "raw.githubusercontent.com" in download.url:
                 assert len(download.url.split("/")[5]) == 40, download.url  # (owner/repo/COMMIT/...)
+
+
+def test_a_graph_given_as_one_edge_file_is_split_by_preprocessing(server, cache):
+    """A plain graph (SNAP's layout: comment lines, then one 'source<TAB>target' per line, gzipped) names only
+    train and the split's fractions; its published edge count is checked over the three splits."""
+    import gzip
+    lines = [f"{h}\t{t}" for h, _, t in (line.split("\t") for line in
+                                          (UMLS_RAW / "train.txt").read_text().splitlines())]
+    data = gzip.compress(("# Directed graph\n# FromNodeId\tToNodeId\n" + "\n".join(lines) + "\n").encode())
+    server.files["/graph.txt.gz"] = data
+    entry = DatasetSource(task="graph", downloads=(Download(server.url("/graph.txt.gz"), sha256=sha256(data)),),
+                          splits={"train": "graph.txt.gz"}, pairs=True, skip_header=2, split=(0.1, 0.1),
+                          stats=Stats(nodes=135, edges=len(lines)), license="test data")
+    with DATASETS.registered("graph-test", entry):
+        dataset = mp.load_dataset("graph-test")
+    assert len(dataset.train) + len(dataset.valid) + len(dataset.test) == len(lines) == 5216
+    assert len(dataset.valid) > 300 and dataset.num_relations == 1
