@@ -25,6 +25,7 @@ from pathlib import PurePosixPath
 from urllib.parse import urlparse
 
 from marius_py.errors import MariusInputError
+from marius_py.ogb import OgbLayout
 from marius_py.registry import Registry
 
 TASKS = ("link_prediction", "graph", "node_classification")
@@ -87,6 +88,7 @@ class DatasetSource:
     homepage: str = ""
     protocol: str = "filtered"  # the evaluation its published results use
     notes: str = ""
+    ogb: OgbLayout | None = None  # splits in OGB's files (``marius_py.ogb``): split/*/*.pt, not text
 
     def download_named(self, filename: str) -> Download:
         for download in self.downloads:
@@ -124,7 +126,8 @@ def _check_entry(name: str, entry: DatasetSource) -> None:
     if set(entry.splits) != set(wanted):
         refuse(f"splits {sorted(entry.splits)}", f"exactly {', '.join(wanted)}"
                + (" (a graph split by preprocessing names only train)" if entry.split is not None else ""))
-    for split, location in entry.splits.items():
+    locations = list(entry.splits.items()) + ([("node counts", entry.ogb.num_nodes)] if entry.ogb else [])
+    for split, location in locations:
         if split_location(location)[0] not in filenames:
             refuse(f"{split} is in {location!r}, which is no download", f"one of {', '.join(filenames)} "
                    f"(or 'filename{MEMBER_SEPARATOR}member')")

@@ -6,6 +6,7 @@ repository, so that a published SHA-256 stays true; each digest was computed fro
 from __future__ import annotations
 
 from marius_py.catalog import DATASETS, DatasetSource, Download, Stats
+from marius_py.ogb import OgbLayout
 
 _SPLITS = ("train", "valid", "test")
 _CONVE = "https://raw.githubusercontent.com/TimDettmers/ConvE/f3c0eb286025410fa5b4c04696c918264163d0ca"
@@ -185,6 +186,41 @@ DATASETS.register("twitter", DatasetSource(
     homepage="https://snap.stanford.edu/data/twitter-2010.html",
     notes="no published split: 90/5/5 drawn with preprocessing's seed, as Marius does",
     protocol="filtered (a seeded random split)"))
+
+
+_OGB = "http://snap.stanford.edu/ogb/data/linkproppred"
+_OGB_ABOUT = dict(license="CC0 1.0 (OGB)", protocol="given",
+                  citation="Hu, Fey, Zitnik, Dong, Ren, Liu, Catasta and Leskovec. Open Graph Benchmark: datasets "
+                           "for machine learning on graphs. NeurIPS 2020")
+
+
+def _register_ogb(name: str, archive: str, split_folder: str, layout: OgbLayout, stats: Stats, **about) -> None:
+    """An OGB link-prediction dataset: its zip (no digest published: the first download records one), the
+    split files in it, and the negatives its valid and test edges are ranked against (``marius_py.ogb``)."""
+    folder = archive.removesuffix(".zip")
+    DATASETS.register(name, DatasetSource(
+        task="link_prediction", downloads=(Download(f"{_OGB}/{archive}", mirrors=(f"{_OGB.replace('http:', 'https:')}"
+                                                                                   f"/{archive}",)),),
+        splits={split: f"{archive}!{folder}/split/{split_folder}/{split}.pt" for split in _SPLITS},
+        ogb=layout, stats=stats, homepage=f"https://ogb.stanford.edu/docs/linkprop/#{name}",
+        **{**_OGB_ABOUT, **about}))
+
+
+_register_ogb("ogbl-wikikg2", "wikikg-v2.zip", "time",
+              OgbLayout(num_nodes="wikikg-v2.zip!wikikg-v2/raw/num-node-list.csv.gz"),
+              Stats(nodes=2500604, relations=535, train=16109182, valid=429456, test=598543,
+                    where="OGB's documentation; the split's counts as PyKEEN lists them"),
+              notes="valid and test edges ranked against 500 given heads and 500 given tails (evaluation.protocol="
+                    "given)")
+_register_ogb("ogbl-biokg", "biokg.zip", "random",
+              OgbLayout(num_nodes="biokg.zip!biokg/raw/num-node-dict.csv.gz", typed=True),
+              Stats(nodes=93773, relations=51, train=4762678, valid=162886, test=162870,
+                    where="OGB's documentation; the split's counts as Marius lists them"),
+              notes="node ids are TYPE:ID; the given negatives are of the answer's type")
+_register_ogb("ogbl-citation2", "citation-v2.zip", "time",
+              OgbLayout(num_nodes="citation-v2.zip!citation-v2/raw/num-node-list.csv.gz", pairs=True),
+              Stats(nodes=2927963, edges=30561187, where="OGB's documentation"), license="ODC-BY (OGB)",
+              notes="a plain graph; each valid and test source ranks its true target against 1,000 given targets")
 
 
 def registered(name: object) -> DatasetSource | None:

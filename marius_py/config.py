@@ -45,7 +45,7 @@ LIST_KEYS = ("model.plugins", "training.devices", "training.callbacks")
 ADAGRAD_VARIANTS = ("full", "rowwise")
 RELATION_OPTIMIZERS = ("adagrad", "adam")
 DEVICES = ("auto", "cpu", "cuda")
-EVAL_PROTOCOLS = ("filtered", "sampled")
+EVAL_PROTOCOLS = ("filtered", "sampled", "given")
 NEGATIVE_KINDS = ("uniform", "degree", "mixed")
 PLACEMENTS = ("auto", "device", "host", "replicated", "split")
 PROCESS_MODELS = ("one", "per_device")
@@ -143,7 +143,8 @@ class TrainingConfig:
 
 @dataclass
 class EvaluationConfig:
-    protocol: str = _f("filtered", f"link-prediction protocol, one of {EVAL_PROTOCOLS}")
+    protocol: str = _f("filtered", f"link-prediction protocol, one of {EVAL_PROTOCOLS} (given: against the "
+                       "negatives the dataset gives each valid and test edge, as OGB's datasets do)")
     every: int = _f(5, "validate every this many epochs (0: only at the end)")
     batch_size: int = _f(1024, "queries scored at once against all nodes (bounds memory)")
     num_negatives: int = _f(1000, "sampled protocol: negatives per query")

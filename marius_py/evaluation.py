@@ -18,6 +18,7 @@ import torch
 
 from marius_py.errors import MariusInputError
 from marius_py.models import Decoder
+from marius_py.ogb import GivenNegatives, given_negatives
 from marius_py.pipeline.step import widened
 from marius_py.storage.chunk_files import page_aligned_empty, raw_bytes, slot_rows
 from marius_py.storage.embedding_store import EmbeddingStore
@@ -27,6 +28,8 @@ PROTOCOL_SAMPLED = "unfiltered ranking vs {n} sampled {kind} negatives, both dir
 PROTOCOL_SAMPLED_ALL = ("unfiltered ranking vs all {nodes} nodes (evaluation.num_negatives={n} is not below the "
                         "{others} other nodes: sampling would repeat them), both directions, realistic ties")
 PROTOCOL_UNFILTERED = "unfiltered ranking vs all nodes, both directions, realistic ties"
+PROTOCOL_GIVEN = "unfiltered ranking vs the {k} negatives the dataset gives each edge ({directions}), realistic ties"
+_GIVEN_VALUES = 1 << 26  # candidate values (rows x d) gathered per batch of the given protocol: 256 MB
 
 
 class KnownAnswers:
@@ -349,7 +352,39 @@ def evaluate_split(decoder: Decoder, nodes: torch.Tensor | NodeTable, dataset, s
     edges = dataset.split(split)
     if len(edges) == 0:
         raise _no_edges(dataset, split)
+    if filtered and config.protocol == "given":
+        negatives = given_negatives(dataset.directory, split)
+        if negatives is None:
+            raise MariusInputError(f"evaluation.protocol=given: the dataset gives no negatives for its {split} edges",
+                                   path=dataset.directory,
+                                   expected="a dataset prepared from OGB (ogbl-wikikg2, ogbl-biokg, ogbl-citation2), "
+                                            "or evaluation.protocol=filtered or sampled")
+        return evaluate_given(decoder, nodes, edges, negatives)
     return evaluate_edges(decoder, nodes, dataset, edges, config, known, seed, filtered)
+
+
+def evaluate_given(decoder: Decoder, nodes: torch.Tensor | NodeTable, edges: np.ndarray,
+                   negatives: GivenNegatives) -> dict:
+    """Rank each edge's answer against the negatives the dataset gives it (OGB's protocol: for each direction
+    the dataset names, K candidates per edge), unfiltered, ties counted realistically."""
+    table = nodes if isinstance(nodes, NodeTable) else InMemoryNodes(nodes)
+    device, count = table.device, negatives.ids.shape[2]
+    batch = max(1, _GIVEN_VALUES // max(1, count * decoder.dim))
+    ranks = []
+    for direction, name in enumerate(negatives.directions):
+        inverse = name == "heads"
+        for start in range(0, len(edges), batch):
+            rows = torch.from_numpy(edges[start:start + batch])
+            drawn = torch.from_numpy(np.ascontiguousarray(negatives.ids[start:start + batch, direction]))
+            anchor, target = (rows[:, 2], rows[:, 0]) if inverse else (rows[:, 0], rows[:, 2])
+            queries = decoder.query(table.gather(anchor).to(device), rows[:, 1].to(device), inverse)
+            target_scores = decoder.compare_pairs(queries, table.gather(target).to(device))
+            candidates = table.gather(drawn.reshape(-1)).to(device).reshape(len(rows), count, -1)
+            scores = decoder.compare_all(queries[:, None], candidates)[:, 0]
+            # (an answer among its own negatives is an exact tie, whatever the two kernels' rounding)
+            scores = torch.where(drawn.to(device) == target[:, None].to(device), target_scores[:, None], scores)
+            ranks.append(realistic_ranks(torch.cat([target_scores[:, None], scores], dim=1), target_scores).cpu())
+    return summarize(torch.cat(ranks), PROTOCOL_GIVEN.format(k=count, directions=" and ".join(negatives.directions)))
 
 
 def evaluate_edges(decoder: Decoder, nodes: torch.Tensor | NodeTable, dataset, edges: np.ndarray, config,
@@ -364,6 +399,10 @@ def evaluate_edges(decoder: Decoder, nodes: torch.Tensor | NodeTable, dataset, e
     if not filtered:
         return evaluate_unfiltered(decoder, nodes, edges, dataset.num_relations, config.batch_size,
                                    PROTOCOL_UNFILTERED)
+    if config.protocol == "given":
+        raise MariusInputError("evaluation.protocol=given ranks a dataset's own valid and test edges against the "
+                               "negatives it gives them, not other edges",
+                               expected="evaluation.protocol=filtered or sampled for edges of your own")
     if config.protocol == "filtered":
         known = known or build_known_answers(dataset.all_known_edges(), dataset.num_relations)
         return evaluate_filtered(decoder, nodes, edges, known, config.batch_size)

@@ -78,11 +78,12 @@ import numpy as np
 from tqdm import tqdm
 
 from marius_py.dataset import (METADATA_FILE, NODES_FILE, RELATIONS_FILE, Dataset, DatasetMetadata,
-                               write_metadata, write_names)
+                               read_names, write_metadata, write_names)
 from marius_py.edge_text import (PAIRS_RELATION, EdgeSource, _EdgeBlock, _iter_blocks, pipes_copied,
                                  refuse_special_file)
 from marius_py.errors import MariusInputError
 from marius_py.identity import compute_identity
+from marius_py.ogb import GIVEN_NEGATIVES
 from marius_py.resources import available_memory
 from marius_py.storage.durable import (is_disk_full, replace_directory, reporting_full_disk, restore_replaced,
                                        staging_for)
@@ -113,6 +114,10 @@ class PreprocessOptions:
     # into train instead)
     unseen_policy: str = "drop"
     chunk_lines: int = 1_000_000  # edges buffered per split before writing
+    # Files of names, one per line: every node (relation) of the graph, those no train edge has included.
+    # They get ids (rows that train leaves as initialised), so valid/test edges with them are kept.
+    known_nodes: str | None = None
+    known_relations: str | None = None
 
 
 @dataclass(frozen=True)
@@ -154,8 +159,9 @@ def rebucket(source: str | os.PathLike, output_dir: str | os.PathLike, num_parti
     """Copy the preprocessed dataset ``source`` into ``output_dir`` with its train edges bucketed for
     ``num_partitions``; return the copy's metadata.
 
-    A partition is a range of node ids, so ids, names, valid and test stay as they are; only the order of
-    the train edges and their bucket offsets change. ``output_dir`` must be new or empty.
+    A partition is a range of node ids, so ids, names, valid and test (and their given negatives) stay as they
+    are; only the order of the train edges and their bucket offsets change. ``output_dir`` must be new or
+    empty.
     """
     source = Path(source)
     with closing(Dataset(source)) as dataset:  # (its identity, computed once for a dataset from before them)
@@ -166,6 +172,8 @@ def rebucket(source: str | os.PathLike, output_dir: str | os.PathLike, num_parti
     def build(staging: Path) -> DatasetMetadata:
         for name in (NODES_FILE, RELATIONS_FILE):
             shutil.copyfile(source / name, staging / name)
+        if (source / GIVEN_NEGATIVES).is_dir():  # (valid and test keep their ids and order)
+            shutil.copytree(source / GIVEN_NEGATIVES, staging / GIVEN_NEGATIVES)
         with EdgeStore(source / EDGE_FILE) as edges, \
                 closing(_EdgeWriter(staging, metadata.num_nodes, options)) as writer:
             for code, split in enumerate(SPLITS):
@@ -264,6 +272,10 @@ def _validate_options(options: PreprocessOptions) -> None:
                              "(valid, test) fractions in [0, 1) that sum to less than 1")
     if options.unseen_policy not in UNSEEN_POLICIES:
         raise _options_error("unseen_policy", options.unseen_policy, " or ".join(UNSEEN_POLICIES))
+    for name in ("known_nodes", "known_relations"):
+        value = getattr(options, name)
+        if value is not None and not (isinstance(value, (str, os.PathLike)) and Path(value).is_file()):
+            raise _options_error(name, value, "a file of names, one per line")
 
 
 def _check_partition_count(num_nodes: int, num_partitions: int) -> None:
@@ -405,6 +417,9 @@ def _collect_names(inputs: list[_Input], options: PreprocessOptions, split_seed,
     names = _Names(nodes, relations, num_train, len(nodes), len(relations))
     _add_names(nodes, held_out_nodes)  # (a random split of a tiny file may draw no train edge at all)
     _add_names(relations, held_out_relations)
+    for index, known in ((nodes, options.known_nodes), (relations, options.known_relations)):
+        if known is not None:
+            _add_names(index, read_names(Path(known)))
     return names
 
 

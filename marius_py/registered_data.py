@@ -18,14 +18,17 @@ import tarfile
 import zipfile
 from pathlib import Path
 
+import numpy as np
+
 from marius_py.dataset_cache import build_once, cache_dir, raw_content_key
 from marius_py.catalog import DatasetSource, split_location
 from marius_py.catalog_entries import registered
-from marius_py.dataset import DatasetMetadata, read_metadata
+from marius_py.catalog import SPLITS
+from marius_py.dataset import NODES_FILE, DatasetMetadata, read_metadata, read_names
 from marius_py.download import fetch_files, recorded_digests
 from marius_py.errors import MariusInputError
 
-_COMPRESSED_SUFFIXES = (".gz",)  # (kept on an extracted member: preprocessing reads gzip by suffix)
+_KEPT_SUFFIXES = (".gz", ".pt")  # (kept on an extracted member: gzip is read by its suffix; .pt: OGB's)
 
 
 def prepare(name: str, num_partitions: int = 1, progress: bool = True, offline: bool = False,
@@ -38,49 +41,77 @@ def prepare(name: str, num_partitions: int = 1, progress: bool = True, offline: 
         raise DATASETS.unknown(name, "dataset")
     downloaded = fetch_files(name, entry, offline=offline, source=source, progress=progress)
     files = split_files(name, entry, downloaded)
-    options = _options(entry, num_partitions)
+    build = _ogb_build if entry.ogb is not None else _text_build
+    options, make = build(entry, files, num_partitions, progress)
     if output is not None:
-        _preprocess(files, options, output, progress, overwrite)
+        make(output, overwrite)
         _check_counts(name, entry, output)
         return output
     key = hashlib.sha256((raw_content_key(files) + json.dumps(dataclasses.asdict(options), sort_keys=True))
                          .encode()).hexdigest()[:16]
     output = cache_dir() / "datasets" / f"{name}-{key}-p{num_partitions}"
     fresh = not output.exists()
-    build_once(output, f"preprocessing {name} into {output}", progress,
-                lambda: _preprocess(files, options, output, progress))
+    build_once(output, f"preprocessing {name} into {output}", progress, lambda: make(output, False))
     if fresh:
         _check_counts(name, entry, output)
     return output
 
 
-def _options(entry: DatasetSource, num_partitions: int):
-    from marius_py.preprocess import PreprocessOptions
+def _text_build(entry: DatasetSource, files: dict[str, Path], num_partitions: int, progress: bool):
+    """(options, make(output, overwrite)) for split files preprocessing reads as text."""
+    from marius_py.preprocess import PreprocessOptions, preprocess
     extra = {"split_fractions": entry.split} if entry.split is not None else {}
-    return PreprocessOptions(delimiter=entry.delimiter, columns=entry.columns, pairs=entry.pairs,
-                             skip_header=entry.skip_header, num_partitions=num_partitions, **extra)
+    options = PreprocessOptions(delimiter=entry.delimiter, columns=entry.columns, pairs=entry.pairs,
+                                skip_header=entry.skip_header, num_partitions=num_partitions, **extra)
+
+    def make(output: Path, overwrite: bool) -> None:
+        preprocess(output, files["train"], files.get("valid"), files.get("test"), options, progress=progress,
+                   overwrite=overwrite)
+    return options, make
 
 
-def _preprocess(files: dict[str, Path], options, output: Path, progress: bool, overwrite: bool = False) -> None:
-    from marius_py.preprocess import preprocess
-    preprocess(output, files["train"], files.get("valid"), files.get("test"), options, progress=progress,
-               overwrite=overwrite)
+def _ogb_build(entry: DatasetSource, files: dict[str, Path], num_partitions: int, progress: bool):
+    """(options, make(output, overwrite)) for OGB's split files: every node of the graph known (and every
+    relation the splits name), then the valid and test negatives put in the dataset's ids."""
+    from marius_py.ogb import OgbEdges, all_names, read_node_counts, read_split, write_given_negatives, \
+        write_lines
+    from marius_py.preprocess import PreprocessOptions, preprocess
+    layout, folder = entry.ogb, files["train"].parent
+    splits = {split: read_split(files[split]) for split in SPLITS}
+    known_nodes = folder / "known_nodes.txt"
+    write_lines(known_nodes, all_names(read_node_counts(files["node_counts"], layout.typed)))
+    known_relations = None
+    if not layout.pairs:
+        known_relations = folder / "known_relations.txt"
+        relations = np.unique(np.concatenate([split["relation"] for split in splits.values()]))
+        write_lines(known_relations, map(str, relations.tolist()))
+    options = PreprocessOptions(pairs=layout.pairs, num_partitions=num_partitions, known_nodes=str(known_nodes),
+                                known_relations=None if known_relations is None else str(known_relations))
+
+    def make(output: Path, overwrite: bool) -> None:
+        metadata = preprocess(output, *(OgbEdges(splits[split], split, layout) for split in SPLITS), options,
+                              progress=progress, overwrite=overwrite)
+        write_given_negatives(output, {split: splits[split] for split in ("valid", "test")}, layout,
+                              read_names(output / NODES_FILE),
+                              {"valid": metadata.num_valid, "test": metadata.num_test})
+    return options, make
 
 
 def split_files(name: str, entry: DatasetSource, downloaded: dict[str, Path]) -> dict[str, Path]:
     """split -> a file preprocessing reads: the download itself, or its member extracted into the cache
-    (once per set of downloads)."""
+    (once per set of downloads). An OGB entry's node counts come as "node_counts"."""
     digests = recorded_digests(name, entry)
     key = hashlib.sha256(json.dumps([digests, entry.splits], sort_keys=True).encode()).hexdigest()[:16]
     directory = cache_dir() / "raw" / f"{name}-{key}"
+    locations = dict(entry.splits, **({"node_counts": entry.ogb.num_nodes} if entry.ogb else {}))
     files = {}
-    for split, location in entry.splits.items():
+    for split, location in locations.items():
         filename, member = split_location(location)
         if member is None:
             files[split] = downloaded[filename]
             continue
-        suffix = "".join(s for s in Path(member).suffixes[-1:] if s in _COMPRESSED_SUFFIXES)
-        target = directory / f"{split}.txt{suffix}"
+        kept = [s for s in Path(member).suffixes[-1:] if s in _KEPT_SUFFIXES]
+        target = directory / (f"{split}{kept[0]}" if kept == [".pt"] else f"{split}.txt{''.join(kept)}")
         if not target.is_file():
             directory.mkdir(parents=True, exist_ok=True)
             _extract_member(name, downloaded[filename], member, target)
@@ -165,7 +196,7 @@ def mismatches(entry: DatasetSource, metadata: DatasetMetadata) -> list[str]:
     s, found = entry.stats, []
     read = {"train": metadata.num_train, "valid": metadata.num_valid + metadata.num_dropped_valid,
             "test": metadata.num_test + metadata.num_dropped_test}
-    if entry.split is not None and s.edges is not None and sum(read.values()) != s.edges:
+    if s.edges is not None and sum(read.values()) != s.edges:
         found.append(f"{sum(read.values()):,} edges, published {s.edges:,}")
     for split, count in read.items():
         published = getattr(s, split)

@@ -577,3 +577,26 @@ def test_rebucket_for_more_partitions_than_nodes_fill_leaves_nothing(tmp_path):
     with pytest.raises(MariusInputError, match="at most 27 partitions"):
         rebucket(tmp_path / "p2", tmp_path / "p32", 32, progress=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["p2"]
+
+
+def test_known_names_give_ids_to_nodes_and_relations_no_train_edge_has(tmp_path):
+    """``known_nodes``/``known_relations``: the graph's every name gets an id (an isolated node too), and a
+    test edge whose node or relation only the names file has is kept rather than dropped."""
+    (tmp_path / "train.txt").write_text("a\tr\tb\nb\tr\tc\n")
+    (tmp_path / "valid.txt").write_text("a\tr\tc\n")
+    (tmp_path / "test.txt").write_text("a\ts\td\n")  # (d and s: in no train edge)
+    (tmp_path / "nodes.txt").write_text("a\nb\nc\nd\nisolated\n")
+    (tmp_path / "relations.txt").write_text("r\ns\n")
+    files = [tmp_path / f"{split}.txt" for split in ("train", "valid", "test")]
+    dropped = preprocess(tmp_path / "plain", *files, progress=False)
+    assert (dropped.num_nodes, dropped.num_test, dropped.num_dropped_test) == (3, 0, 1)
+    kept = preprocess(tmp_path / "known", *files, PreprocessOptions(known_nodes=str(tmp_path / "nodes.txt"),
+                      known_relations=str(tmp_path / "relations.txt")), progress=False)
+    assert (kept.num_nodes, kept.num_relations, kept.num_test, kept.num_dropped_test) == (5, 2, 1, 0)
+    dataset = Dataset(tmp_path / "known")
+    assert sorted(dataset.node_names) == ["a", "b", "c", "d", "isolated"]
+    head, relation, tail = dataset.test[0]
+    assert (dataset.node_names[head], dataset.relation_names[relation], dataset.node_names[tail]) == ("a", "s", "d")
+    with pytest.raises(MariusInputError, match="known_nodes"):
+        preprocess(tmp_path / "bad", *files, PreprocessOptions(known_nodes=str(tmp_path / "missing.txt")),
+                   progress=False)

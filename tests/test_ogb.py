@@ -1,0 +1,178 @@
+"""OGB's link-prediction downloads (issue 54): split files of id arrays (torch.save'd dicts of NumPy arrays)
+read by an unpickler that builds arrays only, every node kept, the given negatives put in the dataset's ids,
+and the ``given`` protocol ranking each edge against its own negatives. The archives here are built in
+OGB's layout from a small random graph; a local HTTP server serves them."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import pickle
+import zipfile
+
+import numpy as np
+import pytest
+import torch
+
+import marius_py as mp
+from marius_py.catalog import DATASETS, DatasetSource, Download, Stats
+from marius_py.dataset import Dataset
+from marius_py.errors import MariusInputError
+from marius_py.evaluation import evaluate_given, realistic_ranks
+from marius_py.models import build_decoder
+from marius_py.ogb import OgbLayout, given_negatives, read_split
+from test_datasets_by_name import Server, cache, server  # noqa: F401  (fixtures)
+
+NUM_NODES, NUM_RELATIONS, NEGATIVES = 60, 4, 7
+
+
+def triples(rng, count: int) -> dict[str, np.ndarray]:
+    return {"head": rng.integers(NUM_NODES, size=count), "relation": rng.integers(NUM_RELATIONS, size=count),
+            "tail": rng.integers(NUM_NODES, size=count)}
+
+
+def saved(value) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(value, buffer)
+    return buffer.getvalue()
+
+
+def wikikg_like(seed: int = 0) -> tuple[bytes, dict]:
+    """A zip in ogbl-wikikg2's layout; node 59 is in no train edge, only in a test edge and negatives."""
+    rng = np.random.default_rng(seed)
+    train = triples(rng, 600)
+    train["head"][train["head"] == 59], train["tail"][train["tail"] == 59] = 0, 1
+    splits = {"train": train}
+    for split, count in (("valid", 40), ("test", 50)):
+        splits[split] = {**triples(rng, count), "head_neg": rng.integers(NUM_NODES, size=(count, NEGATIVES)),
+                         "tail_neg": rng.integers(NUM_NODES, size=(count, NEGATIVES))}
+    splits["test"]["tail"][0] = 59
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        for split, arrays in splits.items():
+            archive.writestr(f"wikikg-v2/split/time/{split}.pt", saved(arrays))
+        archive.writestr("wikikg-v2/raw/num-node-list.csv.gz", gzip.compress(f"{NUM_NODES}\n".encode()))
+    return buffer.getvalue(), splits
+
+
+def wikikg_entry(url: str, data: bytes, stats: Stats | None = None) -> DatasetSource:
+    return DatasetSource(
+        task="link_prediction", downloads=(Download(url, "wikikg-v2.zip",
+                                                    sha256=hashlib.sha256(data).hexdigest()),),
+        splits={split: f"wikikg-v2.zip!wikikg-v2/split/time/{split}.pt" for split in ("train", "valid", "test")},
+        ogb=OgbLayout(num_nodes="wikikg-v2.zip!wikikg-v2/raw/num-node-list.csv.gz"),
+        stats=stats or Stats(nodes=NUM_NODES, relations=NUM_RELATIONS, train=600, valid=40, test=50),
+        license="test data", protocol="given")
+
+
+@pytest.fixture
+def wikikg(server, cache):  # noqa: F811
+    data, splits = wikikg_like()
+    server.files["/wikikg-v2.zip"] = data
+    with DATASETS.registered("wikikg-test", wikikg_entry(server.url("/wikikg-v2.zip"), data)):
+        yield mp.load_dataset("wikikg-test"), splits
+
+
+def test_an_ogb_dataset_keeps_every_node_and_edge_and_its_negatives_in_its_own_ids(wikikg):
+    dataset, splits = wikikg
+    assert (dataset.num_nodes, dataset.num_relations) == (NUM_NODES, NUM_RELATIONS)
+    assert (len(dataset.train), len(dataset.valid), len(dataset.test)) == (600, 40, 50)
+    names = np.array(dataset.node_names)
+    for split in ("valid", "test"):
+        edges, ogb = dataset.split(split), splits[split]
+        # the split's edges, in OGB's order, named by OGB's ids
+        np.testing.assert_array_equal(names[edges[:, 0]].astype(int), ogb["head"])
+        np.testing.assert_array_equal(names[edges[:, 2]].astype(int), ogb["tail"])
+        negatives = given_negatives(dataset.directory, split)
+        assert negatives.directions == ("heads", "tails") and negatives.ids.shape == (len(edges), 2, NEGATIVES)
+        np.testing.assert_array_equal(names[negatives.ids[:, 0]].astype(int), ogb["head_neg"])
+        np.testing.assert_array_equal(names[negatives.ids[:, 1]].astype(int), ogb["tail_neg"])
+    assert "59" in dataset.node_names  # (a node only a test edge has keeps its row)
+
+
+def test_the_given_protocol_ranks_each_answer_among_its_own_negatives(wikikg):
+    """Against a direct computation: for each edge and direction, the answer's realistic rank among itself
+    and its K given candidates, scored by the decoder."""
+    dataset, _ = wikikg
+    torch.manual_seed(0)
+    nodes = torch.randn(NUM_NODES, 8)
+    decoder = build_decoder("distmult", NUM_RELATIONS, 8, 0.5)
+    for split in ("valid", "test"):
+        edges, negatives = dataset.split(split), given_negatives(dataset.directory, split)
+        got = evaluate_given(decoder, nodes, edges, negatives)
+        expected = []
+        with torch.no_grad():
+            for direction, inverse in ((0, True), (1, False)):
+                for (h, r, t), drawn in zip(edges.tolist(), negatives.ids[:, direction].tolist()):
+                    anchor, answer = (t, h) if inverse else (h, t)
+                    query = decoder.query(nodes[[anchor]], torch.tensor([r]), inverse)
+                    scores = decoder.compare_pairs(query.expand(len(drawn) + 1, -1), nodes[[answer] + drawn])
+                    expected.append(float(realistic_ranks(scores[None], scores[:1])[0]))
+        assert got["mrr"] == pytest.approx(np.mean(1 / np.array(expected)), rel=1e-6)
+        assert got["num_queries"] == 2 * len(edges) and "7 negatives the dataset gives" in got["protocol"]
+
+
+def test_training_evaluates_with_the_given_protocol_and_a_partitioned_copy_keeps_the_negatives(wikikg, tmp_path):
+    dataset, _ = wikikg
+    model = mp.train(mp.make_config(None, [f"dataset.path=wikikg-test", "training.device=cpu", "model.dim=8",
+                                           "training.epochs=1", "evaluation.protocol=given",
+                                           "storage.num_partitions=2"]), tmp_path / "run", progress=False)
+    assert "negatives the dataset gives each edge" in model.test_metrics["protocol"]
+    assert model.test_metrics["num_queries"] == 2 * 50
+
+
+def test_the_given_protocol_needs_a_dataset_that_gives_negatives(small_config, tmp_path):
+    with pytest.raises(MariusInputError, match="gives no negatives for its valid edges"):
+        mp.train(small_config("evaluation.protocol=given", "training.epochs=1"), tmp_path / "run", progress=False)
+
+
+def test_a_typed_ogb_graph_names_nodes_by_type_and_maps_negatives_within_the_type(server, cache):  # noqa: F811
+    rng = np.random.default_rng(1)
+    counts = {"drug": 12, "protein": 20}
+    kinds = np.array(["drug", "protein"], dtype=object)
+
+    def typed(count: int, negatives: bool) -> dict:
+        head_type, tail_type = kinds[rng.integers(2, size=count)], kinds[rng.integers(2, size=count)]
+        arrays = {"head_type": head_type, "tail_type": tail_type, "relation": rng.integers(3, size=count),
+                  "head": np.array([rng.integers(counts[t]) for t in head_type]),
+                  "tail": np.array([rng.integers(counts[t]) for t in tail_type])}
+        if negatives:
+            arrays["head_neg"] = np.array([rng.integers(counts[t], size=5) for t in head_type])
+            arrays["tail_neg"] = np.array([rng.integers(counts[t], size=5) for t in tail_type])
+        return arrays
+    splits = {"train": typed(300, False), "valid": typed(20, True), "test": typed(20, True)}
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        for split, arrays in splits.items():
+            archive.writestr(f"biokg/split/random/{split}.pt", saved(arrays))
+        archive.writestr("biokg/raw/num-node-dict.csv.gz", gzip.compress(b"drug,protein\n12,20\n"))
+    data = buffer.getvalue()
+    server.files["/biokg.zip"] = data
+    entry = DatasetSource(
+        task="link_prediction",
+        downloads=(Download(server.url("/biokg.zip"), sha256=hashlib.sha256(data).hexdigest()),),
+        splits={split: f"biokg.zip!biokg/split/random/{split}.pt" for split in ("train", "valid", "test")},
+        ogb=OgbLayout(num_nodes="biokg.zip!biokg/raw/num-node-dict.csv.gz", typed=True),
+        stats=Stats(nodes=32, relations=3, train=300, valid=20, test=20), license="test data")
+    with DATASETS.registered("biokg-test", entry):
+        dataset = mp.load_dataset("biokg-test")
+    assert dataset.num_nodes == 32 and all(":" in name for name in dataset.node_names)
+    names = np.array(dataset.node_names)
+    negatives = given_negatives(dataset.directory, "test")
+    for row, (head_type, tail_type) in enumerate(zip(splits["test"]["head_type"], splits["test"]["tail_type"])):
+        assert list(names[negatives.ids[row, 0]]) == [f"{head_type}:{n}" for n in splits["test"]["head_neg"][row]]
+        assert list(names[negatives.ids[row, 1]]) == [f"{tail_type}:{n}" for n in splits["test"]["tail_neg"][row]]
+
+
+def test_a_split_file_that_would_run_code_is_refused(tmp_path, capsys):
+    class Payload:
+        def __reduce__(self):
+            return (print, ("this ran",))
+    path = tmp_path / "train.pt"
+    torch.save({"head": Payload()}, path, pickle_module=pickle)
+    with pytest.raises(MariusInputError, match=r"print is not an array"):
+        read_split(path)
+    assert "this ran" not in capsys.readouterr().out
+    torch.save({"head": np.arange(3), "relation": np.zeros(3, dtype=np.int64)}, path)
+    assert read_split(path)["head"].tolist() == [0, 1, 2]
