@@ -23,7 +23,7 @@ from marius_py.resources import check_partitions_filled
 from marius_py.storage.edge_store import EDGE_FILE
 
 BUNDLED_DATASETS = ("codex-m",)
-BUNDLED_CONFIGS = ("codex-m", "codex-m-best", "codex-s", "fb15k-237")
+BUNDLED_CONFIGS = ("codex-m", "codex-m-best", "codex-s", "fb15k-237", "ogbl-wikikg2", "ogbl-biokg")
 BUNDLED_SPACES = ("fb15k-237",)  # search spaces of `marius-py tune --space NAME`
 SPLIT_NAMES = ("train", "valid", "test")
 

@@ -506,7 +506,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("train", help="train embeddings (no arguments: the bundled CoDEx-M)")
     p.add_argument("config", nargs="*", help="[CONFIG] [section.key=value ...]; CONFIG is a YAML file or one "
-                   "of codex-m, codex-m-best, codex-s, fb15k-237")
+                   "of codex-m, codex-m-best, codex-s, fb15k-237, ogbl-wikikg2, ogbl-biokg")
     p.add_argument("--run-dir", help="where to write checkpoints and logs (default runs/<dataset>-<time>)")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint")
     p.add_argument("--quiet", action="store_true", help="no progress bars or per-epoch lines")

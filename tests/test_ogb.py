@@ -176,3 +176,18 @@ def test_a_split_file_that_would_run_code_is_refused(tmp_path, capsys):
     assert "this ran" not in capsys.readouterr().out
     torch.save({"head": np.arange(3), "relation": np.zeros(3, dtype=np.int64)}, path)
     assert read_split(path)["head"].tolist() == [0, 1, 2]
+
+
+@pytest.mark.parametrize("name", ["ogbl-wikikg2", "ogbl-biokg"])
+def test_the_shipped_ogb_configs_name_their_registry_dataset_and_its_protocol(name):
+    from marius_py.catalog_entries import registered
+    config = mp.make_config(name)
+    assert config.dataset.path == name and config.evaluation.protocol == "given"
+    assert registered(name).protocol == "given" and registered(name).ogb is not None
+
+
+def test_train_help_names_every_shipped_config(capsys):
+    from marius_py.bundled import BUNDLED_CONFIGS
+    from marius_py.cli import build_parser
+    text = " ".join(build_parser()._subparsers._group_actions[0].choices["train"].format_help().split())
+    assert all(name in text for name in BUNDLED_CONFIGS)
