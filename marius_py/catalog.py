@@ -64,6 +64,8 @@ class Stats:
     valid: int | None = None
     test: int | None = None
     edges: int | None = None
+    features: int | None = None  # node classification: feature width and classes; train/valid/test count nodes
+    classes: int | None = None
     where: str = ""  # where they were published
 
 
@@ -122,10 +124,11 @@ def _check_entry(name: str, entry: DatasetSource) -> None:
         if download.sha256 is not None and (len(download.sha256) != 64
                                             or any(c not in "0123456789abcdef" for c in download.sha256)):
             refuse(f"sha256 {download.sha256!r} of {download.filename}", "64 lowercase hex digits")
-    wanted = ("train",) if entry.split is not None else SPLITS
+    wanted = () if entry.task == "node_classification" else ("train",) if entry.split is not None else SPLITS
     if set(entry.splits) != set(wanted):
         refuse(f"splits {sorted(entry.splits)}", f"exactly {', '.join(wanted)}"
-               + (" (a graph split by preprocessing names only train)" if entry.split is not None else ""))
+               + (" (a graph split by preprocessing names only train)" if entry.split is not None else "")
+               if wanted else "none: a node-classification dataset is kept as downloaded")
     locations = list(entry.splits.items()) + ([("node counts", entry.ogb.num_nodes)] if entry.ogb else [])
     for split, location in locations:
         if split_location(location)[0] not in filenames:
@@ -140,5 +143,8 @@ def describe(name: str, entry: DatasetSource) -> str:
     """One line of ``marius-py datasets``."""
     s = entry.stats
     counts = (f"{s.nodes:,} nodes" if s.nodes else "") + (f", {s.relations:,} relations" if s.relations else "")
-    edges = s.edges or sum(n for n in (s.train, s.valid, s.test) if n)
-    return f"{name:<18} {entry.task:<20} {counts}, {edges:,} edges; {entry.license or 'license: see homepage'}"
+    if entry.task == "node_classification":
+        counts += f", {s.edges:,} edges, {s.features:,} features, {s.classes} classes"
+    else:
+        counts += f", {s.edges or sum(n for n in (s.train, s.valid, s.test) if n):,} edges"
+    return f"{name:<18} {entry.task:<20} {counts}; {entry.license or 'license: see homepage'}"

@@ -5,6 +5,8 @@ repository, so that a published SHA-256 stays true; each digest was computed fro
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from marius_py.catalog import DATASETS, DatasetSource, Download, Stats
 from marius_py.ogb import OgbLayout
 
@@ -221,6 +223,75 @@ _register_ogb("ogbl-citation2", "citation-v2.zip", "time",
               OgbLayout(num_nodes="citation-v2.zip!citation-v2/raw/num-node-list.csv.gz", pairs=True),
               Stats(nodes=2927963, edges=30561187, where="OGB's documentation"), license="ODC-BY (OGB)",
               notes="a plain graph; each valid and test source ranks its true target against 1,000 given targets")
+
+
+_PLANETOID = "https://raw.githubusercontent.com/kimiyoung/planetoid/af6abf468a772cc055bec88c52e4d6f51b7c37e3/data"
+_PLANETOID_PARTS = ("x", "tx", "allx", "y", "ty", "ally", "graph", "test.index")
+
+
+def _register_planetoid(name: str, digests: tuple[str | None, ...], stats: Stats) -> None:
+    """A Planetoid citation graph (node classification): its eight files, kept as downloaded."""
+    downloads = tuple(Download(f"{_PLANETOID}/ind.{name}.{part}", sha256=digest)
+                      for part, digest in zip(_PLANETOID_PARTS, digests))
+    DATASETS.register(name, DatasetSource(
+        task="node_classification", downloads=downloads, splits={}, stats=stats, license="MIT (Planetoid)",
+        citation="Yang, Cohen and Salakhutdinov. Revisiting semi-supervised learning with graph embeddings. "
+                 "ICML 2016 (data: Sen et al., AI Magazine 2008)",
+        homepage="https://github.com/kimiyoung/planetoid", protocol="accuracy on the Planetoid split",
+        notes="Python 2 pickles (scipy sparse features, one-hot labels, an adjacency dict) and the test nodes"))
+
+
+_PLANETOID_COUNTS = "PyG's Planetoid table (edges: both directions); the Planetoid split"
+_register_planetoid("cora", (
+    "23cfa55d91c6f624233f5eb7b6e3f141f1bd2b2ae39608a63cf5d084bb27baab",
+    "b9afbaa4a400df991f6f02ef677e1e44da55ffc04801fd02f9e673987829226a",
+    "9419ba2f26f5c35243db64aba110e0f35a04851609e0dc5433450676ca6b8543",
+    "94465c14eb53e04ca262198dcbb2521ee8af60fb3f3d546cd6ca24a511b0e7d1",
+    "41f5ac76596a1699cc33f53084a2419e92961c42bb75f36fc38e616d348532ad",
+    "2b998f5cc7fedc86e7f97ca2498f47a1ffc1462c29e2d578b23bf3f62b6e7d71",
+    "58f13302f39dde8852dad6fe6d15b89b077b6d7f837626bce671ef80344b383d",
+    "297ce89af2b51a6a194181c7dbe1796c6a1cf9cd9349a88383b1b1e227867875"),
+    Stats(nodes=2708, edges=10556, features=1433, classes=7, train=140, valid=500, test=1000,
+          where=_PLANETOID_COUNTS))
+_register_planetoid("citeseer", (
+    "d20de19150741e555de0ed037195630fc194114ebc7fd72ced62810148aa22f6",
+    "539a8906a2da97628d212f2fdd668c109a8b3f0d36574b59e5d3fd5b5303da21",
+    "2ac30345d95c9ec933a817ee0bdd6a5f077f8c184a20e696910192d534414668",
+    "8ba87e515d8e3ee3cf52f6d2c5b86aa73f11ecad825a808455209ec26cd54924",
+    "55e5bd1ba1e733a04598753ad1a8d57957f4b8f89e74519f41f4f4938767e4ce",
+    "f704b2d986dde6c2669934de1f3ae5696a6cf9455c0f6b2646a2d135ea0a1c95",
+    "d79a4ef9d3e7169aee8946145f6b7306e35bc79bffad26346cfb94e10e9912a7",
+    "2af990671580b6b2df5d158d1038f8292e30c9cd821b5453f399659b25b723d4"),
+    Stats(nodes=3327, edges=9104, features=3703, classes=6, train=120, valid=500, test=1000,
+          where=_PLANETOID_COUNTS))
+_register_planetoid("pubmed", (
+    "fbe9cb5c47200d1b7769a26e579be3b7130b556831f9d850e77c4c74f2599b33",
+    "4eb5f5d0f30f26497eb0ac6ac9719d09c67e284f1ed0385c93f3ef27a671da3d",
+    None,  # (ind.pubmed.allx: too large for the copy the others were computed from: recorded at first)
+    "e6c807633307a07ed659249006536a147c7999c797f11a2560752990181b41b3",
+    "ee2e0d4819d9fbcc403689c3bf2e49face401b605932f093bc58ab6461130fdd",
+    "0c37bbe3b5014ec365e9d393cf4791925e5ed94fb194305d74f064a8d7b50f0e",
+    "5b89f0036ca22909471f1e6558eb42fa06e0c730a577bde5b058b40638f81dc9",
+    "b101d421688bbaecbd82e8a18f1e282378d6830f3a37666f28ebc47f844341b5"),
+    Stats(nodes=19717, edges=88648, features=500, classes=3, train=60, valid=500, test=1000,
+          where=_PLANETOID_COUNTS))
+
+_OGBN = "http://snap.stanford.edu/ogb/data/nodeproppred"
+for _name, _archive, _stats, _license in (
+        ("ogbn-arxiv", "arxiv.zip", Stats(nodes=169343, edges=1166243, features=128, classes=40, train=90941,
+                                          valid=29799, test=48603), "ODC-BY (OGB)"),
+        ("ogbn-products", "products.zip", Stats(nodes=2449029, edges=61859140, features=100, classes=47,
+                                                train=196615, valid=39323, test=2213091),
+         "Amazon's license for its review data (OGB)"),
+        ("ogbn-papers100m", "papers100M-bin.zip", Stats(nodes=111059956, edges=1615685872, features=128,
+                                                        classes=172, train=1207179, valid=125265, test=214338),
+         "ODC-BY (OGB)")):
+    DATASETS.register(_name, DatasetSource(
+        task="node_classification",
+        downloads=(Download(f"{_OGBN}/{_archive}", mirrors=(f"{_OGBN.replace('http:', 'https:')}/{_archive}",)),),
+        splits={}, stats=replace(_stats, where="OGB's documentation and master.csv"), license=_license,
+        citation=_OGB_ABOUT["citation"], homepage=f"https://ogb.stanford.edu/docs/nodeprop/#{_name}",
+        protocol="accuracy on OGB's split", notes="raw/*.csv.gz (edges, features, labels) and split/*/*.csv.gz"))
 
 
 def registered(name: object) -> DatasetSource | None:

@@ -25,7 +25,7 @@ from marius_py.catalog import DatasetSource, split_location
 from marius_py.catalog_entries import registered
 from marius_py.catalog import SPLITS
 from marius_py.dataset import NODES_FILE, DatasetMetadata, read_metadata, read_names
-from marius_py.download import fetch_files, recorded_digests
+from marius_py.download import downloads_dir, fetch_files, recorded_digests
 from marius_py.errors import MariusInputError
 
 _KEPT_SUFFIXES = (".gz", ".pt")  # (kept on an extracted member: gzip is read by its suffix; .pt: OGB's)
@@ -40,6 +40,10 @@ def prepare(name: str, num_partitions: int = 1, progress: bool = True, offline: 
         from marius_py.catalog import DATASETS
         raise DATASETS.unknown(name, "dataset")
     downloaded = fetch_files(name, entry, offline=offline, source=source, progress=progress)
+    if entry.task == "node_classification":
+        raise MariusInputError(f"dataset {name} is for node classification, which training does not do yet: its "
+                               "files are fetched and checked, kept as downloaded", path=downloads_dir(name),
+                               expected="a link-prediction or graph dataset (`marius-py datasets` lists them)")
     files = split_files(name, entry, downloaded)
     build = _ogb_build if entry.ogb is not None else _text_build
     options, make = build(entry, files, num_partitions, progress)

@@ -286,3 +286,15 @@ def test_a_graph_given_as_one_edge_file_is_split_by_preprocessing(server, cache)
         dataset = mp.load_dataset("graph-test")
     assert len(dataset.train) + len(dataset.valid) + len(dataset.test) == len(lines) == 5216
     assert len(dataset.valid) > 300 and dataset.num_relations == 1
+
+
+def test_a_node_classification_dataset_is_fetched_and_kept_but_not_trained(server, cache, capsys):
+    server.files["/cites.txt"] = b"a\tb\n"
+    entry = DatasetSource(task="node_classification", downloads=(Download(server.url("/cites.txt")),), splits={},
+                          stats=Stats(nodes=2, edges=1, features=3, classes=2), license="test data")
+    with DATASETS.registered("nc-test", entry):
+        assert main(["download", "nc-test", "--quiet"]) == 0
+        assert "1 file(s) fetched and checked" in capsys.readouterr().out
+        assert (cache / "downloads" / "nc-test" / "cites.txt").read_bytes() == b"a\tb\n"
+        with pytest.raises(MariusInputError, match="for node classification, which training does not do yet"):
+            mp.load_dataset("nc-test")
