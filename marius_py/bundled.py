@@ -95,7 +95,10 @@ def resolve_dataset(path_or_name: str, num_partitions: int = 1, progress: bool =
             from marius_py.registered_data import prepare
             return prepare(str(path_or_name), num_partitions, progress)
     if files is None:
-        raise MariusInputError("dataset.path: not a dataset", path=directory,
+        from marius_py.catalog_entries import closest_names
+        close = closest_names(str(path_or_name)) if not directory.exists() else []
+        hint = f" (a registered dataset's name? did you mean {' or '.join(close)}?)" if close else ""
+        raise MariusInputError(f"dataset.path: not a dataset{hint}", path=directory,
                                expected=f"a preprocessed directory (with {METADATA_FILE}), a directory "
                                         f"with train/valid/test.txt, one of {', '.join(BUNDLED_DATASETS)}, or a "
                                         "registered dataset's name (`marius-py datasets` lists them)")

@@ -86,6 +86,7 @@ class DatasetSource:
     skip_header: int = 0
     split: tuple[float, float] | None = None
     license: str = ""
+    restricts_use: bool = False  # (its license limits use, e.g. to non-commercial research: said before fetching)
     citation: str = ""
     homepage: str = ""
     protocol: str = "filtered"  # the evaluation its published results use

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from marius_py.catalog import DATASETS, DatasetSource, Download, Stats
+from marius_py.errors import MariusInputError
 from marius_py.ogb import OgbLayout
 
 _SPLITS = ("train", "valid", "test")
@@ -36,7 +37,7 @@ DATASETS.register("fb15k-237", DatasetSource(
     splits=_in_archive("FB15k-237.tar.gz"),
     stats=Stats(nodes=14541, relations=237, train=272115, valid=17535, test=20466,
                 where="Toutanova and Chen (2015), Table 1"),
-    license="Microsoft Research Data License Agreement: non-commercial research use only",
+    license="Microsoft Research Data License Agreement: non-commercial research use only", restricts_use=True,
     citation="Toutanova and Chen. Observed versus latent features for knowledge base and text inference. "
              "CVSC 2015",
     homepage="https://www.microsoft.com/en-us/download/details.aspx?id=52312",
@@ -151,6 +152,7 @@ DATASETS.register("drkg", DatasetSource(
     splits={"train": "drkg.tar.gz!drkg.tsv"}, split=(0.05, 0.05),
     stats=Stats(nodes=97238, relations=107, edges=5874261, where="the DRKG README"),
     license="Apache-2.0 (the project); its sources keep theirs, some non-commercial (CC BY-NC 4.0)",
+    restricts_use=True,
     citation="Ioannidis et al. DRKG: Drug Repurposing Knowledge Graph for Covid-19. 2020",
     homepage="https://github.com/gnn4dr/DRKG", notes="no published split: 90/5/5 drawn with preprocessing's seed",
     protocol="filtered (a seeded random split)"))
@@ -297,3 +299,19 @@ for _name, _archive, _stats, _license in (
 def registered(name: object) -> DatasetSource | None:
     """The entry ``name`` (built-in, or registered by research code), or None."""
     return DATASETS.get(name) if name in DATASETS else None
+
+
+def closest_names(name: str) -> list[str]:
+    """Registered names close to ``name`` (case and separators aside), closest first."""
+    import difflib
+    folded = {entry.lower().replace("_", "-"): entry for entry in DATASETS.names()}
+    return [folded[match] for match in difflib.get_close_matches(str(name).lower().replace("_", "-"), folded, 3, 0.6)]
+
+
+def unknown_dataset(name: str, setting: str = "dataset") -> MariusInputError:
+    """The error of a name the registry does not have, suggesting the closest ones."""
+    close = closest_names(name)
+    hint = f"; did you mean {' or '.join(close)}?" if close else ""
+    return MariusInputError(f"{setting}: unknown dataset {name!r}{hint}",
+                            expected="a registered dataset (`marius-py datasets` lists them), or research code's "
+                                     "own registered with marius_py.catalog.DATASETS.register(name, ...)")

@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 import shutil
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -23,7 +24,7 @@ from pathlib import Path
 from marius_py.dataset_cache import cache_dir
 from marius_py.catalog import DatasetSource, Download
 from marius_py.errors import MariusInputError
-from marius_py.storage.durable import write_text_atomic
+from marius_py.storage.durable import reporting_full_disk, write_text_atomic
 
 MIRROR_VARIABLE = "MARIUS_PY_MIRROR"
 OFFLINE_VARIABLE = "MARIUS_PY_OFFLINE"
@@ -49,8 +50,19 @@ def fetch_files(name: str, entry: DatasetSource, offline: bool = False, source: 
     """Every download of ``entry`` in the cache, checked: filename -> path."""
     directory = downloads_dir(name)
     directory.mkdir(parents=True, exist_ok=True)
+    if any(not (directory / d.filename).is_file() for d in entry.downloads):
+        _say_license(name, entry, progress)
     return {d.filename: _obtain(name, d, directory, offline or offline_by_default(), source, progress)
             for d in entry.downloads}
+
+
+def _say_license(name: str, entry: DatasetSource, progress: bool) -> None:
+    """Before fetching: the dataset's license, always where it restricts use."""
+    if entry.restricts_use:
+        print(f"note: {name} is licensed for restricted use only: {entry.license}. Fetching it means you accept "
+              f"its terms ({entry.homepage or 'see its source'}).", file=sys.stderr)
+    elif progress and entry.license:
+        print(f"fetching {name} (license: {entry.license})", file=sys.stderr)
 
 
 def _obtain(name: str, download: Download, directory: Path, offline: bool, source: Path | None,
@@ -90,12 +102,16 @@ def candidate_urls(name: str, download: Download) -> list[str]:
 
 
 def _download(name: str, download: Download, target: Path, progress: bool) -> None:
+    """Fetch ``download`` into ``target`` through ``FILE.part`` (kept after a failure: the next attempt
+    resumes it); a full disk is one ``DiskFullError`` at once, naming the cache and the file's size."""
     partial = target.with_name(target.name + ".part")
     failures = []
     for url in candidate_urls(name, download):
         for attempt in range(ATTEMPTS):
             try:
-                _fetch_into(url, partial, download.filename, progress)
+                with reporting_full_disk(f"downloading {download.filename} of {name}", target.parent,
+                                         download.size):
+                    _fetch_into(url, partial, download.filename, progress)
                 os.replace(partial, target)
                 return
             except (urllib.error.URLError, OSError, _Cut) as error:

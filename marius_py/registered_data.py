@@ -22,11 +22,12 @@ import numpy as np
 
 from marius_py.dataset_cache import build_once, cache_dir, raw_content_key
 from marius_py.catalog import DatasetSource, split_location
-from marius_py.catalog_entries import registered
+from marius_py.catalog_entries import registered, unknown_dataset
 from marius_py.catalog import SPLITS
 from marius_py.dataset import NODES_FILE, DatasetMetadata, read_metadata, read_names
 from marius_py.download import downloads_dir, fetch_files, recorded_digests
 from marius_py.errors import MariusInputError
+from marius_py.storage.durable import reporting_full_disk
 
 _KEPT_SUFFIXES = (".gz", ".pt")  # (kept on an extracted member: gzip is read by its suffix; .pt: OGB's)
 
@@ -37,8 +38,7 @@ def prepare(name: str, num_partitions: int = 1, progress: bool = True, offline: 
     cache, or ``output`` where given (``overwrite``: an existing dataset there is replaced)."""
     entry = registered(name)
     if entry is None:
-        from marius_py.catalog import DATASETS
-        raise DATASETS.unknown(name, "dataset")
+        raise unknown_dataset(name)
     downloaded = fetch_files(name, entry, offline=offline, source=source, progress=progress)
     if entry.task == "node_classification":
         raise MariusInputError(f"dataset {name} is for node classification, which training does not do yet: its "
@@ -124,18 +124,20 @@ def split_files(name: str, entry: DatasetSource, downloaded: dict[str, Path]) ->
 
 
 def _extract_member(name: str, archive: Path, member: str, target: Path) -> None:
-    """Stream ``member`` of ``archive`` (zip or tar, compressed or not) into ``target``, atomically."""
+    """Stream ``member`` of ``archive`` (zip or tar, compressed or not) into ``target``, atomically: whatever
+    stops it (a damaged archive, a full disk, an interrupt) leaves no part of it behind."""
     partial = target.with_name(target.name + ".part")
     try:
-        with _open_member(archive, member) as stream, open(partial, "wb") as out:
+        with reporting_full_disk(f"extracting {member} of {name}", target.parent), \
+                _open_member(archive, member) as stream, open(partial, "wb") as out:
             shutil.copyfileobj(stream, out, 1 << 22)
             out.flush()
             os.fsync(out.fileno())
-    except MariusInputError:
+    except BaseException as error:
         partial.unlink(missing_ok=True)
-        raise
-    except (tarfile.TarError, zipfile.BadZipFile, EOFError, OSError) as error:
-        partial.unlink(missing_ok=True)
+        damaged = isinstance(error, (tarfile.TarError, zipfile.BadZipFile, EOFError, OSError))
+        if isinstance(error, MariusInputError) or not damaged:  # (a full disk's own error; an interrupt)
+            raise
         raise MariusInputError(f"dataset {name}: cannot read {member} from the archive ({error})", path=archive,
                                expected="the archive as its source serves it (delete it from the cache to "
                                         "fetch it again)") from None

@@ -298,3 +298,62 @@ def test_a_node_classification_dataset_is_fetched_and_kept_but_not_trained(serve
         assert (cache / "downloads" / "nc-test" / "cites.txt").read_bytes() == b"a\tb\n"
         with pytest.raises(MariusInputError, match="for node classification, which training does not do yet"):
             mp.load_dataset("nc-test")
+
+
+def test_a_restrictive_license_is_said_before_anything_is_fetched(server, cache, capsys):
+    import dataclasses
+    archive = umls_archive()
+    server.files["/umls.tar.gz"] = archive
+    entry = dataclasses.replace(umls_entry(server.url("/umls.tar.gz"), sha256(archive)), restricts_use=True,
+                                license="non-commercial research use only")
+    with DATASETS.registered("umls-test", entry):
+        assert main(["download", "umls-test", "--quiet"]) == 0
+        assert "umls-test is licensed for restricted use only: non-commercial research use only" in \
+            capsys.readouterr().err
+        assert main(["download", "umls-test", "--quiet"]) == 0  # (in the cache: nothing fetched, nothing said)
+        assert "licensed" not in capsys.readouterr().err
+
+
+def test_an_unknown_name_suggests_the_closest_registered_ones(cache):
+    with pytest.raises(MariusInputError, match="did you mean fb15k-237 or fb15k"):
+        mp.api.load_dataset("fb15k_237")
+
+
+def test_a_full_disk_while_downloading_is_one_error_naming_the_cache(server, cache, monkeypatch):
+    import errno
+    from marius_py.errors import DiskFullError
+    archive = umls_archive()
+    server.files["/umls.tar.gz"] = archive
+
+    def full(descriptor):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr("marius_py.download.os.fsync", full)
+    with DATASETS.registered("umls-test", umls_entry(server.url("/umls.tar.gz"), sha256(archive))):
+        with pytest.raises(DiskFullError, match="downloading umls.tar.gz of umls-test"):
+            mp.load_dataset("umls-test")
+    assert server.requests == [("/umls.tar.gz", None)]  # (not retried: another attempt cannot fit either)
+    assert not (cache / "downloads" / "umls-test" / "umls.tar.gz").exists()
+
+
+@pytest.mark.parametrize("stop", ["full-disk", "interrupt"])
+def test_extraction_stopped_midway_leaves_nothing_behind(server, cache, monkeypatch, stop):
+    import errno
+    import shutil as shutil_module
+    from marius_py.errors import DiskFullError
+    archive = umls_archive()
+    server.files["/umls.tar.gz"] = archive
+    original = shutil_module.copyfileobj
+
+    def stopped(source, target, length=0):
+        target.write(source.read(1000))
+        raise OSError(errno.ENOSPC, "No space left on device") if stop == "full-disk" else KeyboardInterrupt()
+    monkeypatch.setattr("marius_py.registered_data.shutil.copyfileobj", stopped)
+    expected = DiskFullError if stop == "full-disk" else KeyboardInterrupt
+    with DATASETS.registered("umls-test", umls_entry(server.url("/umls.tar.gz"), sha256(archive))):
+        with pytest.raises(expected):
+            mp.load_dataset("umls-test")
+        assert not [p for p in (cache / "raw").rglob("*") if p.is_file()]  # (no member, not even a part)
+        assert not (cache / "datasets").exists()
+        monkeypatch.setattr("marius_py.registered_data.shutil.copyfileobj", original)
+        assert len(mp.load_dataset("umls-test").train) == 5216  # (the download was kept: prepared now)
+    assert len(server.requests) == 1
