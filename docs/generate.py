@@ -2,6 +2,7 @@
 
 - ``reference/config.md``: every config key, its default and help, from ``marius_py.config``'s schema;
 - ``reference/cli.md``: every command's usage and options, from ``marius_py.cli``'s parser;
+- ``reference/datasets.md``: every registered dataset, from ``marius_py.catalog_entries``;
 - ``results.md``: the benchmark suite's current figures, from ``bench/results`` (``results_page``).
 """
 
@@ -46,6 +47,28 @@ def cli_reference() -> str:
     for name, command in commands.choices.items():
         lines += [f"## {name}", "", "```text", command.format_help().rstrip(), "```", ""]
     return "\n".join(lines)
+
+
+def datasets_reference() -> str:
+    from marius_py.catalog_entries import DATASETS
+    lines = ["# Registered datasets", "",
+             "The datasets `marius-py download NAME` fetches, checks and prepares, and that `dataset.path` and "
+             "`mp.load_dataset` take by name ([the guide](../guides/datasets.md)). Counts are the published "
+             "ones, which preparing a dataset checks. (Generated from `marius_py/catalog_entries.py`.)", "",
+             "| name | task | nodes | relations | edges (train / valid / test) | protocol | license | citation |",
+             "|---|---|---|---|---|---|---|---|"]
+    for name, entry in DATASETS.items():
+        s = entry.stats
+        if entry.task == "node_classification":
+            edges = f"{s.edges:,}; nodes {s.train:,} / {s.valid:,} / {s.test:,}"
+        elif s.train is not None:
+            edges = f"{s.train:,} / {s.valid:,} / {s.test:,}"
+        else:
+            edges = f"{s.edges:,}" + (" (split by preprocessing)" if entry.split else "")
+        cells = [f"`{name}`", entry.task.replace("_", " "), f"{s.nodes:,}" if s.nodes else "",
+                 f"{s.relations:,}" if s.relations else "", edges, entry.protocol, entry.license, entry.citation]
+        lines.append("| " + " | ".join(cell.replace("|", "/") for cell in cells) + " |")
+    return "\n".join(lines + [""])
 
 
 def results_page() -> str:
@@ -489,7 +512,7 @@ def _call_number(path: Path) -> int:
 
 def write_all(docs: Path) -> None:
     pages = {docs / "reference" / "config.md": config_reference(), docs / "reference" / "cli.md": cli_reference(),
-             docs / "results.md": results_page()}
+             docs / "reference" / "datasets.md": datasets_reference(), docs / "results.md": results_page()}
     for path, text in pages.items():
         path.parent.mkdir(parents=True, exist_ok=True)
         if not path.exists() or path.read_text() != text:
