@@ -36,13 +36,15 @@ MEMBER_SEPARATOR = "!"  # "download!member": a file inside an archive
 @dataclass(frozen=True)
 class Download:
     """One file to fetch. ``filename``: its name in the cache (default: the URL's last part); ``sha256``: its
-    published digest (None: the first download records one, and later ones must match it)."""
+    published digest (None: the first download records one, and later ones must match it); ``md5``: an MD5
+    its source publishes, checked too."""
 
     url: str
     filename: str = ""
     sha256: str | None = None
     mirrors: tuple[str, ...] = ()
     size: int | None = None
+    md5: str | None = None  # (where the source publishes only an MD5: checked as well)
 
     def __post_init__(self):
         if not self.filename:
@@ -122,9 +124,9 @@ def _check_entry(name: str, entry: DatasetSource) -> None:
     for download in entry.downloads:
         if urlparse(download.url).scheme not in ("http", "https", "file"):
             refuse(f"URL {download.url!r}", "an http, https or file URL")
-        if download.sha256 is not None and (len(download.sha256) != 64
-                                            or any(c not in "0123456789abcdef" for c in download.sha256)):
-            refuse(f"sha256 {download.sha256!r} of {download.filename}", "64 lowercase hex digits")
+        for kind, digest, length in (("sha256", download.sha256, 64), ("md5", download.md5, 32)):
+            if digest is not None and (len(digest) != length or any(c not in "0123456789abcdef" for c in digest)):
+                refuse(f"{kind} {digest!r} of {download.filename}", f"{length} lowercase hex digits")
     wanted = () if entry.task == "node_classification" else ("train",) if entry.split is not None else SPLITS
     if set(entry.splits) != set(wanted):
         refuse(f"splits {sorted(entry.splits)}", f"exactly {', '.join(wanted)}"

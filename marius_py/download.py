@@ -161,12 +161,14 @@ def _fetch_into(url: str, partial: Path, label: str, progress: bool) -> None:
         raise _Cut(f"ended after {partial.stat().st_size:,} of {total:,} bytes")
 
 
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
+def file_digests(path: Path, md5: bool = False) -> tuple[str, str | None]:
+    """(SHA-256, MD5 where asked) of a file, in one read."""
+    digests = [hashlib.sha256()] + ([hashlib.md5(usedforsecurity=False)] if md5 else [])
     with open(path, "rb") as handle:
         while block := handle.read(1 << 24):
-            digest.update(block)
-    return digest.hexdigest()
+            for digest in digests:
+                digest.update(block)
+    return digests[0].hexdigest(), digests[1].hexdigest() if md5 else None
 
 
 def _check_digest(name: str, download: Download, path: Path, directory: Path, fresh: bool) -> str:
@@ -182,7 +184,12 @@ def _check_digest(name: str, download: Download, path: Path, directory: Path, fr
     if not fresh and recorded is not None and recorded.get("stamp") == stamp:
         digest = recorded["sha256"]
     else:
-        digest = file_sha256(path)
+        digest, md5 = file_digests(path, md5=download.md5 is not None)
+        if md5 is not None and md5 != download.md5:
+            path.unlink()
+            raise MariusInputError(f"dataset {name}: {download.filename} has MD5 {md5}, not the published "
+                                   f"{download.md5}; removed it", path=path,
+                                   expected=f"the file {download.url} serves (fetch it again)")
     expected = download.sha256 or (recorded or {}).get("sha256")
     if expected is not None and digest != expected:
         path.unlink()

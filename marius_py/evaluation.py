@@ -28,6 +28,8 @@ PROTOCOL_SAMPLED = "unfiltered ranking vs {n} sampled {kind} negatives, both dir
 PROTOCOL_SAMPLED_ALL = ("unfiltered ranking vs all {nodes} nodes (evaluation.num_negatives={n} is not below the "
                         "{others} other nodes: sampling would repeat them), both directions, realistic ties")
 PROTOCOL_UNFILTERED = "unfiltered ranking vs all nodes, both directions, realistic ties"
+PROTOCOL_TOP10 = ("unfiltered ranking of tails vs all nodes, reciprocal rank 0 past the top 10 (WikiKG90Mv2's "
+                  "MRR), realistic ties")
 PROTOCOL_GIVEN = "unfiltered ranking vs the {k} negatives the dataset gives each edge ({directions}), realistic ties"
 _GIVEN_VALUES = 1 << 26  # candidate values (rows x d) gathered per batch of the given protocol: 256 MB
 
@@ -176,8 +178,9 @@ def query_chunk_edges(row_bytes: int, batch_size: int) -> int:
 
 @torch.no_grad()
 def filtered_ranks(decoder: Decoder, nodes: torch.Tensor | NodeTable, edges: np.ndarray,
-                   known: tuple[KnownAnswers, KnownAnswers], batch_size: int) -> torch.Tensor:
-    """Realistic filtered ranks of every edge, tail queries then head queries.
+                   known: tuple[KnownAnswers, KnownAnswers], batch_size: int, heads: bool = True) -> torch.Tensor:
+    """Realistic filtered ranks of every edge, tail queries then head queries (``heads=False``: tail queries
+    alone).
 
     Edges are ranked in chunks (``query_chunk_edges``), so that memory stays bounded whatever the split's
     size (a Freebase86m-sized split's rows would take gigabytes); out of core each chunk reads the store
@@ -189,21 +192,22 @@ def filtered_ranks(decoder: Decoder, nodes: torch.Tensor | NodeTable, edges: np.
     """
     table = nodes if isinstance(nodes, NodeTable) else InMemoryNodes(nodes)
     chunk = query_chunk_edges(4 * decoder.dim, batch_size)
-    ranks = [_filtered_chunk_ranks(decoder, table, edges[start:start + chunk], known, batch_size)
+    ranks = [_filtered_chunk_ranks(decoder, table, edges[start:start + chunk], known, batch_size, heads)
              for start in range(0, max(len(edges), 1), chunk)]  # (one chunk, empty, for no edges)
-    return torch.cat([r[0] for r in ranks] + [r[1] for r in ranks])  # (tail queries, then head queries)
+    return torch.cat([r[0] for r in ranks] + [r[1] for r in ranks if heads])  # (tail queries, then head queries)
 
 
 def _filtered_chunk_ranks(decoder: Decoder, table: NodeTable, edges: np.ndarray,
-                          known: tuple[KnownAnswers, KnownAnswers], batch_size: int) -> list[torch.Tensor]:
-    """[tail queries' ranks, head queries' ranks] of a chunk of edges."""
+                          known: tuple[KnownAnswers, KnownAnswers], batch_size: int,
+                          heads: bool = True) -> list[torch.Tensor]:
+    """[tail queries' ranks, head queries' ranks] of a chunk of edges (the first alone without ``heads``)."""
     device = table.device
     piece_rows = max(1, SCORE_BYTES // (4 * batch_size))  # (a table in memory is one block: 86M nodes' scores
     edges_t = torch.from_numpy(edges).to(device)           # of a batch would take hundreds of GB)
     # Heads and tails in one gather: out of core, each gather reads every partition.
     head_rows, tail_rows = table.gather(torch.cat([edges_t[:, 0], edges_t[:, 2]])).split(len(edges))
     all_ranks = []
-    for inverse, answers in ((False, known[0]), (True, known[1])):
+    for inverse, answers in ((False, known[0]), (True, known[1]))[:2 if heads else 1]:
         anchor, target = (edges_t[:, 2], edges_t[:, 0]) if inverse else (edges_t[:, 0], edges_t[:, 2])
         anchor_rows, target_rows = (tail_rows, head_rows) if inverse else (head_rows, tail_rows)
         queries = decoder.query(anchor_rows, edges_t[:, 1], inverse)
@@ -403,6 +407,8 @@ def evaluate_edges(decoder: Decoder, nodes: torch.Tensor | NodeTable, dataset, e
         raise MariusInputError("evaluation.protocol=given ranks a dataset's own valid and test edges against the "
                                "negatives it gives them, not other edges",
                                expected="evaluation.protocol=filtered or sampled for edges of your own")
+    if config.protocol == "top10":
+        return evaluate_top10(decoder, nodes, edges, dataset.num_relations, config.batch_size)
     if config.protocol == "filtered":
         known = known or build_known_answers(dataset.all_known_edges(), dataset.num_relations)
         return evaluate_filtered(decoder, nodes, edges, known, config.batch_size)
@@ -433,6 +439,17 @@ def sampled_covers_all_nodes(num_negatives: int, num_nodes: int) -> bool:
     answer would push its rank up again (UMLS, 135 nodes, 1,000 negatives: mean rank 100, MRR 0.04 where
     ranking against all nodes gives 0.79); ranking against every node is what such a sample approximates."""
     return num_negatives >= num_nodes - 1
+
+
+def evaluate_top10(decoder: Decoder, nodes: torch.Tensor | NodeTable, edges: np.ndarray, num_relations: int,
+                   batch_size: int) -> dict:
+    """WikiKG90Mv2's protocol: each tail ranked against all nodes, nothing filtered; a tail outside the top 10
+    counts 0 in the MRR (the rank itself is reported as it is)."""
+    nothing = build_known_answers(np.zeros((0, 3), dtype=np.int64), num_relations)
+    ranks = filtered_ranks(decoder, nodes, edges, nothing, batch_size, heads=False)
+    metrics = summarize(ranks, PROTOCOL_TOP10)
+    metrics["mrr"] = float(torch.where(ranks <= 10, 1 / ranks.double(), 0.0).mean()) if len(ranks) else 0.0
+    return metrics
 
 
 def evaluate_unfiltered(decoder: Decoder, nodes: torch.Tensor | NodeTable, edges: np.ndarray, num_relations: int,

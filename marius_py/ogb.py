@@ -33,12 +33,17 @@ _ABOUT = "about.json"
 @dataclass(frozen=True)
 class OgbLayout:
     """How an OGB download holds its graph. ``num_nodes``: the member with the node count
-    (``raw/num-node-list.csv.gz``) or, for a typed graph, the count per type (``raw/num-node-dict.csv.gz``);
-    ``pairs``: a graph without relations (ogbl-citation2's keys)."""
+    (``raw/num-node-list.csv.gz``), or, for a typed graph, the count per type (``raw/num-node-dict.csv.gz``),
+    or OGB-LSC's ``meta.pt``; ``pairs``: a graph without relations (ogbl-citation2's keys)."""
 
     num_nodes: str
     typed: bool = False
     pairs: bool = False
+    valid_tails: str | None = None  # OGB-LSC (WikiKG90Mv2): splits in .npy, valid's tails apart; no negatives
+
+    @property
+    def gives_negatives(self) -> bool:
+        return self.valid_tails is None
 
 
 # ---- reading OGB's files
@@ -79,8 +84,19 @@ def read_split(path: Path) -> dict[str, np.ndarray]:
     return {key: value.numpy() if hasattr(value, "numpy") else np.asarray(value) for key, value in loaded.items()}
 
 
+def read_npy_split(triples: Path, tails: Path | None = None) -> dict[str, np.ndarray]:
+    """An OGB-LSC split: [E, 3] (head, relation, tail) ids, or [E, 2] (head, relation) with the tails apart,
+    memory-mapped (read a block at a time)."""
+    rows = np.load(triples, mmap_mode="r")
+    columns = {"head": rows[:, 0], "relation": rows[:, 1]}
+    columns["tail"] = np.load(tails, mmap_mode="r") if tails is not None else rows[:, 2]
+    return columns
+
+
 def read_node_counts(path: Path, typed: bool) -> dict[str, int]:
-    """Node counts: {"": N}, or per type from a CSV of types over counts."""
+    """Node counts: {"": N}, or per type from a CSV of types over counts (OGB-LSC: ``meta.pt``)."""
+    if path.suffix == ".pt":
+        return {"": int(read_split(path)["num_entities"])}
     with gzip.open(path, "rt", encoding="utf-8") if path.suffix == ".gz" else open(path, encoding="utf-8") as f:
         lines = [line.strip() for line in f if line.strip()]
     try:

@@ -29,7 +29,7 @@ from marius_py.download import downloads_dir, fetch_files, recorded_digests
 from marius_py.errors import MariusInputError
 from marius_py.storage.durable import reporting_full_disk
 
-_KEPT_SUFFIXES = (".gz", ".pt")  # (kept on an extracted member: gzip is read by its suffix; .pt: OGB's)
+_KEPT_SUFFIXES = (".gz", ".pt", ".npy")  # (kept on an extracted member: gzip is read by its suffix; OGB's files)
 
 
 def prepare(name: str, num_partitions: int = 1, progress: bool = True, offline: bool = False,
@@ -77,27 +77,35 @@ def _text_build(entry: DatasetSource, files: dict[str, Path], num_partitions: in
 def _ogb_build(entry: DatasetSource, files: dict[str, Path], num_partitions: int, progress: bool):
     """(options, make(output, overwrite)) for OGB's split files: every node of the graph known (and every
     relation the splits name), then the valid and test negatives put in the dataset's ids."""
-    from marius_py.ogb import OgbEdges, all_names, read_node_counts, read_split, write_given_negatives, \
-        write_lines
+    from marius_py.ogb import OgbEdges, all_names, read_node_counts, read_npy_split, read_split, \
+        write_given_negatives, write_lines
     from marius_py.preprocess import PreprocessOptions, preprocess
     layout, folder = entry.ogb, files["train"].parent
-    splits = {split: read_split(files[split]) for split in SPLITS}
+    if layout.gives_negatives:
+        splits = {split: read_split(files[split]) for split in SPLITS}
+    else:  # (OGB-LSC: the test tails are hidden; its entry names the valid split for test too)
+        splits = {split: read_npy_split(files[split], files["valid_tails"] if split != "train" else None)
+                  for split in SPLITS}
     known_nodes = folder / "known_nodes.txt"
     write_lines(known_nodes, all_names(read_node_counts(files["node_counts"], layout.typed)))
     known_relations = None
     if not layout.pairs:
         known_relations = folder / "known_relations.txt"
-        relations = np.unique(np.concatenate([split["relation"] for split in splits.values()]))
-        write_lines(known_relations, map(str, relations.tolist()))
+        if layout.gives_negatives:
+            relations = np.unique(np.concatenate([split["relation"] for split in splits.values()])).tolist()
+        else:  # (hundreds of millions of edges: the count its meta.pt gives)
+            relations = range(int(read_split(files["node_counts"])["num_relations"]))
+        write_lines(known_relations, map(str, relations))
     options = PreprocessOptions(pairs=layout.pairs, num_partitions=num_partitions, known_nodes=str(known_nodes),
                                 known_relations=None if known_relations is None else str(known_relations))
 
     def make(output: Path, overwrite: bool) -> None:
         metadata = preprocess(output, *(OgbEdges(splits[split], split, layout) for split in SPLITS), options,
                               progress=progress, overwrite=overwrite)
-        write_given_negatives(output, {split: splits[split] for split in ("valid", "test")}, layout,
-                              read_names(output / NODES_FILE),
-                              {"valid": metadata.num_valid, "test": metadata.num_test})
+        if layout.gives_negatives:
+            write_given_negatives(output, {split: splits[split] for split in ("valid", "test")}, layout,
+                                  read_names(output / NODES_FILE),
+                                  {"valid": metadata.num_valid, "test": metadata.num_test})
     return options, make
 
 
@@ -107,7 +115,9 @@ def split_files(name: str, entry: DatasetSource, downloaded: dict[str, Path]) ->
     digests = recorded_digests(name, entry)
     key = hashlib.sha256(json.dumps([digests, entry.splits], sort_keys=True).encode()).hexdigest()[:16]
     directory = cache_dir() / "raw" / f"{name}-{key}"
-    locations = dict(entry.splits, **({"node_counts": entry.ogb.num_nodes} if entry.ogb else {}))
+    extra = {} if entry.ogb is None else {"node_counts": entry.ogb.num_nodes,
+                                           **({"valid_tails": entry.ogb.valid_tails} if entry.ogb.valid_tails else {})}
+    locations = dict(entry.splits, **extra)
     files = {}
     for split, location in locations.items():
         filename, member = split_location(location)
@@ -115,7 +125,7 @@ def split_files(name: str, entry: DatasetSource, downloaded: dict[str, Path]) ->
             files[split] = downloaded[filename]
             continue
         kept = [s for s in Path(member).suffixes[-1:] if s in _KEPT_SUFFIXES]
-        target = directory / (f"{split}{kept[0]}" if kept == [".pt"] else f"{split}.txt{''.join(kept)}")
+        target = directory / (f"{split}{kept[0]}" if kept in ([".pt"], [".npy"]) else f"{split}.txt{''.join(kept)}")
         if not target.is_file():
             directory.mkdir(parents=True, exist_ok=True)
             _extract_member(name, downloaded[filename], member, target)

@@ -357,3 +357,18 @@ def test_extraction_stopped_midway_leaves_nothing_behind(server, cache, monkeypa
         monkeypatch.setattr("marius_py.registered_data.shutil.copyfileobj", original)
         assert len(mp.load_dataset("umls-test").train) == 5216  # (the download was kept: prepared now)
     assert len(server.requests) == 1
+
+
+def test_a_published_md5_is_checked_too(server, cache):
+    import dataclasses
+    archive = umls_archive()
+    server.files["/umls.tar.gz"] = archive
+    entry = umls_entry(server.url("/umls.tar.gz"), None)
+    wrong = dataclasses.replace(entry, downloads=(dataclasses.replace(entry.downloads[0], md5="0" * 32),))
+    with DATASETS.registered("umls-test", wrong):
+        with pytest.raises(MariusInputError, match="umls.tar.gz has MD5 [0-9a-f]{32}, not the published 0{32}"):
+            mp.load_dataset("umls-test")
+    right = dataclasses.replace(entry, downloads=(dataclasses.replace(
+        entry.downloads[0], md5=hashlib.md5(archive, usedforsecurity=False).hexdigest()),))
+    with DATASETS.registered("umls-test", right):
+        assert len(mp.load_dataset("umls-test").train) == 5216
