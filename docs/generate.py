@@ -85,7 +85,7 @@ def results_page() -> str:
              "by `docs/generate.py`.)", ""]
     for section in (_quality_table, _search_table, _e2e_table, _scaling_table, _disk_table, _plan_disk_table,
                     _plan_accuracy_table, _plans_table, _commit_table, _identity_table, _plugins_table,
-                    _network_table):
+                    _datasets_table, _network_table):
         try:
             lines += section()
         except (KeyError, TypeError, ValueError, AttributeError, IndexError) as error:
@@ -459,6 +459,32 @@ def _identity_table() -> list[str]:
         [[f"{seconds['open without checks']:.3f} s", f"{seconds['open, raw directory']:.3f} s",
           f"{seconds['open, preprocessed']:.3f} s", f"{data['added_seconds']:.3f} s",
           f"{seconds['identity, once']:.3f} s", f"`{_relative(path)}`"]])
+
+
+def _datasets_table() -> list[str]:
+    """bench/datasets_by_name.py: a registered dataset from one command, and OGB's layout against TSV."""
+    newest = _newest(lambda data: "ogb_against_tsv" in data or "fb15k_237" in data)
+    if newest is None:
+        return []
+    path, data = newest
+    rows = []
+    if "fb15k_237" in data:
+        first, second = data["fb15k_237"]["first"], data["fb15k_237"]["second"]
+        rows.append(["FB15k-237 from `marius-py train fb15k-237`, empty cache",
+                     f"{first['wall_seconds']:.1f} s to its first epoch's end "
+                     f"(dataset {first['dataset_seconds']:.1f} s)",
+                     f"again: dataset {second['dataset_seconds']:.2f} s", f"`{_relative(path)}`"])
+    if "ogb_against_tsv" in data:
+        ogb = data["ogb_against_tsv"]
+        rows.append([f"{ogb['counts']['train']:,} edges in OGB's layout / as TSV",
+                     f"{ogb['ogb']['seconds']:.1f} s / {ogb['tsv']['seconds']:.1f} s "
+                     f"({ogb['ogb_over_tsv']:.2f}x)",
+                     f"peak RSS {ogb['ogb']['peak_rss_bytes'] / 2**30:.2f} / "
+                     f"{ogb['tsv']['peak_rss_bytes'] / 2**30:.2f} GiB",
+                     f"`{_relative(path)}`"])
+    return _table("Datasets by name", f"`{data['command']}` ({data['cpus']} cores, {data['date']}): the upstream "
+                  "archive's bytes served from loopback, and a synthetic graph prepared in fresh processes.",
+                  ["what", "time", "and", "file"], rows)
 
 
 def _plugins_table() -> list[str]:
