@@ -372,3 +372,23 @@ def test_a_published_md5_is_checked_too(server, cache):
         entry.downloads[0], md5=hashlib.md5(archive, usedforsecurity=False).hexdigest()),))
     with DATASETS.registered("umls-test", right):
         assert len(mp.load_dataset("umls-test").train) == 5216
+
+
+def test_a_dataset_registered_by_a_plugin_module_is_named_by_the_config(server, cache, tmp_path, monkeypatch):
+    """``model.plugins`` is imported before the dataset is opened, so research code's own entry works from a
+    config (and from the command line), like its decoders."""
+    archive = umls_archive()
+    server.files["/umls.tar.gz"] = archive
+    monkeypatch.setenv("PLUGIN_DATASET_URL", server.url("/umls.tar.gz"))
+    plugin = tmp_path / "lab_datasets.py"
+    plugin.write_text(
+        "import os\n"
+        "from marius_py.catalog import DATASETS, DatasetSource, Download, Stats\n"
+        "DATASETS.register('lab-umls', DatasetSource(task='link_prediction',\n"
+        "    downloads=(Download(os.environ['PLUGIN_DATASET_URL'], 'umls.tar.gz'),),\n"
+        "    splits={s: f'umls.tar.gz!umls/{s}.txt' for s in ('train', 'valid', 'test')},\n"
+        "    stats=Stats(nodes=135, relations=46, train=5216, valid=652, test=661), license='test data'))\n")
+    config = mp.make_config(None, [f"model.plugins={plugin}", "dataset.path=lab-umls", "training.device=cpu",
+                                   "model.dim=8", "training.epochs=1", "evaluation.every=0"])
+    model = mp.train(config, tmp_path / "run", progress=False)
+    assert model.dataset.num_nodes == 135 and model.test_metrics["num_queries"] == 2 * 661
