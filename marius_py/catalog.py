@@ -94,6 +94,8 @@ class DatasetSource:
     protocol: str = "filtered"  # the evaluation its published results use
     notes: str = ""
     ogb: OgbLayout | None = None  # splits in OGB's files (``marius_py.ogb``): split/*/*.pt, not text
+    # Node classification: where its parts lie (edges, features, labels, train/valid/test nodes), as splits do
+    node_files: dict[str, str] = field(default_factory=dict)
 
     def download_named(self, filename: str) -> Download:
         for download in self.downloads:
@@ -132,7 +134,8 @@ def _check_entry(name: str, entry: DatasetSource) -> None:
         refuse(f"splits {sorted(entry.splits)}", f"exactly {', '.join(wanted)}"
                + (" (a graph split by preprocessing names only train)" if entry.split is not None else "")
                if wanted else "none: a node-classification dataset is kept as downloaded")
-    locations = list(entry.splits.items()) + ([("node counts", entry.ogb.num_nodes)] if entry.ogb else [])
+    locations = (list(entry.splits.items()) + list(entry.node_files.items())
+                 + ([("node counts", entry.ogb.num_nodes)] if entry.ogb else []))
     for split, location in locations:
         if split_location(location)[0] not in filenames:
             refuse(f"{split} is in {location!r}, which is no download", f"one of {', '.join(filenames)} "

@@ -254,8 +254,11 @@ def _register_planetoid(name: str, digests: tuple[str | None, ...], stats: Stats
     """A Planetoid citation graph (node classification): its eight files, kept as downloaded."""
     downloads = tuple(Download(f"{_PLANETOID}/ind.{name}.{part}", sha256=digest)
                       for part, digest in zip(_PLANETOID_PARTS, digests))
+    parts = {"train_features": "x", "train_labels": "y", "features": "allx", "labels": "ally",
+             "test_features": "tx", "test_labels": "ty", "edges": "graph", "test_nodes": "test.index"}
     DATASETS.register(name, DatasetSource(
         task="node_classification", downloads=downloads, splits={}, stats=stats, license="MIT (Planetoid)",
+        node_files={part: f"ind.{name}.{file}" for part, file in parts.items()},
         citation="Yang, Cohen and Salakhutdinov. Revisiting semi-supervised learning with graph embeddings. "
                  "ICML 2016 (data: Sen et al., AI Magazine 2008)",
         homepage="https://github.com/kimiyoung/planetoid", protocol="accuracy on the Planetoid split",
@@ -298,6 +301,18 @@ _register_planetoid("pubmed", (
           where=_PLANETOID_COUNTS))
 
 _OGBN = "http://snap.stanford.edu/ogb/data/nodeproppred"
+_OGBN_SPLITS = {"products.zip": "sales_ranking"}
+
+
+def _ogbn_files(archive: str) -> dict[str, str]:
+    """Where an ogbn archive keeps its parts (papers100M's are binary: raw/data.npz and raw/node-label.npz)."""
+    root = f"{archive}!{archive.removesuffix('.zip')}/"
+    split = f"{root}split/{_OGBN_SPLITS.get(archive, 'time')}/"
+    nodes = {f"{part}_nodes": f"{split}{part}.csv.gz" for part in _SPLITS}
+    if archive.startswith("papers100M"):
+        return {"graph": f"{root}raw/data.npz", "labels": f"{root}raw/node-label.npz", **nodes}
+    return {"edges": f"{root}raw/edge.csv.gz", "features": f"{root}raw/node-feat.csv.gz",
+            "labels": f"{root}raw/node-label.csv.gz", **nodes}
 for _name, _archive, _stats, _license in (
         ("ogbn-arxiv", "arxiv.zip", Stats(nodes=169343, edges=1166243, features=128, classes=40, train=90941,
                                           valid=29799, test=48603), "ODC-BY (OGB)"),
@@ -311,6 +326,7 @@ for _name, _archive, _stats, _license in (
         task="node_classification",
         downloads=(Download(f"{_OGBN}/{_archive}", mirrors=(f"{_OGBN.replace('http:', 'https:')}/{_archive}",)),),
         splits={}, stats=replace(_stats, where="OGB's documentation and master.csv"), license=_license,
+        node_files=_ogbn_files(_archive),
         citation=_OGB_ABOUT["citation"], homepage=f"https://ogb.stanford.edu/docs/nodeprop/#{_name}",
         protocol="accuracy on OGB's split", notes="raw/*.csv.gz (edges, features, labels) and split/*/*.csv.gz"))
 

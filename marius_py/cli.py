@@ -235,13 +235,14 @@ def _preprocess_registered(args) -> None:
 
 def cmd_download(args) -> None:
     from marius_py.catalog_entries import registered
-    from marius_py.download import downloads_dir, fetch_files
-    from marius_py.registered_data import prepare
+    from marius_py.registered_data import node_files, prepare
     entry = registered(args.name)
-    if entry is not None and entry.task == "node_classification":  # (kept as downloaded: nothing to prepare)
-        fetch_files(args.name, entry, offline=args.offline, source=_from_path(args), progress=not args.quiet)
-        print(f"{downloads_dir(args.name)}: {len(entry.downloads)} file(s) fetched and checked (node "
-              "classification data, kept as downloaded)")
+    if entry is not None and entry.task == "node_classification":  # (its parts kept: nothing to preprocess)
+        parts = node_files(args.name, entry, offline=args.offline, source=_from_path(args), progress=not args.quiet)
+        for part, path in parts.items():
+            print(f"{part}: {path}")
+        print(f"{args.name}: {len(entry.downloads)} file(s) fetched and checked, {len(parts)} part(s) kept for "
+              "node classification")
         return
     _print_dataset(prepare(args.name, args.partitions, progress=not args.quiet, offline=args.offline,
                            source=_from_path(args)))

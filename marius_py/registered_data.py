@@ -16,7 +16,7 @@ import os
 import shutil
 import tarfile
 import zipfile
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import numpy as np
 
@@ -29,7 +29,6 @@ from marius_py.download import downloads_dir, fetch_files, recorded_digests
 from marius_py.errors import MariusInputError
 from marius_py.storage.durable import reporting_full_disk
 
-_KEPT_SUFFIXES = (".gz", ".pt", ".npy")  # (kept on an extracted member: gzip is read by its suffix; OGB's files)
 
 
 def prepare(name: str, num_partitions: int = 1, progress: bool = True, offline: bool = False,
@@ -110,26 +109,39 @@ def _ogb_build(entry: DatasetSource, files: dict[str, Path], num_partitions: int
 
 
 def split_files(name: str, entry: DatasetSource, downloaded: dict[str, Path]) -> dict[str, Path]:
-    """split -> a file preprocessing reads: the download itself, or its member extracted into the cache
-    (once per set of downloads). An OGB entry's node counts come as "node_counts"."""
-    digests = recorded_digests(name, entry)
-    key = hashlib.sha256(json.dumps([digests, entry.splits], sort_keys=True).encode()).hexdigest()[:16]
-    directory = cache_dir() / "raw" / f"{name}-{key}"
+    """split -> a file preprocessing reads (an OGB entry's node counts come as "node_counts", OGB-LSC's valid
+    tails as "valid_tails")."""
     extra = {} if entry.ogb is None else {"node_counts": entry.ogb.num_nodes,
                                            **({"valid_tails": entry.ogb.valid_tails} if entry.ogb.valid_tails else {})}
-    locations = dict(entry.splits, **extra)
+    return located_files(name, entry, downloaded, dict(entry.splits, **extra))
+
+
+def node_files(name: str, entry: DatasetSource, offline: bool = False, source: Path | None = None,
+               progress: bool = True) -> dict[str, Path]:
+    """A node-classification dataset's parts (``DatasetSource.node_files``), fetched and taken out of their
+    archives into the cache, where the GNN encoders will read them."""
+    downloaded = fetch_files(name, entry, offline=offline, source=source, progress=progress)
+    return located_files(name, entry, downloaded, entry.node_files)
+
+
+def located_files(name: str, entry: DatasetSource, downloaded: dict[str, Path],
+                  locations: dict[str, str]) -> dict[str, Path]:
+    """part -> its file: a download itself, or its member extracted into the cache (once per set of downloads:
+    ``raw/NAME-KEY/PART-MEMBER``, the member's own file name kept for its suffix)."""
+    digests = recorded_digests(name, entry)
+    key = hashlib.sha256(json.dumps([digests, locations], sort_keys=True).encode()).hexdigest()[:16]
+    directory = cache_dir() / "raw" / f"{name}-{key}"
     files = {}
-    for split, location in locations.items():
+    for part, location in locations.items():
         filename, member = split_location(location)
         if member is None:
-            files[split] = downloaded[filename]
+            files[part] = downloaded[filename]
             continue
-        kept = [s for s in Path(member).suffixes[-1:] if s in _KEPT_SUFFIXES]
-        target = directory / (f"{split}{kept[0]}" if kept in ([".pt"], [".npy"]) else f"{split}.txt{''.join(kept)}")
+        target = directory / f"{part}-{PurePosixPath(member).name}"
         if not target.is_file():
             directory.mkdir(parents=True, exist_ok=True)
             _extract_member(name, downloaded[filename], member, target)
-        files[split] = target
+        files[part] = target
     return files
 
 

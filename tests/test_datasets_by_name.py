@@ -289,13 +289,23 @@ def test_a_graph_given_as_one_edge_file_is_split_by_preprocessing(server, cache)
 
 
 def test_a_node_classification_dataset_is_fetched_and_kept_but_not_trained(server, cache, capsys):
-    server.files["/cites.txt"] = b"a\tb\n"
-    entry = DatasetSource(task="node_classification", downloads=(Download(server.url("/cites.txt")),), splits={},
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
+        for member, data in (("nc/raw/edge.csv", b"0,1\n"), ("nc/raw/node-label.csv", b"0\n1\n")):
+            info = tarfile.TarInfo(member)
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
+    server.files["/nc.tar.gz"] = buffer.getvalue()
+    entry = DatasetSource(task="node_classification", downloads=(Download(server.url("/nc.tar.gz")),), splits={},
+                          node_files={"edges": "nc.tar.gz!nc/raw/edge.csv",
+                                      "labels": "nc.tar.gz!nc/raw/node-label.csv"},
                           stats=Stats(nodes=2, edges=1, features=3, classes=2), license="test data")
     with DATASETS.registered("nc-test", entry):
         assert main(["download", "nc-test", "--quiet"]) == 0
-        assert "1 file(s) fetched and checked" in capsys.readouterr().out
-        assert (cache / "downloads" / "nc-test" / "cites.txt").read_bytes() == b"a\tb\n"
+        out = capsys.readouterr().out
+        assert "1 file(s) fetched and checked, 2 part(s) kept for node classification" in out
+        labels = Path(next(line for line in out.splitlines() if line.startswith("labels: ")).split(": ", 1)[1])
+        assert labels.read_bytes() == b"0\n1\n" and labels.name == "labels-node-label.csv"
         with pytest.raises(MariusInputError, match="for node classification, which training does not do yet"):
             mp.load_dataset("nc-test")
 
