@@ -58,9 +58,17 @@ class _ArraysOnly(pickle.Unpickler):
                 ("_codecs", "encode")}  # (an array's bytes, as pickle protocol 2 stores them)
 
     def find_class(self, module: str, name: str):
-        if (module, name) in self._ALLOWED or module == "numpy.dtypes":
+        # (a dotted name would walk attributes from an allowed one to anything: refused outright)
+        if "." not in name and ((module, name) in self._ALLOWED or (module == "numpy.dtypes" and _is_dtype(name))):
             return super().find_class(module, name)
         raise pickle.UnpicklingError(f"{module}.{name} is not an array")
+
+
+def _is_dtype(name: str) -> bool:
+    """Whether ``numpy.dtypes.NAME`` is one of NumPy's dtype classes (how NumPy 2 pickles an array's dtype)."""
+    import numpy.dtypes
+    found = getattr(numpy.dtypes, name, None)
+    return isinstance(found, type) and issubclass(found, np.dtype)
 
 
 class _ArraysOnlyModule:
@@ -75,13 +83,14 @@ def read_split(path: Path) -> dict[str, np.ndarray]:
     import torch
     try:
         loaded = torch.load(path, map_location="cpu", pickle_module=_ArraysOnlyModule, weights_only=False)
-    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError) as error:
-        raise MariusInputError(f"cannot read OGB's split file ({error})", path=path,
+    except Exception as error:  # (whatever a damaged or hostile file makes the unpickler raise)
+        raise MariusInputError(f"cannot read OGB's split file ({type(error).__name__}: {error})", path=path,
                                expected="a dictionary of arrays saved by torch.save, as OGB's split/*/*.pt") \
             from None
-    if not isinstance(loaded, dict):
-        raise MariusInputError(f"holds a {type(loaded).__name__}", path=path, expected="a dictionary of arrays")
-    return {key: value.numpy() if hasattr(value, "numpy") else np.asarray(value) for key, value in loaded.items()}
+    if not isinstance(loaded, dict) or not all(isinstance(v, (np.ndarray, int, np.integer)) for v in loaded.values()):
+        raise MariusInputError(f"holds a {type(loaded).__name__} of other things than arrays", path=path,
+                               expected="a dictionary of arrays saved by torch.save, as OGB's split/*/*.pt")
+    return {key: np.asarray(value) for key, value in loaded.items()}
 
 
 def read_npy_split(triples: Path, tails: Path | None = None) -> dict[str, np.ndarray]:

@@ -259,3 +259,26 @@ def test_an_ogb_lsc_download_reads_its_npy_splits_with_the_valid_tails_apart(ser
     np.testing.assert_array_equal(names[dataset.valid[:, 2]].astype(int), valid_t)
     np.testing.assert_array_equal(names[dataset.valid[:, 0]].astype(int), valid_hr[:, 0])
     assert given_negatives(dataset.directory, "valid") is None
+
+
+def test_a_dotted_global_cannot_walk_from_an_allowed_module_to_eval(tmp_path):
+    """Pickle protocol 4 resolves dotted names: numpy.dtypes + '_add_dtype_helper.__globals__...' would reach
+    eval. The file is refused before anything runs."""
+    def global_(module: str, name: str) -> bytes:
+        return (b"\x8c" + bytes([len(module)]) + module.encode() + b"\x8c" + bytes([len(name)]) + name.encode()
+                + pickle.STACK_GLOBAL)
+
+    def text(value: str) -> bytes:
+        return b"\x8c" + bytes([len(value.encode())]) + value.encode()
+    marker = tmp_path / "ran"
+    payload = (pickle.PROTO + b"\x04" + global_("numpy.dtypes", "_add_dtype_helper.__globals__.__class__.get")
+               + global_("numpy.dtypes", "_add_dtype_helper.__globals__.get") + text("__builtins__")
+               + pickle.TUPLE1 + pickle.REDUCE + text("eval") + pickle.TUPLE2 + pickle.REDUCE
+               + text(f"open({str(marker)!r}, 'w').close() or {{}}") + pickle.TUPLE1 + pickle.REDUCE + pickle.STOP)
+    torch.save({"a": 1}, tmp_path / "good.pt")
+    with zipfile.ZipFile(tmp_path / "good.pt") as good, zipfile.ZipFile(tmp_path / "evil.pt", "w") as evil:
+        for info in good.infolist():
+            evil.writestr(info, payload if info.filename.endswith("data.pkl") else good.read(info.filename))
+    with pytest.raises(MariusInputError, match="is not an array"):
+        read_split(tmp_path / "evil.pt")
+    assert not marker.exists()
