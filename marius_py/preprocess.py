@@ -71,7 +71,7 @@ from dataclasses import dataclass
 from itertools import repeat
 from pathlib import Path
 from types import MappingProxyType
-from typing import Iterator, Mapping, Sequence
+from typing import Callable, Iterator, Mapping, Sequence
 
 import h5py
 import numpy as np
@@ -129,7 +129,8 @@ class _Input:
 def preprocess(output_dir: str | os.PathLike, train: str | os.PathLike,
                valid: str | os.PathLike | None = None, test: str | os.PathLike | None = None,
                options: PreprocessOptions | None = None, progress: bool = True,
-               overwrite: bool = False) -> DatasetMetadata:
+               overwrite: bool = False,
+               finish: Callable[[Path, DatasetMetadata], None] | None = None) -> DatasetMetadata:
     """Preprocess edge files into ``output_dir``; return its metadata.
 
     Give ``train``, ``valid`` and ``test``, or ``train`` alone to split it at random
@@ -137,7 +138,8 @@ def preprocess(output_dir: str | os.PathLike, train: str | os.PathLike,
     stderr. An existing dataset in ``output_dir`` is replaced only with ``overwrite``.
     Bad input raises ``MariusInputError`` and leaves ``output_dir`` untouched. An input may be a
     pipe (a FIFO, or ``<(command)``'s /dev/fd/N): it is read once into the staging directory; or an
-    ``EdgeSource``, edges that are not a file (``marius_py.memory_data``: held in memory).
+    ``EdgeSource``, edges that are not a file (``marius_py.memory_data``: held in memory). ``finish(staging,
+    metadata)`` adds to or checks the built dataset before it is published: its error leaves nothing.
     """
     options = options or PreprocessOptions()
     _validate_options(options)
@@ -150,7 +152,10 @@ def preprocess(output_dir: str | os.PathLike, train: str | os.PathLike,
     def build(staging: Path) -> DatasetMetadata:  # (the pipes' copies are removed before it is published)
         with pipes_copied([item.path for item in inputs], staging) as paths, _gc_paused():
             readable = [dataclasses.replace(item, path=path) for item, path in zip(inputs, paths)]
-            return _build_dataset(staging, readable, options, progress)
+            metadata = _build_dataset(staging, readable, options, progress)
+        if finish is not None:
+            finish(staging, metadata)
+        return metadata
     return _build_staged(Path(output_dir), overwrite, build)
 
 

@@ -16,25 +16,28 @@ import os
 import shutil
 import tarfile
 import zipfile
+import zlib
 from pathlib import Path, PurePosixPath
 
 import numpy as np
 
-from marius_py.dataset_cache import build_once, cache_dir, raw_content_key
-from marius_py.catalog import DatasetSource, split_location
+from marius_py.catalog import SPLITS, DatasetSource, split_location
 from marius_py.catalog_entries import registered, unknown_dataset
-from marius_py.catalog import SPLITS
-from marius_py.dataset import NODES_FILE, DatasetMetadata, read_metadata, read_names
-from marius_py.download import downloads_dir, fetch_files, recorded_digests
+from marius_py.dataset import NODES_FILE, DatasetMetadata, read_names
+from marius_py.dataset_cache import build_once, cache_dir, raw_content_key
+from marius_py.download import confirm_digests, downloads_dir, fetch_files, recorded_digests
 from marius_py.errors import MariusInputError
 from marius_py.storage.durable import reporting_full_disk
 
 
 
 def prepare(name: str, num_partitions: int = 1, progress: bool = True, offline: bool = False,
-            source: Path | None = None, output: Path | None = None, overwrite: bool = False) -> Path:
+            source: Path | None = None, output: Path | None = None, overwrite: bool = False,
+            seed: int = 0) -> Path:
     """The preprocessed directory of registered dataset ``name`` (bucketed for ``num_partitions``): in the
-    cache, or ``output`` where given (``overwrite``: an existing dataset there is replaced)."""
+    cache, or ``output`` where given (``overwrite``: an existing dataset there is replaced). ``seed``: of the
+    ids and of the split of a graph split by preprocessing. It is published only once it holds everything
+    and shows the published counts: a failure or an interrupt leaves nothing that looks prepared."""
     entry = registered(name)
     if entry is None:
         raise unknown_dataset(name)
@@ -45,66 +48,78 @@ def prepare(name: str, num_partitions: int = 1, progress: bool = True, offline: 
                                expected="a link-prediction or graph dataset (`marius-py datasets` lists them)")
     files = split_files(name, entry, downloaded)
     build = _ogb_build if entry.ogb is not None else _text_build
-    options, make = build(entry, files, num_partitions, progress)
-    if output is not None:
+    options, make = build(name, entry, files, PreprocessSettings(num_partitions, seed, progress))
+    if output is None:
+        layout = dataclasses.asdict(entry.ogb) if entry.ogb is not None else None
+        key = hashlib.sha256((raw_content_key(files) + json.dumps([dataclasses.asdict(options), layout],
+                                                                  sort_keys=True)).encode()).hexdigest()[:16]
+        output = cache_dir() / "datasets" / f"{name}-{key}-p{num_partitions}"
+        build_once(output, f"preprocessing {name} into {output}", progress, lambda: make(output, False))
+    else:
         make(output, overwrite)
-        _check_counts(name, entry, output)
-        return output
-    key = hashlib.sha256((raw_content_key(files) + json.dumps(dataclasses.asdict(options), sort_keys=True))
-                         .encode()).hexdigest()[:16]
-    output = cache_dir() / "datasets" / f"{name}-{key}-p{num_partitions}"
-    fresh = not output.exists()
-    build_once(output, f"preprocessing {name} into {output}", progress, lambda: make(output, False))
-    if fresh:
-        _check_counts(name, entry, output)
+    confirm_digests(name, entry)
     return output
 
 
-def _text_build(entry: DatasetSource, files: dict[str, Path], num_partitions: int, progress: bool):
+@dataclasses.dataclass(frozen=True)
+class PreprocessSettings:
+    """What a caller decides of a registered dataset's preprocessing (its entry decides the rest)."""
+    num_partitions: int
+    seed: int
+    progress: bool
+
+
+def _text_build(name: str, entry: DatasetSource, files: dict[str, Path], settings: PreprocessSettings):
     """(options, make(output, overwrite)) for split files preprocessing reads as text."""
     from marius_py.preprocess import PreprocessOptions, preprocess
     extra = {"split_fractions": entry.split} if entry.split is not None else {}
     options = PreprocessOptions(delimiter=entry.delimiter, columns=entry.columns, pairs=entry.pairs,
-                                skip_header=entry.skip_header, num_partitions=num_partitions, **extra)
+                                skip_header=entry.skip_header, num_partitions=settings.num_partitions,
+                                seed=settings.seed, **extra)
 
     def make(output: Path, overwrite: bool) -> None:
-        preprocess(output, files["train"], files.get("valid"), files.get("test"), options, progress=progress,
-                   overwrite=overwrite)
+        preprocess(output, files["train"], files.get("valid"), files.get("test"), options,
+                   progress=settings.progress, overwrite=overwrite,
+                   finish=lambda staging, metadata: _check_counts(name, entry, metadata, output))
     return options, make
 
 
-def _ogb_build(entry: DatasetSource, files: dict[str, Path], num_partitions: int, progress: bool):
+def _ogb_build(name: str, entry: DatasetSource, files: dict[str, Path], settings: PreprocessSettings):
     """(options, make(output, overwrite)) for OGB's split files: every node of the graph known (and every
-    relation the splits name), then the valid and test negatives put in the dataset's ids."""
+    relation the splits name), the valid and test negatives put in the dataset's ids before it is published.
+    The split files are read only when a dataset is made (a cached one is found by the files' contents)."""
     from marius_py.ogb import OgbEdges, all_names, read_node_counts, read_npy_split, read_split, \
         write_given_negatives, write_lines
     from marius_py.preprocess import PreprocessOptions, preprocess
     layout, folder = entry.ogb, files["train"].parent
-    if layout.gives_negatives:
-        splits = {split: read_split(files[split]) for split in SPLITS}
-    else:  # (OGB-LSC: the test tails are hidden; its entry names the valid split for test too)
-        splits = {split: read_npy_split(files[split], files["valid_tails"] if split != "train" else None)
-                  for split in SPLITS}
     known_nodes = folder / "known_nodes.txt"
-    write_lines(known_nodes, all_names(read_node_counts(files["node_counts"], layout.typed)))
-    known_relations = None
-    if not layout.pairs:
-        known_relations = folder / "known_relations.txt"
-        if layout.gives_negatives:
-            relations = np.unique(np.concatenate([split["relation"] for split in splits.values()])).tolist()
-        else:  # (hundreds of millions of edges: the count its meta.pt gives)
-            relations = range(int(read_split(files["node_counts"])["num_relations"]))
-        write_lines(known_relations, map(str, relations))
-    options = PreprocessOptions(pairs=layout.pairs, num_partitions=num_partitions, known_nodes=str(known_nodes),
+    known_relations = None if layout.pairs else folder / "known_relations.txt"
+    options = PreprocessOptions(pairs=layout.pairs, num_partitions=settings.num_partitions, seed=settings.seed,
+                                known_nodes=str(known_nodes),
                                 known_relations=None if known_relations is None else str(known_relations))
 
     def make(output: Path, overwrite: bool) -> None:
-        metadata = preprocess(output, *(OgbEdges(splits[split], split, layout) for split in SPLITS), options,
-                              progress=progress, overwrite=overwrite)
         if layout.gives_negatives:
-            write_given_negatives(output, {split: splits[split] for split in ("valid", "test")}, layout,
-                                  read_names(output / NODES_FILE),
-                                  {"valid": metadata.num_valid, "test": metadata.num_test})
+            splits = {split: read_split(files[split]) for split in SPLITS}
+        else:  # (OGB-LSC: the test tails are hidden; its entry names the valid split for test too)
+            splits = {split: read_npy_split(files[split], files["valid_tails"] if split != "train" else None)
+                      for split in SPLITS}
+        write_lines(known_nodes, all_names(read_node_counts(files["node_counts"], layout.typed)))
+        if known_relations is not None:
+            if layout.gives_negatives:
+                relations = np.unique(np.concatenate([split["relation"] for split in splits.values()])).tolist()
+            else:  # (hundreds of millions of edges: the count its meta.pt gives)
+                relations = range(int(read_split(files["node_counts"])["num_relations"]))
+            write_lines(known_relations, map(str, relations))
+
+        def finish(staging: Path, metadata: DatasetMetadata) -> None:
+            _check_counts(name, entry, metadata, output)
+            if layout.gives_negatives:
+                write_given_negatives(staging, {split: splits[split] for split in ("valid", "test")}, layout,
+                                      read_names(staging / NODES_FILE),
+                                      {"valid": metadata.num_valid, "test": metadata.num_test})
+        preprocess(output, *(OgbEdges(splits[split], split, layout) for split in SPLITS), options,
+                   progress=settings.progress, overwrite=overwrite, finish=finish)
     return options, make
 
 
@@ -121,7 +136,9 @@ def node_files(name: str, entry: DatasetSource, offline: bool = False, source: P
     """A node-classification dataset's parts (``DatasetSource.node_files``), fetched and taken out of their
     archives into the cache, where the GNN encoders will read them."""
     downloaded = fetch_files(name, entry, offline=offline, source=source, progress=progress)
-    return located_files(name, entry, downloaded, entry.node_files)
+    files = located_files(name, entry, downloaded, entry.node_files)
+    confirm_digests(name, entry)
+    return files
 
 
 def located_files(name: str, entry: DatasetSource, downloaded: dict[str, Path],
@@ -148,7 +165,7 @@ def located_files(name: str, entry: DatasetSource, downloaded: dict[str, Path],
 def _extract_member(name: str, archive: Path, member: str, target: Path) -> None:
     """Stream ``member`` of ``archive`` (zip or tar, compressed or not) into ``target``, atomically: whatever
     stops it (a damaged archive, a full disk, an interrupt) leaves no part of it behind."""
-    partial = target.with_name(target.name + ".part")
+    partial = target.with_name(f"{target.name}.part-{os.getpid()}")  # (runs started together: one each)
     try:
         with reporting_full_disk(f"extracting {member} of {name}", target.parent), \
                 _open_member(archive, member) as stream, open(partial, "wb") as out:
@@ -157,12 +174,16 @@ def _extract_member(name: str, archive: Path, member: str, target: Path) -> None
             os.fsync(out.fileno())
     except BaseException as error:
         partial.unlink(missing_ok=True)
-        damaged = isinstance(error, (tarfile.TarError, zipfile.BadZipFile, EOFError, OSError))
-        if isinstance(error, MariusInputError) or not damaged:  # (a full disk's own error; an interrupt)
-            raise
-        raise MariusInputError(f"dataset {name}: cannot read {member} from the archive ({error})", path=archive,
-                               expected="the archive as its source serves it (delete it from the cache to "
-                                        "fetch it again)") from None
+        if isinstance(error, (tarfile.TarError, zipfile.BadZipFile, EOFError, zlib.error)):
+            archive.unlink(missing_ok=True)  # (damaged: the next run fetches it again)
+            raise MariusInputError(f"dataset {name}: cannot read {member} from the archive ({error}); removed it "
+                                   "from the cache", path=archive,
+                                   expected="the archive as its source serves it (the next run fetches it "
+                                            "again)") from None
+        if isinstance(error, OSError) and not isinstance(error, MariusInputError):
+            raise MariusInputError(f"dataset {name}: cannot extract {member} ({error})", path=target,
+                                   expected="a readable archive and a writable cache directory") from None
+        raise  # (a full disk's own error, an interrupt)
     os.replace(partial, target)
 
 
@@ -207,13 +228,12 @@ class _Closing:
         self.bundle.close()
 
 
-def _check_counts(name: str, entry: DatasetSource, output: Path) -> None:
-    """The prepared dataset against the published counts: the edges of each split as read (dropped ones
-    included), and no more nodes or relations than published. A mismatch removes it and is one error."""
-    metadata = read_metadata(output)
+def _check_counts(name: str, entry: DatasetSource, metadata: DatasetMetadata, output: Path) -> None:
+    """The built dataset against the published counts: the edges of each split as read (dropped ones
+    included), and no more nodes or relations than published. A mismatch is one error (the dataset is not
+    published)."""
     wrong = mismatches(entry, metadata)
     if wrong:
-        shutil.rmtree(output, ignore_errors=True)
         raise MariusInputError(f"dataset {name}: the prepared dataset does not have the published counts "
                                f"({'; '.join(wrong)})", path=output,
                                expected=f"the counts {entry.stats.where or 'its source'} publishes: the files "

@@ -282,3 +282,23 @@ def test_a_dotted_global_cannot_walk_from_an_allowed_module_to_eval(tmp_path):
     with pytest.raises(MariusInputError, match="is not an array"):
         read_split(tmp_path / "evil.pt")
     assert not marker.exists()
+
+
+def test_a_dataset_is_published_only_with_its_negatives(server, cache, monkeypatch):  # noqa: F811
+    """An interrupt while the negatives are written leaves no dataset that looks prepared; the next run
+    prepares it whole (a cached dataset without negatives would fail every given evaluation)."""
+    import marius_py.ogb as ogb_module
+    data, _ = wikikg_like()
+    server.files["/wikikg-v2.zip"] = data
+    original = ogb_module.write_given_negatives
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(ogb_module, "write_given_negatives", interrupted)
+    with DATASETS.registered("wikikg-test", wikikg_entry(server.url("/wikikg-v2.zip"), data)):
+        with pytest.raises(KeyboardInterrupt):
+            mp.load_dataset("wikikg-test")
+        assert not [p for p in (cache / "datasets").iterdir() if not p.name.startswith(".")]
+        monkeypatch.setattr(ogb_module, "write_given_negatives", original)
+        dataset = mp.load_dataset("wikikg-test")
+    assert given_negatives(dataset.directory, "test").ids.shape == (50, 2, NEGATIVES)
