@@ -150,7 +150,11 @@ def describe(name: str, entry: DatasetSource) -> str:
     s = entry.stats
     counts = (f"{s.nodes:,} nodes" if s.nodes else "") + (f", {s.relations:,} relations" if s.relations else "")
     if entry.task == "node_classification":
-        counts += f", {s.edges:,} edges, {s.features:,} features, {s.classes} classes"
+        counts += f", {_count(s.edges)} edges, {_count(s.features)} features, {_count(s.classes)} classes"
     else:
-        counts += f", {s.edges or sum(n for n in (s.train, s.valid, s.test) if n):,} edges"
+        counts += f", {_count(s.edges or sum(n for n in (s.train, s.valid, s.test) if n))} edges"
     return f"{name:<18} {entry.task:<20} {counts}; {entry.license or 'license: see homepage'}"
+
+
+def _count(value: int | None) -> str:
+    return f"{value:,}" if value else "?"

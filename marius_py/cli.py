@@ -223,13 +223,15 @@ def _preprocess_registered(args) -> None:
     """``preprocess NAME -o DIR``: a registered dataset fetched and preprocessed into DIR."""
     from marius_py.registered_data import prepare
     given = [option for option, value in (("--train", args.train), ("--valid", args.valid), ("--test", args.test),
-                                          ("--columns", args.columns), ("--split", args.split)) if value]
+                                          ("--columns", args.columns), ("--split", args.split),
+                                          ("--delimiter", args.delimiter != "\t"), ("--pairs", args.pairs),
+                                          ("--skip-header", args.skip_header), ("--unseen", args.unseen)) if value]
     if given:
         raise MariusInputError(f"{args.name} is a registered dataset; {', '.join(given)} apply to files",
-                               path="command line", expected="NAME alone (its entry says how to read it), or "
-                                                             "--train FILE without NAME")
+                               path="command line", expected="NAME with --partitions, --seed and -o (its entry says "
+                                                             "how to read it), or --train FILE without NAME")
     output = prepare(args.name, args.partitions, progress=not args.quiet, offline=args.offline,
-                     source=_from_path(args), output=Path(args.output), overwrite=args.overwrite)
+                     source=_from_path(args), output=Path(args.output), overwrite=args.overwrite, seed=args.seed)
     _print_dataset(output)
 
 

@@ -95,6 +95,55 @@ def read_names(path: Path) -> list[str]:
         return handle.read().split("\n")[:-1]
 
 
+GIVEN_NEGATIVES = "given_negatives"  # a dataset's folder of the negatives each valid and test edge is given
+_GIVEN_ABOUT = "about.json"          # (written last: it marks the folder complete)
+
+
+@dataclass(frozen=True)
+class GivenNegatives:
+    """A split's given negatives, in the dataset's ids: [E, D, K] for the D directions ranked (``heads``:
+    candidate heads of each edge; ``tails``: candidate tails), in the split's edge order (OGB's protocol)."""
+
+    ids: np.ndarray
+    directions: tuple[str, ...]
+
+
+def given_negatives(directory: str | os.PathLike, split: str) -> GivenNegatives | None:
+    """The negatives a dataset was given for ``split`` (None: it has none)."""
+    folder = Path(directory) / GIVEN_NEGATIVES
+    if not (folder / _GIVEN_ABOUT).is_file():
+        return None
+    about = json.loads((folder / _GIVEN_ABOUT).read_text(encoding="utf-8"))
+    return GivenNegatives(np.load(folder / f"{split}.npy", mmap_mode="r"), tuple(about["directions"]))
+
+
+def required_given_negatives(directory: str | os.PathLike, split: str) -> GivenNegatives:
+    """``given_negatives``, or the error of ``evaluation.protocol=given`` on a dataset without them."""
+    negatives = given_negatives(directory, split)
+    if negatives is None:
+        raise MariusInputError(f"evaluation.protocol=given: the dataset gives no negatives for its {split} edges",
+                               path=directory,
+                               expected="a dataset prepared from OGB (ogbl-wikikg2, ogbl-biokg, ogbl-citation2), "
+                                        "or evaluation.protocol=filtered or sampled")
+    return negatives
+
+
+def write_given_negatives(directory: str | os.PathLike, negatives: dict[str, GivenNegatives],
+                          source: str) -> None:
+    """Write each split's given negatives into a dataset being built (each file synced; the description
+    last)."""
+    folder = Path(directory) / GIVEN_NEGATIVES
+    folder.mkdir(exist_ok=True)
+    for split, given in negatives.items():
+        with open(folder / f"{split}.npy", "wb") as out:
+            np.save(out, np.asarray(given.ids))
+            out.flush()
+            os.fsync(out.fileno())
+    directions = {given.directions for given in negatives.values()}
+    write_text_atomic(folder / _GIVEN_ABOUT, json.dumps({"directions": list(directions.pop()),
+                                                         "source": source}) + "\n")
+
+
 class Dataset:
     """A preprocessed dataset: metadata, id<->name maps and edge splits.
 

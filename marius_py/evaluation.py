@@ -18,7 +18,7 @@ import torch
 
 from marius_py.errors import MariusInputError
 from marius_py.models import Decoder
-from marius_py.ogb import GivenNegatives, given_negatives
+from marius_py.dataset import GivenNegatives, required_given_negatives
 from marius_py.pipeline.step import widened
 from marius_py.storage.chunk_files import page_aligned_empty, raw_bytes, slot_rows
 from marius_py.storage.embedding_store import EmbeddingStore
@@ -357,13 +357,7 @@ def evaluate_split(decoder: Decoder, nodes: torch.Tensor | NodeTable, dataset, s
     if len(edges) == 0:
         raise _no_edges(dataset, split)
     if filtered and config.protocol == "given":
-        negatives = given_negatives(dataset.directory, split)
-        if negatives is None:
-            raise MariusInputError(f"evaluation.protocol=given: the dataset gives no negatives for its {split} edges",
-                                   path=dataset.directory,
-                                   expected="a dataset prepared from OGB (ogbl-wikikg2, ogbl-biokg, ogbl-citation2), "
-                                            "or evaluation.protocol=filtered or sampled")
-        return evaluate_given(decoder, nodes, edges, negatives)
+        return evaluate_given(decoder, nodes, edges, required_given_negatives(dataset.directory, split))
     return evaluate_edges(decoder, nodes, dataset, edges, config, known, seed, filtered)
 
 
@@ -381,9 +375,13 @@ def evaluate_given(decoder: Decoder, nodes: torch.Tensor | NodeTable, edges: np.
             rows = torch.from_numpy(edges[start:start + batch])
             drawn = torch.from_numpy(np.ascontiguousarray(negatives.ids[start:start + batch, direction]))
             anchor, target = (rows[:, 2], rows[:, 0]) if inverse else (rows[:, 0], rows[:, 2])
-            queries = decoder.query(table.gather(anchor).to(device), rows[:, 1].to(device), inverse)
-            target_scores = decoder.compare_pairs(queries, table.gather(target).to(device))
-            candidates = table.gather(drawn.reshape(-1)).to(device).reshape(len(rows), count, -1)
+            # one gather of every node the batch names (out of core, each gather reads every partition)
+            needed, local = torch.unique(torch.cat([anchor, target, drawn.reshape(-1)]), return_inverse=True)
+            gathered = table.gather(needed).to(device)[local.to(device)]
+            anchors, targets, candidates = gathered.split([len(rows), len(rows), len(rows) * count])
+            queries = decoder.query(anchors, rows[:, 1].to(device), inverse)
+            target_scores = decoder.compare_pairs(queries, targets)
+            candidates = candidates.reshape(len(rows), count, -1)
             scores = decoder.compare_all(queries[:, None], candidates)[:, 0]
             # (an answer among its own negatives is an exact tie, whatever the two kernels' rounding)
             scores = torch.where(drawn.to(device) == target[:, None].to(device), target_scores[:, None], scores)

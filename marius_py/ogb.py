@@ -7,7 +7,7 @@ An OGB download keeps its splits as ``torch.save``d dictionaries of NumPy arrays
 has ``source_node``, ``target_node`` and ``target_node_neg``). They are read with an unpickler that builds
 arrays and nothing else, then preprocessed like any edges, every node of the graph known (an entity that no
 train edge has keeps its row, as OGB's protocol ranks it). The negatives are then put in the dataset's own
-ids (``GivenNegatives``), which the ``given`` evaluation protocol ranks against.
+ids (``dataset.GivenNegatives``), which the ``given`` evaluation protocol ranks against.
 """
 
 from __future__ import annotations
@@ -22,12 +22,10 @@ from pathlib import Path
 
 import numpy as np
 
+from marius_py.dataset import GivenNegatives
 from marius_py.edge_text import PAIRS_RELATION, EdgeSource
 from marius_py.errors import MariusInputError
-from marius_py.storage.durable import write_text_atomic
 
-GIVEN_NEGATIVES = "given_negatives"  # the folder of a dataset holding them
-_ABOUT = "about.json"
 
 
 @dataclass(frozen=True)
@@ -163,67 +161,57 @@ def all_names(counts: dict[str, int]) -> Iterator[str]:
 
 
 def write_lines(path: Path, names) -> None:
-    with open(path, "w", encoding="utf-8", newline="\n") as out:
-        for name in names:
-            out.write(name + "\n")
+    """Names one per line, published whole (runs started together may write the same file)."""
+    partial = path.with_name(f"{path.name}.part-{os.getpid()}")
+    try:
+        with open(partial, "w", encoding="utf-8", newline="\n") as out:
+            for name in names:
+                out.write(name + "\n")
+        os.replace(partial, path)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
 
 
 # ---- the negatives, in the dataset's ids
 
-@dataclass(frozen=True)
-class GivenNegatives:
-    """A split's given negatives, in the dataset's ids: [E, D, K] for the D directions ranked (``heads``:
-    candidate heads of each edge; ``tails``: candidate tails), in the split's edge order."""
-
-    ids: np.ndarray
-    directions: tuple[str, ...]
-
-
-def given_negatives(directory: Path, split: str) -> GivenNegatives | None:
-    """The negatives a prepared dataset was given for ``split`` (None: it has none)."""
-    folder = Path(directory) / GIVEN_NEGATIVES
-    if not (folder / _ABOUT).is_file():
-        return None
-    about = json.loads((folder / _ABOUT).read_text(encoding="utf-8"))
-    return GivenNegatives(np.load(folder / f"{split}.npy", mmap_mode="r"), tuple(about["directions"]))
-
-
-def write_given_negatives(directory: Path, splits: dict[str, dict[str, np.ndarray]], layout: OgbLayout,
-                          node_names: list[str], num_edges: dict[str, int]) -> None:
-    """Map each split's OGB negatives to the dataset's ids and write them (``about.json`` last: it marks the
-    folder complete)."""
+def mapped_negatives(splits: dict[str, dict[str, np.ndarray]], layout: OgbLayout, node_names: list[str],
+                     num_edges: dict[str, int], where: Path) -> dict[str, GivenNegatives]:
+    """Each split's OGB negatives in the dataset's ids (its ``node_names``), which must keep every edge."""
     ours = {name: node for node, name in enumerate(node_names)}
-    folder = Path(directory) / GIVEN_NEGATIVES
-    folder.mkdir(exist_ok=True)
+    keys = ["target_node_neg"] if layout.pairs else ["head_neg", "tail_neg"]
     directions = ("tails",) if layout.pairs else ("heads", "tails")
+    mapped = {}
     for split, arrays in splits.items():
-        keys = ["target_node_neg"] if layout.pairs else ["head_neg", "tail_neg"]
         types = [None] if layout.pairs else ([arrays["head_type"], arrays["tail_type"]] if layout.typed
                                               else [None, None])
         if len(arrays[keys[0]]) != num_edges[split]:
             raise MariusInputError(f"OGB's {split} split has {len(arrays[keys[0]]):,} edges with negatives, the "
-                                   f"dataset {num_edges[split]:,}", path=directory,
+                                   f"dataset {num_edges[split]:,}", path=where,
                                    expected="every valid and test edge kept (prepare the dataset again)")
-        mapped = np.stack([_mapped(arrays[key], kinds, ours) for key, kinds in zip(keys, types)], axis=1)
-        partial = folder / f"{split}.npy.part"
-        with open(partial, "wb") as out:
-            np.save(out, mapped)
-        os.replace(partial, folder / f"{split}.npy")
-    write_text_atomic(folder / _ABOUT, json.dumps({"directions": list(directions), "source": "OGB"}) + "\n")
+        ids = np.stack([_mapped(arrays[key], kinds, ours, where) for key, kinds in zip(keys, types)], axis=1)
+        mapped[split] = GivenNegatives(ids, directions)
+    return mapped
 
 
-def _mapped(negatives: np.ndarray, types, ours: dict[str, int]) -> np.ndarray:
+def _mapped(negatives: np.ndarray, types, ours: dict[str, int], where: Path) -> np.ndarray:
     """[E, K] OGB ids (within each edge's type, for a typed graph) -> the dataset's ids."""
     negatives = np.asarray(negatives)
     if types is None:
-        unique, inverse = np.unique(negatives, return_inverse=True)
-        return np.fromiter((ours[str(n)] for n in unique.tolist()), np.int64, len(unique))[inverse].reshape(
-            negatives.shape)
+        return _renamed(negatives, "", ours, where)
     out = np.empty(negatives.shape, dtype=np.int64)
     types = np.asarray(types)
     for node_type in np.unique(types).tolist():
         rows = types == node_type
-        unique, inverse = np.unique(negatives[rows], return_inverse=True)
-        ids = np.fromiter((ours[f"{node_type}:{n}"] for n in unique.tolist()), np.int64, len(unique))
-        out[rows] = ids[inverse].reshape(negatives[rows].shape)
+        out[rows] = _renamed(negatives[rows], node_type, ours, where)
     return out
+
+
+def _renamed(negatives: np.ndarray, node_type: str, ours: dict[str, int], where: Path) -> np.ndarray:
+    unique, inverse = np.unique(negatives, return_inverse=True)
+    names = [node_name(node_type, n) for n in unique.tolist()]
+    unknown = next((name for name in names if name not in ours), None)
+    if unknown is not None:
+        raise MariusInputError(f"a given negative, {unknown}, is no node of the graph", path=where,
+                               expected="negatives among the nodes OGB's node counts give")
+    return np.fromiter((ours[name] for name in names), np.int64, len(names))[inverse].reshape(negatives.shape)

@@ -13,7 +13,7 @@ import torch
 
 from marius_py.bundled import bucketed_for_run
 from marius_py.config import Config
-from marius_py.dataset import Dataset
+from marius_py.dataset import Dataset, required_given_negatives
 from marius_py.devices import resolve_devices
 from marius_py.layout import with_split_applied
 from marius_py.plan import GraphSize, Machine, Plan, plan_run
@@ -44,6 +44,7 @@ def prepare_run(config: Config, dataset: Dataset, run_dir: str | Path | None = N
     trainers sharing the tables; ``torchrun``: they are a torchrun group, of one included; with ``progress`` the
     plan is printed), refuse a buffer that does not fit in memory now, and, out of core, bucket
     the dataset for the plan's partitions (a copy in the cache where the dataset's own buckets differ)."""
+    check_protocol(config.evaluation.protocol, dataset)
     devices = resolve_devices(config)
     graph = GraphSize.of_dataset(config, dataset)
     plan = plan_run(config, graph, Machine.probe(devices, run_dir), world_size, torchrun)
@@ -57,3 +58,12 @@ def prepare_run(config: Config, dataset: Dataset, run_dir: str | Path | None = N
         if startup is not None:
             startup.mark("bucketing")
     return PreparedRun(plan, plan.applied(config), dataset, devices, graph)
+
+
+def check_protocol(protocol: str, dataset: Dataset) -> None:
+    """Refuse, before training, a protocol the dataset cannot be evaluated by: ``given`` needs the negatives
+    a dataset prepared from OGB carries for each split it has."""
+    if protocol == "given":
+        for split, count in (("valid", dataset.metadata.num_valid), ("test", dataset.metadata.num_test)):
+            if count:
+                required_given_negatives(dataset.directory, split)

@@ -77,13 +77,12 @@ import h5py
 import numpy as np
 from tqdm import tqdm
 
-from marius_py.dataset import (METADATA_FILE, NODES_FILE, RELATIONS_FILE, Dataset, DatasetMetadata,
+from marius_py.dataset import (GIVEN_NEGATIVES, METADATA_FILE, NODES_FILE, RELATIONS_FILE, Dataset, DatasetMetadata,
                                read_names, write_metadata, write_names)
 from marius_py.edge_text import (PAIRS_RELATION, EdgeSource, _EdgeBlock, _iter_blocks, pipes_copied,
                                  refuse_special_file)
 from marius_py.errors import MariusInputError
 from marius_py.identity import compute_identity
-from marius_py.ogb import GIVEN_NEGATIVES
 from marius_py.resources import available_memory
 from marius_py.storage.durable import (is_disk_full, replace_directory, reporting_full_disk, restore_replaced,
                                        staging_for)

@@ -23,7 +23,7 @@ import numpy as np
 
 from marius_py.catalog import SPLITS, DatasetSource, split_location
 from marius_py.catalog_entries import registered, unknown_dataset
-from marius_py.dataset import NODES_FILE, DatasetMetadata, read_names
+from marius_py.dataset import NODES_FILE, DatasetMetadata, read_names, write_given_negatives
 from marius_py.dataset_cache import build_once, cache_dir, raw_content_key
 from marius_py.download import confirm_digests, downloads_dir, fetch_files, recorded_digests
 from marius_py.errors import MariusInputError
@@ -88,8 +88,8 @@ def _ogb_build(name: str, entry: DatasetSource, files: dict[str, Path], settings
     """(options, make(output, overwrite)) for OGB's split files: every node of the graph known (and every
     relation the splits name), the valid and test negatives put in the dataset's ids before it is published.
     The split files are read only when a dataset is made (a cached one is found by the files' contents)."""
-    from marius_py.ogb import OgbEdges, all_names, read_node_counts, read_npy_split, read_split, \
-        write_given_negatives, write_lines
+    from marius_py.ogb import OgbEdges, all_names, mapped_negatives, read_node_counts, read_npy_split, \
+        read_split, write_lines
     from marius_py.preprocess import PreprocessOptions, preprocess
     layout, folder = entry.ogb, files["train"].parent
     known_nodes = folder / "known_nodes.txt"
@@ -115,9 +115,10 @@ def _ogb_build(name: str, entry: DatasetSource, files: dict[str, Path], settings
         def finish(staging: Path, metadata: DatasetMetadata) -> None:
             _check_counts(name, entry, metadata, output)
             if layout.gives_negatives:
-                write_given_negatives(staging, {split: splits[split] for split in ("valid", "test")}, layout,
-                                      read_names(staging / NODES_FILE),
-                                      {"valid": metadata.num_valid, "test": metadata.num_test})
+                given = mapped_negatives({split: splits[split] for split in ("valid", "test")}, layout,
+                                         read_names(staging / NODES_FILE),
+                                         {"valid": metadata.num_valid, "test": metadata.num_test}, output)
+                write_given_negatives(staging, given, source="OGB")
         preprocess(output, *(OgbEdges(splits[split], split, layout) for split in SPLITS), options,
                    progress=settings.progress, overwrite=overwrite, finish=finish)
     return options, make

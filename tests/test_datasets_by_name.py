@@ -498,3 +498,17 @@ def test_from_a_file_of_another_name_or_content_is_refused(server, cache, tmp_pa
         with pytest.raises(MariusInputError, match="has SHA-256 .* not the published"):
             prepare("umls-test", progress=False, source=wrong)
     assert server.requests == []
+
+
+def test_preprocess_name_refuses_the_options_of_files_and_takes_a_seed(server, cache, tmp_path, capsys):
+    archive = umls_archive()
+    server.files["/umls.tar.gz"] = archive
+    with DATASETS.registered("umls-test", umls_entry(server.url("/umls.tar.gz"), sha256(archive))):
+        for option in (["--pairs"], ["--delimiter", ","], ["--skip-header", "1"], ["--unseen", "error"]):
+            assert main(["preprocess", "umls-test", "-o", str(tmp_path / "x"), *option]) == 2
+            assert f"{option[0]} apply to files" in capsys.readouterr().err
+        for seed in ("1", "2"):
+            assert main(["preprocess", "umls-test", "-o", str(tmp_path / f"seed{seed}"), "--seed", seed,
+                         "--quiet"]) == 0
+    first, second = (mp.load_dataset(str(tmp_path / f"seed{seed}")) for seed in ("1", "2"))
+    assert first.metadata.seed == 1 and second.metadata.seed == 2 and first.node_names != second.node_names

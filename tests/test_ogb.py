@@ -21,7 +21,8 @@ from marius_py.dataset import Dataset
 from marius_py.errors import MariusInputError
 from marius_py.evaluation import evaluate_given
 from marius_py.models import build_decoder
-from marius_py.ogb import OgbLayout, given_negatives, read_split
+from marius_py.dataset import given_negatives
+from marius_py.ogb import OgbLayout, read_split
 from test_datasets_by_name import Server, cache, server  # noqa: F401  (fixtures)
 
 NUM_NODES, NUM_RELATIONS, NEGATIVES = 60, 4, 7
@@ -287,18 +288,26 @@ def test_a_dotted_global_cannot_walk_from_an_allowed_module_to_eval(tmp_path):
 def test_a_dataset_is_published_only_with_its_negatives(server, cache, monkeypatch):  # noqa: F811
     """An interrupt while the negatives are written leaves no dataset that looks prepared; the next run
     prepares it whole (a cached dataset without negatives would fail every given evaluation)."""
-    import marius_py.ogb as ogb_module
+    import marius_py.registered_data as prepared
     data, _ = wikikg_like()
     server.files["/wikikg-v2.zip"] = data
-    original = ogb_module.write_given_negatives
+    original = prepared.write_given_negatives
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
-    monkeypatch.setattr(ogb_module, "write_given_negatives", interrupted)
+    monkeypatch.setattr(prepared, "write_given_negatives", interrupted)
     with DATASETS.registered("wikikg-test", wikikg_entry(server.url("/wikikg-v2.zip"), data)):
         with pytest.raises(KeyboardInterrupt):
             mp.load_dataset("wikikg-test")
         assert not [p for p in (cache / "datasets").iterdir() if not p.name.startswith(".")]
-        monkeypatch.setattr(ogb_module, "write_given_negatives", original)
+        monkeypatch.setattr(prepared, "write_given_negatives", original)
         dataset = mp.load_dataset("wikikg-test")
     assert given_negatives(dataset.directory, "test").ids.shape == (50, 2, NEGATIVES)
+
+
+def test_the_given_protocol_is_refused_before_training_on_a_dataset_without_negatives(small_config, tmp_path,
+                                                                                        monkeypatch):
+    from marius_py.trainer import Trainer
+    monkeypatch.setattr(Trainer, "train_epoch", lambda *args: pytest.fail("trained before refusing"))
+    with pytest.raises(MariusInputError, match="gives no negatives for its valid edges"):
+        mp.train(small_config("evaluation.protocol=given", "evaluation.every=0"), tmp_path / "run", progress=False)
