@@ -91,6 +91,8 @@ class TrainingState:
     holders: list[int] | None = None  # trainers of a group: partition -> the rank whose store has it
     fingerprint_fields: dict | None = None  # what config_fingerprint hashes (None: a version from before)
     dataset_identity: dict | None = None    # the dataset's content (marius_py.identity; None: from before)
+    ended_with: list[int] | None = None     # out of core: the partitions the last completed epoch ended with,
+    #                                         which the next epoch's ordering continues from (None: from before)
 
 
 _DATASET_CHANGE = "the dataset differs"

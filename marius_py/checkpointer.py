@@ -291,6 +291,12 @@ class Checkpointer:
             raise MariusInputError("a mid-epoch checkpoint lacks its position (position.pt)", path=where,
                                    expected="a version committed by `marius-py train`")
         if position["walk"] != self.walk.key(epoch, num_states):
+            if "continues" in self.walk.key(epoch, num_states) and "continues" not in position["walk"]:
+                raise MariusInputError(f"the run was checkpointed inside epoch {epoch} by a marius-py from before "
+                                       "each epoch's ordering continued the one before", path=where,
+                                       expected="--resume with the marius-py that wrote it, or remove the versions "
+                                                "committed inside that epoch (v*.s*) and resume from the last "
+                                                "epoch's end")
             raise MariusInputError(f"the run was checkpointed inside epoch {epoch} with other storage settings "
                                    f"({position['walk']})", path=where,
                                    expected="--resume with the run's storage.* settings and seed")

@@ -45,21 +45,41 @@ def epoch_ordering(layout: StorageLayout, seed: int, epoch: int) -> Ordering:
     """An epoch's ordering over a store's partitions, seeded by training.seed and the epoch. From the second
     epoch on, it continues the epoch before (``orderings.continued``): its first state holds the storage
     partitions the last one's ended with, which stay in the buffer, so no epoch but the first waits for a
-    state to be read before it trains."""
+    state to be read before it trains. The chain is followed from the latest epoch this process knows the
+    end of (``continue_chain``: a resumed run says where its last epoch ended), else from the first."""
     if epoch <= 1:
         return built_ordering(layout, seed, epoch)
-    start, ordering = _chains.get((layout, seed), (epoch + 1, None))
-    if start > epoch:  # (not cached, or cached past this epoch: the chain starts again)
-        start, ordering = 1, built_ordering(layout, seed, 1)
-    for later in range(start + 1, epoch + 1):
-        ordering = continued(built_ordering(layout, seed, later), ordering.resident(ordering.num_states - 1))
-    if len(_chains) >= 8:
-        _chains.pop(next(iter(_chains)))
-    _chains[(layout, seed)] = (epoch, ordering)
+    known, carried, latest = _chains.get((layout, seed), (None, None, None))
+    if known == epoch and latest is not None:
+        return latest
+    if known is None or known >= epoch:  # (nothing known before this epoch: the chain starts again)
+        known, carried = 1, ending(built_ordering(layout, seed, 1))
+    ordering = None
+    for later in range(known + 1, epoch + 1):
+        ordering = continued(built_ordering(layout, seed, later), carried)
+        carried = ending(ordering)
+    continue_chain(layout, seed, epoch, carried, ordering)
     return ordering
 
 
-_chains: dict[tuple[StorageLayout, int], tuple[int, Ordering]] = {}  # (layout, seed) -> its latest epoch's ordering
+def continue_chain(layout: StorageLayout, seed: int, epoch: int, ended_with,
+                   ordering: Ordering | None = None) -> None:
+    """Remember that ``epoch`` (whose ``ordering`` it was, where known) ended with the storage partitions
+    ``ended_with``: the next epoch's ordering continues from them without rebuilding the epochs before (each
+    build costs up to seconds at a thousand partitions)."""
+    key = (layout, seed)
+    if key not in _chains and len(_chains) >= 8:
+        _chains.pop(next(iter(_chains)))
+    _chains[key] = (epoch, tuple(int(q) for q in ended_with), ordering)
+
+
+def ending(ordering: Ordering) -> tuple[int, ...]:
+    """The storage partitions an epoch's walk ends with (resident for the next epoch)."""
+    return ordering.resident(ordering.num_states - 1)
+
+
+# (layout, seed) -> (the latest epoch known, the partitions it ended with, its ordering or None)
+_chains: dict[tuple[StorageLayout, int], tuple[int, tuple[int, ...], Ordering | None]] = {}
 
 
 def built_ordering(layout: StorageLayout, seed: int, epoch: int) -> Ordering:

@@ -41,7 +41,7 @@ from marius_py.callbacks import CallbackList, RunView, as_callbacks, configured_
 from marius_py.checkpoint import MetricsLog, RunDirectory, RunFingerprint, TrainingState
 from marius_py.checkpointer import Checkpointer, Finished, Snapshot, Walk, host_copy
 from marius_py.config import Config, dedup_setting
-from marius_py.layout import epoch_ordering
+from marius_py.layout import continue_chain, ending, epoch_ordering
 from marius_py.dataset import Dataset
 from marius_py.errors import MariusInputError
 from marius_py.group import ONE_PROCESS, TrainerGroup
@@ -279,6 +279,8 @@ class Trainer:
         self._wait_for_commit()  # (a commit in flight writes the live store)
         self._snapshot_tables = None  # (its memory is given back before the tables are read again)
         model_state, self.state = self.checkpointer.restore(version, self.dataset.directory)
+        if self.partitioned and self.state.ended_with is not None:
+            continue_chain(self.layout, self.config.training.seed, self.state.epoch, self.state.ended_with)
         self.spans.resumed(self.state.epoch, self.state.holders)
         self._open_live(model_state)
 
@@ -367,6 +369,8 @@ class Trainer:
         failure = self._snapshot_tables.exception()
         if failure is None:
             return True
+        if not isinstance(failure, (RuntimeError, MemoryError, OSError)):  # (a bug, not memory running short)
+            raise failure
         self.commits_behind = False
         reason = f"host memory for a snapshot of the tables could not be allocated ({failure})"
         self._say(f"commits are synchronous from epoch {self.state.epoch} on: {reason}")
@@ -458,6 +462,8 @@ class Trainer:
         self.synchronize()  # CUDA graphs and streams return before the GPU is done: time the GPU work
         phases.add("sync")
         self.state.states_done, self.state.partial_loss_sum = 0, 0.0
+        if ordering is not None:  # (a resume continues the chain from it, not from epoch 1)
+            self.state.ended_with = list(ending(ordering))
         seconds = time.perf_counter() - started
         if not torch.isfinite(total_loss):
             raise MariusInputError(f"training diverged: the loss of epoch {epoch} is not finite",

@@ -31,8 +31,9 @@ Registered orderings (``ORDERINGS``; ``build_ordering(name, p, c, seed, epoch,
 ``hilbert_symmetric``, ``comet``, ``affine`` (two-level, p = c^2 logical
 partitions). ``beta``/``beta_random`` relabel partitions with a random
 permutation per (seed, epoch), as Marius does; ``comet`` and ``affine`` regroup
-their physical partitions per (seed, epoch); the three curve baselines are the same
-every epoch unless ``permute_labels=True``. ``continued(ordering, carried)`` renames
+their physical partitions per (seed, epoch); the three curve baselines are built the
+same every epoch unless ``permute_labels=True`` (a run renames them per epoch all the
+same: ``continued``). ``continued(ordering, carried)`` renames
 an ordering's storage partitions so that its first state holds ``carried``: a run
 starts each epoch's walk with the partitions the last one ended with.
 

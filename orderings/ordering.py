@@ -268,12 +268,17 @@ def continued(ordering: Ordering, carried) -> Ordering:
     first, carried = ordering.resident(0), sorted(set(int(q) for q in carried))
     if len(carried) != len(first):
         return ordering
-    everything = range(ordering.num_physical_partitions)
-    renamed = dict(zip(first, carried))
-    renamed.update(zip(sorted(set(everything) - set(first)), sorted(set(everything) - set(carried))))
-    buckets = tuple(tuple((renamed[i], renamed[j]) for i, j in bs) for bs in ordering.buckets)
+    everything = set(range(ordering.num_physical_partitions))
+    renamed = np.empty(len(everything), dtype=np.int64)
+    renamed[list(first)] = carried
+    renamed[sorted(everything - set(first))] = sorted(everything - set(carried))
+    counts = [len(bs) for bs in ordering.buckets]  # (one lookup over every bucket: per-bucket Python is slow)
+    flat = renamed[np.concatenate([np.asarray(bs, dtype=np.int64).reshape(-1, 2) for bs in ordering.buckets])]
+    pairs = list(zip(flat[:, 0].tolist(), flat[:, 1].tolist()))
+    ends = np.cumsum(counts).tolist()
+    buckets = tuple(tuple(pairs[end - count:end]) for count, end in zip(counts, ends))
     if ordering.groups is None:
-        states = tuple(tuple(renamed[q] for q in state) for state in ordering.states)
+        states = tuple(tuple(renamed[list(state)].tolist()) for state in ordering.states)
         return replace(ordering, states=states, buckets=buckets, continues=tuple(carried))
-    groups = tuple(tuple(sorted(renamed[q] for q in group)) for group in ordering.groups)
+    groups = tuple(tuple(sorted(renamed[list(group)].tolist())) for group in ordering.groups)
     return replace(ordering, groups=groups, buckets=buckets, continues=tuple(carried))

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import marius_py as mp
+import marius_py.layout
 from marius_py import resources
 from marius_py.api import TrainedModel, load_checkpoint
 from marius_py.checkpoint import LIVE_STORE, NODES, RunDirectory, load_version
@@ -188,6 +189,7 @@ def test_resume_with_partitions_equals_uninterrupted(datasets, tmp_path):
     mp.train(config_for(datasets[8], "training.epochs=4", *overrides), tmp_path / "full", progress=False)
     mp.train(config_for(datasets[8], "training.epochs=2", *overrides), tmp_path / "split", progress=False)
     resumed = mp.api.load_run_config(tmp_path / "split", ["training.epochs=4"])
+    marius_py.layout._chains.clear()  # (as a new process: the chain continues from the version's ended_with)
     mp.train(resumed, tmp_path / "split", progress=False, resume=True)
     full_nodes, full_state, full_model = latest(tmp_path / "full")
     split_nodes, split_state, split_model = latest(tmp_path / "split")
@@ -608,3 +610,23 @@ def test_explicit_group_size_that_leaves_one_group_is_refused(datasets):
     with pytest.raises(MariusInputError, match="group_size"):
         config_for(datasets[8], "storage.num_partitions=16", "storage.buffer_capacity=4",
                    "storage.group_size=4")
+
+
+def test_a_resume_continues_the_chain_from_the_version_without_rebuilding_earlier_epochs(datasets, tmp_path,
+                                                                                        monkeypatch):
+    """A version records the partitions its last epoch ended with; a new process resuming at epoch 3 builds
+    epoch 3's ordering, not epoch 2's again (a build takes seconds at a thousand partitions)."""
+    overrides = ("storage.num_partitions=8", "storage.buffer_capacity=3", "storage.ordering=beta_random")
+    mp.train(config_for(datasets[8], *overrides), tmp_path / "run", progress=False)
+    _, _, _, training = load_version(RunDirectory(tmp_path / "run").latest_version())
+    expected = chained_ordering("beta_random", 8, 3, 3, 2)
+    assert training.epoch == 2 and tuple(training.ended_with) == expected.resident(expected.num_states - 1)
+    built = []
+    original = marius_py.layout.built_ordering
+    monkeypatch.setattr(marius_py.layout, "built_ordering",
+                        lambda layout, seed, epoch: built.append(epoch) or original(layout, seed, epoch))
+    marius_py.layout._chains.clear()
+    mp.train(mp.api.load_run_config(tmp_path / "run", ["training.epochs=3"]), tmp_path / "run", progress=False,
+             resume=True)
+    assert 3 in built and 2 not in built  # (epoch 1's: the plan's, which sizes the run on the first epoch)
+    assert epoch_records(tmp_path / "run")[-1]["epoch"] == 3
