@@ -373,7 +373,7 @@ def evaluate_given(decoder: Decoder, nodes: torch.Tensor | NodeTable, edges: np.
         inverse = name == "heads"
         for start in range(0, len(edges), batch):
             rows = torch.from_numpy(edges[start:start + batch])
-            drawn = torch.from_numpy(np.ascontiguousarray(negatives.ids[start:start + batch, direction]))
+            drawn = torch.from_numpy(np.ascontiguousarray(negatives.ids[start:start + batch, direction])).long()
             anchor, target = (rows[:, 2], rows[:, 0]) if inverse else (rows[:, 0], rows[:, 2])
             # one gather of every node the batch names (out of core, each gather reads every partition)
             needed, local = torch.unique(torch.cat([anchor, target, drawn.reshape(-1)]), return_inverse=True)

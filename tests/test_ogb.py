@@ -311,3 +311,8 @@ def test_the_given_protocol_is_refused_before_training_on_a_dataset_without_nega
     monkeypatch.setattr(Trainer, "train_epoch", lambda *args: pytest.fail("trained before refusing"))
     with pytest.raises(MariusInputError, match="gives no negatives for its valid edges"):
         mp.train(small_config("evaluation.protocol=given", "evaluation.every=0"), tmp_path / "run", progress=False)
+
+
+def test_given_negatives_are_stored_in_32_bits(wikikg):
+    dataset, _ = wikikg
+    assert given_negatives(dataset.directory, "valid").ids.dtype == np.int32
