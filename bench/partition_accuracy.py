@@ -132,7 +132,7 @@ class OrderedRun:
     layout: StorageLayout
 
     def ordering(self, epoch: int):
-        return epoch_ordering(self.layout, self.config.training.seed, epoch)
+        return epoch_ordering(self.layout, self.config.training.seed, epoch, self.config.storage.continue_epochs)
 
 
 def order_config(spec: str, dataset: Path, config_name: str, overrides: list[str], group_size: int) -> OrderedRun:
@@ -213,7 +213,7 @@ def predicted_io(config: dict, num_nodes: int, validates: bool = True, folded: C
     totals = {"partitions_read": 0, "partitions_written": 0, "bytes_read": 0, "bytes_written": 0}
     carried: tuple[int, ...] = ()
     for epoch in range(1, resolved.training.epochs + 1):
-        ordering = epoch_ordering(layout, resolved.training.seed, epoch)
+        ordering = epoch_ordering(layout, resolved.training.seed, epoch, resolved.storage.continue_epochs)
         committed = resolved.training.checkpoint_interval == 0 and epoch - 1 not in folded
         written_back = committed or (validates and every > 0 and (epoch - 1) % every == 0)
         stats = walk_io(ordering, chunk_bytes, carried, carried_dirty=not written_back)

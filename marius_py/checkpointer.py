@@ -46,12 +46,13 @@ class Walk:
     buffer_capacity: int
     group_size: int
     edge_assignment: str
+    continues: bool = False  # (storage.continue_epochs)
 
     def key(self, epoch: int, num_states: int) -> str:
         walk = {"epoch": epoch, "seed": self.seed, "ordering": self.ordering, "partitions": self.num_partitions,
                 "buffer": self.buffer_capacity, "group_size": self.group_size,
                 "edge_assignment": self.edge_assignment, "states": num_states}
-        if epoch > 1:  # (epochs continue the one before: ``layout.epoch_ordering``; older versions' did not)
+        if epoch > 1 and self.continues:  # (the epoch continues the one before: ``layout.epoch_ordering``)
             walk["continues"] = True
         return json.dumps(walk, sort_keys=True)
 
@@ -291,12 +292,6 @@ class Checkpointer:
             raise MariusInputError("a mid-epoch checkpoint lacks its position (position.pt)", path=where,
                                    expected="a version committed by `marius-py train`")
         if position["walk"] != self.walk.key(epoch, num_states):
-            if "continues" in self.walk.key(epoch, num_states) and "continues" not in position["walk"]:
-                raise MariusInputError(f"the run was checkpointed inside epoch {epoch} by a marius-py from before "
-                                       "each epoch's ordering continued the one before", path=where,
-                                       expected="--resume with the marius-py that wrote it, or remove the versions "
-                                                "committed inside that epoch (v*.s*) and resume from the last "
-                                                "epoch's end")
             raise MariusInputError(f"the run was checkpointed inside epoch {epoch} with other storage settings "
                                    f"({position['walk']})", path=where,
                                    expected="--resume with the run's storage.* settings and seed")

@@ -177,6 +177,10 @@ class StorageConfig:
         "edges per state at the same IO) or edge (each edge to a random state holding its bucket)")
     lookahead: int = _f(2, "buffer states whose admitted partitions are read ahead; each costs one more "
                            "partition of memory (a group with comet)")
+    continue_epochs: bool = _f(False, "each epoch's ordering renamed to start with the partitions the last one "
+                                      "ended with, which stay in the buffer: no epoch but the first waits for a "
+                                      "state to be read, but the same partitions' buckets train twice in a row, "
+                                      "which costs accuracy (docs/design.md)")
     direct_io: str = _f("auto",
         "partition IO bypasses the page cache (O_DIRECT where the file system allows): true, false, or auto "
         "(true)")

@@ -41,13 +41,14 @@ class StorageLayout:
         return self.group_size if is_two_level(self.ordering) else 1
 
 
-def epoch_ordering(layout: StorageLayout, seed: int, epoch: int) -> Ordering:
-    """An epoch's ordering over a store's partitions, seeded by training.seed and the epoch. From the second
-    epoch on, it continues the epoch before (``orderings.continued``): its first state holds the storage
-    partitions the last one's ended with, which stay in the buffer, so no epoch but the first waits for a
-    state to be read before it trains. The chain is followed from the latest epoch this process knows the
-    end of (``continue_chain``: a resumed run says where its last epoch ended), else from the first."""
-    if epoch <= 1:
+def epoch_ordering(layout: StorageLayout, seed: int, epoch: int, continues: bool = False) -> Ordering:
+    """An epoch's ordering over a store's partitions, seeded by training.seed and the epoch. With
+    ``continues`` (``storage.continue_epochs``), from the second epoch on it continues the epoch before
+    (``orderings.continued``): its first state holds the storage partitions the last one's ended with, which
+    stay in the buffer, so no epoch but the first waits for a state to be read before it trains. The chain is
+    followed from the latest epoch this process knows the end of (``continue_chain``: a resumed run says where
+    its last epoch ended), else from the first."""
+    if epoch <= 1 or not continues:
         return built_ordering(layout, seed, epoch)
     known, carried, latest = _chains.get((layout, seed), (None, None, None))
     if known == epoch and latest is not None:

@@ -146,7 +146,8 @@ class Trainer:
         t, s = config.training, config.storage
         self.checkpointer = Checkpointer(self.run, group, self.fingerprint, self.layout.dtype, t.checkpoint_interval,
                                         Walk(t.seed, self.layout.ordering, self.layout.num_partitions,
-                                             self.layout.buffer_capacity, self.layout.group_size, s.edge_assignment))
+                                             self.layout.buffer_capacity, self.layout.group_size, s.edge_assignment,
+                                             s.continue_epochs))
         self.tables = LiveTables()
         # Commits written on a thread (the plan's choice; a group's commits are collective, so synchronous).
         self.commits_behind = self.plan.commits_behind and group.world_size == 1
@@ -279,7 +280,7 @@ class Trainer:
         self._wait_for_commit()  # (a commit in flight writes the live store)
         self._snapshot_tables = None  # (its memory is given back before the tables are read again)
         model_state, self.state = self.checkpointer.restore(version, self.dataset.directory)
-        if self.partitioned and self.state.ended_with is not None:
+        if self.partitioned and self.config.storage.continue_epochs and self.state.ended_with is not None:
             continue_chain(self.layout, self.config.training.seed, self.state.epoch, self.state.ended_with)
         self.spans.resumed(self.state.epoch, self.state.holders)
         self._open_live(model_state)
@@ -411,7 +412,7 @@ class Trainer:
 
     # ---- training ----
     def ordering(self, epoch: int) -> Ordering:
-        ordering = epoch_ordering(self.layout, self.config.training.seed, epoch)
+        ordering = epoch_ordering(self.layout, self.config.training.seed, epoch, self.config.storage.continue_epochs)
         if self.config.storage.edge_assignment == "balanced":
             p = self.layout.num_partitions
             ordering = balanced_buckets(ordering, np.diff(self.dataset.edges.bucket_offsets()).reshape(p, p))

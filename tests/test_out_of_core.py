@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -109,6 +110,15 @@ def chained_ordering(name: str, p: int, c: int, seed: int, epoch: int):
     return ordering
 
 
+def chained_ordering(name: str, p: int, c: int, seed: int, epoch: int):
+    """The registry's ordering for ``epoch``, continued from the epochs before (storage.continue_epochs)."""
+    ordering = build_ordering(name, p, c, seed=seed, epoch=1)
+    for later in range(2, epoch + 1):
+        ordering = continued(build_ordering(name, p, c, seed=seed, epoch=later),
+                             ordering.resident(ordering.num_states - 1))
+    return ordering
+
+
 def test_io_counters_equal_simulator_every_epoch(beta_p8_run):
     config, run, _ = beta_p8_run
     store = EmbeddingStore(Path(run) / LIVE_STORE, mode="r")
@@ -118,7 +128,7 @@ def test_io_counters_equal_simulator_every_epoch(beta_p8_run):
     assert [r["epoch"] for r in records] == [1, 2, 3]
     orderings, carried = [], ()
     for record in records:
-        ordering = chained_ordering("beta", 8, 3, config.training.seed, record["epoch"])
+        ordering = build_ordering("beta", 8, 3, seed=config.training.seed, epoch=record["epoch"])
         orderings.append(ordering)
         # the buffer starts each epoch holding the last one's last state, clean (every epoch commits)
         predicted = walk_io(ordering, partition_bytes, carried, carried_dirty=False)
@@ -127,26 +137,45 @@ def test_io_counters_equal_simulator_every_epoch(beta_p8_run):
                                 "partitions_received": 0, "bytes_received": 0}, f"epoch {record['epoch']}"
         if not carried:  # (the first epoch reads as the simulator's buffer, which starts empty)
             assert predicted["bytes_read"] == simulate(ordering, partition_bytes).bytes_read
-        else:  # (a later epoch starts with the partitions the last one ended with: only its swaps read)
-            assert set(ordering.resident(0)) == set(carried)
-            assert predicted["partitions_read"] == ordering.num_swaps
+        assert predicted["partitions_read"] == 3 - len(set(carried) & set(ordering.resident(0))) + ordering.num_swaps
         carried = last
     # the epochs walk different buffer states (as sets), so each epoch is a separate check
     assert len({tuple(frozenset(s) for s in o.states) for o in orderings}) == len(orderings)
 
 
-def test_trainer_ordering_is_the_seeded_registry_ordering_continued(beta_p8_run, datasets):
-    """Epoch 1 walks the registry's ordering as built; each later one the registry's ordering renamed to
-    start where the epoch before ended (the same chain whichever epoch a trainer asks for first)."""
+def test_continued_epochs_read_only_their_swaps(datasets, tmp_path):
+    """storage.continue_epochs: each epoch after the first walks the registry's ordering renamed to start with
+    the partitions the last one ended with, so it reads only its swaps, as the simulator predicts."""
+    config = config_for(datasets[8], "storage.num_partitions=8", "storage.buffer_capacity=3",
+                        "storage.ordering=beta", "training.epochs=3", "training.commits_behind=false",
+                        "storage.continue_epochs=true")
+    mp.train(config, tmp_path / "run", progress=False)
+    store = EmbeddingStore(Path(tmp_path / "run") / LIVE_STORE, mode="r")
+    partition_bytes = sum(f.chunk_bytes for f in store.chunk_files())
+    carried = ()
+    for record in epoch_records(tmp_path / "run"):
+        ordering = chained_ordering("beta", 8, 3, config.training.seed, record["epoch"])
+        predicted = walk_io(ordering, partition_bytes, carried, carried_dirty=False)
+        assert {key: record["io"][key] for key in predicted} == predicted, f"epoch {record['epoch']}"
+        if carried:
+            assert set(ordering.resident(0)) == set(carried) and predicted["partitions_read"] == ordering.num_swaps
+        carried = ordering.resident(ordering.num_states - 1)
+
+
+def test_trainer_ordering_is_the_seeded_registry_ordering(beta_p8_run, datasets):
+    """Epoch e walks the registry's ordering for (seed, e); with storage.continue_epochs, that ordering renamed
+    to start where the epoch before ended (the same chain whichever epoch a trainer asks for first)."""
     config, run, _ = beta_p8_run
-    trainer = mp.trainer.Trainer.of(config, mp.load_dataset(str(datasets[8])), run, progress=False)
-    try:
-        assert trainer.ordering(1) == build_ordering("beta", 8, 3, seed=config.training.seed, epoch=1)
-        for epoch in (3, 2, 4):
-            assert trainer.ordering(epoch) == chained_ordering("beta", 8, 3, config.training.seed, epoch)
-            assert trainer.ordering(epoch).continues == trainer.ordering(epoch - 1).resident(-1)
-    finally:
-        trainer.close()
+    for continues in (False, True):
+        chained = dataclasses.replace(config, storage=dataclasses.replace(config.storage, continue_epochs=continues))
+        trainer = mp.trainer.Trainer.of(chained, mp.load_dataset(str(datasets[8])), run, progress=False)
+        try:
+            for epoch in (3, 1, 2, 4):
+                expected = (chained_ordering("beta", 8, 3, config.training.seed, epoch) if continues
+                            else build_ordering("beta", 8, 3, seed=config.training.seed, epoch=epoch))
+                assert trainer.ordering(epoch) == expected
+        finally:
+            trainer.close()
 
 
 @pytest.mark.parametrize("ordering, overrides", [
@@ -189,7 +218,6 @@ def test_resume_with_partitions_equals_uninterrupted(datasets, tmp_path):
     mp.train(config_for(datasets[8], "training.epochs=4", *overrides), tmp_path / "full", progress=False)
     mp.train(config_for(datasets[8], "training.epochs=2", *overrides), tmp_path / "split", progress=False)
     resumed = mp.api.load_run_config(tmp_path / "split", ["training.epochs=4"])
-    marius_py.layout._chains.clear()  # (as a new process: the chain continues from the version's ended_with)
     mp.train(resumed, tmp_path / "split", progress=False, resume=True)
     full_nodes, full_state, full_model = latest(tmp_path / "full")
     split_nodes, split_state, split_model = latest(tmp_path / "split")
@@ -202,7 +230,7 @@ def test_resume_with_partitions_equals_uninterrupted(datasets, tmp_path):
     assert split_io[:2] == full_io[:2] and split_io[3] == full_io[3]
     # epoch 3: the resumed process's buffer starts empty, the uninterrupted one's holds epoch 2's last state
     config = config_for(datasets[8], *overrides)
-    ordering = {epoch: chained_ordering("beta_random", 8, 3, config.training.seed, epoch) for epoch in (2, 3)}
+    ordering = {epoch: build_ordering("beta_random", 8, 3, seed=config.training.seed, epoch=epoch) for epoch in (2, 3)}
     partition_bytes = split_io[0]["bytes_read"] // split_io[0]["partitions_read"]
     carried = ordering[2].resident(ordering[2].num_states - 1)
     for io, held in ((split_io[2], ()), (full_io[2], carried)):
@@ -616,7 +644,8 @@ def test_a_resume_continues_the_chain_from_the_version_without_rebuilding_earlie
                                                                                         monkeypatch):
     """A version records the partitions its last epoch ended with; a new process resuming at epoch 3 builds
     epoch 3's ordering, not epoch 2's again (a build takes seconds at a thousand partitions)."""
-    overrides = ("storage.num_partitions=8", "storage.buffer_capacity=3", "storage.ordering=beta_random")
+    overrides = ("storage.num_partitions=8", "storage.buffer_capacity=3", "storage.ordering=beta_random",
+                 "storage.continue_epochs=true")
     mp.train(config_for(datasets[8], *overrides), tmp_path / "run", progress=False)
     _, _, _, training = load_version(RunDirectory(tmp_path / "run").latest_version())
     expected = chained_ordering("beta_random", 8, 3, 3, 2)
