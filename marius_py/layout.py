@@ -9,6 +9,7 @@ are a torchrun group is the caller's to say (``torchrun``): the API and CLI read
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -83,6 +84,7 @@ def ending(ordering: Ordering) -> tuple[int, ...]:
 _chains: dict[tuple[StorageLayout, int], tuple[int, tuple[int, ...], Ordering | None]] = {}
 
 
+@functools.lru_cache(maxsize=4)  # (asked again by the epoch whose first state was read ahead)
 def built_ordering(layout: StorageLayout, seed: int, epoch: int) -> Ordering:
     """The registry's ordering for an epoch, as built (``epoch_ordering`` continues it from the one before)."""
     group = layout.swap_size

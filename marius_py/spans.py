@@ -21,7 +21,7 @@ the layout, the devices), never the trainer.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,6 +79,9 @@ class SpanInputs:
     fingerprint: RunFingerprint
     relation_parameters: list          # (a torchrun trainer exchanges them)
     synchronize: Callable[[], None]    # waits for the devices' queued work (before rows are copied out)
+    # the storage partitions the epoch after the given one starts with (None: none follows), which a buffer
+    # reads ahead while the epoch's last states train
+    next_first_state: Callable[[int], Sequence[int] | None] = lambda epoch: None
 
     def partition_buffer(self, capacity: int, swap_size: int, lookahead: int) -> PartitionBuffer:
         """A partition buffer over the live store, as the storage settings ask."""
@@ -236,7 +239,7 @@ class BufferWalk(OneProcessSpans):
         buffer = self.partition_buffer()
         upcoming = self._edge_reader.submit(state_edges, first_state)
         try:
-            for view in buffer.walk(states[first_state:]):
+            for view in buffer.walk(states[first_state:], following=lambda: i.next_first_state(epoch)):
                 state = first_state + view.index
                 edges = upcoming.result()
                 if state + 1 < len(states):

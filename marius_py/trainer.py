@@ -178,7 +178,15 @@ class Trainer:
         c = self.config
         return SpanInputs(self.dataset, self.tables, self.layout, c.storage, c.training.seed,
                           self.plan_device, self.table_device, self.runner.zero_copy, self.run.path,
-                          self.fingerprint, self.model.relation_parameters(), self.synchronize)
+                          self.fingerprint, self.model.relation_parameters(), self.synchronize,
+                          self._next_first_state)
+
+    def _next_first_state(self, epoch: int) -> tuple[int, ...] | None:
+        """The storage partitions epoch ``epoch + 1`` starts with, which the buffer reads ahead while this
+        epoch's last states train (None: training ends with this epoch, or the next starts where it ends)."""
+        if epoch >= self.config.training.epochs or self.config.storage.continue_epochs:
+            return None
+        return self.ordering(epoch + 1).resident(0)
 
     def _callbacks(self, config: Config, given: Sequence) -> list:
         """The metrics log first; then, the leader's alone, the callbacks the config names and those ``given``."""

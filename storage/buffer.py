@@ -190,7 +190,10 @@ class PartitionBuffer:
     def _slot_rows(self, slot: int) -> slice:
         return slice(slot * self.stride, (slot + 1) * self.stride)
 
-    def _read(self, partition: int, slot: int, fetch: Fetch | None = None) -> None:
+    def _read(self, partition: int, slot: int, fetch: Fetch | None = None) -> int | None:
+        """Fill ``slot`` with ``partition``; the bytes read from the store (counted where the partition is
+        admitted, or dropped: a read ahead for the next walk counts in that walk's IO), None for a fetch
+        (counted as received)."""
         # The slot's last occupant and the partition's own last eviction must be on disk first.
         for pending in (self._slot_writes.get(slot), self._partition_writes.get(partition)):
             if pending is not None:
@@ -201,13 +204,13 @@ class PartitionBuffer:
             with self._on_copy_stream():
                 nbytes = fetch([table[rows][:self.rows] for table in self.tables])
             self.counters.add_received(nbytes)
-            return
+            return None
         for files, host, table in zip(self.files, self._host, self.tables):
             nbytes += files.read_into(partition, raw_bytes(host[rows]))
             if table is not host:
                 with self._on_copy_stream():
                     table[rows].copy_(host[rows])  # (returns once copied)
-        self.counters.add_read(nbytes)
+        return nbytes
 
     def _on_copy_stream(self):
         """The calling thread's copy stream, as the current stream (a null context without a GPU)."""
@@ -268,17 +271,28 @@ class PartitionBuffer:
             ranges.append((slot * self.stride, end - start))
         return BufferView(index, tuple(partitions), slot_of, self.rows, self.stride, ranges, ranges)
 
-    def walk(self, states: Sequence[Sequence[int]]) -> Iterator[BufferView]:
+    def walk(self, states: Sequence[Sequence[int]],
+             following: Callable[[], Sequence[int] | None] | None = None) -> Iterator[BufferView]:
         """Yield a view per state (the storage partitions resident in it).
 
-        Admissions of the next states are read while this one trains;
-        evictions are written back behind. The partitions of the last state stay resident (and dirty): the next
-        walk starts from them; ``write_resident()`` or ``flush()`` puts them in the store.
+        Admissions of the next states are read while this one trains, and, while the last states train,
+        those of the next walk's first state (``following()``, asked for then; None: no walk follows) into the
+        spare slots; evictions are written back behind. The partitions of the last state stay resident (and
+        dirty): the next walk starts from them; ``write_resident()`` or ``flush()`` puts them in the store.
         """
         self._enter(sorted(states[0]))
-        self._schedule(states, 0)
+        planned, count = list(states), len(states)  # (then the next walk's first state, once asked for)
+
+        def schedule(index: int) -> None:
+            nonlocal following
+            if following is not None and index + self.lookahead >= count:
+                upcoming, following = following(), None
+                if upcoming is not None:
+                    planned.append(tuple(upcoming))
+            self._schedule(planned, index)
+        schedule(0)
         yield self._trained(0, states[0])
-        for index in range(1, len(states)):
+        for index in range(1, count):
             previous, current = set(states[index - 1]), set(states[index])
             if len(current - previous) > self.swap_size or len(current) != len(previous):
                 raise ValueError(f"state {index} swaps {len(current - previous)} partitions; the buffer swaps "
@@ -287,7 +301,7 @@ class PartitionBuffer:
                 self._evict(partition)
             for partition in sorted(current - previous):
                 self._admit(partition)
-            self._schedule(states, index)
+            schedule(index)
             yield self._trained(index, states[index])
         self._wait_for_writes()  # (the walk's write-backs are in the store, and its counters, when it ends)
 
@@ -305,11 +319,13 @@ class PartitionBuffer:
         if future is None:  # not read ahead: read it now (a fetch after those asked before it)
             slot = self._free.pop(0)
             if fetch is None:
-                self._read(partition, slot)
+                nbytes = self._read(partition, slot)
             else:
-                self._receiver.submit(self._read, partition, slot, fetch).result()
+                nbytes = self._receiver.submit(self._read, partition, slot, fetch).result()
         else:
-            future.result()
+            nbytes = future.result()
+        if nbytes is not None:
+            self.counters.add_read(nbytes)
         self._slot_of[partition] = slot
 
     def _schedule(self, states: Sequence[Sequence[int]], index: int) -> None:
@@ -327,22 +343,25 @@ class PartitionBuffer:
 
     def _enter(self, partitions: list[int]) -> None:
         """The first state of a walk: resident partitions it holds stay, the others are evicted, and the
-        missing ones are read (in partition order)."""
+        missing ones are read (in partition order), but for those the walk before read ahead for it."""
         if len(partitions) > self.capacity:
             raise ValueError(f"a state holds {len(partitions)} partitions, capacity is {self.capacity}")
-        self._drop_read_ahead()  # (reads an abandoned walk left in flight)
+        self._drop_read_ahead(keep=set(partitions))  # (reads an abandoned walk left in flight)
         for partition in sorted(set(self._slot_of) - set(partitions)):
             self._evict(partition)
         for partition in partitions:
             if partition not in self._slot_of:
                 self._admit(partition)
 
-    def _drop_read_ahead(self) -> None:
-        """Wait for the reads ahead not admitted and free their slots (they are unmodified)."""
-        for slot, future in self._scheduled.values():
-            future.result()
+    def _drop_read_ahead(self, keep: set[int] = frozenset()) -> None:
+        """Wait for the reads ahead not admitted (but those of ``keep``) and free their slots (they are
+        unmodified); their bytes were read all the same, and count."""
+        for partition in [p for p in self._scheduled if p not in keep]:
+            slot, future = self._scheduled.pop(partition)
+            nbytes = future.result()
+            if nbytes is not None:
+                self.counters.add_read(nbytes)
             self._free.append(slot)
-        self._scheduled = {}
 
     @property
     def resident(self) -> list[int]:

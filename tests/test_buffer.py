@@ -714,3 +714,38 @@ def test_fetched_partitions_fill_their_slots_in_the_order_asked_and_count_as_rec
     finally:
         buffer.close()
     assert np.all(store.embeddings[12:16] == 3.0)
+
+
+def test_the_next_walks_first_state_is_read_ahead_while_the_last_states_train(tmp_path, monkeypatch):
+    """``walk(states, following=...)``: the next walk's first partitions are read into the spare slots on the
+    reading thread while this walk's last states train; the next walk admits them without reading on the
+    training thread, counts them in its own IO, and sees the rows as the store holds them (updates included)."""
+    import threading
+    store = make_store(tmp_path / "s", 24, 6)
+    expected_emb, expected_state = expected_tables(24)
+    buffer = PartitionBuffer(store, capacity=2, lookahead=2)
+    reads = []
+    original = PartitionBuffer._read
+
+    def recorded(self, partition, slot, fetch=None):
+        reads.append((partition, threading.current_thread() is threading.main_thread()))
+        return original(self, partition, slot, fetch)
+    monkeypatch.setattr(PartitionBuffer, "_read", recorded)
+    first, second = [(0, 1), (0, 2), (0, 3)], [(4, 5), (4, 1), (4, 0)]
+    try:
+        asked = []
+        for k, view in enumerate(buffer.walk(first, following=lambda: asked.append(True) or second[0])):
+            check_view(buffer, view, first[k], expected_emb, expected_state)
+            for partition in first[k]:
+                start, end = store.bounds(partition)
+                buffer.embeddings[view.local_ids(torch.arange(start, end))] += 1.0
+                expected_emb[start:end] += 1.0
+        assert asked == [True] and set(buffer._scheduled) == {4, 5}
+        assert buffer.counters.partitions_read == 2 + 2  # (the reads ahead count in the walk that admits them)
+        reads.clear()
+        walk_and_update(buffer, second, expected_emb, expected_state)
+        assert (4, True) not in reads and (5, True) not in reads  # (never read again, on the training thread)
+        assert buffer.counters.partitions_read == 4 + 2 + 2
+        assert_store_equals(store, expected_emb, expected_state)
+    finally:
+        buffer.close()
