@@ -102,15 +102,6 @@ def test_full_buffer_equals_in_memory(full_buffer_runs):
 
 
 def chained_ordering(name: str, p: int, c: int, seed: int, epoch: int):
-    """The registry's ordering for ``epoch``, continued from the epochs before as a run walks them."""
-    ordering = build_ordering(name, p, c, seed=seed, epoch=1)
-    for later in range(2, epoch + 1):
-        ordering = continued(build_ordering(name, p, c, seed=seed, epoch=later),
-                             ordering.resident(ordering.num_states - 1))
-    return ordering
-
-
-def chained_ordering(name: str, p: int, c: int, seed: int, epoch: int):
     """The registry's ordering for ``epoch``, continued from the epochs before (storage.continue_epochs)."""
     ordering = build_ordering(name, p, c, seed=seed, epoch=1)
     for later in range(2, epoch + 1):
