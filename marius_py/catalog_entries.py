@@ -132,30 +132,32 @@ DATASETS.register("yago3-10", DatasetSource(
              "(the YAGO3-10 split: Dettmers et al., AAAI 2018)",
     homepage="https://github.com/TimDettmers/ConvE"))
 
+# A graph without a published split: split 90/5/5 by preprocessing, with its seed, as Marius splits them.
+_SEEDED_SPLIT = dict(split=(0.05, 0.05), notes="no published split: 90/5/5 drawn with preprocessing's seed",
+                     protocol="filtered (a seeded random split)")
+
 DATASETS.register("hetionet", DatasetSource(
     task="link_prediction",
     downloads=(Download("https://github.com/hetio/hetionet/raw/8a6cc0c5604d0e2908786e4de38af67b8e46ee4a/hetnet/tsv/"
                         "hetionet-v1.0-edges.sif.gz",
                         sha256="611f0411ac666be4e0270e54bbca67407e14720bfc3099311f0f5eec25c5a947", size=12401407),),
-    splits={"train": "hetionet-v1.0-edges.sif.gz"}, skip_header=1, split=(0.05, 0.05),
+    splits={"train": "hetionet-v1.0-edges.sif.gz"}, skip_header=1,
     stats=Stats(nodes=47031, relations=24, edges=2250197, where="the Hetionet README (v1.0)"),
     license="CC0 1.0 for Hetionet's own content; its sources keep their licenses",
     citation="Himmelstein et al. Systematic integration of biomedical knowledge prioritizes drugs for "
              "repurposing. eLife 2017",
-    homepage="https://het.io/", notes="no published split: 90/5/5 drawn with preprocessing's seed",
-    protocol="filtered (a seeded random split)"))
+    homepage="https://het.io/", **_SEEDED_SPLIT))
 
 DATASETS.register("drkg", DatasetSource(
     task="link_prediction",
     downloads=(Download("https://dgl-data.s3-us-west-2.amazonaws.com/dataset/DRKG/drkg.tar.gz",
                         mirrors=("https://s3.us-west-2.amazonaws.com/dgl-data/dataset/DRKG/drkg.tar.gz",)),),
-    splits={"train": "drkg.tar.gz!drkg.tsv"}, split=(0.05, 0.05),
+    splits={"train": "drkg.tar.gz!drkg.tsv"},
     stats=Stats(nodes=97238, relations=107, edges=5874261, where="the DRKG README"),
     license="Apache-2.0 (the project); its sources keep theirs, some non-commercial (CC BY-NC 4.0)",
     restricts_use=True,
     citation="Ioannidis et al. DRKG: Drug Repurposing Knowledge Graph for Covid-19. 2020",
-    homepage="https://github.com/gnn4dr/DRKG", notes="no published split: 90/5/5 drawn with preprocessing's seed",
-    protocol="filtered (a seeded random split)"))
+    homepage="https://github.com/gnn4dr/DRKG", **_SEEDED_SPLIT))
 
 DATASETS.register("freebase86m", DatasetSource(
     task="link_prediction",
@@ -171,25 +173,23 @@ DATASETS.register("freebase86m", DatasetSource(
 DATASETS.register("livejournal", DatasetSource(
     task="graph",
     downloads=(Download("https://snap.stanford.edu/data/soc-LiveJournal1.txt.gz"),),
-    splits={"train": "soc-LiveJournal1.txt.gz"}, pairs=True, skip_header=4, split=(0.05, 0.05),
+    splits={"train": "soc-LiveJournal1.txt.gz"}, pairs=True, skip_header=4,
     stats=Stats(nodes=4847571, edges=68993773, where="SNAP's page for soc-LiveJournal1"),
     license="SNAP: no license stated (research use)",
     citation="Backstrom, Huttenlocher, Kleinberg and Lan. Group formation in large social networks. KDD 2006; "
              "Leskovec and Krevl. SNAP Datasets, 2014",
     homepage="https://snap.stanford.edu/data/soc-LiveJournal1.html",
-    notes="no published split: 90/5/5 drawn with preprocessing's seed, as Marius does",
-    protocol="filtered (a seeded random split)"))
+    **_SEEDED_SPLIT))
 
 DATASETS.register("twitter", DatasetSource(
     task="graph",
     downloads=(Download("https://snap.stanford.edu/data/twitter-2010.txt.gz"),),
-    splits={"train": "twitter-2010.txt.gz"}, delimiter=" ", pairs=True, split=(0.05, 0.05),
+    splits={"train": "twitter-2010.txt.gz"}, delimiter=" ", pairs=True,
     stats=Stats(nodes=41652230, edges=1468365182, where="the LAW twitter-2010 page"),
     license="LAW / SNAP: no license stated (research use)",
     citation="Kwak, Lee, Park and Moon. What is Twitter, a social network or a news media? WWW 2010",
     homepage="https://snap.stanford.edu/data/twitter-2010.html",
-    notes="no published split: 90/5/5 drawn with preprocessing's seed, as Marius does",
-    protocol="filtered (a seeded random split)"))
+    **_SEEDED_SPLIT))
 
 
 _OGB = "http://snap.stanford.edu/ogb/data/linkproppred"
