@@ -31,7 +31,7 @@ from pathlib import Path
 from marius_py.catalog import DatasetSource, Download
 from marius_py.dataset_cache import cache_dir
 from marius_py.errors import MariusInputError
-from marius_py.storage.durable import is_disk_full, reporting_full_disk, write_text_atomic
+from marius_py.storage.durable import is_disk_full, reporting_full_disk, write_atomic, write_text_atomic
 
 MIRROR_VARIABLE = "MARIUS_PY_MIRROR"
 OFFLINE_VARIABLE = "MARIUS_PY_OFFLINE"
@@ -111,17 +111,9 @@ def _copy_from(name: str, download: Download, source: Path, target: Path) -> Non
         raise MariusInputError(f"dataset {name}: --from has no {download.filename}", path=source,
                                expected=f"the file {download.filename} (from {download.url}) or a directory "
                                         "holding it")
-    partial = target.with_name(target.name + ".part")
-    with reporting_full_disk(f"copying {download.filename} of {name}", target.parent, found.stat().st_size):
-        try:
-            with open(found, "rb") as reader, open(partial, "wb") as out:
-                shutil.copyfileobj(reader, out, 1 << 22)
-                out.flush()
-                os.fsync(out.fileno())
-        except BaseException:
-            partial.unlink(missing_ok=True)
-            raise
-    os.replace(partial, target)
+    with reporting_full_disk(f"copying {download.filename} of {name}", target.parent, found.stat().st_size), \
+            open(found, "rb") as reader:
+        write_atomic(target, lambda out: shutil.copyfileobj(reader, out, 1 << 22))
 
 
 def candidate_urls(name: str, download: Download) -> list[str]:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from marius_py.models import Decoder, DotProductComparator
+from marius_py.models import Decoder
 
 
 def neighbour_rows(decoder: Decoder, nodes: torch.Tensor, edges: np.ndarray, first_new: int,
@@ -43,7 +43,7 @@ def neighbour_rows(decoder: Decoder, nodes: torch.Tensor, edges: np.ndarray, fir
             counts.index_add_(0, new[picked] - first_new, torch.ones(int(picked.sum()), dtype=torch.float64))
     estimated = counts > 0
     rows[estimated] /= counts[estimated, None]
-    if isinstance(decoder, DotProductComparator) and estimated.any():
+    if decoder.comparator == "dot" and estimated.any():  # (what the decoder declares, not its class)
         typical = torch.linalg.vector_norm(nodes.double(), dim=1).median()
         lengths = torch.linalg.vector_norm(rows[estimated], dim=1, keepdim=True).clamp_min(1e-12)
         rows[estimated] *= typical / lengths

@@ -13,8 +13,6 @@ ids (``dataset.GivenNegatives``), which the ``given`` evaluation protocol ranks 
 from __future__ import annotations
 
 import gzip
-import json
-import os
 import pickle
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -25,6 +23,7 @@ import numpy as np
 from marius_py.dataset import GivenNegatives
 from marius_py.edge_text import PAIRS_RELATION, EdgeSource
 from marius_py.errors import MariusInputError
+from marius_py.storage.durable import write_atomic
 
 
 
@@ -162,15 +161,7 @@ def all_names(counts: dict[str, int]) -> Iterator[str]:
 
 def write_lines(path: Path, names) -> None:
     """Names one per line, published whole (runs started together may write the same file)."""
-    partial = path.with_name(f"{path.name}.part-{os.getpid()}")
-    try:
-        with open(partial, "w", encoding="utf-8", newline="\n") as out:
-            for name in names:
-                out.write(name + "\n")
-        os.replace(partial, path)
-    except BaseException:
-        partial.unlink(missing_ok=True)
-        raise
+    write_atomic(path, lambda out: out.writelines(f"{name}\n".encode() for name in names))
 
 
 # ---- the negatives, in the dataset's ids

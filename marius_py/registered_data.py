@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 import shutil
 import tarfile
 import zipfile
@@ -27,7 +26,7 @@ from marius_py.dataset import NODES_FILE, DatasetMetadata, read_names, write_giv
 from marius_py.dataset_cache import build_once, cache_dir, raw_content_key
 from marius_py.download import confirm_digests, downloads_dir, fetch_files, recorded_digests
 from marius_py.errors import MariusInputError
-from marius_py.storage.durable import reporting_full_disk
+from marius_py.storage.durable import reporting_full_disk, write_atomic
 
 
 
@@ -166,15 +165,11 @@ def located_files(name: str, entry: DatasetSource, downloaded: dict[str, Path],
 def _extract_member(name: str, archive: Path, member: str, target: Path) -> None:
     """Stream ``member`` of ``archive`` (zip or tar, compressed or not) into ``target``, atomically: whatever
     stops it (a damaged archive, a full disk, an interrupt) leaves no part of it behind."""
-    partial = target.with_name(f"{target.name}.part-{os.getpid()}")  # (runs started together: one each)
     try:
         with reporting_full_disk(f"extracting {member} of {name}", target.parent), \
-                _open_member(archive, member) as stream, open(partial, "wb") as out:
-            shutil.copyfileobj(stream, out, 1 << 22)
-            out.flush()
-            os.fsync(out.fileno())
+                _open_member(archive, member) as stream:
+            write_atomic(target, lambda out: shutil.copyfileobj(stream, out, 1 << 22))
     except BaseException as error:
-        partial.unlink(missing_ok=True)
         if isinstance(error, (tarfile.TarError, zipfile.BadZipFile, EOFError, zlib.error)):
             archive.unlink(missing_ok=True)  # (damaged: the next run fetches it again)
             raise MariusInputError(f"dataset {name}: cannot read {member} from the archive ({error}); removed it "
@@ -185,7 +180,6 @@ def _extract_member(name: str, archive: Path, member: str, target: Path) -> None
             raise MariusInputError(f"dataset {name}: cannot extract {member} ({error})", path=target,
                                    expected="a readable archive and a writable cache directory") from None
         raise  # (a full disk's own error, an interrupt)
-    os.replace(partial, target)
 
 
 def _open_member(archive: Path, member: str):

@@ -18,7 +18,8 @@ import shutil
 import tempfile
 import socket
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import BinaryIO
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -50,7 +51,13 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> None:
 
 
 def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
-    """Write ``data`` to a temporary sibling, fsync it, rename it over ``path``, fsync the directory."""
+    """Write ``data`` as ``write_atomic`` does."""
+    write_atomic(path, lambda handle: handle.write(data))
+
+
+def write_atomic(path: str | os.PathLike, fill: Callable[[BinaryIO], object]) -> None:
+    """Write a file whole: ``fill(handle)`` writes it into a temporary sibling, which is fsynced and renamed
+    over ``path`` (then the directory is fsynced); whatever stops it leaves no part of it behind."""
     path = Path(path)
     # (a name of its own: processes writing the same file at once, as readers upgrading a dataset's metadata
     # do, must not rename each other's half-written files into place)
@@ -58,7 +65,7 @@ def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
     tmp = Path(name)
     try:
         with open(descriptor, "wb") as handle:
-            handle.write(data)
+            fill(handle)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
